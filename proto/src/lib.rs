@@ -1,0 +1,264 @@
+//! The IPC contract between `amd-hsmp-broker` (owns the devices) and `amd-hsmp-exporter`
+//! (serves HTTP): typed requests and replies, the protocol version and the framing.
+//!
+//! **Invariant:** this crate does no I/O policy and knows no device: it only defines what may
+//! cross the socket and how it is framed. There is no "raw message" request: a peer can ask for
+//! the families below, never for an HSMP message id, an MSR number or a CPU.
+//!
+//! # Wire format
+//!
+//! Each frame is a little-endian `u32` payload length followed by the payload, a
+//! [postcard](https://postcard.jamesmunns.com/wire-format) encoding of [`Request`] or [`Reply`].
+//! Lengths above [`MAX_REQUEST_FRAME`] / [`MAX_REPLY_FRAME`] are rejected before any
+//! allocation, and decoding is strict: a payload with trailing bytes is an error.
+//!
+//! # Compatibility
+//!
+//! Variants are only ever appended; [`Request::Hello`] and [`Reply::Hello`] stay first so their
+//! discriminant never moves and a peer of any version can always read the handshake. A change
+//! that an older peer cannot decode bumps [`PROTOCOL_VERSION`].
+#![forbid(unsafe_code)]
+
+mod frame;
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+pub use frame::{
+    FrameError, MAX_REPLY_FRAME, MAX_REQUEST_FRAME, decode, encode_frame, parse_len, read_frame,
+    write_frame,
+};
+#[cfg(feature = "tokio")]
+pub use frame::{read_frame_async, write_frame_async};
+
+/// Version of this protocol. Bumped on any change an older peer cannot decode.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// What the frontend asks of the broker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    /// Since v1. Must be the first request on a connection; the broker answers
+    /// [`Reply::Hello`] or, if the versions differ, [`Reply::Error`] with
+    /// [`RequestError::VersionMismatch`].
+    Hello {
+        /// The client's [`PROTOCOL_VERSION`].
+        protocol_version: u32,
+    },
+    /// Since v1. The discovered machine; answered by [`Reply::Topology`]. It does not change
+    /// during the life of one broker instance.
+    Topology,
+    /// Since v1. Read the requested families once; answered by [`Reply::Sample`].
+    Sample {
+        /// Which families to read. A family not asked for costs no mailbox message.
+        what: Families,
+        /// Time budget in milliseconds, counted from the moment the broker has read the
+        /// request. Past it the broker sends no new message and answers what it has, with the
+        /// rest marked [`ItemError::DeadlineExceeded`].
+        deadline_ms: u32,
+    },
+}
+
+/// The telemetry families a [`Request::Sample`] can ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Families {
+    /// Per-core energy counters (HSMP RAPL, or the MSR fallback).
+    pub core_energy: bool,
+    /// Per-core boost limit (HSMP `GET_BOOST_LIMIT`).
+    pub boost_limit: bool,
+    /// Per-socket PROCHOT status (HSMP `GET_PROC_HOT`).
+    pub prochot: bool,
+}
+
+impl Families {
+    /// Every family.
+    pub const ALL: Families = Families { core_energy: true, boost_limit: true, prochot: true };
+}
+
+/// What the broker answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Reply {
+    /// Since v1. Answer to [`Request::Hello`].
+    Hello {
+        /// The broker's [`PROTOCOL_VERSION`].
+        protocol_version: u32,
+        /// The broker's package version, e.g. `0.1.0`.
+        broker_version: String,
+        /// Random per broker start; a new value means counters restarted.
+        instance: u64,
+        /// `Some(profile)` when the broker serves the built-in simulator instead of the
+        /// machine's devices.
+        simulated: Option<String>,
+    },
+    /// Since v1. Answer to [`Request::Topology`].
+    Topology(Topology),
+    /// Since v1. Answer to [`Request::Sample`].
+    Sample(Sample),
+    /// Since v1. The request was refused; the connection stays usable unless the error says
+    /// otherwise.
+    Error(RequestError),
+}
+
+/// Why the broker refused a request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum RequestError {
+    /// The peer's protocol version is not the broker's. The broker closes the connection.
+    #[error("protocol version mismatch: broker speaks {broker}, peer {peer}")]
+    VersionMismatch {
+        /// The broker's version.
+        broker: u32,
+        /// The version the peer announced.
+        peer: u32,
+    },
+    /// A request other than `Hello` arrived before the handshake.
+    #[error("handshake required before any other request")]
+    HelloRequired,
+}
+
+/// The machine as the broker discovered it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Topology {
+    /// `cpu family` from `/proc/cpuinfo` (0x17 Zen 2, 0x19 Zen 3/4, 0x1A Zen 5).
+    pub cpu_family: u32,
+    /// `model` from `/proc/cpuinfo`.
+    pub cpu_model: u32,
+    /// Socket ids (`physical_package_id`), ascending. [`Sample::prochot`] is aligned with it.
+    pub sockets: Vec<u32>,
+    /// One entry per physical core, sorted by (socket, core). [`Sample::energy`] and
+    /// [`Sample::boost_limit`] are aligned with it.
+    pub cores: Vec<Core>,
+}
+
+/// One physical core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Core {
+    /// `physical_package_id`.
+    pub socket: u32,
+    /// sysfs `core_id` (unique within a socket, possibly sparse).
+    pub core: u32,
+    /// Linux CPU number of the lowest-numbered online thread of the core.
+    pub cpu: u32,
+    /// APIC id of that thread; HSMP addresses cores by it.
+    pub apic_id: u32,
+}
+
+/// One reading of the requested families.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    /// State of `/dev/hsmp` at the time of the sample.
+    pub hsmp: DeviceStatus,
+    /// Per-core energy, aligned with [`Topology::cores`].
+    pub energy: Readings<Energy>,
+    /// Per-core boost limit in MHz, aligned with [`Topology::cores`].
+    pub boost_limit: Readings<u32>,
+    /// Per-socket PROCHOT (true = asserted), aligned with [`Topology::sockets`].
+    pub prochot: Readings<bool>,
+}
+
+/// State of the HSMP device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DeviceStatus {
+    /// Opened and answered `GET_PROTO_VER`.
+    Ready {
+        /// HSMP protocol version reported by the firmware.
+        protocol_version: u32,
+    },
+    /// The device node does not exist (module not loaded, HSMP disabled, not an EPYC).
+    Absent,
+    /// Opening the device was refused (`EACCES`/`EPERM`).
+    PermissionDenied,
+    /// The device opened but did not answer `GET_PROTO_VER`, or opening failed otherwise.
+    Failed(ItemError),
+}
+
+/// Where core energy comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EnergySource {
+    /// HSMP `GET_RAPL_CORE_COUNTER` (protocol 7 and later): the firmware's 64-bit counter.
+    Hsmp,
+    /// MSR `0xC001029A` read through `/dev/cpu/N/msr`, extended by the broker from 32 to 64
+    /// bits; it counts from 0 at broker start.
+    Msr,
+}
+
+/// Result of reading one family.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Readings<T> {
+    /// The request did not ask for this family.
+    NotRequested,
+    /// The family cannot be read on this machine.
+    Unavailable(Unavailable),
+    /// One result per item (core or socket), aligned with the topology.
+    Values {
+        /// For energy, where the values come from; `None` for the other families.
+        source: Option<EnergySource>,
+        /// One result per item.
+        values: Vec<Result<T, ItemError>>,
+    },
+}
+
+/// Why a whole family is missing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Unavailable {
+    /// No usable HSMP device (see [`Sample::hsmp`]) and no fallback.
+    NoDevice,
+    /// The firmware does not implement the message (`ENOMSG`); remembered, not asked again.
+    Unsupported,
+}
+
+/// One energy counter reading: joules = `counter` × 2^-`esu`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Energy {
+    /// Raw 64-bit count of energy status units.
+    pub counter: u64,
+    /// Energy status unit exponent (RAPL power unit bits 12:8).
+    pub esu: u8,
+}
+
+impl Energy {
+    /// The counter in joules.
+    pub fn joules(self) -> f64 {
+        // Exact for counters below 2^53 units; beyond that f64 rounding is far below a joule.
+        self.counter as f64 / f64::from(1u32 << self.esu.min(31))
+    }
+}
+
+/// Why one item (a core or a socket) has no value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum ItemError {
+    /// Firmware or driver does not implement the message (`ENOMSG`).
+    #[error("not supported by the firmware")]
+    Unsupported,
+    /// Driver or firmware rejected the message or its arguments (`EINVAL`, `EPERM`).
+    #[error("rejected by the driver or firmware")]
+    Rejected,
+    /// The mailbox did not answer in time (`ETIMEDOUT`, `ETIME`).
+    #[error("mailbox timed out")]
+    TimedOut,
+    /// The firmware was busy (`EBUSY`).
+    #[error("firmware busy")]
+    Busy,
+    /// The socket index is not known to the driver (`ENODEV`).
+    #[error("no such socket")]
+    NoSuchSocket,
+    /// Any other errno.
+    #[error("I/O error (errno {errno})")]
+    Io {
+        /// The raw errno value.
+        errno: i32,
+    },
+    /// Not read: the request's deadline had passed.
+    #[error("deadline exceeded before the read")]
+    DeadlineExceeded,
+}
+
+impl fmt::Display for EnergySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            EnergySource::Hsmp => "hsmp",
+            EnergySource::Msr => "msr",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;
