@@ -1,0 +1,74 @@
+//! `struct hsmp_message` and `HSMP_IOCTL_CMD`, laid out exactly as the kernel's uapi header.
+
+/// Maximum number of argument/response words (`HSMP_MAX_MSG_LEN`).
+pub const HSMP_MAX_MSG_LEN: usize = 8;
+
+/// `_IOWR(0xF8, 0, struct hsmp_message)`: direction 3 (read|write) << 30, size 44 << 16,
+/// type 0xF8 << 8, number 0.
+pub const HSMP_IOCTL_CMD: u32 = (3 << 30) | ((size_of::<HsmpMessage>() as u32) << 16) | (0xF8 << 8);
+
+/// `struct hsmp_message` under `#pragma pack(4)`: 44 bytes, 2 of them tail padding.
+///
+/// ```c
+/// struct hsmp_message {
+///     __u32 msg_id;
+///     __u16 num_args;
+///     __u16 response_sz;
+///     __u32 args[HSMP_MAX_MSG_LEN];
+///     __u16 sock_ind;
+/// };
+/// ```
+#[repr(C, align(4))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HsmpMessage {
+    /// Message id (`HSMP_GET_*`).
+    pub msg_id: u32,
+    /// Number of argument words the message takes.
+    pub num_args: u16,
+    /// Number of response words the message returns.
+    pub response_sz: u16,
+    /// Arguments in, response out.
+    pub args: [u32; HSMP_MAX_MSG_LEN],
+    /// Socket index.
+    pub sock_ind: u16,
+}
+
+impl HsmpMessage {
+    /// Size of the struct as the kernel sees it.
+    pub const SIZE: usize = 44;
+
+    /// The message as the kernel copies it in and out: 44 bytes, native (little) endian,
+    /// padding zeroed.
+    pub fn to_bytes(&self) -> [u8; Self::SIZE] {
+        let mut b = [0u8; Self::SIZE];
+        b[0..4].copy_from_slice(&self.msg_id.to_le_bytes());
+        b[4..6].copy_from_slice(&self.num_args.to_le_bytes());
+        b[6..8].copy_from_slice(&self.response_sz.to_le_bytes());
+        for (i, a) in self.args.iter().enumerate() {
+            b[8 + 4 * i..12 + 4 * i].copy_from_slice(&a.to_le_bytes());
+        }
+        b[40..42].copy_from_slice(&self.sock_ind.to_le_bytes());
+        b
+    }
+
+    /// Parses the 44-byte kernel representation (padding ignored).
+    pub fn from_bytes(b: &[u8; Self::SIZE]) -> Self {
+        let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
+        let mut args = [0u32; HSMP_MAX_MSG_LEN];
+        for (i, a) in args.iter_mut().enumerate() {
+            *a = u32_at(8 + 4 * i);
+        }
+        HsmpMessage {
+            msg_id: u32_at(0),
+            num_args: u16_at(4),
+            response_sz: u16_at(6),
+            args,
+            sock_ind: u16_at(40),
+        }
+    }
+}
+
+// The kernel copies exactly this many bytes; a layout change would corrupt its memory.
+const _: () = assert!(size_of::<HsmpMessage>() == HsmpMessage::SIZE);
+const _: () = assert!(align_of::<HsmpMessage>() == 4);
