@@ -1,0 +1,59 @@
+//! `cargo xtask <task>`: the project's automation, in Rust instead of a Makefile.
+//!
+//! Tasks: `demo` (both processes on the simulated machine), `test` (the whole suite, installing
+//! the Debian packages it needs when run as root), `deps` (only the installs), `packaging` (the
+//! packaging checks alone).
+
+mod deps;
+mod packaging;
+
+use anyhow::{Context, Result, bail};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+const USAGE: &str = "usage: cargo xtask <demo|test|deps|packaging>";
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("deps") => deps::install(),
+        Some("packaging") => packaging::check(&root()),
+        Some("test") => {
+            deps::install()?;
+            cargo(&["test", "--workspace", "--all-targets"])?;
+            packaging::check(&root())
+        }
+        Some(other) => bail!("unknown task {other:?}\n{USAGE}"),
+        None => bail!("{USAGE}"),
+    }
+}
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+/// Runs cargo with `args` in the workspace root; fails if it fails.
+pub fn cargo(args: &[&str]) -> Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    run_cmd(Command::new(cargo).args(args).current_dir(root()))
+}
+
+/// Runs a command to completion; a non-zero exit is an error naming the command.
+pub fn run_cmd(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("cannot run {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}
