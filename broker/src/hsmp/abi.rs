@@ -1,4 +1,8 @@
-//! `struct hsmp_message` and `HSMP_IOCTL_CMD`, laid out exactly as the kernel's uapi header.
+//! `struct hsmp_message` and `HSMP_IOCTL_CMD`, laid out exactly as the kernel's uapi header,
+//! and the meaning of the driver's errno values.
+
+use super::Errno;
+use amd_hsmp_proto::ItemError;
 
 /// Maximum number of argument/response words (`HSMP_MAX_MSG_LEN`).
 pub const HSMP_MAX_MSG_LEN: usize = 8;
@@ -72,3 +76,89 @@ impl HsmpMessage {
 // The kernel copies exactly this many bytes; a layout change would corrupt its memory.
 const _: () = assert!(size_of::<HsmpMessage>() == HsmpMessage::SIZE);
 const _: () = assert!(align_of::<HsmpMessage>() == 4);
+
+/// Maps a driver errno to the per-item error reported to the frontend.
+///
+/// The driver's rules (`drivers/platform/x86/amd/hsmp/hsmp.c`): `ENOMSG` for a message id it or
+/// the firmware does not know; `EINVAL` for wrong word counts or input the firmware calls
+/// invalid, `EPERM` for a SET on a read-only descriptor; `ETIMEDOUT` when the firmware does
+/// not answer within 100 ms, and before 6.16 `ETIME` when the per-socket lock was not free in
+/// time; `EBUSY` when the firmware is busy; `ENODEV` for a `sock_ind` beyond the sockets it
+/// probed. Anything else (`EIO`, `EREMOTEIO`, ...) is kept as its raw errno.
+pub fn classify(errno: Errno) -> ItemError {
+    match errno {
+        libc::ENOMSG => ItemError::Unsupported,
+        libc::EINVAL | libc::EPERM => ItemError::Rejected,
+        libc::ETIMEDOUT | libc::ETIME => ItemError::TimedOut,
+        libc::EBUSY => ItemError::Busy,
+        libc::ENODEV => ItemError::NoSuchSocket,
+        errno => ItemError::Io { errno },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::offset_of;
+
+    #[test]
+    fn layout_matches_the_kernel_struct() {
+        assert_eq!(size_of::<HsmpMessage>(), 44);
+        assert_eq!(align_of::<HsmpMessage>(), 4);
+        assert_eq!(offset_of!(HsmpMessage, msg_id), 0);
+        assert_eq!(offset_of!(HsmpMessage, num_args), 4);
+        assert_eq!(offset_of!(HsmpMessage, response_sz), 6);
+        assert_eq!(offset_of!(HsmpMessage, args), 8);
+        assert_eq!(offset_of!(HsmpMessage, sock_ind), 40);
+    }
+
+    #[test]
+    fn ioctl_number_is_iowr_f8_0_of_44_bytes() {
+        assert_eq!(HSMP_IOCTL_CMD, 0xC02C_F800);
+    }
+
+    #[test]
+    fn bytes_sit_at_the_kernel_offsets_and_round_trip() {
+        let msg = HsmpMessage {
+            msg_id: 0x31,
+            num_args: 1,
+            response_sz: 2,
+            args: [0x0102_0304, 2, 3, 4, 5, 6, 7, 0xffff_ffff],
+            sock_ind: 0x0a0b,
+        };
+        let b = msg.to_bytes();
+        assert_eq!(b[0..4], [0x31, 0, 0, 0]);
+        assert_eq!(b[4..8], [1, 0, 2, 0]);
+        assert_eq!(b[8..12], [0x04, 0x03, 0x02, 0x01]);
+        assert_eq!(b[36..40], [0xff; 4]);
+        assert_eq!(b[40..44], [0x0b, 0x0a, 0, 0]);
+        assert_eq!(HsmpMessage::from_bytes(&b), msg);
+    }
+
+    #[test]
+    fn from_bytes_ignores_the_tail_padding() {
+        let mut b = HsmpMessage { msg_id: 3, response_sz: 1, ..Default::default() }.to_bytes();
+        b[42] = 0xaa;
+        b[43] = 0x55;
+        assert_eq!(HsmpMessage::from_bytes(&b).to_bytes()[42..], [0, 0]);
+    }
+
+    #[test]
+    fn every_driver_errno_is_classified() {
+        let cases = [
+            (libc::ENOMSG, ItemError::Unsupported),
+            (libc::EINVAL, ItemError::Rejected),
+            (libc::EPERM, ItemError::Rejected),
+            (libc::ETIMEDOUT, ItemError::TimedOut),
+            (libc::ETIME, ItemError::TimedOut),
+            (libc::EBUSY, ItemError::Busy),
+            (libc::ENODEV, ItemError::NoSuchSocket),
+            (libc::EIO, ItemError::Io { errno: libc::EIO }),
+            (libc::EREMOTEIO, ItemError::Io { errno: libc::EREMOTEIO }),
+            (libc::ENOTTY, ItemError::Io { errno: libc::ENOTTY }),
+        ];
+        for (errno, want) in cases {
+            assert_eq!(classify(errno), want, "errno {errno}");
+        }
+    }
+}

@@ -4,8 +4,12 @@
 //! Reference: `arch/x86/include/uapi/asm/amd_hsmp.h` and `drivers/platform/x86/amd/hsmp/hsmp.c`.
 
 pub mod abi;
+pub mod device;
+pub mod messages;
 
-pub use abi::{HSMP_IOCTL_CMD, HSMP_MAX_MSG_LEN, HsmpMessage};
+pub use abi::{HSMP_IOCTL_CMD, HSMP_MAX_MSG_LEN, HsmpMessage, classify};
+pub use device::{DEFAULT_HSMP_PATH, DevHsmp, HsmpDeviceOpener};
+pub use messages::Message;
 
 /// A positive errno value as returned by the kernel (or reproduced by the simulator).
 pub type Errno = i32;
