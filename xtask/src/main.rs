@@ -4,6 +4,7 @@
 //! the Debian packages it needs when run as root), `deps` (only the installs), `packaging` (the
 //! packaging checks alone).
 
+mod demo;
 mod deps;
 mod packaging;
 
@@ -26,6 +27,7 @@ fn main() -> ExitCode {
 fn run() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
+        Some("demo") => demo::run(),
         Some("deps") => deps::install(),
         Some("packaging") => packaging::check(&root()),
         Some("test") => {

@@ -1,0 +1,99 @@
+//! `cargo xtask demo`: the broker on the simulated Turin 2P and the exporter on :10054.
+
+use anyhow::{Context, Result, bail};
+use rustix::process::{Pid, Signal, kill_process};
+use std::path::Path;
+use std::process::{Child, Command};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// Simulated machine the demo serves.
+const PROFILE: &str = "turin-2p";
+/// Where the exporter listens.
+const LISTEN: &str = ":10054";
+
+/// Kills a child on drop, so an early error leaves nothing behind.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            if let Some(pid) = Pid::from_raw(self.0.id() as i32) {
+                let _ = kill_process(pid, Signal::TERM);
+            }
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while matches!(self.0.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Builds both binaries, starts them and waits for Ctrl-C (or for either to exit).
+pub fn run() -> Result<()> {
+    crate::cargo(&[
+        "build",
+        "--quiet",
+        "-p",
+        "amd-hsmp-broker",
+        "-p",
+        "amd-hsmp-exporter",
+        "--bins",
+    ])?;
+    let bin = crate::root().join("target/debug");
+    let dir = std::env::temp_dir().join(format!("amd-hsmp-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let result = serve(&bin, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn serve(bin: &Path, dir: &Path) -> Result<()> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
+        .context("cannot install the Ctrl-C handler")?;
+
+    let socket = dir.join("broker.sock");
+    let mut broker = Guard(
+        Command::new(bin.join("amd-hsmp-broker"))
+            .args(["--simulate", PROFILE, "--listen"])
+            .arg(&socket)
+            .spawn()
+            .context("cannot start amd-hsmp-broker")?,
+    );
+    let started = Instant::now();
+    while !socket.exists() {
+        if let Some(status) = broker.0.try_wait()? {
+            bail!("amd-hsmp-broker exited: {status}");
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            bail!("amd-hsmp-broker did not create {} within 10 s", socket.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut exporter = Guard(
+        Command::new(bin.join("amd-hsmp-exporter"))
+            .args(["--web.listen-address", LISTEN, "--broker.socket"])
+            .arg(&socket)
+            .spawn()
+            .context("cannot start amd-hsmp-exporter")?,
+    );
+    eprintln!(
+        "\nDemo running on a simulated {PROFILE}: http://localhost:10054/metrics\nPress Ctrl-C to stop.\n"
+    );
+    while !stop.load(Ordering::SeqCst) {
+        if let Some(status) = broker.0.try_wait()? {
+            bail!("amd-hsmp-broker exited: {status}");
+        }
+        if let Some(status) = exporter.0.try_wait()? {
+            bail!("amd-hsmp-exporter exited: {status}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("stopping");
+    Ok(())
+}
