@@ -1,1 +1,111 @@
-fn main() {}
+//! `amd-hsmp-exporter`: parses the flags, sets up logging, binds the listen addresses and
+//! serves until SIGTERM or SIGINT.
+//!
+//! Exit codes: 0 after a clean shutdown, 1 when start-up fails (e.g. an address cannot be
+//! bound), 2 for invalid flags. A missing broker or device is never a reason to exit.
+#![forbid(unsafe_code)]
+
+use amd_hsmp_exporter::cli::{Args, LogFormat};
+use amd_hsmp_exporter::{Config, Exporter, app};
+use anyhow::Context as _;
+use clap::Parser as _;
+use std::process::ExitCode;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    init_logging(&args);
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("amd-hsmp-exporter: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(args: &Args) {
+    let builder = tracing_subscriber::fmt()
+        .with_max_level(args.log_level.as_tracing())
+        .with_writer(std::io::stderr)
+        .with_target(false);
+    match args.log_format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+#[tokio::main]
+async fn run(args: Args) -> anyhow::Result<()> {
+    let families = args.families();
+    let exporter = Exporter::new(Config {
+        broker_socket: args.broker_socket.clone(),
+        families,
+        max_scrape_timeout: args.max_scrape_timeout,
+        telemetry_path: args.telemetry_path.clone(),
+        procfs: "/proc".into(),
+    });
+    let router = app(exporter);
+
+    let mut listeners = Vec::new();
+    for address in &args.listen_addresses {
+        listeners.push(bind(*address).await?);
+    }
+    tracing::info!(
+        version = amd_hsmp_exporter::cli::LONG_VERSION,
+        broker_socket = %args.broker_socket.display(),
+        telemetry_path = %args.telemetry_path,
+        core_energy = families.core_energy,
+        boost_limit = families.boost_limit,
+        prochot = families.prochot,
+        "amd-hsmp-exporter started"
+    );
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut servers = tokio::task::JoinSet::new();
+    for listener in listeners {
+        let local = listener.local_addr().context("cannot read a bound address")?;
+        tracing::info!(address = %local, "listening");
+        let mut stop = stop_rx.clone();
+        let server = axum::serve(listener, router.clone()).with_graceful_shutdown(async move {
+            // Err means the sender is gone, which also means stop.
+            let _ = stop.wait_for(|stop| *stop).await;
+        });
+        servers.spawn(async move { server.await.with_context(|| format!("serving on {local}")) });
+    }
+
+    shutdown_signal().await?;
+    tracing::info!("shutting down");
+    stop_tx.send_replace(true);
+    while let Some(result) = servers.join_next().await {
+        result.context("server task failed")??;
+    }
+    Ok(())
+}
+
+/// Binds one `--web.listen-address`, trying its candidates in order.
+async fn bind(address: amd_hsmp_exporter::cli::ListenAddress) -> anyhow::Result<TcpListener> {
+    let mut last = None;
+    for candidate in address.candidates() {
+        match TcpListener::bind(candidate).await {
+            Ok(listener) => return Ok(listener),
+            Err(e) => last = Some(e),
+        }
+    }
+    let error = last.unwrap_or_else(|| std::io::Error::other("no address to bind"));
+    Err(error).with_context(|| format!("cannot listen on {address}"))
+}
+
+/// Resolves on the first SIGTERM or SIGINT.
+async fn shutdown_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}

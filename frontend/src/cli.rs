@@ -1,0 +1,292 @@
+//! Command-line flags, following the node_exporter conventions (`--web.*`, `--collector.NAME`,
+//! `--no-collector.NAME`, `--log.*`).
+
+use amd_hsmp_proto::Families;
+use clap::{Parser, ValueEnum};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Version string printed by `--version`: package version, git revision and compiler.
+pub const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (revision ",
+    env!("AMD_HSMP_REVISION"),
+    ", rustc ",
+    env!("AMD_HSMP_RUSTVERSION"),
+    ")"
+);
+
+/// Prometheus exporter for AMD EPYC HSMP telemetry (per-core energy, boost limit, PROCHOT).
+///
+/// This process holds no device and no privilege: it asks amd-hsmp-broker over a Unix socket.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "amd-hsmp-exporter", version = LONG_VERSION)]
+pub struct Args {
+    /// Address to listen on for HTTP, `host:port`; `:PORT` means every address. Repeatable.
+    #[arg(long = "web.listen-address", value_name = "ADDR", default_value = ":10054",
+          value_parser = parse_listen_address)]
+    pub listen_addresses: Vec<ListenAddress>,
+
+    /// Path under which the metrics are served.
+    #[arg(long = "web.telemetry-path", value_name = "PATH", default_value = "/metrics",
+          value_parser = parse_telemetry_path)]
+    pub telemetry_path: String,
+
+    /// Upper bound of the time spent answering one scrape, whatever
+    /// `X-Prometheus-Scrape-Timeout-Seconds` asks for (e.g. `10s`, `2500ms`, `1m`).
+    #[arg(long = "web.max-scrape-timeout", value_name = "DURATION", default_value = "10s",
+          value_parser = parse_duration)]
+    pub max_scrape_timeout: Duration,
+
+    /// Unix socket of amd-hsmp-broker.
+    #[arg(
+        long = "broker.socket",
+        value_name = "PATH",
+        default_value = "/run/amd-hsmp/broker.sock"
+    )]
+    pub broker_socket: PathBuf,
+
+    /// Export per-core energy (on by default).
+    #[arg(long = "collector.core-energy", overrides_with = "no_core_energy")]
+    core_energy: bool,
+    /// Do not export per-core energy; the broker is not asked for it.
+    #[arg(long = "no-collector.core-energy", overrides_with = "core_energy")]
+    no_core_energy: bool,
+
+    /// Export per-core boost limits (on by default).
+    #[arg(long = "collector.boost-limit", overrides_with = "no_boost_limit")]
+    boost_limit: bool,
+    /// Do not export per-core boost limits; the broker is not asked for them.
+    #[arg(long = "no-collector.boost-limit", overrides_with = "boost_limit")]
+    no_boost_limit: bool,
+
+    /// Export per-socket PROCHOT status (on by default).
+    #[arg(long = "collector.prochot", overrides_with = "no_prochot")]
+    prochot: bool,
+    /// Do not export PROCHOT status; the broker is not asked for it.
+    #[arg(long = "no-collector.prochot", overrides_with = "prochot")]
+    no_prochot: bool,
+
+    /// Least severe log level written to standard error.
+    #[arg(long = "log.level", value_name = "LEVEL", default_value = "info")]
+    pub log_level: LogLevel,
+
+    /// Log line format.
+    #[arg(long = "log.format", value_name = "FORMAT", default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+impl Args {
+    /// The families the enabled collectors ask the broker for.
+    pub fn families(&self) -> Families {
+        Families {
+            core_energy: !self.no_core_energy,
+            boost_limit: !self.no_boost_limit,
+            prochot: !self.no_prochot,
+        }
+    }
+}
+
+/// `--log.level`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogLevel {
+    /// Everything, including each broker reconnect attempt.
+    Debug,
+    /// Start-up, broker lost and found again.
+    Info,
+    /// Problems that cost telemetry.
+    Warn,
+    /// Only what stops the process.
+    Error,
+}
+
+impl LogLevel {
+    /// The matching `tracing` level.
+    pub fn as_tracing(self) -> tracing::Level {
+        match self {
+            LogLevel::Debug => tracing::Level::DEBUG,
+            LogLevel::Info => tracing::Level::INFO,
+            LogLevel::Warn => tracing::Level::WARN,
+            LogLevel::Error => tracing::Level::ERROR,
+        }
+    }
+}
+
+/// `--log.format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// One `--web.listen-address`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListenAddress {
+    /// `:PORT`: every address of the host, IPv6 and IPv4.
+    AnyHost(u16),
+    /// `host:port` with a literal IP address.
+    Exact(SocketAddr),
+}
+
+impl ListenAddress {
+    /// Addresses to try binding, in order; the first that binds wins. `:PORT` tries the
+    /// dual-stack IPv6 wildcard first and falls back to IPv4 on hosts without IPv6.
+    pub fn candidates(self) -> Vec<SocketAddr> {
+        match self {
+            ListenAddress::AnyHost(port) => vec![
+                SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port),
+                SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
+            ],
+            ListenAddress::Exact(addr) => vec![addr],
+        }
+    }
+}
+
+impl std::fmt::Display for ListenAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListenAddress::AnyHost(port) => write!(f, ":{port}"),
+            ListenAddress::Exact(addr) => write!(f, "{addr}"),
+        }
+    }
+}
+
+/// Parses `:PORT`, `IPv4:PORT`, `[IPv6]:PORT` and `localhost:PORT`.
+pub fn parse_listen_address(text: &str) -> Result<ListenAddress, String> {
+    if let Some(port) = text.strip_prefix(':') {
+        return port
+            .parse()
+            .map(ListenAddress::AnyHost)
+            .map_err(|_| format!("invalid port in {text:?}"));
+    }
+    if let Some(port) = text.strip_prefix("localhost:") {
+        let port = port.parse().map_err(|_| format!("invalid port in {text:?}"))?;
+        return Ok(ListenAddress::Exact(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port)));
+    }
+    text.parse().map(ListenAddress::Exact).map_err(|_| {
+        format!("invalid listen address {text:?}: expected :PORT, IP:PORT or [IPv6]:PORT")
+    })
+}
+
+fn parse_telemetry_path(text: &str) -> Result<String, String> {
+    if !text.starts_with('/') || text == "/" {
+        return Err(format!("telemetry path {text:?} must start with / and not be / itself"));
+    }
+    if text.contains(['?', '#', '*', '{', '}']) || text.chars().any(char::is_whitespace) {
+        return Err(format!("telemetry path {text:?} contains characters not allowed in a route"));
+    }
+    Ok(text.to_owned())
+}
+
+/// Parses a Prometheus-style duration: `500ms`, `10s`, `1m`, or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let (number, scale) = if let Some(n) = text.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = text.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = text.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (text, 1.0)
+    };
+    let value: f64 = number.parse().map_err(|_| format!("invalid duration {text:?}"))?;
+    let seconds = value * scale;
+    if !seconds.is_finite() || seconds <= 0.0 || seconds > 3600.0 {
+        return Err(format!("duration {text:?} must be above 0 and at most 1h"));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("amd-hsmp-exporter").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn defaults_follow_node_exporter_conventions() {
+        let args = parse(&[]).map_err(|e| e.to_string()).unwrap();
+        assert_eq!(args.listen_addresses, vec![ListenAddress::AnyHost(10054)]);
+        assert_eq!(args.telemetry_path, "/metrics");
+        assert_eq!(args.broker_socket, PathBuf::from("/run/amd-hsmp/broker.sock"));
+        assert_eq!(args.max_scrape_timeout, Duration::from_secs(10));
+        assert_eq!(args.families(), Families::ALL);
+        assert_eq!(args.log_level, LogLevel::Info);
+        assert_eq!(args.log_format, LogFormat::Text);
+    }
+
+    #[test]
+    fn no_collector_flag_disables_only_that_family() {
+        let args = parse(&["--no-collector.boost-limit"]).map_err(|e| e.to_string()).unwrap();
+        assert_eq!(
+            args.families(),
+            Families { core_energy: true, boost_limit: false, prochot: true }
+        );
+    }
+
+    #[test]
+    fn last_of_collector_and_no_collector_wins() {
+        let off = parse(&["--collector.prochot", "--no-collector.prochot"]).unwrap();
+        assert!(!off.families().prochot);
+        let on = parse(&["--no-collector.prochot", "--collector.prochot"]).unwrap();
+        assert!(on.families().prochot);
+    }
+
+    #[test]
+    fn listen_address_is_repeatable() {
+        let args =
+            parse(&["--web.listen-address", "127.0.0.1:9", "--web.listen-address", "[::1]:10"])
+                .unwrap();
+        assert_eq!(
+            args.listen_addresses,
+            vec![
+                ListenAddress::Exact("127.0.0.1:9".parse().unwrap()),
+                ListenAddress::Exact("[::1]:10".parse().unwrap()),
+            ]
+        );
+    }
+
+    #[test]
+    fn any_host_address_tries_ipv6_wildcard_then_ipv4() {
+        let candidates = parse_listen_address(":10054").unwrap().candidates();
+        assert_eq!(candidates[0], "[::]:10054".parse().unwrap());
+        assert_eq!(candidates[1], "0.0.0.0:10054".parse().unwrap());
+        assert_eq!(
+            parse_listen_address("localhost:80").unwrap(),
+            ListenAddress::Exact("127.0.0.1:80".parse().unwrap())
+        );
+        assert!(parse_listen_address("example.org:80").is_err());
+        assert!(parse_listen_address(":http").is_err());
+    }
+
+    #[test]
+    fn unknown_flag_is_a_usage_error_with_exit_code_2() {
+        let err = parse(&["--collector.cpu"]).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        assert!(err.to_string().contains("--collector.cpu"), "{err}");
+    }
+
+    #[test]
+    fn durations_accept_prometheus_units() {
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("2500ms"), Ok(Duration::from_millis(2500)));
+        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("ten").is_err());
+    }
+
+    #[test]
+    fn telemetry_path_must_be_a_plain_route() {
+        assert!(parse(&["--web.telemetry-path", "/x/metrics"]).is_ok());
+        assert!(parse(&["--web.telemetry-path", "metrics"]).is_err());
+        assert!(parse(&["--web.telemetry-path", "/"]).is_err());
+        assert!(parse(&["--web.telemetry-path", "/{x}"]).is_err());
+    }
+}

@@ -1,0 +1,147 @@
+//! The HTTP surface: the telemetry path, a landing page at `/`, 404 elsewhere, content
+//! negotiation between OpenMetrics 1.0 and the text format 0.0.4.
+
+use crate::metrics::{self, Format};
+use crate::scrape::{Budget, Exporter};
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use std::sync::Arc;
+
+/// Header in which Prometheus sends its scrape timeout, in seconds.
+pub const SCRAPE_TIMEOUT_HEADER: &str = "x-prometheus-scrape-timeout-seconds";
+
+/// The router, with `exporter` as shared state. Tests call it with
+/// `tower::ServiceExt::oneshot`, without a socket.
+pub fn app(exporter: Arc<Exporter>) -> Router {
+    let path = exporter.config().telemetry_path.clone();
+    Router::new()
+        .route("/", get(landing))
+        .route(&path, get(telemetry))
+        .fallback(not_found)
+        .with_state(exporter)
+}
+
+/// What can go wrong answering a request. The response never shows internals; the log does.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// The metrics could not be encoded.
+    #[error("cannot encode the metrics")]
+    Encode(#[source] std::fmt::Error),
+}
+
+impl IntoResponse for AppError {
+    fn into_response(self) -> Response {
+        tracing::error!(error = %crate::broker::chain(&self), "request failed");
+        (StatusCode::INTERNAL_SERVER_ERROR, "internal error\n").into_response()
+    }
+}
+
+async fn telemetry(
+    State(exporter): State<Arc<Exporter>>,
+    headers: HeaderMap,
+) -> Result<Response, AppError> {
+    let timeout = headers.get(SCRAPE_TIMEOUT_HEADER).and_then(|v| v.to_str().ok());
+    let budget = Budget::new(timeout, exporter.config().max_scrape_timeout);
+    let format = negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
+    let report = Arc::new(exporter.scrape(budget).await);
+    let body = metrics::render(report, format).map_err(AppError::Encode)?;
+    Ok(([(header::CONTENT_TYPE, format.content_type())], body).into_response())
+}
+
+async fn landing(State(exporter): State<Arc<Exporter>>) -> Html<String> {
+    let path = escape_html(&exporter.config().telemetry_path);
+    Html(format!(
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head><meta charset=\"utf-8\"><title>AMD HSMP Exporter</title></head>\n\
+         <body>\n<h1>AMD HSMP Exporter</h1>\n\
+         <p>Per-core energy, boost limit and PROCHOT of AMD EPYC processors, read through amd-hsmp-broker.</p>\n\
+         <p>Version {version} (revision {revision})</p>\n\
+         <p><a href=\"{path}\">Metrics</a></p>\n</body>\n</html>\n",
+        version = metrics::VERSION,
+        revision = escape_html(metrics::REVISION),
+    ))
+}
+
+async fn not_found() -> (StatusCode, &'static str) {
+    (StatusCode::NOT_FOUND, "404 page not found\n")
+}
+
+/// Picks the format for an `Accept` header: OpenMetrics when the client accepts
+/// `application/openmetrics-text` (version 1.0.0, 0.0.1 or unspecified) at least as much as
+/// `text/plain`; the text format 0.0.4 otherwise, including without a header.
+pub fn negotiate(accept: Option<&str>) -> Format {
+    let Some(accept) = accept else {
+        return Format::Text;
+    };
+    let mut openmetrics = 0.0f64;
+    let mut text = 0.0f64;
+    for range in accept.split(',') {
+        let mut parts = range.split(';').map(str::trim);
+        let media = parts.next().unwrap_or("").to_ascii_lowercase();
+        let mut q = 1.0f64;
+        let mut version_ok = true;
+        for param in parts {
+            let Some((key, value)) = param.split_once('=') else { continue };
+            let value = value.trim().trim_matches('"');
+            match key.trim().to_ascii_lowercase().as_str() {
+                "q" => q = value.parse().unwrap_or(0.0),
+                "version" => version_ok = matches!(value, "1.0.0" | "0.0.1"),
+                _ => {}
+            }
+        }
+        match media.as_str() {
+            "application/openmetrics-text" if version_ok => openmetrics = openmetrics.max(q),
+            "text/plain" | "text/*" | "*/*" => text = text.max(q),
+            _ => {}
+        }
+    }
+    if openmetrics > 0.0 && openmetrics >= text { Format::OpenMetrics } else { Format::Text }
+}
+
+fn escape_html(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prometheus_default_accept_header_gets_openmetrics() {
+        let prometheus2 = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        assert_eq!(negotiate(Some(prometheus2)), Format::OpenMetrics);
+        let prometheus3 = "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1";
+        assert_eq!(negotiate(Some(prometheus3)), Format::OpenMetrics);
+    }
+
+    #[test]
+    fn plain_clients_get_the_text_format() {
+        assert_eq!(negotiate(None), Format::Text);
+        assert_eq!(negotiate(Some("*/*")), Format::Text);
+        assert_eq!(negotiate(Some("text/plain;version=0.0.4")), Format::Text);
+        assert_eq!(
+            negotiate(Some("text/plain;q=0.9, application/openmetrics-text;q=0.5")),
+            Format::Text
+        );
+        assert_eq!(negotiate(Some("application/openmetrics-text;version=2.0.0")), Format::Text);
+        assert_eq!(negotiate(Some("application/openmetrics-text;q=0")), Format::Text);
+    }
+
+    #[test]
+    fn landing_page_escapes_the_path() {
+        assert_eq!(escape_html("/a\"<b>&"), "/a&quot;&lt;b&gt;&amp;");
+    }
+}

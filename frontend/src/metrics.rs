@@ -1,0 +1,346 @@
+//! The metric families: a prometheus-client [`Collector`] that emits one scrape's report as
+//! const metrics, encoded as OpenMetrics 1.0 or the classic text format 0.0.4.
+//!
+//! Names, types, labels and HELP texts are a public contract, listed in `docs/metrics.md`.
+
+use crate::scrape::{CoreLabel, ScrapeReport};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeMetric,
+};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::{Registry, Unit};
+use std::sync::Arc;
+
+/// Package version, exported in `amd_hsmp_build_info`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// Git revision at build time, or `unknown`.
+pub const REVISION: &str = env!("AMD_HSMP_REVISION");
+/// Version of the compiler that built this binary, e.g. `1.88.0`.
+pub const RUSTVERSION: &str = env!("AMD_HSMP_RUSTVERSION");
+
+/// An exposition format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// OpenMetrics 1.0 text.
+    OpenMetrics,
+    /// The classic Prometheus text format 0.0.4.
+    Text,
+}
+
+impl Format {
+    /// The `Content-Type` of the format.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            Format::Text => prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+        }
+    }
+}
+
+/// Encodes a scrape report in `format`.
+pub fn render(report: Arc<ScrapeReport>, format: Format) -> Result<String, std::fmt::Error> {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(ReportCollector(report)));
+    let mut out = String::with_capacity(64 * 1024);
+    match format {
+        Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut out, &registry)?,
+        Format::Text => prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)?,
+    }
+    Ok(out)
+}
+
+#[derive(Debug)]
+struct ReportCollector(Arc<ScrapeReport>);
+
+type Labels = Vec<(&'static str, String)>;
+
+fn core_labels(c: &CoreLabel) -> Labels {
+    vec![("core", c.core.to_string()), ("socket", c.socket.to_string())]
+}
+
+/// Writes one family; a family without series is not written at all.
+fn family<M: EncodeMetric>(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    series: impl IntoIterator<Item = (Labels, M)>,
+) -> Result<(), std::fmt::Error> {
+    let mut series = series.into_iter().peekable();
+    let Some((_, first)) = series.peek() else {
+        return Ok(());
+    };
+    let metric_type = first.metric_type();
+    let mut metric = encoder.encode_descriptor(name, help, unit, metric_type)?;
+    for (labels, value) in series {
+        // An empty label set writes no braces.
+        value.encode(metric.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+fn gauge<N: EncodeGaugeValue>(labels: Labels, value: N) -> (Labels, ConstGauge<N>) {
+    (labels, ConstGauge::new(value))
+}
+
+fn counter<N: EncodeCounterValue>(labels: Labels, value: N) -> (Labels, ConstCounter<N>) {
+    (labels, ConstCounter::new(value))
+}
+
+fn one<N: EncodeGaugeValue>(value: N) -> Option<(Labels, ConstGauge<N>)> {
+    Some(gauge(Vec::new(), value))
+}
+
+impl Collector for ReportCollector {
+    fn encode(&self, mut e: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let report = &*self.0;
+        let telemetry = report.telemetry.as_deref();
+        let hertz = Unit::Other("hertz".into());
+
+        family(
+            &mut e,
+            "amd_hsmp_build_info",
+            "Build information of amd-hsmp-exporter, constant 1",
+            None,
+            [gauge(
+                vec![
+                    ("version", VERSION.to_owned()),
+                    ("revision", REVISION.to_owned()),
+                    ("rustversion", RUSTVERSION.to_owned()),
+                ],
+                1i64,
+            )],
+        )?;
+        family(
+            &mut e,
+            "amd_hsmp_broker_up",
+            "1 if amd-hsmp-broker answered this scrape",
+            None,
+            one(i64::from(telemetry.is_some())),
+        )?;
+        family(
+            &mut e,
+            "amd_hsmp_simulated_info",
+            "Present, with value 1, only when amd-hsmp-broker serves its built-in simulator instead of the machine's devices",
+            None,
+            telemetry
+                .and_then(|t| t.simulated.clone())
+                .map(|profile| gauge(vec![("profile", profile)], 1i64)),
+        )?;
+        let protocol = telemetry.and_then(|t| t.hsmp_protocol_version);
+        family(
+            &mut e,
+            "amd_hsmp_up",
+            "1 if /dev/hsmp opened and answered GET_PROTO_VER",
+            None,
+            one(i64::from(protocol.is_some())),
+        )?;
+        family(
+            &mut e,
+            "amd_hsmp_protocol_version",
+            "HSMP protocol version reported by the firmware",
+            None,
+            protocol.and_then(|v| one(i64::from(v))),
+        )?;
+
+        if let Some(t) = telemetry {
+            family(
+                &mut e,
+                "amd_hsmp_core_energy",
+                "Energy consumed by the physical core, in joules",
+                Some(&Unit::Joules),
+                t.energy_joules.iter().map(|(c, j)| counter(core_labels(c), *j)),
+            )?;
+            family(
+                &mut e,
+                "amd_hsmp_core_energy_source_info",
+                "Where core energy is read from (hsmp or msr), constant 1; present only when energy is exported",
+                None,
+                t.energy_source.map(|s| gauge(vec![("source", s.to_string())], 1i64)),
+            )?;
+            family(
+                &mut e,
+                "amd_hsmp_core_boost_limit",
+                "Current boost (maximum frequency) limit of the physical core, in hertz",
+                Some(&hertz),
+                t.boost_limit_hertz.iter().map(|(c, hz)| gauge(core_labels(c), *hz)),
+            )?;
+            family(
+                &mut e,
+                "amd_hsmp_prochot_active",
+                "1 while PROCHOT is asserted on the socket",
+                None,
+                t.prochot
+                    .iter()
+                    .map(|(s, on)| gauge(vec![("socket", s.to_string())], i64::from(*on))),
+            )?;
+        }
+
+        family(
+            &mut e,
+            "amd_hsmp_scrape_errors",
+            "Failed reads since the exporter started, by collector",
+            None,
+            report
+                .errors
+                .iter()
+                .map(|(source, n)| counter(vec![("collector", source.label().to_owned())], *n)),
+        )?;
+        family(
+            &mut e,
+            "amd_hsmp_scrape_duration",
+            "Duration of this scrape's collection, in seconds",
+            Some(&Unit::Seconds),
+            one(report.duration.as_secs_f64()),
+        )?;
+
+        let p = &report.process;
+        family(
+            &mut e,
+            "process_cpu",
+            "Total user and system CPU time spent in seconds",
+            Some(&Unit::Seconds),
+            p.cpu_seconds.map(|v| counter(Vec::new(), v)),
+        )?;
+        family(
+            &mut e,
+            "process_resident_memory",
+            "Resident memory size in bytes",
+            Some(&Unit::Bytes),
+            p.resident_memory_bytes.and_then(one),
+        )?;
+        family(
+            &mut e,
+            "process_virtual_memory",
+            "Virtual memory size in bytes",
+            Some(&Unit::Bytes),
+            p.virtual_memory_bytes.and_then(one),
+        )?;
+        family(
+            &mut e,
+            "process_open_fds",
+            "Number of open file descriptors",
+            None,
+            p.open_fds.and_then(one),
+        )?;
+        family(
+            &mut e,
+            "process_max_fds",
+            "Maximum number of open file descriptors",
+            None,
+            p.max_fds.and_then(one),
+        )?;
+        family(
+            &mut e,
+            "process_start_time",
+            "Start time of the process since unix epoch in seconds",
+            Some(&Unit::Seconds),
+            p.start_time_seconds.and_then(one),
+        )?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::process::ProcessStats;
+    use crate::scrape::{ErrorSource, Telemetry};
+    use amd_hsmp_proto::EnergySource;
+    use std::time::Duration;
+
+    fn report(telemetry: Option<Telemetry>) -> Arc<ScrapeReport> {
+        Arc::new(ScrapeReport {
+            telemetry: telemetry.map(Arc::new),
+            errors: ErrorSource::ALL.map(|s| (s, 0)),
+            duration: Duration::from_millis(12),
+            process: ProcessStats::default(),
+        })
+    }
+
+    fn healthy() -> Telemetry {
+        Telemetry {
+            simulated: Some("turin-2p".into()),
+            hsmp_protocol_version: Some(7),
+            energy_source: Some(EnergySource::Hsmp),
+            energy_joules: vec![(CoreLabel { socket: 1, core: 3 }, 12.5)],
+            boost_limit_hertz: vec![(CoreLabel { socket: 1, core: 3 }, 3.7e9)],
+            prochot: vec![(0, false), (1, true)],
+            deadline_exceeded: false,
+        }
+    }
+
+    #[test]
+    fn counters_end_in_total_in_both_formats() {
+        for format in [Format::Text, Format::OpenMetrics] {
+            let text = render(report(Some(healthy())), format).unwrap();
+            assert!(
+                text.contains("amd_hsmp_core_energy_joules_total{core=\"3\",socket=\"1\"} 12.5\n"),
+                "{format:?}:\n{text}"
+            );
+            assert!(text.contains("amd_hsmp_scrape_errors_total{collector=\"core-energy\"} 0\n"));
+        }
+    }
+
+    #[test]
+    fn text_format_declares_counter_types_on_the_total_name() {
+        let text = render(report(Some(healthy())), Format::Text).unwrap();
+        assert!(text.contains("# TYPE amd_hsmp_core_energy_joules_total counter\n"), "{text}");
+        assert!(!text.contains("# EOF"));
+        let om = render(report(Some(healthy())), Format::OpenMetrics).unwrap();
+        assert!(om.contains("# TYPE amd_hsmp_core_energy_joules counter\n"), "{om}");
+        assert!(om.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn broker_down_exports_meta_metrics_only() {
+        let text = render(report(None), Format::Text).unwrap();
+        assert!(text.contains("amd_hsmp_broker_up 0\n"));
+        assert!(text.contains("amd_hsmp_up 0\n"));
+        for absent in [
+            "amd_hsmp_core_energy",
+            "amd_hsmp_core_boost_limit",
+            "amd_hsmp_prochot",
+            "amd_hsmp_protocol_version",
+            "amd_hsmp_simulated_info",
+        ] {
+            assert!(!text.contains(absent), "{absent} present:\n{text}");
+        }
+    }
+
+    #[test]
+    fn every_error_collector_is_present_from_the_first_scrape() {
+        let text = render(report(None), Format::Text).unwrap();
+        for label in ["hsmp", "core-energy", "boost-limit", "prochot", "scrape", "broker"] {
+            assert!(
+                text.contains(&format!(
+                    "amd_hsmp_scrape_errors_total{{collector=\"{label}\"}} 0\n"
+                )),
+                "{label}:\n{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn simulated_broker_is_marked_in_the_scrape() {
+        let text = render(report(Some(healthy())), Format::Text).unwrap();
+        assert!(text.contains("amd_hsmp_simulated_info{profile=\"turin-2p\"} 1\n"), "{text}");
+        let real = Telemetry { simulated: None, ..healthy() };
+        let text = render(report(Some(real)), Format::Text).unwrap();
+        assert!(!text.contains("simulated"), "{text}");
+    }
+
+    #[test]
+    fn boost_limit_is_exported_in_hertz_and_prochot_per_socket() {
+        let text = render(report(Some(healthy())), Format::Text).unwrap();
+        assert!(
+            text.contains("amd_hsmp_core_boost_limit_hertz{core=\"3\",socket=\"1\"} 3700000000"),
+            "{text}"
+        );
+        assert!(text.contains("amd_hsmp_prochot_active{socket=\"0\"} 0\n"));
+        assert!(text.contains("amd_hsmp_prochot_active{socket=\"1\"} 1\n"));
+        assert!(text.contains("amd_hsmp_core_energy_source_info{source=\"hsmp\"} 1\n"));
+    }
+}
