@@ -7,6 +7,7 @@
 mod demo;
 mod deps;
 mod packaging;
+mod tidy;
 
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
