@@ -1,1 +1,192 @@
-//! TODO
+//! The firmware simulator: a simulated EPYC machine (topology, SMU firmware, and the `amd_hsmp`
+//! and `msr` drivers in front of it) behind the same transport traits as the real devices.
+//!
+//! One model serves two transports: in process for `--simulate`, through
+//! [`Machine::hsmp_opener`] and [`Machine::msr_opener`], and the test suite's fake device, which
+//! forwards the ioctls and `pread`s it receives to [`Machine::open_hsmp`] and
+//! [`Machine::open_msr`].
+//!
+//! ```
+//! use amd_hsmp_broker::hsmp::HsmpOpener;
+//! use amd_hsmp_broker::hsmp::messages::proto_version;
+//! use amd_hsmp_broker::sim::{FirmwareConfig, Machine, Mode, Profile};
+//!
+//! let machine = Machine::new(Profile::Turin2p.spec(), FirmwareConfig::new(Mode::Static));
+//! assert_eq!(machine.topology().cores.len(), 384);
+//! let hsmp = machine.hsmp_opener().open().unwrap();
+//! assert_eq!(proto_version(hsmp.as_ref(), 1), Ok(7));
+//! ```
+
+pub mod driver;
+pub mod faults;
+pub mod firmware;
+pub mod profile;
+
+pub use driver::{AccessMode, Counters, Driver, SimMsr};
+pub use faults::{DRIVER_TIMEOUT, Family, Faults, Target};
+pub use firmware::{Firmware, FwStatus, Mode, SimError};
+pub use profile::{Cpu, MachineSpec, Profile, UnknownProfile};
+
+use crate::hsmp::{Errno, HsmpOpener, HsmpTransport, MsrOpener, MsrTransport};
+use amd_hsmp_proto::Topology;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+/// How a simulated machine behaves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FirmwareConfig {
+    /// Live or static values.
+    pub mode: Mode,
+    /// Varies the live load patterns; the same seed gives the same patterns.
+    pub seed: u64,
+    /// Faults injected from the start; change them later with [`Machine::set_faults`].
+    pub faults: Faults,
+}
+
+impl FirmwareConfig {
+    /// `mode`, seed 0, no faults.
+    pub fn new(mode: Mode) -> FirmwareConfig {
+        FirmwareConfig { mode, seed: 0, faults: Faults::default() }
+    }
+
+    /// Live values, seed 0, no faults: what `--simulate` serves.
+    pub fn live() -> FirmwareConfig {
+        FirmwareConfig::new(Mode::Live)
+    }
+
+    /// Static values, seed 0, no faults: what the test suite starts from.
+    pub fn static_values() -> FirmwareConfig {
+        FirmwareConfig::new(Mode::Static)
+    }
+}
+
+/// A simulated machine: its spec and topology, its firmware, the drivers' shared state
+/// (per-socket locks, counters) and the injected faults.
+#[derive(Debug)]
+pub struct Machine {
+    spec: MachineSpec,
+    topology: Topology,
+    firmware: Firmware,
+    faults: RwLock<Faults>,
+    /// The driver's per-socket semaphores, shared by every open descriptor.
+    socket_locks: Vec<Mutex<()>>,
+    counters: Counters,
+}
+
+impl Machine {
+    /// Builds the machine `spec` with firmware behaving as `config` says.
+    pub fn new(spec: MachineSpec, config: FirmwareConfig) -> Arc<Machine> {
+        let firmware = Firmware::new(&spec, config.mode, config.seed);
+        Arc::new(Machine {
+            topology: spec.topology(),
+            socket_locks: (0..spec.sockets).map(|_| Mutex::new(())).collect(),
+            spec,
+            firmware,
+            faults: RwLock::new(config.faults),
+            counters: Counters::default(),
+        })
+    }
+
+    /// The spec the machine was built from.
+    pub fn spec(&self) -> &MachineSpec {
+        &self.spec
+    }
+
+    /// What topology discovery finds on this machine (same as [`MachineSpec::topology`]).
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    /// The firmware, to read the values it would answer and, in static mode, to set them.
+    pub fn firmware(&self) -> &Firmware {
+        &self.firmware
+    }
+
+    /// What the simulated drivers have been asked.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// The faults injected now.
+    pub fn faults(&self) -> Faults {
+        self.with_faults(Faults::clone)
+    }
+
+    /// Replaces the injected faults; they apply from the next message or read.
+    pub fn set_faults(&self, faults: Faults) {
+        *self.faults.write().unwrap_or_else(PoisonError::into_inner) = faults;
+    }
+
+    /// Changes the injected faults in place.
+    pub fn update_faults(&self, change: impl FnOnce(&mut Faults)) {
+        change(&mut self.faults.write().unwrap_or_else(PoisonError::into_inner));
+    }
+
+    fn with_faults<T>(&self, read: impl FnOnce(&Faults) -> T) -> T {
+        // Faults are plain data, valid even if a writer panicked.
+        read(&self.faults.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// `open("/dev/hsmp", access)`: `ENOENT` if the machine has no HSMP (Rome), the injected
+    /// [`Faults::hsmp_open`] errno if any.
+    pub fn open_hsmp(self: &Arc<Self>, access: AccessMode) -> Result<Driver, Errno> {
+        if !self.firmware.has_hsmp() {
+            return Err(libc::ENOENT);
+        }
+        if let Some(errno) = self.with_faults(|f| f.hsmp_open) {
+            return Err(errno);
+        }
+        Ok(Driver::new(Arc::clone(self), access))
+    }
+
+    /// `open("/dev/cpu/<cpu>/msr", O_RDONLY)`: `ENOENT` for a CPU the machine does not have,
+    /// `ENXIO` for an offline one (`msr_open()`), the injected [`Faults::msr_open`] errno if
+    /// any.
+    pub fn open_msr(self: &Arc<Self>, cpu: u32) -> Result<SimMsr, Errno> {
+        if let Some(errno) = self.with_faults(|f| f.msr_open) {
+            return Err(errno);
+        }
+        if cpu >= self.spec.cpu_count() {
+            return Err(libc::ENOENT);
+        }
+        if self.spec.offline_cpus.contains(&cpu) {
+            return Err(libc::ENXIO);
+        }
+        Ok(SimMsr::new(Arc::clone(self), cpu))
+    }
+
+    /// The [`HsmpOpener`] for this machine (read-only descriptors).
+    pub fn hsmp_opener(self: &Arc<Self>) -> SimHsmpOpener {
+        SimHsmpOpener { machine: Arc::clone(self) }
+    }
+
+    /// The [`MsrOpener`] for this machine.
+    pub fn msr_opener(self: &Arc<Self>) -> SimMsrOpener {
+        SimMsrOpener { machine: Arc::clone(self) }
+    }
+}
+
+/// Opens the simulated `/dev/hsmp` read-only, as the broker does.
+#[derive(Debug, Clone)]
+pub struct SimHsmpOpener {
+    machine: Arc<Machine>,
+}
+
+impl HsmpOpener for SimHsmpOpener {
+    fn open(&self) -> Result<Arc<dyn HsmpTransport>, Errno> {
+        let driver = self.machine.open_hsmp(AccessMode::ReadOnly)?;
+        Ok(Arc::new(driver))
+    }
+}
+
+/// Opens the simulated `/dev/cpu/<cpu>/msr`.
+#[derive(Debug, Clone)]
+pub struct SimMsrOpener {
+    machine: Arc<Machine>,
+}
+
+impl MsrOpener for SimMsrOpener {
+    fn open(&self, cpu: u32) -> Result<Box<dyn MsrTransport>, Errno> {
+        let msr = self.machine.open_msr(cpu)?;
+        Ok(Box::new(msr))
+    }
+}

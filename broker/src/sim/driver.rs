@@ -1,0 +1,680 @@
+//! The simulated kernel drivers in front of the firmware: `amd_hsmp`'s validation, per-socket
+//! serialization, timeout and errno mapping (`drivers/platform/x86/amd/hsmp/hsmp.c`), and the
+//! `msr` driver's per-CPU register reads, with per-message counters for tests.
+
+use super::Machine;
+use super::faults::{Family, Target};
+use super::firmware::{MSR_CORE_ENERGY_STAT, MSR_RAPL_PWR_UNIT};
+use crate::hsmp::{Errno, HsmpMessage, HsmpTransport, MsrTransport};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// One past the highest message id the driver knows (`HSMP_MSG_ID_MAX` on mainline).
+pub const HSMP_MSG_ID_MAX: u32 = 0x33;
+
+/// `HSMP_TEST`, the lowest valid message id.
+const HSMP_TEST: u32 = 0x01;
+
+/// When the same message both sets and gets, bit 31 of argument 0 selects GET.
+const CHECK_GET_BIT: u32 = 1 << 31;
+
+/// The kind of a message in the driver's descriptor table (`enum hsmp_msg_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MsgKind {
+    /// `HSMP_RSVD`: not a message.
+    Reserved,
+    /// `HSMP_SET`: changes the machine; needs a writable descriptor.
+    Set,
+    /// `HSMP_GET`: reads only.
+    Get,
+    /// `HSMP_SET_GET`: a GET if bit 31 of argument 0 is set, else a SET; `response_sz` is a
+    /// maximum, not an exact count.
+    SetGet,
+}
+
+/// One entry of the driver's descriptor table (`struct hsmp_msg_desc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MsgDesc {
+    /// Exact number of argument words.
+    pub num_args: u16,
+    /// Number of response words (exact, or a maximum for [`MsgKind::SetGet`]).
+    pub response_sz: u16,
+    /// The kind.
+    pub kind: MsgKind,
+}
+
+const fn d(num_args: u16, response_sz: u16, kind: MsgKind) -> MsgDesc {
+    MsgDesc { num_args, response_sz, kind }
+}
+
+const RSVD: MsgDesc = d(0, 0, MsgKind::Reserved);
+
+/// `hsmp_msg_desc_table[]` from `arch/x86/include/uapi/asm/amd_hsmp.h`, indexed by message id.
+const DESC_TABLE: [MsgDesc; HSMP_MSG_ID_MAX as usize] = [
+    RSVD,                     // 0x00 reserved
+    d(1, 1, MsgKind::Get),    // 0x01 HSMP_TEST
+    d(0, 1, MsgKind::Get),    // 0x02 HSMP_GET_SMU_VER
+    d(0, 1, MsgKind::Get),    // 0x03 HSMP_GET_PROTO_VER
+    d(0, 1, MsgKind::Get),    // 0x04 HSMP_GET_SOCKET_POWER
+    d(1, 0, MsgKind::Set),    // 0x05 HSMP_SET_SOCKET_POWER_LIMIT
+    d(0, 1, MsgKind::Get),    // 0x06 HSMP_GET_SOCKET_POWER_LIMIT
+    d(0, 1, MsgKind::Get),    // 0x07 HSMP_GET_SOCKET_POWER_LIMIT_MAX
+    d(1, 0, MsgKind::Set),    // 0x08 HSMP_SET_BOOST_LIMIT
+    d(1, 0, MsgKind::Set),    // 0x09 HSMP_SET_BOOST_LIMIT_SOCKET
+    d(1, 1, MsgKind::Get),    // 0x0A HSMP_GET_BOOST_LIMIT
+    d(0, 1, MsgKind::Get),    // 0x0B HSMP_GET_PROC_HOT
+    d(1, 0, MsgKind::Set),    // 0x0C HSMP_SET_XGMI_LINK_WIDTH
+    d(1, 0, MsgKind::Set),    // 0x0D HSMP_SET_DF_PSTATE
+    d(0, 0, MsgKind::Set),    // 0x0E HSMP_SET_AUTO_DF_PSTATE
+    d(0, 2, MsgKind::Get),    // 0x0F HSMP_GET_FCLK_MCLK
+    d(0, 1, MsgKind::Get),    // 0x10 HSMP_GET_CCLK_THROTTLE_LIMIT
+    d(0, 1, MsgKind::Get),    // 0x11 HSMP_GET_C0_PERCENT
+    d(1, 0, MsgKind::Set),    // 0x12 HSMP_SET_NBIO_DPM_LEVEL
+    d(1, 1, MsgKind::Get),    // 0x13 HSMP_GET_NBIO_DPM_LEVEL
+    d(0, 1, MsgKind::Get),    // 0x14 HSMP_GET_DDR_BANDWIDTH
+    d(0, 1, MsgKind::Get),    // 0x15 HSMP_GET_TEMP_MONITOR
+    d(1, 1, MsgKind::Get),    // 0x16 HSMP_GET_DIMM_TEMP_RANGE
+    d(1, 1, MsgKind::Get),    // 0x17 HSMP_GET_DIMM_POWER
+    d(1, 1, MsgKind::Get),    // 0x18 HSMP_GET_DIMM_THERMAL
+    d(0, 1, MsgKind::Get),    // 0x19 HSMP_GET_SOCKET_FREQ_LIMIT
+    d(1, 1, MsgKind::Get),    // 0x1A HSMP_GET_CCLK_CORE_LIMIT
+    d(0, 1, MsgKind::Get),    // 0x1B HSMP_GET_RAILS_SVI
+    d(0, 1, MsgKind::Get),    // 0x1C HSMP_GET_SOCKET_FMAX_FMIN
+    d(1, 1, MsgKind::Get),    // 0x1D HSMP_GET_IOLINK_BANDWITH
+    d(1, 1, MsgKind::Get),    // 0x1E HSMP_GET_XGMI_BANDWITH
+    d(1, 0, MsgKind::Set),    // 0x1F HSMP_SET_GMI3_WIDTH
+    d(1, 1, MsgKind::Set),    // 0x20 HSMP_SET_PCI_RATE
+    d(1, 1, MsgKind::SetGet), // 0x21 HSMP_SET_POWER_MODE
+    d(1, 0, MsgKind::Set),    // 0x22 HSMP_SET_PSTATE_MAX_MIN
+    d(0, 1, MsgKind::Get),    // 0x23 HSMP_GET_METRIC_TABLE_VER
+    d(0, 0, MsgKind::Get),    // 0x24 HSMP_GET_METRIC_TABLE
+    d(0, 2, MsgKind::Get),    // 0x25 HSMP_GET_METRIC_TABLE_DRAM_ADDR
+    d(1, 0, MsgKind::Set),    // 0x26 HSMP_SET_XGMI_PSTATE_RANGE
+    d(1, 1, MsgKind::SetGet), // 0x27 HSMP_CPU_RAIL_ISO_FREQ_POLICY
+    d(1, 1, MsgKind::SetGet), // 0x28 HSMP_DFC_ENABLE_CTRL
+    RSVD,                     // 0x29
+    RSVD,                     // 0x2A
+    RSVD,                     // 0x2B
+    RSVD,                     // 0x2C
+    RSVD,                     // 0x2D
+    RSVD,                     // 0x2E
+    RSVD,                     // 0x2F
+    d(0, 1, MsgKind::Get),    // 0x30 HSMP_GET_RAPL_UNITS
+    d(1, 2, MsgKind::Get),    // 0x31 HSMP_GET_RAPL_CORE_COUNTER
+    d(0, 2, MsgKind::Get),    // 0x32 HSMP_GET_RAPL_PACKAGE_COUNTER
+];
+
+/// The descriptor of message `msg_id`, `None` outside the table.
+pub fn msg_desc(msg_id: u32) -> Option<MsgDesc> {
+    DESC_TABLE.get(usize::try_from(msg_id).ok()?).copied()
+}
+
+/// How the device was opened (`f_mode & (FMODE_READ | FMODE_WRITE)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessMode {
+    /// `O_RDONLY`: GET messages only.
+    ReadOnly,
+    /// `O_WRONLY`: SET messages only.
+    WriteOnly,
+    /// `O_RDWR`: both.
+    ReadWrite,
+}
+
+/// `is_get_msg()`.
+fn is_get(desc: MsgDesc, msg: &HsmpMessage) -> bool {
+    match desc.kind {
+        MsgKind::Get => true,
+        MsgKind::SetGet => msg.args[0] & CHECK_GET_BIT != 0,
+        MsgKind::Set | MsgKind::Reserved => false,
+    }
+}
+
+/// The checks `hsmp_ioctl()` and `validate_message()` make before anything reaches the
+/// firmware, in the kernel's order: id range (`ENOMSG`), access mode (`EPERM`), reserved id
+/// (`ENOMSG`), argument count (`EINVAL`), response size (`EINVAL`). The socket index is checked
+/// afterwards, against the machine.
+pub fn validate(msg: &HsmpMessage, access: AccessMode) -> Result<(), Errno> {
+    let desc = match msg_desc(msg.msg_id) {
+        Some(desc) if msg.msg_id >= HSMP_TEST => desc,
+        _ => return Err(libc::ENOMSG),
+    };
+    let get = is_get(desc, msg);
+    match access {
+        AccessMode::ReadOnly if !get => return Err(libc::EPERM),
+        AccessMode::WriteOnly if get => return Err(libc::EPERM),
+        _ => {}
+    }
+    if desc.kind == MsgKind::Reserved {
+        return Err(libc::ENOMSG);
+    }
+    if msg.num_args != desc.num_args {
+        return Err(libc::EINVAL);
+    }
+    let size_ok = match desc.kind {
+        MsgKind::SetGet => msg.response_sz <= desc.response_sz,
+        _ => msg.response_sz == desc.response_sz,
+    };
+    if !size_ok {
+        return Err(libc::EINVAL);
+    }
+    Ok(())
+}
+
+/// Index of an MSR in [`Counters`]' MSR slots.
+fn msr_slot(msr: u32) -> usize {
+    match msr {
+        MSR_RAPL_PWR_UNIT => 0,
+        MSR_CORE_ENERGY_STAT => 1,
+        _ => 2,
+    }
+}
+
+/// What the simulated drivers have been asked, for tests to assert on mailbox traffic.
+#[derive(Debug)]
+pub struct Counters {
+    ioctls: [AtomicU64; HSMP_MSG_ID_MAX as usize],
+    mailbox: [AtomicU64; HSMP_MSG_ID_MAX as usize],
+    msr_reads: [AtomicU64; 3],
+}
+
+impl Default for Counters {
+    fn default() -> Counters {
+        Counters {
+            ioctls: std::array::from_fn(|_| AtomicU64::new(0)),
+            mailbox: std::array::from_fn(|_| AtomicU64::new(0)),
+            msr_reads: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl Counters {
+    /// `ioctl` calls that carried message id `msg_id`, whatever their outcome (0 for ids outside
+    /// the driver's table).
+    pub fn ioctls(&self, msg_id: u32) -> u64 {
+        Self::get(&self.ioctls, msg_id)
+    }
+
+    /// Messages with id `msg_id` that passed the driver's checks and were written to a
+    /// mailbox.
+    pub fn mailbox(&self, msg_id: u32) -> u64 {
+        Self::get(&self.mailbox, msg_id)
+    }
+
+    /// Messages written to any mailbox.
+    pub fn mailbox_total(&self) -> u64 {
+        self.mailbox.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
+
+    /// `pread` calls on MSR devices for register `msr` (registers other than the two RAPL ones
+    /// are counted together under any other number).
+    pub fn msr_reads(&self, msr: u32) -> u64 {
+        self.msr_reads[msr_slot(msr)].load(Ordering::Relaxed)
+    }
+
+    /// Sets every counter to zero.
+    pub fn reset(&self) {
+        for c in self.ioctls.iter().chain(&self.mailbox).chain(&self.msr_reads) {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+
+    fn get(counters: &[AtomicU64], msg_id: u32) -> u64 {
+        usize::try_from(msg_id)
+            .ok()
+            .and_then(|i| counters.get(i))
+            .map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+
+    fn bump(counters: &[AtomicU64], msg_id: u32) {
+        if let Some(c) = usize::try_from(msg_id).ok().and_then(|i| counters.get(i)) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// One open descriptor of the simulated `/dev/hsmp`.
+#[derive(Debug, Clone)]
+pub struct Driver {
+    machine: Arc<Machine>,
+    access: AccessMode,
+}
+
+impl Driver {
+    /// A descriptor opened with `access` on `machine`'s device. Use [`Machine::open_hsmp`] to
+    /// get the open-time errors too.
+    pub fn new(machine: Arc<Machine>, access: AccessMode) -> Driver {
+        Driver { machine, access }
+    }
+
+    /// How the descriptor was opened.
+    pub fn access(&self) -> AccessMode {
+        self.access
+    }
+
+    /// Whether the descriptor was opened read-only (SET messages get `EPERM`).
+    pub fn opened_read_only(&self) -> bool {
+        self.access == AccessMode::ReadOnly
+    }
+
+    /// `ioctl(fd, HSMP_IOCTL_CMD, buf)` on the 44 bytes the kernel copies in and out.
+    pub fn ioctl_bytes(&self, buf: &mut [u8; HsmpMessage::SIZE]) -> Result<(), Errno> {
+        let mut msg = HsmpMessage::from_bytes(buf);
+        self.send(&mut msg)?;
+        *buf = msg.to_bytes();
+        Ok(())
+    }
+}
+
+impl HsmpTransport for Driver {
+    /// `hsmp_ioctl()` → `hsmp_send_message()`: validate, take the socket's lock, let the
+    /// firmware answer (or time out), copy `response_sz` words back.
+    fn send(&self, msg: &mut HsmpMessage) -> Result<(), Errno> {
+        let machine = &self.machine;
+        Counters::bump(&machine.counters.ioctls, msg.msg_id);
+        validate(msg, self.access)?;
+        let socket = u32::from(msg.sock_ind);
+        let Some(lock) = machine.socket_locks.get(usize::from(msg.sock_ind)) else {
+            return Err(libc::ENODEV);
+        };
+
+        let family = Family::of_message(msg.msg_id);
+        let target = match msg.msg_id {
+            0x0A => Target::Apic(msg.args[0]),
+            0x31 => Target::Apic(msg.args[0] & 0xFFFF),
+            _ => Target::Socket(socket),
+        };
+        let (timeout, latency, wedged, injected, unsupported) = machine.with_faults(|f| {
+            (
+                f.driver_timeout,
+                f.latency,
+                f.wedged_sockets.contains(&socket),
+                family.and_then(|fam| f.errno.get(&(fam, target)).copied()),
+                family.is_some_and(|fam| f.unsupported.contains(&fam)),
+            )
+        });
+
+        // One message at a time per socket, as the driver's per-socket semaphore enforces.
+        let _guard = lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        Counters::bump(&machine.counters.mailbox, msg.msg_id);
+        if wedged || latency >= timeout {
+            std::thread::sleep(timeout);
+            return Err(libc::ETIMEDOUT);
+        }
+        if !latency.is_zero() {
+            std::thread::sleep(latency);
+        }
+        if let Some(errno) = injected {
+            return Err(errno);
+        }
+        if unsupported {
+            return Err(libc::ENOMSG);
+        }
+        let words = machine
+            .firmware
+            .answer(msg.sock_ind, msg.msg_id, &msg.args)
+            .map_err(|status| status.errno())?;
+        let n = usize::from(msg.response_sz).min(words.len());
+        msg.args[..n].copy_from_slice(&words[..n]);
+        Ok(())
+    }
+}
+
+/// One open `/dev/cpu/<cpu>/msr` of the simulated machine.
+#[derive(Debug, Clone)]
+pub struct SimMsr {
+    machine: Arc<Machine>,
+    cpu: u32,
+}
+
+impl SimMsr {
+    /// The device of `cpu`, without the open-time checks of [`Machine::open_msr`].
+    pub fn new(machine: Arc<Machine>, cpu: u32) -> SimMsr {
+        SimMsr { machine, cpu }
+    }
+
+    /// The Linux CPU number.
+    pub fn cpu(&self) -> u32 {
+        self.cpu
+    }
+}
+
+impl MsrTransport for SimMsr {
+    /// `pread(fd, buf, 8, msr)`: `EIO` for a register the machine does not have.
+    fn read(&self, msr: u32) -> Result<u64, Errno> {
+        let machine = &self.machine;
+        machine.counters.msr_reads[msr_slot(msr)].fetch_add(1, Ordering::Relaxed);
+        let energy_msr = matches!(msr, MSR_RAPL_PWR_UNIT | MSR_CORE_ENERGY_STAT);
+        let fault = machine.with_faults(|f| {
+            f.errno
+                .get(&(Family::Msr, Target::Cpu(self.cpu)))
+                .copied()
+                .or((energy_msr && f.unsupported.contains(&Family::Msr)).then_some(libc::EIO))
+        });
+        if let Some(errno) = fault {
+            return Err(errno);
+        }
+        machine.firmware.read_msr(self.cpu, msr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hsmp::{HsmpOpener, MsrOpener};
+    use crate::sim::faults::Faults;
+    use crate::sim::firmware::{Mode, msg};
+    use crate::sim::profile::{MachineSpec, Profile};
+    use crate::sim::{FirmwareConfig, Machine};
+    use std::collections::BTreeSet;
+    use std::time::{Duration, Instant};
+
+    fn machine(profile: Profile, mode: Mode) -> Arc<Machine> {
+        Machine::new(profile.spec(), FirmwareConfig::new(mode))
+    }
+
+    fn message(msg_id: u32, num_args: u16, response_sz: u16, arg: u32, sock: u16) -> HsmpMessage {
+        let mut args = [0; 8];
+        args[0] = arg;
+        HsmpMessage { msg_id, num_args, response_sz, args, sock_ind: sock }
+    }
+
+    fn send(
+        driver: &Driver,
+        msg_id: u32,
+        num_args: u16,
+        response_sz: u16,
+        arg: u32,
+        sock: u16,
+    ) -> Result<[u32; 8], Errno> {
+        let mut m = message(msg_id, num_args, response_sz, arg, sock);
+        driver.send(&mut m).map(|()| m.args)
+    }
+
+    #[test]
+    fn descriptor_table_matches_the_kernel_for_the_messages_used() {
+        assert_eq!(DESC_TABLE.len(), 0x33);
+        assert_eq!(msg_desc(0x03), Some(d(0, 1, MsgKind::Get)));
+        assert_eq!(msg_desc(0x0A), Some(d(1, 1, MsgKind::Get)));
+        assert_eq!(msg_desc(0x0B), Some(d(0, 1, MsgKind::Get)));
+        assert_eq!(msg_desc(0x30), Some(d(0, 1, MsgKind::Get)));
+        assert_eq!(msg_desc(0x31), Some(d(1, 2, MsgKind::Get)));
+        assert_eq!(msg_desc(0x33), None);
+        let reserved: Vec<u32> = (0..0x33)
+            .filter(|&id| msg_desc(id).map(|m| m.kind) == Some(MsgKind::Reserved))
+            .collect();
+        assert_eq!(reserved, vec![0x00, 0x29, 0x2A, 0x2B, 0x2C, 0x2D, 0x2E, 0x2F]);
+    }
+
+    #[test]
+    fn driver_validation_errnos() {
+        let m = machine(Profile::Turin2p, Mode::Static);
+        let ro = Driver::new(m.clone(), AccessMode::ReadOnly);
+        let rw = Driver::new(m.clone(), AccessMode::ReadWrite);
+        let wo = Driver::new(m.clone(), AccessMode::WriteOnly);
+        let apic = m.topology().cores[0].apic_id;
+
+        // Unknown ids.
+        assert_eq!(send(&ro, 0x00, 0, 1, 0, 0), Err(libc::ENOMSG));
+        assert_eq!(send(&ro, 0x33, 0, 1, 0, 0), Err(libc::ENOMSG));
+        assert_eq!(send(&ro, 0xFFFF_FFFF, 0, 1, 0, 0), Err(libc::ENOMSG));
+        // A reserved id is "not a GET", so a read-only descriptor refuses it first.
+        assert_eq!(send(&rw, 0x29, 0, 0, 0, 0), Err(libc::ENOMSG));
+        assert_eq!(send(&ro, 0x29, 0, 0, 0, 0), Err(libc::EPERM));
+        // Word counts must match the table exactly for GET messages.
+        assert_eq!(send(&ro, 0x31, 1, 1, apic, 0), Err(libc::EINVAL));
+        assert_eq!(send(&ro, 0x31, 0, 2, apic, 0), Err(libc::EINVAL));
+        assert_eq!(send(&ro, 0x03, 0, 2, 0, 0), Err(libc::EINVAL));
+        assert!(send(&ro, 0x31, 1, 2, apic, 0).is_ok());
+        // Socket index.
+        assert!(send(&ro, 0x03, 0, 1, 0, 1).is_ok());
+        assert_eq!(send(&ro, 0x03, 0, 1, 0, 2), Err(libc::ENODEV));
+        // SET on a read-only descriptor, GET on a write-only one.
+        assert_eq!(send(&ro, 0x05, 1, 0, 200_000, 0), Err(libc::EPERM));
+        assert_eq!(send(&wo, 0x03, 0, 1, 0, 0), Err(libc::EPERM));
+        // The driver lets a SET through a writable descriptor; this firmware does not
+        // implement it.
+        assert_eq!(send(&rw, 0x05, 1, 0, 200_000, 0), Err(libc::ENOMSG));
+        // SET_GET: bit 31 makes it a GET; response_sz is a maximum.
+        assert_eq!(send(&ro, 0x21, 1, 1, 0, 0), Err(libc::EPERM));
+        assert_eq!(send(&ro, 0x21, 1, 1, 1 << 31, 0), Err(libc::ENOMSG));
+        assert_eq!(send(&ro, 0x21, 1, 0, 1 << 31, 0), Err(libc::ENOMSG));
+        assert_eq!(send(&ro, 0x21, 1, 2, 1 << 31, 0), Err(libc::EINVAL));
+        // Firmware "invalid input" for an unknown APIC id.
+        assert_eq!(send(&ro, 0x0A, 1, 1, 0xFFFF, 0), Err(libc::EINVAL));
+        assert_eq!(send(&ro, 0x0A, 1, 1, apic, 0), Ok(message(0x0A, 1, 1, 3700, 0).args));
+    }
+
+    #[test]
+    fn only_response_sz_words_are_written_back() {
+        let m = machine(Profile::Milan1p, Mode::Static);
+        let ro = Driver::new(m, AccessMode::ReadOnly);
+        let mut msg = message(msg::TEST, 1, 1, 41, 0);
+        msg.args[1] = 0xDEAD;
+        ro.send(&mut msg).unwrap();
+        assert_eq!(&msg.args[..2], &[42, 0xDEAD]);
+        let mut bytes = message(msg::GET_PROTO_VER, 0, 1, 0, 0).to_bytes();
+        ro.ioctl_bytes(&mut bytes).unwrap();
+        assert_eq!(HsmpMessage::from_bytes(&bytes).args[0], 4);
+    }
+
+    #[test]
+    fn rapl_messages_answer_only_on_turin() {
+        for profile in Profile::ALL {
+            let m = machine(profile, Mode::Static);
+            let Ok(transport) = m.hsmp_opener().open() else {
+                assert_eq!(profile, Profile::Rome1p);
+                continue;
+            };
+            let apic = m.topology().cores[0].apic_id;
+            let mut units = message(msg::GET_RAPL_UNITS, 0, 1, 0, 0);
+            let mut counter = message(msg::GET_RAPL_CORE_COUNTER, 1, 2, apic, 0);
+            let results = (transport.send(&mut units), transport.send(&mut counter));
+            if profile == Profile::Turin2p {
+                assert_eq!(results, (Ok(()), Ok(())));
+                assert_eq!((units.args[0] >> 8) & 0x1f, 16);
+                assert_eq!(
+                    u64::from(counter.args[0]) | u64::from(counter.args[1]) << 32,
+                    1000 << 16
+                );
+            } else {
+                assert_eq!(results, (Err(libc::ENOMSG), Err(libc::ENOMSG)), "{profile}");
+            }
+        }
+    }
+
+    #[test]
+    fn rome_has_no_hsmp_device_but_has_the_energy_msrs() {
+        let m = machine(Profile::Rome1p, Mode::Static);
+        assert_eq!(m.hsmp_opener().open().map(|_| ()), Err(libc::ENOENT));
+        assert_eq!(m.open_hsmp(AccessMode::ReadWrite).map(|_| ()), Err(libc::ENOENT));
+        let msr = m.msr_opener().open(5).unwrap();
+        assert_eq!(msr.read(MSR_CORE_ENERGY_STAT), Ok(6000 << 16));
+        assert_eq!(msr.read(MSR_RAPL_PWR_UNIT).map(|u| (u >> 8) & 0x1f), Ok(16));
+        assert_eq!(msr.read(0x10), Err(libc::EIO));
+    }
+
+    #[test]
+    fn msr_opener_knows_only_the_machine_s_online_cpus() {
+        let mut spec = Profile::Milan1p.spec();
+        spec.offline_cpus = vec![3];
+        let m = Machine::new(spec, FirmwareConfig::new(Mode::Static));
+        let opener = m.msr_opener();
+        assert!(opener.open(127).is_ok());
+        assert_eq!(opener.open(128).map(|_| ()), Err(libc::ENOENT));
+        assert_eq!(opener.open(3).map(|_| ()), Err(libc::ENXIO));
+        m.set_faults(Faults { msr_open: Some(libc::EPERM), ..Faults::default() });
+        assert_eq!(opener.open(0).map(|_| ()), Err(libc::EPERM));
+    }
+
+    #[test]
+    fn live_energy_is_monotonic_and_grows_through_both_transports() {
+        let m = machine(Profile::Turin2p, Mode::Live);
+        let hsmp = m.hsmp_opener().open().unwrap();
+        let core = m.topology().cores[200];
+        let msr = m.msr_opener().open(core.cpu).unwrap();
+        let read = || {
+            let mut msg =
+                message(msg::GET_RAPL_CORE_COUNTER, 1, 2, core.apic_id, core.socket as u16);
+            hsmp.send(&mut msg).unwrap();
+            (
+                u64::from(msg.args[0]) | u64::from(msg.args[1]) << 32,
+                msr.read(MSR_CORE_ENERGY_STAT).unwrap(),
+            )
+        };
+        let mut last = read();
+        for _ in 0..5 {
+            std::thread::sleep(Duration::from_millis(10));
+            let now = read();
+            assert!(now.0 > last.0, "{last:?} -> {now:?}");
+            // The MSR is the low half of the same count (it may have moved in between).
+            assert!(now.1.wrapping_sub(now.0 & 0xFFFF_FFFF) < 1 << 20);
+            last = now;
+        }
+    }
+
+    #[test]
+    fn msr_counter_wraps_at_2_pow_32_while_hsmp_counter_keeps_counting() {
+        let mut spec = Profile::Turin2p.spec();
+        spec.sockets = 1;
+        let m = Machine::new(spec, FirmwareConfig::new(Mode::Static));
+        let core = m.topology().cores[7];
+        let msr = m.msr_opener().open(core.cpu).unwrap();
+        let hsmp = m.hsmp_opener().open().unwrap();
+        m.firmware().set_energy_counter(0, core.core, u64::from(u32::MAX) - 99).unwrap();
+        assert_eq!(msr.read(MSR_CORE_ENERGY_STAT), Ok(u64::from(u32::MAX) - 99));
+        m.firmware().advance_energy(0, core.core, 200.0 / 65536.0).unwrap();
+        assert_eq!(msr.read(MSR_CORE_ENERGY_STAT), Ok(100));
+        let mut msg = message(msg::GET_RAPL_CORE_COUNTER, 1, 2, core.apic_id, 0);
+        hsmp.send(&mut msg).unwrap();
+        assert_eq!((msg.args[0], msg.args[1]), (100, 1));
+    }
+
+    #[test]
+    fn static_mode_answers_the_same_on_two_machines() {
+        let a = machine(Profile::Genoa2p, Mode::Static);
+        let b = machine(Profile::Genoa2p, Mode::Static);
+        let (da, db) = (a.hsmp_opener().open().unwrap(), b.hsmp_opener().open().unwrap());
+        std::thread::sleep(Duration::from_millis(5));
+        for core in &a.topology().cores {
+            let mut ma = message(msg::GET_BOOST_LIMIT, 1, 1, core.apic_id, core.socket as u16);
+            let mut mb = ma;
+            da.send(&mut ma).unwrap();
+            db.send(&mut mb).unwrap();
+            assert_eq!(ma, mb);
+            let (ra, rb) = (
+                a.msr_opener().open(core.cpu).unwrap().read(MSR_CORE_ENERGY_STAT),
+                b.msr_opener().open(core.cpu).unwrap().read(MSR_CORE_ENERGY_STAT),
+            );
+            assert_eq!(ra, rb);
+        }
+    }
+
+    #[test]
+    fn counters_count_per_message_id() {
+        let m = machine(Profile::Genoa2p, Mode::Static);
+        let ro = m.open_hsmp(AccessMode::ReadOnly).unwrap();
+        assert!(ro.opened_read_only());
+        let apic = m.topology().cores[0].apic_id;
+        for _ in 0..3 {
+            send(&ro, msg::GET_BOOST_LIMIT, 1, 1, apic, 0).unwrap();
+        }
+        send(&ro, msg::GET_PROTO_VER, 0, 1, 0, 1).unwrap();
+        // Refused by the driver: counted as an ioctl, never reaches a mailbox.
+        assert_eq!(send(&ro, msg::GET_BOOST_LIMIT, 0, 1, apic, 0), Err(libc::EINVAL));
+        // Reaches the mailbox, refused by the firmware.
+        assert_eq!(send(&ro, msg::GET_RAPL_UNITS, 0, 1, 0, 0), Err(libc::ENOMSG));
+        let c = m.counters();
+        assert_eq!((c.ioctls(0x0A), c.mailbox(0x0A)), (4, 3));
+        assert_eq!((c.ioctls(0x03), c.mailbox(0x03)), (1, 1));
+        assert_eq!((c.ioctls(0x30), c.mailbox(0x30)), (1, 1));
+        assert_eq!(c.mailbox(0x31), 0);
+        assert_eq!(c.mailbox_total(), 5);
+        let msr = m.msr_opener().open(0).unwrap();
+        msr.read(MSR_CORE_ENERGY_STAT).unwrap();
+        msr.read(MSR_CORE_ENERGY_STAT).unwrap();
+        assert_eq!(c.msr_reads(MSR_CORE_ENERGY_STAT), 2);
+        assert_eq!(c.msr_reads(MSR_RAPL_PWR_UNIT), 0);
+        c.reset();
+        assert_eq!((c.ioctls(0x0A), c.mailbox_total()), (0, 0));
+    }
+
+    #[test]
+    fn injected_faults() {
+        let m = machine(Profile::Genoa2p, Mode::Static);
+        let ro = m.open_hsmp(AccessMode::ReadOnly).unwrap();
+        let cores = m.topology().cores.clone();
+        let mut faults = Faults::default();
+        faults.unsupported.insert(Family::ProcHot);
+        faults.errno.insert((Family::BoostLimit, Target::Apic(cores[1].apic_id)), libc::EIO);
+        faults.errno.insert((Family::Msr, Target::Cpu(cores[2].cpu)), libc::EIO);
+        m.set_faults(faults);
+        assert_eq!(send(&ro, msg::GET_PROC_HOT, 0, 1, 0, 0), Err(libc::ENOMSG));
+        assert_eq!(send(&ro, msg::GET_PROC_HOT, 0, 1, 0, 1), Err(libc::ENOMSG));
+        assert!(send(&ro, msg::GET_BOOST_LIMIT, 1, 1, cores[0].apic_id, 0).is_ok());
+        assert_eq!(send(&ro, msg::GET_BOOST_LIMIT, 1, 1, cores[1].apic_id, 0), Err(libc::EIO));
+        let msr = |cpu| m.msr_opener().open(cpu).unwrap().read(MSR_CORE_ENERGY_STAT);
+        assert!(msr(cores[1].cpu).is_ok());
+        assert_eq!(msr(cores[2].cpu), Err(libc::EIO));
+
+        m.update_faults(|f| {
+            f.unsupported.insert(Family::Msr);
+            f.hsmp_open = Some(libc::EACCES);
+        });
+        assert_eq!(msr(cores[1].cpu), Err(libc::EIO));
+        assert_eq!(m.hsmp_opener().open().map(|_| ()), Err(libc::EACCES));
+        // An already open descriptor keeps working.
+        assert!(send(&ro, msg::GET_PROTO_VER, 0, 1, 0, 0).is_ok());
+    }
+
+    #[test]
+    fn wedged_socket_times_out_after_the_driver_limit_while_the_other_answers() {
+        let m = machine(Profile::Genoa2p, Mode::Static);
+        let ro = m.open_hsmp(AccessMode::ReadOnly).unwrap();
+        m.update_faults(|f| {
+            f.wedged_sockets = BTreeSet::from([1]);
+            f.driver_timeout = Duration::from_millis(30);
+        });
+        let start = Instant::now();
+        assert_eq!(send(&ro, msg::GET_PROTO_VER, 0, 1, 0, 1), Err(libc::ETIMEDOUT));
+        assert!(start.elapsed() >= Duration::from_millis(30));
+        assert!(send(&ro, msg::GET_PROTO_VER, 0, 1, 0, 0).is_ok());
+        // A latency beyond the timeout is a timeout too.
+        m.update_faults(|f| {
+            f.wedged_sockets.clear();
+            f.latency = Duration::from_millis(40);
+        });
+        assert_eq!(send(&ro, msg::GET_PROTO_VER, 0, 1, 0, 0), Err(libc::ETIMEDOUT));
+        m.set_faults(Faults::default());
+        assert!(send(&ro, msg::GET_PROTO_VER, 0, 1, 0, 0).is_ok());
+    }
+
+    #[test]
+    fn messages_are_serialized_per_socket_and_parallel_across_sockets() {
+        let m = machine(Profile::Genoa2p, Mode::Static);
+        m.update_faults(|f| f.latency = Duration::from_millis(60));
+        let ro = m.open_hsmp(AccessMode::ReadOnly).unwrap();
+        let run = |socks: [u16; 2]| {
+            let start = Instant::now();
+            std::thread::scope(|s| {
+                for sock in socks {
+                    let ro = ro.clone();
+                    s.spawn(move || send(&ro, msg::GET_PROTO_VER, 0, 1, 0, sock).unwrap());
+                }
+            });
+            start.elapsed()
+        };
+        let same = run([0, 0]);
+        assert!(same >= Duration::from_millis(120), "same socket took {same:?}");
+        let across = run([0, 1]);
+        assert!(across < Duration::from_millis(115), "two sockets took {across:?}");
+    }
+
+    #[test]
+    fn machine_gives_its_topology() {
+        let mut spec: MachineSpec = Profile::Genoa2p.spec();
+        spec.smt = false;
+        let m = Machine::new(spec.clone(), FirmwareConfig::new(Mode::Live));
+        assert_eq!(m.topology(), &spec.topology());
+        assert_eq!(m.spec(), &spec);
+    }
+}

@@ -1,0 +1,95 @@
+//! Fault injection for the simulator: plain data the test suite fills in to make the simulated
+//! driver and firmware fail the way real machines do.
+
+use crate::hsmp::Errno;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+/// How long the kernel driver waits for the firmware (`HSMP_MSG_TIMEOUT`).
+pub const DRIVER_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// A group of messages or registers that fail together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Family {
+    /// `HSMP_TEST` (0x01).
+    Test,
+    /// `HSMP_GET_SMU_VER` (0x02).
+    SmuVersion,
+    /// `HSMP_GET_PROTO_VER` (0x03).
+    ProtoVersion,
+    /// `HSMP_GET_BOOST_LIMIT` (0x0A).
+    BoostLimit,
+    /// `HSMP_GET_PROC_HOT` (0x0B).
+    ProcHot,
+    /// `HSMP_GET_RAPL_UNITS`, `HSMP_GET_RAPL_CORE_COUNTER`, `HSMP_GET_RAPL_PACKAGE_COUNTER`
+    /// (0x30-0x32).
+    Rapl,
+    /// The RAPL MSRs `0xC0010299` and `0xC001029A`.
+    Msr,
+}
+
+impl Family {
+    /// The family of HSMP message `msg_id`, if the simulator implements it.
+    pub fn of_message(msg_id: u32) -> Option<Family> {
+        Some(match msg_id {
+            0x01 => Family::Test,
+            0x02 => Family::SmuVersion,
+            0x03 => Family::ProtoVersion,
+            0x0A => Family::BoostLimit,
+            0x0B => Family::ProcHot,
+            0x30..=0x32 => Family::Rapl,
+            _ => return None,
+        })
+    }
+}
+
+/// What a message or register read is about, to inject a fault for one item only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Target {
+    /// A per-core HSMP message (`GET_BOOST_LIMIT`, `GET_RAPL_CORE_COUNTER`) for this APIC id.
+    Apic(u32),
+    /// Any other HSMP message sent to this socket index.
+    Socket(u32),
+    /// An MSR read on this Linux CPU.
+    Cpu(u32),
+}
+
+/// Faults the simulator injects. The default injects none and keeps the driver's 100 ms
+/// timeout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Faults {
+    /// Families the firmware does not implement: HSMP messages get "invalid message"
+    /// (`ENOMSG`), MSR reads get `EIO` as a `#GP` would.
+    pub unsupported: BTreeSet<Family>,
+    /// An errno returned for one item of one family (e.g. `EIO` for `GET_BOOST_LIMIT` of one
+    /// APIC id), after the driver's validation and the socket lock, like a firmware failure.
+    pub errno: BTreeMap<(Family, Target), Errno>,
+    /// Time every HSMP message spends in the mailbox, holding its socket's lock. From
+    /// `driver_timeout` on, the driver gives up with `ETIMEDOUT` after `driver_timeout`.
+    pub latency: Duration,
+    /// Sockets whose mailbox never answers: every message times out (`ETIMEDOUT` after
+    /// `driver_timeout`).
+    pub wedged_sockets: BTreeSet<u32>,
+    /// How long the driver waits for an answer; the kernel's is [`DRIVER_TIMEOUT`].
+    pub driver_timeout: Duration,
+    /// If set, opening the HSMP device fails with this errno (`ENOENT` module not loaded,
+    /// `EACCES` no permission).
+    pub hsmp_open: Option<Errno>,
+    /// If set, opening any MSR device fails with this errno (`EPERM` without
+    /// `CAP_SYS_RAWIO`, `ENOENT` module not loaded).
+    pub msr_open: Option<Errno>,
+}
+
+impl Default for Faults {
+    fn default() -> Faults {
+        Faults {
+            unsupported: BTreeSet::new(),
+            errno: BTreeMap::new(),
+            latency: Duration::ZERO,
+            wedged_sockets: BTreeSet::new(),
+            driver_timeout: DRIVER_TIMEOUT,
+            hsmp_open: None,
+            msr_open: None,
+        }
+    }
+}

@@ -1,0 +1,645 @@
+//! The simulated SMU firmware: answers HSMP mailbox messages and core MSR reads for one
+//! [`MachineSpec`], with values that either move like a real machine's (live mode) or stay
+//! where a test put them (static mode).
+//!
+//! The firmware knows nothing of the kernel driver: word counts, access modes, socket locks,
+//! timeouts and injected faults are the business of [`super::driver`]. It is a pure function of
+//! the machine, the mode, the time since it started and, in static mode, the values set.
+
+use super::profile::MachineSpec;
+use crate::hsmp::Errno;
+use std::collections::HashMap;
+use std::f64::consts::TAU;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+/// `MSR_AMD_RAPL_POWER_UNIT`: power unit bits 3:0, energy status unit bits 12:8, time unit
+/// bits 19:16.
+pub const MSR_RAPL_PWR_UNIT: u32 = 0xC001_0299;
+/// `MSR_AMD_CORE_ENERGY_STATUS`: 32-bit core energy counter in bits 31:0, wraps.
+pub const MSR_CORE_ENERGY_STAT: u32 = 0xC001_029A;
+
+/// Time unit exponent reported in RAPL units (1/1024 s), as on every EPYC so far.
+const TIME_UNIT: u32 = 0xA;
+/// Power unit exponent reported in the RAPL power unit MSR (1/8 W).
+const POWER_UNIT: u32 = 0x3;
+
+/// HSMP message ids the firmware implements.
+pub mod msg {
+    /// `HSMP_TEST`: answers argument 0 plus one.
+    pub const TEST: u32 = 0x01;
+    /// `HSMP_GET_SMU_VER`.
+    pub const GET_SMU_VER: u32 = 0x02;
+    /// `HSMP_GET_PROTO_VER`.
+    pub const GET_PROTO_VER: u32 = 0x03;
+    /// `HSMP_GET_BOOST_LIMIT`: argument 0 = APIC id.
+    pub const GET_BOOST_LIMIT: u32 = 0x0A;
+    /// `HSMP_GET_PROC_HOT`.
+    pub const GET_PROC_HOT: u32 = 0x0B;
+    /// `HSMP_GET_RAPL_UNITS` (protocol 7).
+    pub const GET_RAPL_UNITS: u32 = 0x30;
+    /// `HSMP_GET_RAPL_CORE_COUNTER` (protocol 7): argument 0 bits 15:0 = APIC id.
+    pub const GET_RAPL_CORE_COUNTER: u32 = 0x31;
+    /// `HSMP_GET_RAPL_PACKAGE_COUNTER` (protocol 7).
+    pub const GET_RAPL_PACKAGE_COUNTER: u32 = 0x32;
+}
+
+/// How the firmware's values evolve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Values move with the time elapsed since the firmware was created: per-core power
+    /// between 2 and 12 W varying slowly, boost limits stepping between a few levels about once
+    /// a minute per core, PROCHOT asserted about 1% of the time per socket.
+    Live,
+    /// Deterministic values that change only through the setters ([`Firmware::advance_energy`],
+    /// [`Firmware::set_energy_counter`], [`Firmware::set_boost_limit`],
+    /// [`Firmware::set_prochot`]). Core `i` (in (socket, core) order) starts at
+    /// `1000 × (i + 1)` joules, every boost limit at [`MachineSpec::boost_mhz`], PROCHOT
+    /// deasserted.
+    Static,
+}
+
+/// A mailbox status other than OK, as the SMU writes it to the response register.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FwStatus {
+    /// `HSMP_ERR_INVALID_MSG` (0xFE): the firmware does not implement the message.
+    InvalidMessage,
+    /// `HSMP_ERR_INVALID_INPUT` (0xFF): an argument is out of range (e.g. an unknown APIC id).
+    InvalidInput,
+    /// `HSMP_ERR_PREREQ_NOT_SATISFIED` (0xFD).
+    PrereqNotSatisfied,
+    /// `HSMP_ERR_SMU_BUSY` (0xFC).
+    Busy,
+}
+
+impl FwStatus {
+    /// The status register value.
+    pub const fn code(self) -> u32 {
+        match self {
+            FwStatus::InvalidMessage => 0xFE,
+            FwStatus::InvalidInput => 0xFF,
+            FwStatus::PrereqNotSatisfied => 0xFD,
+            FwStatus::Busy => 0xFC,
+        }
+    }
+
+    /// The errno the kernel driver turns this status into.
+    pub const fn errno(self) -> Errno {
+        match self {
+            FwStatus::InvalidMessage => libc::ENOMSG,
+            FwStatus::InvalidInput => libc::EINVAL,
+            FwStatus::PrereqNotSatisfied => libc::EREMOTEIO,
+            FwStatus::Busy => libc::EBUSY,
+        }
+    }
+}
+
+/// Why a simulator value could not be set or read.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SimError {
+    /// The machine has no such core.
+    #[error("no core {core} on socket {socket}")]
+    NoSuchCore {
+        /// Socket id.
+        socket: u32,
+        /// sysfs core id.
+        core: u32,
+    },
+    /// The machine has no such socket.
+    #[error("no socket {0}")]
+    NoSuchSocket(u32),
+    /// Values can only be set in [`Mode::Static`].
+    #[error("values can only be set in static mode")]
+    NotStatic,
+    /// Energy only grows: the amount must be finite and not negative.
+    #[error("invalid energy amount {0} J")]
+    InvalidEnergy(f64),
+}
+
+/// The live load pattern of one core, drawn once from the seed.
+#[derive(Debug, Clone, Copy)]
+struct LiveCore {
+    /// Mean power, W.
+    base_w: f64,
+    /// Amplitude of the sinusoid around the mean, W.
+    amp_w: f64,
+    /// Angular frequency, rad/s.
+    omega: f64,
+    /// Phase, rad.
+    phase: f64,
+    /// Energy already counted when the simulation starts, J.
+    offset_j: f64,
+    /// Shift of this core's boost-limit schedule, s.
+    boost_shift_s: f64,
+}
+
+/// One physical core as the firmware sees it (whether or not Linux has a thread online).
+#[derive(Debug, Clone, Copy)]
+struct FwCore {
+    socket: u32,
+    core: u32,
+    live: LiveCore,
+}
+
+/// The values of [`Mode::Static`].
+#[derive(Debug)]
+struct StaticState {
+    energy: Vec<u64>,
+    boost: Vec<u32>,
+    prochot: Vec<bool>,
+}
+
+/// The simulated firmware of one machine. Thread-safe; see the module documentation.
+#[derive(Debug)]
+pub struct Firmware {
+    sockets: u32,
+    cores: Vec<FwCore>,
+    /// Every thread's APIC id → index into `cores`.
+    by_apic: HashMap<u32, usize>,
+    /// Linux CPU number → index into `cores`.
+    by_cpu: Vec<usize>,
+    protocol: Option<u32>,
+    rapl: bool,
+    smu_fw_version: u32,
+    boost_mhz: u32,
+    esu: u8,
+    mode: Mode,
+    seed: u64,
+    start: Instant,
+    state: Mutex<StaticState>,
+}
+
+/// Boost-limit levels below the maximum, MHz; the maximum is listed more often so that it is
+/// the common case, as on an idle-to-moderately-loaded machine.
+const BOOST_STEPS_MHZ: [u32; 8] = [0, 0, 0, 0, 100, 200, 400, 700];
+/// How long a live boost level lasts, s.
+const BOOST_SLOT_S: f64 = 60.0;
+/// Granularity of live PROCHOT, s.
+const PROCHOT_SLOT_S: f64 = 5.0;
+
+impl Firmware {
+    /// The firmware of `spec`; `seed` varies the live load patterns between simulations.
+    pub fn new(spec: &MachineSpec, mode: Mode, seed: u64) -> Firmware {
+        let cpus = spec.cpus();
+        let mut index: HashMap<(u32, u32), usize> = HashMap::new();
+        let mut cores = Vec::new();
+        for socket in 0..spec.sockets {
+            for &core in &spec.core_ids {
+                index.insert((socket, core), cores.len());
+                cores.push(FwCore { socket, core, live: live_core(seed, cores.len() as u64) });
+            }
+        }
+        let mut by_apic = HashMap::new();
+        let mut by_cpu = Vec::with_capacity(cpus.len());
+        for c in &cpus {
+            let i = index.get(&(c.socket, c.core)).copied().unwrap_or_default();
+            by_apic.insert(c.apic_id, i);
+            by_cpu.push(i);
+        }
+        let esu = spec.esu.min(31);
+        let state = StaticState {
+            energy: (0..cores.len() as u64).map(|i| (1000 * (i + 1)) << esu).collect(),
+            boost: vec![spec.boost_mhz; cores.len()],
+            prochot: vec![false; spec.sockets as usize],
+        };
+        Firmware {
+            sockets: spec.sockets,
+            cores,
+            by_apic,
+            by_cpu,
+            protocol: spec.hsmp_protocol,
+            rapl: spec.rapl_messages,
+            smu_fw_version: spec.smu_fw_version,
+            boost_mhz: spec.boost_mhz,
+            esu,
+            mode,
+            seed,
+            start: Instant::now(),
+            state: Mutex::new(state),
+        }
+    }
+
+    /// Number of sockets.
+    pub fn sockets(&self) -> u32 {
+        self.sockets
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Whether the machine has an HSMP mailbox at all.
+    pub fn has_hsmp(&self) -> bool {
+        self.protocol.is_some()
+    }
+
+    /// Answers one mailbox message sent to `socket`: the eight data words on success (the
+    /// driver copies as many as the message's response size), the SMU status otherwise.
+    pub fn answer(&self, socket: u16, msg_id: u32, args: &[u32; 8]) -> Result<[u32; 8], FwStatus> {
+        let Some(protocol) = self.protocol else {
+            return Err(FwStatus::InvalidMessage);
+        };
+        let socket = u32::from(socket);
+        if socket >= self.sockets {
+            return Err(FwStatus::InvalidInput);
+        }
+        let t = self.elapsed_s();
+        let mut out = [0u32; 8];
+        match msg_id {
+            msg::TEST => out[0] = args[0].wrapping_add(1),
+            msg::GET_SMU_VER => out[0] = self.smu_fw_version,
+            msg::GET_PROTO_VER => out[0] = protocol,
+            msg::GET_BOOST_LIMIT => {
+                let i = self.core_of_apic(socket, args[0])?;
+                out[0] = self.boost_at(i, t);
+            }
+            msg::GET_PROC_HOT => out[0] = u32::from(self.prochot_at(socket, t)),
+            msg::GET_RAPL_UNITS if self.rapl => {
+                out[0] = TIME_UNIT << 16 | u32::from(self.esu) << 8;
+            }
+            msg::GET_RAPL_CORE_COUNTER if self.rapl => {
+                let i = self.core_of_apic(socket, args[0] & 0xFFFF)?;
+                let counter = self.energy_at(i, t);
+                out[0] = counter as u32;
+                out[1] = (counter >> 32) as u32;
+            }
+            msg::GET_RAPL_PACKAGE_COUNTER if self.rapl => {
+                let counter = (0..self.cores.len())
+                    .filter(|&i| self.cores[i].socket == socket)
+                    .fold(0u64, |sum, i| sum.wrapping_add(self.energy_at(i, t)));
+                out[0] = counter as u32;
+                out[1] = (counter >> 32) as u32;
+            }
+            _ => return Err(FwStatus::InvalidMessage),
+        }
+        Ok(out)
+    }
+
+    /// Reads MSR `msr` on Linux CPU `cpu`: `ENXIO` for a CPU the machine does not have, `EIO`
+    /// for a register the simulator does not model (a `#GP` on real hardware).
+    pub fn read_msr(&self, cpu: u32, msr: u32) -> Result<u64, Errno> {
+        let Some(&i) = self.by_cpu.get(cpu as usize) else {
+            return Err(libc::ENXIO);
+        };
+        match msr {
+            MSR_RAPL_PWR_UNIT => {
+                Ok(u64::from(TIME_UNIT << 16 | u32::from(self.esu) << 8 | POWER_UNIT))
+            }
+            MSR_CORE_ENERGY_STAT => Ok(self.energy_at(i, self.elapsed_s()) & 0xFFFF_FFFF),
+            _ => Err(libc::EIO),
+        }
+    }
+
+    /// The core's 64-bit energy counter as the firmware would answer it now.
+    pub fn energy_counter(&self, socket: u32, core: u32) -> Result<u64, SimError> {
+        let i = self.core_index(socket, core)?;
+        Ok(self.energy_at(i, self.elapsed_s()))
+    }
+
+    /// The core's boost limit in MHz as the firmware would answer it now.
+    pub fn boost_limit(&self, socket: u32, core: u32) -> Result<u32, SimError> {
+        let i = self.core_index(socket, core)?;
+        Ok(self.boost_at(i, self.elapsed_s()))
+    }
+
+    /// The socket's PROCHOT status as the firmware would answer it now.
+    pub fn prochot(&self, socket: u32) -> Result<bool, SimError> {
+        if socket >= self.sockets {
+            return Err(SimError::NoSuchSocket(socket));
+        }
+        Ok(self.prochot_at(socket, self.elapsed_s()))
+    }
+
+    /// Static mode: sets the core's 64-bit energy counter, in energy status units.
+    pub fn set_energy_counter(&self, socket: u32, core: u32, counter: u64) -> Result<(), SimError> {
+        let i = self.core_index(socket, core)?;
+        self.static_state()?.energy[i] = counter;
+        Ok(())
+    }
+
+    /// Static mode: adds `joules` to the core's energy counter (rounded to whole units; the
+    /// 64-bit counter wraps like the hardware's).
+    pub fn advance_energy(&self, socket: u32, core: u32, joules: f64) -> Result<(), SimError> {
+        let units = self.joules_to_units(joules)?;
+        let i = self.core_index(socket, core)?;
+        let mut state = self.static_state()?;
+        state.energy[i] = state.energy[i].wrapping_add(units);
+        Ok(())
+    }
+
+    /// Static mode: adds `joules` to every core's energy counter.
+    pub fn advance_all_energy(&self, joules: f64) -> Result<(), SimError> {
+        let units = self.joules_to_units(joules)?;
+        let mut state = self.static_state()?;
+        for e in &mut state.energy {
+            *e = e.wrapping_add(units);
+        }
+        Ok(())
+    }
+
+    /// Static mode: sets the core's boost limit in MHz.
+    pub fn set_boost_limit(&self, socket: u32, core: u32, mhz: u32) -> Result<(), SimError> {
+        let i = self.core_index(socket, core)?;
+        self.static_state()?.boost[i] = mhz;
+        Ok(())
+    }
+
+    /// Static mode: asserts or deasserts PROCHOT on `socket`.
+    pub fn set_prochot(&self, socket: u32, asserted: bool) -> Result<(), SimError> {
+        if socket >= self.sockets {
+            return Err(SimError::NoSuchSocket(socket));
+        }
+        self.static_state()?.prochot[socket as usize] = asserted;
+        Ok(())
+    }
+
+    fn joules_to_units(&self, joules: f64) -> Result<u64, SimError> {
+        if !joules.is_finite() || joules < 0.0 {
+            return Err(SimError::InvalidEnergy(joules));
+        }
+        // Saturating float-to-int conversion; a test never adds 2^64 units.
+        Ok((joules * f64::from(1u32 << self.esu)).round() as u64)
+    }
+
+    fn static_state(&self) -> Result<MutexGuard<'_, StaticState>, SimError> {
+        match self.mode {
+            Mode::Static => Ok(self.lock()),
+            Mode::Live => Err(SimError::NotStatic),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, StaticState> {
+        // The state is plain numbers, valid even if a holder panicked.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn core_index(&self, socket: u32, core: u32) -> Result<usize, SimError> {
+        self.cores
+            .iter()
+            .position(|c| c.socket == socket && c.core == core)
+            .ok_or(SimError::NoSuchCore { socket, core })
+    }
+
+    /// The core addressed by `apic_id` on `socket`; an APIC id of another socket's core is as
+    /// invalid as an unknown one, since each socket's firmware manages only its own cores.
+    fn core_of_apic(&self, socket: u32, apic_id: u32) -> Result<usize, FwStatus> {
+        match self.by_apic.get(&apic_id) {
+            Some(&i) if self.cores[i].socket == socket => Ok(i),
+            _ => Err(FwStatus::InvalidInput),
+        }
+    }
+
+    fn elapsed_s(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
+    }
+
+    fn energy_at(&self, i: usize, t: f64) -> u64 {
+        match self.mode {
+            Mode::Static => self.lock().energy[i],
+            Mode::Live => {
+                let joules = live_energy_j(&self.cores[i].live, t);
+                // Saturating conversion; floor keeps the counter monotonic in t.
+                (joules * f64::from(1u32 << self.esu)).floor() as u64
+            }
+        }
+    }
+
+    fn boost_at(&self, i: usize, t: f64) -> u32 {
+        match self.mode {
+            Mode::Static => self.lock().boost[i],
+            Mode::Live => {
+                live_boost_mhz(self.seed, i as u64, &self.cores[i].live, self.boost_mhz, t)
+            }
+        }
+    }
+
+    fn prochot_at(&self, socket: u32, t: f64) -> bool {
+        match self.mode {
+            Mode::Static => self.lock().prochot.get(socket as usize).copied().unwrap_or(false),
+            Mode::Live => live_prochot(self.seed, socket, t),
+        }
+    }
+}
+
+/// SplitMix64 finaliser: a well-mixed deterministic hash of `x`.
+fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A deterministic hash of (seed, a, b).
+fn hash(seed: u64, a: u64, b: u64) -> u64 {
+    mix(seed ^ mix(a ^ mix(b)))
+}
+
+/// A deterministic number in [0, 1) from (seed, a, b).
+fn unit(seed: u64, a: u64, b: u64) -> f64 {
+    (hash(seed, a, b) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// Draws the live pattern of core `i`: power P(t) = base + amp·sin(ωt + φ) stays within
+/// [2 W, 12 W]; the period is 2 to 10 minutes.
+fn live_core(seed: u64, i: u64) -> LiveCore {
+    let base_w = 4.0 + 4.0 * unit(seed, i, 1);
+    let amp_w = (base_w - 2.0).min(12.0 - base_w) * (0.5 + 0.5 * unit(seed, i, 2));
+    let period_s = 120.0 + 480.0 * unit(seed, i, 3);
+    LiveCore {
+        base_w,
+        amp_w,
+        omega: TAU / period_s,
+        phase: TAU * unit(seed, i, 4),
+        // Up to one 32-bit MSR wrap's worth (at ESU 16), so wraps come at different times.
+        offset_j: 65_536.0 * unit(seed, i, 5),
+        boost_shift_s: BOOST_SLOT_S * unit(seed, i, 6),
+    }
+}
+
+/// Energy counted by a live core at `t` seconds: the integral of its power from 0 to t plus the
+/// starting offset.
+fn live_energy_j(c: &LiveCore, t: f64) -> f64 {
+    c.offset_j + c.base_w * t + c.amp_w / c.omega * (c.phase.cos() - (c.omega * t + c.phase).cos())
+}
+
+/// The live boost limit of core `i` at `t` seconds.
+fn live_boost_mhz(seed: u64, i: u64, c: &LiveCore, max_mhz: u32, t: f64) -> u32 {
+    let slot = ((t + c.boost_shift_s) / BOOST_SLOT_S).floor() as u64;
+    let step = BOOST_STEPS_MHZ[(hash(seed ^ 0xB005_7000, i, slot) % 8) as usize];
+    max_mhz.saturating_sub(step)
+}
+
+/// The live PROCHOT status of `socket` at `t` seconds: asserted in about 1% of the slots.
+fn live_prochot(seed: u64, socket: u32, t: f64) -> bool {
+    let slot = (t / PROCHOT_SLOT_S).floor() as u64;
+    hash(seed ^ 0x9807_4074, u64::from(socket), slot).is_multiple_of(100)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::profile::Profile;
+
+    fn args(a0: u32) -> [u32; 8] {
+        [a0, 0, 0, 0, 0, 0, 0, 0]
+    }
+
+    #[test]
+    fn live_power_stays_between_2_and_12_watts_and_energy_never_decreases() {
+        for i in 0..64 {
+            let c = live_core(7, i);
+            let mut last = live_energy_j(&c, 0.0);
+            for step in 1..=2000 {
+                let t = f64::from(step) * 0.5;
+                let e = live_energy_j(&c, t);
+                let watts = (e - last) / 0.5;
+                assert!((1.99..=12.01).contains(&watts), "core {i} at {t}s: {watts} W");
+                last = e;
+            }
+        }
+    }
+
+    #[test]
+    fn live_cores_differ() {
+        let a = live_core(0, 0);
+        let b = live_core(0, 1);
+        assert_ne!(live_energy_j(&a, 100.0), live_energy_j(&b, 100.0));
+    }
+
+    #[test]
+    fn live_boost_steps_between_levels_about_once_a_minute() {
+        let c = live_core(3, 5);
+        let levels: Vec<u32> =
+            (0..3600).map(|s| live_boost_mhz(3, 5, &c, 3700, f64::from(s))).collect();
+        let changes = levels.windows(2).filter(|w| w[0] != w[1]).count();
+        // One slot a minute, with repeats when two slots draw the same level.
+        assert!((10..=60).contains(&changes), "{changes} changes in an hour");
+        assert!(levels.iter().all(|&m| (3000..=3700).contains(&m)));
+        assert!(levels.contains(&3700));
+    }
+
+    #[test]
+    fn live_prochot_is_rare_but_happens() {
+        let slots = 200_000;
+        let asserted =
+            (0..slots).filter(|&s| live_prochot(11, 0, f64::from(s) * PROCHOT_SLOT_S)).count();
+        let share = asserted as f64 / f64::from(slots);
+        assert!((0.005..0.015).contains(&share), "asserted {share}");
+    }
+
+    #[test]
+    fn answers_the_implemented_messages() {
+        let fw = Firmware::new(&Profile::Turin2p.spec(), Mode::Static, 0);
+        assert_eq!(fw.answer(0, msg::TEST, &args(41)).unwrap()[0], 42);
+        assert_eq!(fw.answer(1, msg::GET_PROTO_VER, &args(0)).unwrap()[0], 7);
+        assert_eq!(fw.answer(0, msg::GET_SMU_VER, &args(0)).unwrap()[0], 0x0005_5A2B);
+        let units = fw.answer(0, msg::GET_RAPL_UNITS, &args(0)).unwrap()[0];
+        assert_eq!((units >> 8) & 0x1f, 16);
+        assert_eq!((units >> 16) & 0xf, 0xA);
+        assert_eq!(
+            fw.answer(0, 0x04, &args(0)),
+            Err(FwStatus::InvalidMessage),
+            "unimplemented message"
+        );
+    }
+
+    #[test]
+    fn boost_limit_and_rapl_counter_are_addressed_by_apic_id_of_the_socket() {
+        let spec = Profile::Genoa2p.spec();
+        let mut spec7 = spec.clone();
+        spec7.rapl_messages = true;
+        let fw = Firmware::new(&spec7, Mode::Static, 0);
+        // Socket 1 core 8 thread 1.
+        let apic = spec.apic_id(1, 8, 1);
+        fw.set_boost_limit(1, 8, 3123).unwrap();
+        assert_eq!(fw.answer(1, msg::GET_BOOST_LIMIT, &args(apic)).unwrap()[0], 3123);
+        // The same APIC id sent to the other socket's mailbox is invalid input.
+        assert_eq!(fw.answer(0, msg::GET_BOOST_LIMIT, &args(apic)), Err(FwStatus::InvalidInput));
+        // So is an APIC id in a disabled core slot (core 4 of CCD 0).
+        assert_eq!(
+            fw.answer(0, msg::GET_BOOST_LIMIT, &args(spec.apic_id(0, 4, 0))),
+            Err(FwStatus::InvalidInput)
+        );
+        fw.set_energy_counter(1, 8, 0x1_2345_6789).unwrap();
+        // Bits 31:16 of the argument are not part of the APIC id.
+        let words = fw.answer(1, msg::GET_RAPL_CORE_COUNTER, &args(0xABCD_0000 | apic)).unwrap();
+        assert_eq!((words[0], words[1]), (0x2345_6789, 1));
+    }
+
+    #[test]
+    fn rapl_messages_are_invalid_without_rapl() {
+        let fw = Firmware::new(&Profile::Genoa2p.spec(), Mode::Static, 0);
+        for id in [msg::GET_RAPL_UNITS, msg::GET_RAPL_CORE_COUNTER, msg::GET_RAPL_PACKAGE_COUNTER] {
+            assert_eq!(fw.answer(0, id, &args(0)), Err(FwStatus::InvalidMessage));
+        }
+    }
+
+    #[test]
+    fn static_mode_is_deterministic_and_frozen() {
+        let spec = Profile::Milan1p.spec();
+        let a = Firmware::new(&spec, Mode::Static, 1);
+        let b = Firmware::new(&spec, Mode::Static, 2);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        for &core in &spec.core_ids {
+            assert_eq!(a.energy_counter(0, core), b.energy_counter(0, core));
+            assert_eq!(a.boost_limit(0, core).unwrap(), spec.boost_mhz);
+        }
+        assert_eq!(a.energy_counter(0, 0).unwrap(), 1000 << 16);
+        assert_eq!(a.energy_counter(0, 1).unwrap(), 2000 << 16);
+        assert_eq!(a.prochot(0), Ok(false));
+        a.advance_energy(0, 1, 1.5).unwrap();
+        assert_eq!(a.energy_counter(0, 1).unwrap(), (2000 << 16) + 3 * (1 << 15));
+        a.advance_all_energy(1.0).unwrap();
+        assert_eq!(a.energy_counter(0, 0).unwrap(), 1001 << 16);
+        a.set_prochot(0, true).unwrap();
+        assert_eq!(a.answer(0, msg::GET_PROC_HOT, &args(0)).unwrap()[0], 1);
+    }
+
+    #[test]
+    fn setters_refuse_live_mode_and_unknown_cores() {
+        let spec = Profile::Genoa2p.spec();
+        let live = Firmware::new(&spec, Mode::Live, 0);
+        assert_eq!(live.set_boost_limit(0, 0, 1), Err(SimError::NotStatic));
+        let fixed = Firmware::new(&spec, Mode::Static, 0);
+        assert_eq!(
+            fixed.set_energy_counter(0, 4, 0),
+            Err(SimError::NoSuchCore { socket: 0, core: 4 })
+        );
+        assert_eq!(fixed.set_prochot(2, true), Err(SimError::NoSuchSocket(2)));
+        assert_eq!(fixed.advance_energy(0, 0, -1.0), Err(SimError::InvalidEnergy(-1.0)));
+    }
+
+    #[test]
+    fn msr_counter_is_the_low_32_bits_and_wraps() {
+        let spec = Profile::Rome1p.spec();
+        let fw = Firmware::new(&spec, Mode::Static, 0);
+        // CPU 33 is thread 1 of core 1; both threads read the core's counter.
+        fw.set_energy_counter(0, 1, (1 << 32) - 10).unwrap();
+        assert_eq!(fw.read_msr(1, MSR_CORE_ENERGY_STAT), Ok((1 << 32) - 10));
+        fw.advance_energy(0, 1, 20.0 / 65536.0).unwrap();
+        assert_eq!(fw.read_msr(33, MSR_CORE_ENERGY_STAT), Ok(10));
+        assert_eq!(fw.energy_counter(0, 1).unwrap(), (1 << 32) + 10);
+        let unit = fw.read_msr(0, MSR_RAPL_PWR_UNIT).unwrap();
+        assert_eq!(unit, 0xA1003);
+        assert_eq!(fw.read_msr(0, 0xC001_029B), Err(libc::EIO));
+        assert_eq!(fw.read_msr(64, MSR_RAPL_PWR_UNIT), Err(libc::ENXIO));
+    }
+
+    #[test]
+    fn live_counter_grows() {
+        let fw = Firmware::new(&Profile::Turin2p.spec(), Mode::Live, 0);
+        let first = fw.energy_counter(1, 191).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let second = fw.energy_counter(1, 191).unwrap();
+        // At least 2 W for 20 ms is 0.04 J, 2621 units at ESU 16.
+        assert!(second >= first + 2600, "{first} -> {second}");
+    }
+
+    #[test]
+    fn no_hsmp_means_every_message_is_invalid() {
+        let fw = Firmware::new(&Profile::Rome1p.spec(), Mode::Static, 0);
+        assert!(!fw.has_hsmp());
+        assert_eq!(fw.answer(0, msg::TEST, &args(1)), Err(FwStatus::InvalidMessage));
+    }
+}
