@@ -1,1 +1,239 @@
-fn main() {}
+//! `amd-hsmp-broker`: start-up sequence and command line of the privileged half.
+//!
+//! Exit codes: 0 never (it serves until killed), 1 start-up failure (the message names the step),
+//! 2 bad command line.
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use amd_hsmp_broker::hsmp::{HsmpOpener, MsrOpener};
+use amd_hsmp_broker::server::{self, Backend, Identity, ServerConfig};
+use amd_hsmp_broker::{hsmp, lockdown, msr, sampler::Sampler, sim, topology};
+use anyhow::{Context, Result, bail};
+use clap::{Parser, ValueEnum};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Reads AMD EPYC telemetry from /dev/hsmp (and optionally the MSR devices) and answers typed
+/// requests from amd-hsmp-exporter on a Unix socket. It never touches the network.
+#[derive(Debug, Parser)]
+#[command(name = "amd-hsmp-broker", version, about, long_about = None)]
+struct Cli {
+    /// Create and listen on this Unix socket (mode 0660). Without it, the socket passed by
+    /// systemd socket activation (LISTEN_FDS) is used.
+    #[arg(long, value_name = "PATH")]
+    listen: Option<PathBuf>,
+
+    /// Serve peers with this uid (repeatable). Root is always served.
+    #[arg(long = "allow-uid", value_name = "UID")]
+    allow_uid: Vec<u32>,
+
+    /// Serve peers whose effective gid is this (repeatable).
+    #[arg(long = "allow-gid", value_name = "GID")]
+    allow_gid: Vec<u32>,
+
+    /// The HSMP device node.
+    #[arg(long = "hsmp.device", value_name = "PATH", default_value = "/dev/hsmp")]
+    hsmp_device: PathBuf,
+
+    /// Read per-core energy from the MSR devices where HSMP lacks the RAPL messages
+    /// (needs CAP_SYS_RAWIO at start-up; dropped right after the devices are opened).
+    #[arg(long = "collector.core-energy.msr-fallback")]
+    msr_fallback: bool,
+
+    /// Directory holding <cpu>/msr device nodes.
+    #[arg(long = "msr.device-root", value_name = "PATH", default_value = "/dev/cpu")]
+    msr_device_root: PathBuf,
+
+    /// How often the 32-bit MSR energy counters are read to extend them to 64 bits; must be
+    /// well below the wrap time (about 65536 J per core).
+    #[arg(long = "msr.poll-interval", value_name = "DURATION", default_value = "30s",
+          value_parser = parse_poll_interval)]
+    msr_poll_interval: Duration,
+
+    /// procfs mount point (for cpuinfo).
+    #[arg(long = "path.procfs", value_name = "PATH", default_value = "/proc")]
+    procfs: PathBuf,
+
+    /// sysfs mount point (for CPU topology).
+    #[arg(long = "path.sysfs", value_name = "PATH", default_value = "/sys")]
+    sysfs: PathBuf,
+
+    /// Serve the built-in firmware simulator for this machine profile instead of the devices.
+    #[arg(long, value_name = "PROFILE")]
+    simulate: Option<sim::Profile>,
+
+    /// Only log messages with this level or above.
+    #[arg(long = "log.level", value_enum, default_value_t = LogLevel::Info)]
+    log_level: LogLevel,
+
+    /// Log line format.
+    #[arg(long = "log.format", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogLevel {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn parse_poll_interval(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    if d < Duration::from_millis(10) || d > Duration::from_secs(600) {
+        return Err("must be between 10ms and 10m (the counter wraps after ~65536 J)".into());
+    }
+    Ok(d)
+}
+
+fn init_logging(level: LogLevel, format: LogFormat) {
+    let level = match level {
+        LogLevel::Debug => tracing::Level::DEBUG,
+        LogLevel::Info => tracing::Level::INFO,
+        LogLevel::Warn => tracing::Level::WARN,
+        LogLevel::Error => tracing::Level::ERROR,
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .with_target(false);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_level, cli.log_format);
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The machine the broker serves: its topology and how to reach its devices.
+struct Machine {
+    topology: amd_hsmp_proto::Topology,
+    hsmp: Box<dyn HsmpOpener>,
+    msr: Box<dyn MsrOpener>,
+}
+
+fn machine(cli: &Cli) -> Result<Machine> {
+    if let Some(profile) = cli.simulate {
+        tracing::warn!(
+            %profile,
+            "SIMULATION: serving the built-in firmware simulator, not this machine's devices"
+        );
+        let machine = sim::Machine::new(profile.spec(), sim::FirmwareConfig::live());
+        return Ok(Machine {
+            topology: machine.topology().clone(),
+            hsmp: Box::new(machine.hsmp_opener()),
+            msr: Box::new(machine.msr_opener()),
+        });
+    }
+    let topology =
+        topology::discover(&cli.procfs, &cli.sysfs).context("cannot discover topology")?;
+    Ok(Machine {
+        topology,
+        hsmp: Box::new(hsmp::HsmpDeviceOpener { path: cli.hsmp_device.clone() }),
+        msr: Box::new(msr::MsrDeviceOpener { root: cli.msr_device_root.clone() }),
+    })
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let machine = machine(&cli)?;
+    let topo = &machine.topology;
+    tracing::info!(
+        sockets = topo.sockets.len(),
+        cores = topo.cores.len(),
+        family = format_args!("{:#x}", topo.cpu_family),
+        model = format_args!("{:#x}", topo.cpu_model),
+        "topology discovered"
+    );
+
+    let msr_energy = if cli.msr_fallback {
+        match msr::MsrEnergy::open(topo, machine.msr.as_ref()) {
+            Ok(energy) => Some(Arc::new(energy)),
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), "MSR fallback unavailable; core energy will come from HSMP only");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let sampler = Sampler::new(machine.topology.clone(), machine.hsmp, msr_energy.clone());
+
+    lockdown::drop_privileges().context("cannot drop privileges")?;
+    let listener = listener(cli.listen.as_deref())?;
+    // Not under systemd this is a no-op.
+    if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
+        tracing::warn!(error = %e, "cannot notify the service manager");
+    }
+    lockdown::install_seccomp().context("cannot install the seccomp filter")?;
+    tracing::info!("capabilities dropped, no-new-privs set, seccomp filter installed");
+
+    if let Some(energy) = msr_energy {
+        msr::spawn_poller(energy, cli.msr_poll_interval).context("cannot start the MSR poller")?;
+    }
+    let identity = Identity {
+        instance: server::random_instance(),
+        simulated: cli.simulate.map(|p| p.to_string()),
+    };
+    let config = ServerConfig {
+        allow_uids: cli.allow_uid,
+        allow_gids: cli.allow_gid,
+        ..ServerConfig::default()
+    };
+    let backend: Arc<dyn Backend> = Arc::new(sampler);
+    server::serve(listener, backend, identity, config).context("listening socket failed")
+}
+
+/// Creates the socket at `path` (replacing a stale one), or takes the one systemd passed.
+fn listener(path: Option<&Path>) -> Result<UnixListener> {
+    let Some(path) = path else {
+        let mut fds = listenfd::ListenFd::from_env();
+        return match fds
+            .take_unix_listener(0)
+            .context("LISTEN_FDS socket is not a Unix stream socket")?
+        {
+            Some(l) => {
+                tracing::info!("listening on the socket passed by systemd");
+                Ok(l)
+            }
+            None => bail!(
+                "no socket to listen on: pass --listen PATH or start under systemd socket activation"
+            ),
+        };
+    };
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            bail!("{} exists and is not a socket", path.display());
+        }
+        if UnixStream::connect(path).is_ok() {
+            bail!("{} is in use by another process", path.display());
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("cannot remove stale socket {}", path.display()))?;
+    }
+    let listener =
+        UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+        .with_context(|| format!("cannot set mode 0660 on {}", path.display()))?;
+    tracing::info!(path = %path.display(), "listening");
+    Ok(listener)
+}

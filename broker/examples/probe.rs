@@ -1,0 +1,76 @@
+//! A debugging client: connects to a broker socket, shakes hands and prints one full sample.
+//!
+//! `cargo run --example probe -- /run/amd-hsmp/broker.sock`
+//! Exit codes: 0 served, 1 refused or failed (the reason is printed).
+
+use amd_hsmp_proto::{
+    Families, MAX_REPLY_FRAME, MAX_REQUEST_FRAME, PROTOCOL_VERSION, Readings, Reply, Request,
+    decode, read_frame, write_frame,
+};
+use std::os::unix::net::UnixStream;
+use std::process::ExitCode;
+
+fn call(s: &mut UnixStream, req: &Request) -> Result<Reply, String> {
+    let chain = |e: &dyn std::error::Error| match e.source() {
+        Some(cause) => format!("{e}: {cause}"),
+        None => e.to_string(),
+    };
+    write_frame(s, req, MAX_REQUEST_FRAME).map_err(|e| format!("send: {}", chain(&e)))?;
+    let payload = read_frame(s, MAX_REPLY_FRAME).map_err(|e| format!("receive: {}", chain(&e)))?;
+    decode(&payload).map_err(|e| format!("decode: {e}"))
+}
+
+fn count<T>(r: &Readings<T>) -> String {
+    match r {
+        Readings::Values { values, source } => {
+            let ok = values.iter().filter(|v| v.is_ok()).count();
+            format!(
+                "{ok}/{} read{}",
+                values.len(),
+                source.map(|s| format!(" from {s}")).unwrap_or_default()
+            )
+        }
+        other => {
+            format!("{:?}", std::mem::discriminant(other)).replace("Discriminant", "not read ")
+        }
+    }
+}
+
+fn run(path: &str) -> Result<(), String> {
+    let mut s = UnixStream::connect(path).map_err(|e| format!("connect {path}: {e}"))?;
+    println!("{:?}", call(&mut s, &Request::Hello { protocol_version: PROTOCOL_VERSION })?);
+    match call(&mut s, &Request::Topology)? {
+        Reply::Topology(t) => println!(
+            "topology: family {:#x} model {:#x}, {} sockets, {} cores",
+            t.cpu_family,
+            t.cpu_model,
+            t.sockets.len(),
+            t.cores.len()
+        ),
+        other => return Err(format!("unexpected reply {other:?}")),
+    }
+    match call(&mut s, &Request::Sample { what: Families::ALL, deadline_ms: 5000 })? {
+        Reply::Sample(x) => {
+            println!("hsmp: {:?}", x.hsmp);
+            println!("energy: {}", count(&x.energy));
+            println!("boost limit: {}", count(&x.boost_limit));
+            println!("prochot: {}", count(&x.prochot));
+            Ok(())
+        }
+        other => Err(format!("unexpected reply {other:?}")),
+    }
+}
+
+fn main() -> ExitCode {
+    let Some(path) = std::env::args().nth(1) else {
+        eprintln!("usage: probe SOCKET");
+        return ExitCode::from(2);
+    };
+    match run(&path) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            println!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
