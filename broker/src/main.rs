@@ -138,7 +138,11 @@ fn machine(cli: &Cli) -> Result<Machine> {
             %profile,
             "SIMULATION: serving the built-in firmware simulator, not this machine's devices"
         );
-        let machine = sim::Machine::new(profile.spec(), sim::FirmwareConfig::live());
+        // A real mailbox round trip takes ~100 µs (the driver sleeps before its first poll), so
+        // scrape durations in the demo look like a real machine's.
+        let mut config = sim::FirmwareConfig::live();
+        config.faults.latency = Duration::from_micros(100);
+        let machine = sim::Machine::new(profile.spec(), config);
         return Ok(Machine {
             topology: machine.topology().clone(),
             hsmp: Box::new(machine.hsmp_opener()),
