@@ -9,6 +9,7 @@ use amd_hsmp_exporter::cli::{Args, LogFormat};
 use amd_hsmp_exporter::{Config, Exporter, app};
 use anyhow::Context as _;
 use clap::Parser as _;
+use std::io::IsTerminal as _;
 use std::process::ExitCode;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -30,6 +31,8 @@ fn init_logging(args: &Args) {
     let builder = tracing_subscriber::fmt()
         .with_max_level(args.log_level.as_tracing())
         .with_writer(std::io::stderr)
+        // Colours only on a terminal, not in the journal or a log file.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false);
     match args.log_format {
         LogFormat::Text => builder.init(),

@@ -336,7 +336,9 @@ mod tests {
     fn boost_limit_is_exported_in_hertz_and_prochot_per_socket() {
         let text = render(report(Some(healthy())), Format::Text).unwrap();
         assert!(
-            text.contains("amd_hsmp_core_boost_limit_hertz{core=\"3\",socket=\"1\"} 3700000000"),
+            text.contains(
+                "amd_hsmp_core_boost_limit_hertz{core=\"3\",socket=\"1\"} 3700000000.0\n"
+            ),
             "{text}"
         );
         assert!(text.contains("amd_hsmp_prochot_active{socket=\"0\"} 0\n"));

@@ -211,10 +211,16 @@ impl Exporter {
     /// and counted.
     pub async fn scrape(self: &Arc<Self>, budget: Budget) -> ScrapeReport {
         let started = Instant::now();
-        let mut flight = self.join_or_start(budget);
-        let outcome = tokio::time::timeout(budget.wait, flight.wait_for(Option::is_some))
-            .await
-            .map(|r| r.map(|v| v.clone()));
+        let (mut flight, own) = self.join_or_start(budget);
+        let landed = flight.wait_for(Option::is_some);
+        // The flight this scrape started is bounded by this scrape's budget already, and
+        // waiting for it (rather than racing its timeout) means the slot is free again when
+        // this scrape answers. A joined flight may outlast this scrape's budget: bound it.
+        let outcome = if own {
+            Ok(landed.await.map(|v| v.clone()))
+        } else {
+            tokio::time::timeout(budget.wait, landed).await.map(|r| r.map(|v| v.clone()))
+        };
         let telemetry = match outcome {
             Ok(Ok(Some(Outcome::Answered(t)))) => {
                 if t.deadline_exceeded {
@@ -230,7 +236,7 @@ impl Exporter {
                 self.errors.add(ErrorSource::Scrape, 1);
                 None
             }
-            // The flight task ended without an answer (already counted as a broker error).
+            // Broker failure (counted by the flight), or the flight task died.
             Ok(Ok(_)) | Ok(Err(_)) => None,
         };
         ScrapeReport {
@@ -241,10 +247,11 @@ impl Exporter {
         }
     }
 
-    fn join_or_start(self: &Arc<Self>, budget: Budget) -> Flight {
+    /// The flight to wait for, and whether this call started it.
+    fn join_or_start(self: &Arc<Self>, budget: Budget) -> (Flight, bool) {
         let mut slot = self.in_flight.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(flight) = slot.as_ref() {
-            return flight.clone();
+            return (flight.clone(), false);
         }
         let (tx, rx) = watch::channel(None);
         *slot = Some(rx.clone());
@@ -258,7 +265,7 @@ impl Exporter {
             drop(guard);
             tx.send_replace(Some(outcome));
         });
-        rx
+        (rx, true)
     }
 
     async fn fly(&self, budget: Budget) -> Outcome {

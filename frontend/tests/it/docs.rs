@@ -1,0 +1,78 @@
+//! docs/metrics.md is the contract: its family table must match a real scrape exactly (names,
+//! types, label names, HELP texts), in both directions.
+
+use crate::support::*;
+use std::collections::{BTreeMap, BTreeSet};
+
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Family {
+    kind: String,
+    labels: BTreeSet<String>,
+    help: String,
+}
+
+/// The rows of the "Families" table of docs/metrics.md.
+fn documented() -> BTreeMap<String, Family> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/metrics.md");
+    let text = std::fs::read_to_string(path).unwrap();
+    let table = text
+        .split("## Families")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("docs/metrics.md has a Families section");
+    let mut families = BTreeMap::new();
+    for row in table.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = row.trim().trim_matches('|').split('|').map(str::trim).collect();
+        assert_eq!(cells.len(), 5, "row with {} cells: {row}", cells.len());
+        let name = cells[0].trim_matches('`').to_owned();
+        let labels = cells[2]
+            .split(',')
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect();
+        let family = Family { kind: cells[1].to_owned(), labels, help: cells[3].to_owned() };
+        assert!(families.insert(name.clone(), family).is_none(), "{name} listed twice");
+    }
+    families
+}
+
+/// The families of a text-format scrape with every family present.
+fn scraped(text: &str) -> BTreeMap<String, Family> {
+    let mut families: BTreeMap<String, Family> = BTreeMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').unwrap();
+            families.entry(name.to_owned()).or_default().help = help.to_owned();
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            families.entry(name.to_owned()).or_default().kind = kind.to_owned();
+        } else if !line.starts_with('#') && !line.is_empty() {
+            let (series, _) = line.rsplit_once(' ').unwrap();
+            let (name, labels) = series.split_once('{').unwrap_or((series, ""));
+            let family = families.entry(name.to_owned()).or_default();
+            for pair in labels.trim_end_matches('}').split("\",").filter(|p| !p.is_empty()) {
+                family.labels.insert(pair.split_once('=').unwrap().0.to_owned());
+            }
+        }
+    }
+    families
+}
+
+#[tokio::test]
+async fn docs_metrics_table_matches_a_full_scrape() {
+    let dir = socket_dir();
+    let behaviour = Behaviour { simulated: Some("turin-2p".into()), ..Behaviour::healthy() };
+    let _broker = MockBroker::start(&dir.path, behaviour);
+    let answer = get(&router(config(&dir.path)), "/metrics", None, None).await;
+    let scraped = scraped(&answer.body);
+    let documented = documented();
+
+    let only_scraped: Vec<_> = scraped.keys().filter(|k| !documented.contains_key(*k)).collect();
+    let only_documented: Vec<_> = documented.keys().filter(|k| !scraped.contains_key(*k)).collect();
+    assert!(only_scraped.is_empty(), "families missing from docs/metrics.md: {only_scraped:?}");
+    assert!(only_documented.is_empty(), "documented but not exported: {only_documented:?}");
+    for (name, family) in &scraped {
+        assert_eq!(Some(family), documented.get(name), "docs/metrics.md row of {name}");
+    }
+}

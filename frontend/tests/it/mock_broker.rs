@@ -1,0 +1,387 @@
+//! Scrapes against the in-process mock broker: healthy answers and every fault the frontend
+//! must turn into absent series and counted errors.
+
+use crate::support::*;
+use amd_hsmp_proto::{DeviceStatus, Families, ItemError, Readings, RequestError, Unavailable};
+use axum::http::StatusCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[tokio::test]
+async fn healthy_broker_exports_one_series_per_core_and_socket() {
+    let dir = socket_dir();
+    let _broker = MockBroker::start(&dir.path, Behaviour::healthy());
+    let m = scrape(&router(config(&dir.path))).await;
+
+    assert_eq!(m.value("amd_hsmp_broker_up"), Some(1.0));
+    assert_eq!(m.value("amd_hsmp_up"), Some(1.0));
+    assert_eq!(m.value("amd_hsmp_protocol_version"), Some(7.0));
+    assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 8);
+    assert_eq!(m.count("amd_hsmp_core_boost_limit_hertz"), 8);
+    assert_eq!(m.count("amd_hsmp_prochot_active"), 2);
+    // Core ids are sysfs core_id (sparse), not CPU numbers or APIC ids.
+    assert_eq!(m.value(r#"amd_hsmp_core_energy_joules_total{core="6",socket="1"}"#), Some(1007.0));
+    assert_eq!(m.value(r#"amd_hsmp_core_boost_limit_hertz{core="2",socket="0"}"#), Some(3.7e9));
+    assert_eq!(m.value(r#"amd_hsmp_prochot_active{socket="1"}"#), Some(1.0));
+    assert_eq!(m.value(r#"amd_hsmp_prochot_active{socket="0"}"#), Some(0.0));
+    assert_eq!(m.value(r#"amd_hsmp_core_energy_source_info{source="hsmp"}"#), Some(1.0));
+    assert!(!m.mentions("amd_hsmp_simulated_info"), "real broker marked simulated");
+    for collector in ["hsmp", "core-energy", "boost-limit", "prochot", "scrape", "broker"] {
+        assert_eq!(m.errors(collector), 0.0, "{collector}");
+    }
+    assert_eq!(m.count("amd_hsmp_build_info"), 1);
+    assert!(m.value("amd_hsmp_scrape_duration_seconds").is_some());
+    for process in [
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_virtual_memory_bytes",
+        "process_open_fds",
+        "process_max_fds",
+        "process_start_time_seconds",
+    ] {
+        assert!(m.value(process).is_some(), "{process} missing:\n{}", m.text);
+    }
+}
+
+#[tokio::test]
+async fn simulated_broker_is_unmistakable_in_the_scrape() {
+    let dir = socket_dir();
+    let behaviour = Behaviour { simulated: Some("turin-2p".into()), ..Behaviour::healthy() };
+    let _broker = MockBroker::start(&dir.path, behaviour);
+    let m = scrape(&router(config(&dir.path))).await;
+    assert_eq!(m.value(r#"amd_hsmp_simulated_info{profile="turin-2p"}"#), Some(1.0));
+}
+
+#[tokio::test]
+async fn unsupported_family_is_absent_and_not_an_error() {
+    let dir = socket_dir();
+    let _broker = MockBroker::start(
+        &dir.path,
+        Behaviour::edited(|s| s.boost_limit = Readings::Unavailable(Unavailable::Unsupported)),
+    );
+    let m = scrape(&router(config(&dir.path))).await;
+    assert!(!m.mentions("amd_hsmp_core_boost_limit_hertz"), "{}", m.text);
+    assert_eq!(m.errors("boost-limit"), 0.0);
+    assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 8);
+}
+
+#[tokio::test]
+async fn one_failing_core_omits_only_its_series_and_counts_cumulatively() {
+    let dir = socket_dir();
+    let _broker = MockBroker::start(
+        &dir.path,
+        Behaviour::edited(|s| {
+            fail_item(&mut s.energy, 5, ItemError::Io { errno: 5 });
+            fail_item(&mut s.prochot, 0, ItemError::TimedOut);
+        }),
+    );
+    let router = router(config(&dir.path));
+    let m = scrape(&router).await;
+    assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 7);
+    // Core 5 of the topology is socket 1, core_id 2.
+    assert_eq!(m.value(r#"amd_hsmp_core_energy_joules_total{core="2",socket="1"}"#), None);
+    assert!(m.value(r#"amd_hsmp_core_energy_joules_total{core="0",socket="1"}"#).is_some());
+    assert_eq!(m.count("amd_hsmp_core_boost_limit_hertz"), 8);
+    assert_eq!(m.value(r#"amd_hsmp_prochot_active{socket="0"}"#), None);
+    assert_eq!(m.value(r#"amd_hsmp_prochot_active{socket="1"}"#), Some(1.0));
+    assert_eq!(m.errors("core-energy"), 1.0);
+    assert_eq!(m.errors("prochot"), 1.0);
+    assert_eq!(m.errors("boost-limit"), 0.0);
+
+    let m = scrape(&router).await;
+    assert_eq!(m.errors("core-energy"), 2.0, "errors are cumulative over the process life");
+}
+
+#[tokio::test]
+async fn device_missing_reports_down_without_telemetry_or_error() {
+    let dir = socket_dir();
+    let _broker = MockBroker::start(
+        &dir.path,
+        Behaviour::edited(|s| {
+            s.hsmp = DeviceStatus::Absent;
+            s.energy = Readings::Unavailable(Unavailable::NoDevice);
+            s.boost_limit = Readings::Unavailable(Unavailable::NoDevice);
+            s.prochot = Readings::Unavailable(Unavailable::NoDevice);
+        }),
+    );
+    let m = scrape(&router(config(&dir.path))).await;
+    assert_eq!(m.value("amd_hsmp_broker_up"), Some(1.0));
+    assert_eq!(m.value("amd_hsmp_up"), Some(0.0));
+    for absent in [
+        "amd_hsmp_protocol_version",
+        "amd_hsmp_core_energy",
+        "amd_hsmp_core_boost_limit_hertz",
+        "amd_hsmp_prochot_active",
+    ] {
+        assert!(!m.mentions(absent), "{absent} present:\n{}", m.text);
+    }
+    assert_eq!(m.errors("hsmp"), 0.0);
+}
+
+#[tokio::test]
+async fn failed_device_counts_under_hsmp() {
+    let dir = socket_dir();
+    let _broker = MockBroker::start(
+        &dir.path,
+        Behaviour::edited(|s| s.hsmp = DeviceStatus::Failed(ItemError::TimedOut)),
+    );
+    let m = scrape(&router(config(&dir.path))).await;
+    assert_eq!(m.value("amd_hsmp_up"), Some(0.0));
+    assert_eq!(m.errors("hsmp"), 1.0);
+}
+
+#[tokio::test]
+async fn broker_down_answers_200_with_broker_up_0_then_reconnects() {
+    let dir = socket_dir();
+    let router = router(config(&dir.path));
+
+    let m = scrape(&router).await;
+    assert_eq!(m.value("amd_hsmp_broker_up"), Some(0.0));
+    assert_eq!(m.value("amd_hsmp_up"), Some(0.0));
+    assert_eq!(m.errors("broker"), 1.0);
+    assert!(!m.mentions("amd_hsmp_core_energy"), "{}", m.text);
+    assert!(!m.mentions("amd_hsmp_protocol_version"));
+
+    let broker = MockBroker::start(&dir.path, Behaviour::healthy());
+    let m = scrape(&router).await;
+    assert_eq!(m.value("amd_hsmp_broker_up"), Some(1.0), "no reconnect:\n{}", m.text);
+    assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 8);
+    assert_eq!(m.errors("broker"), 1.0);
+    assert_eq!(broker.hellos(), 1);
+}
+
+#[tokio::test]
+async fn restarted_broker_is_reconnected_and_its_new_topology_used() {
+    let dir = socket_dir();
+    let router = router(config(&dir.path));
+    let first = MockBroker::start(&dir.path, Behaviour::healthy());
+    assert_eq!(scrape(&router).await.count("amd_hsmp_core_energy_joules_total"), 8);
+    drop(first);
+    std::fs::remove_file(&dir.path).unwrap();
+
+    let second = Behaviour { topology: topology(1, 3), instance: 2, ..Behaviour::healthy() };
+    let second = MockBroker::start(&dir.path, second);
+    let m = scrape(&router).await;
+    // The stale connection is replaced within the same scrape: no gap, no error.
+    assert_eq!(m.value("amd_hsmp_broker_up"), Some(1.0), "{}", m.text);
+    assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 3);
+    assert_eq!(m.count("amd_hsmp_prochot_active"), 1);
+    assert_eq!(m.errors("broker"), 0.0);
+    assert_eq!(second.hellos(), 1);
+}
+
+#[tokio::test]
+async fn connection_is_reused_across_scrapes() {
+    let dir = socket_dir();
+    let broker = MockBroker::start(&dir.path, Behaviour::healthy());
+    let router = router(config(&dir.path));
+    for _ in 0..3 {
+        scrape(&router).await;
+    }
+    assert_eq!(broker.samples(), 3);
+    assert_eq!(broker.hellos(), 1);
+    assert_eq!(broker.seen.connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn concurrent_scrapes_share_one_broker_request() {
+    let dir = socket_dir();
+    let behaviour = Behaviour { delay: Duration::from_millis(400), ..Behaviour::healthy() };
+    let broker = MockBroker::start(&dir.path, behaviour);
+    let router = router(config(&dir.path));
+
+    let (a, b) = tokio::join!(scrape(&router), async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        scrape(&router).await
+    });
+    assert_eq!(broker.samples(), 1, "two concurrent scrapes must share one Sample request");
+    for m in [&a, &b] {
+        assert_eq!(m.value("amd_hsmp_broker_up"), Some(1.0));
+        assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 8);
+    }
+
+    // Once the flight has landed, the next scrape asks again.
+    scrape(&router).await;
+    assert_eq!(broker.samples(), 2);
+}
+
+#[tokio::test]
+async fn scrape_timeout_shorter_than_the_sample_time_returns_in_time_without_telemetry() {
+    let dir = socket_dir();
+    let behaviour = Behaviour { delay: Duration::from_secs(3), ..Behaviour::healthy() };
+    let broker = MockBroker::start(&dir.path, behaviour);
+    let router = router(config(&dir.path));
+
+    let started = Instant::now();
+    let answer = get(&router, "/metrics", None, Some("0.5")).await;
+    let elapsed = started.elapsed();
+    assert_eq!(answer.status, StatusCode::OK);
+    assert!(elapsed < Duration::from_millis(500), "answered after {elapsed:?}");
+    let m = Exposition::parse(&answer.body);
+    assert_eq!(m.value("amd_hsmp_broker_up"), Some(0.0));
+    assert_eq!(m.value("amd_hsmp_up"), Some(0.0));
+    assert!(!m.mentions("amd_hsmp_core_energy"), "{}", m.text);
+    assert_eq!(m.errors("scrape"), 1.0);
+    assert_eq!(m.errors("broker"), 0.0);
+    // 0.5 s minus a 10 % margin.
+    assert_eq!(*broker.seen.deadlines_ms.lock().unwrap(), vec![450]);
+}
+
+#[tokio::test]
+async fn timeout_header_is_capped_by_the_max_scrape_timeout_flag() {
+    let dir = socket_dir();
+    let broker = MockBroker::start(&dir.path, Behaviour::healthy());
+    let mut config = config(&dir.path);
+    config.max_scrape_timeout = Duration::from_secs(2);
+    let answer = get(&router(config), "/metrics", None, Some("60")).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(*broker.seen.deadlines_ms.lock().unwrap(), vec![1800]);
+}
+
+#[tokio::test]
+async fn connection_abandoned_by_a_timeout_is_not_reused() {
+    let dir = socket_dir();
+    let slow = Behaviour { delay: Duration::from_millis(800), ..Behaviour::healthy() };
+    let broker = MockBroker::start(&dir.path, slow);
+    let router = router(config(&dir.path));
+    let m = Exposition::parse(&get(&router, "/metrics", None, Some("0.3")).await.body);
+    assert_eq!(m.value("amd_hsmp_broker_up"), Some(0.0));
+
+    // The late reply to the abandoned request must not be taken for the next one's.
+    let m = Exposition::parse(&get(&router, "/metrics", None, Some("5")).await.body);
+    assert_eq!(m.value("amd_hsmp_broker_up"), Some(1.0), "{}", m.text);
+    assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 8);
+    assert_eq!(broker.hellos(), 2, "a new connection was expected");
+}
+
+#[tokio::test]
+async fn items_left_unread_at_the_deadline_are_absent_and_count_scrape_once() {
+    let dir = socket_dir();
+    let _broker = MockBroker::start(
+        &dir.path,
+        Behaviour::edited(|s| {
+            for i in 4..8 {
+                fail_item(&mut s.energy, i, ItemError::DeadlineExceeded);
+                fail_item(&mut s.boost_limit, i, ItemError::DeadlineExceeded);
+            }
+        }),
+    );
+    let m = scrape(&router(config(&dir.path))).await;
+    assert_eq!(m.value("amd_hsmp_broker_up"), Some(1.0));
+    assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 4);
+    assert_eq!(m.count("amd_hsmp_core_boost_limit_hertz"), 4);
+    assert_eq!(m.errors("scrape"), 1.0);
+    assert_eq!(m.errors("core-energy"), 0.0);
+    assert_eq!(m.errors("boost-limit"), 0.0);
+}
+
+#[tokio::test]
+async fn disabled_collector_is_never_asked_of_the_broker() {
+    let dir = socket_dir();
+    let broker = MockBroker::start(&dir.path, Behaviour::healthy());
+    let mut config = config(&dir.path);
+    config.families = Families { core_energy: true, boost_limit: false, prochot: false };
+    let m = scrape(&router(config)).await;
+    assert_eq!(
+        *broker.seen.families.lock().unwrap(),
+        vec![Families { core_energy: true, boost_limit: false, prochot: false }]
+    );
+    assert!(!m.mentions("amd_hsmp_core_boost_limit_hertz"));
+    assert!(!m.mentions("amd_hsmp_prochot_active"));
+    assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 8);
+}
+
+#[tokio::test]
+async fn energy_source_info_follows_the_energy_family() {
+    let dir = socket_dir();
+    let broker = MockBroker::start(&dir.path, Behaviour::healthy());
+    let mut config = config(&dir.path);
+    config.families = Families { core_energy: false, ..Families::ALL };
+    let m = scrape(&router(config)).await;
+    assert!(!m.mentions("amd_hsmp_core_energy"), "{}", m.text);
+    assert_eq!(broker.samples(), 1);
+}
+
+#[tokio::test]
+async fn refused_handshake_counts_as_broker_down() {
+    let dir = socket_dir();
+    let behaviour = Behaviour {
+        refuse_hello: Some(RequestError::VersionMismatch { broker: 99, peer: 1 }),
+        ..Behaviour::healthy()
+    };
+    let broker = MockBroker::start(&dir.path, behaviour);
+    let m = scrape(&router(config(&dir.path))).await;
+    assert_eq!(m.value("amd_hsmp_broker_up"), Some(0.0));
+    assert_eq!(m.errors("broker"), 1.0);
+    assert_eq!(broker.samples(), 0);
+}
+
+#[tokio::test]
+async fn reply_not_aligned_with_the_topology_drops_that_family() {
+    let dir = socket_dir();
+    let _broker = MockBroker::start(
+        &dir.path,
+        Behaviour::edited(|s| {
+            if let Readings::Values { values, .. } = &mut s.boost_limit {
+                values.pop();
+            }
+        }),
+    );
+    let m = scrape(&router(config(&dir.path))).await;
+    assert!(!m.mentions("amd_hsmp_core_boost_limit_hertz"));
+    assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 8);
+    assert_eq!(m.errors("broker"), 1.0);
+}
+
+#[tokio::test]
+async fn accept_header_selects_openmetrics_or_the_text_format() {
+    let dir = socket_dir();
+    let _broker = MockBroker::start(&dir.path, Behaviour::healthy());
+    let router = router(config(&dir.path));
+
+    let om = get(&router, "/metrics", Some(PROMETHEUS_ACCEPT), None).await;
+    assert_eq!(om.content_type, OPENMETRICS);
+    assert!(om.body.ends_with("# EOF\n"));
+    assert!(om.body.contains("# TYPE amd_hsmp_core_energy_joules counter\n"));
+    assert!(om.body.contains("# UNIT amd_hsmp_core_energy_joules joules\n"));
+
+    for accept in [None, Some("*/*"), Some("text/plain")] {
+        let text = get(&router, "/metrics", accept, None).await;
+        assert_eq!(text.content_type, TEXT_004, "{accept:?}");
+        assert!(!text.body.contains("# EOF"));
+        assert!(text.body.contains("# TYPE amd_hsmp_core_energy_joules_total counter\n"));
+    }
+}
+
+#[tokio::test]
+async fn landing_page_links_the_telemetry_path_and_other_paths_are_404() {
+    let dir = socket_dir();
+    let mut config = config(&dir.path);
+    config.telemetry_path = "/hsmp/metrics".into();
+    let router = router(config);
+
+    let page = get(&router, "/", None, None).await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(page.content_type.starts_with("text/html"), "{}", page.content_type);
+    assert!(page.body.contains("<a href=\"/hsmp/metrics\">"), "{}", page.body);
+    assert!(page.body.contains(env!("CARGO_PKG_VERSION")));
+
+    assert_eq!(get(&router, "/metrics", None, None).await.status, StatusCode::NOT_FOUND);
+    assert_eq!(get(&router, "/favicon.ico", None, None).await.status, StatusCode::NOT_FOUND);
+    assert_eq!(get(&router, "/hsmp/metrics", None, None).await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn joiner_that_gives_up_leaves_the_shared_request_running() {
+    let dir = socket_dir();
+    let behaviour = Behaviour { delay: Duration::from_millis(600), ..Behaviour::healthy() };
+    let broker = MockBroker::start(&dir.path, behaviour);
+    let router = Arc::new(router(config(&dir.path)));
+    let (patient, hasty) = tokio::join!(get(&router, "/metrics", None, Some("5")), async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        get(&router, "/metrics", None, Some("0.2")).await
+    });
+    assert_eq!(Exposition::parse(&hasty.body).value("amd_hsmp_broker_up"), Some(0.0));
+    assert_eq!(Exposition::parse(&patient.body).value("amd_hsmp_broker_up"), Some(1.0));
+    assert_eq!(broker.samples(), 1);
+}

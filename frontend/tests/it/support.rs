@@ -1,0 +1,306 @@
+//! Test helpers: an in-process mock broker speaking the real protocol on a Unix socket, an
+//! exporter wired to it, scrapes through the router without a socket, and exposition parsing.
+
+use amd_hsmp_exporter::{Config, Exporter, app};
+use amd_hsmp_proto::{
+    Core, DeviceStatus, Energy, EnergySource, Families, ItemError, MAX_REPLY_FRAME,
+    MAX_REQUEST_FRAME, PROTOCOL_VERSION, Readings, Reply, Request, Sample, Topology, decode,
+    read_frame_async, write_frame_async,
+};
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request as HttpRequest, StatusCode, header};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::task::JoinHandle;
+use tower::ServiceExt as _;
+
+/// `Accept` header Prometheus 2.x sends by default.
+pub const PROMETHEUS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+
+pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub const TEXT_004: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Produces the broker's answer to one Sample request.
+pub type Responder = Arc<dyn Fn(&Topology, Families, u32) -> Sample + Send + Sync>;
+
+/// What the mock answers.
+#[derive(Clone)]
+pub struct Behaviour {
+    pub topology: Topology,
+    pub instance: u64,
+    pub simulated: Option<String>,
+    /// Slept before answering each Sample, whatever the deadline.
+    pub delay: Duration,
+    pub respond: Responder,
+    /// Answer Hello with this error instead.
+    pub refuse_hello: Option<amd_hsmp_proto::RequestError>,
+}
+
+/// What the mock saw.
+#[derive(Debug, Default)]
+pub struct Seen {
+    pub connections: AtomicUsize,
+    pub hellos: AtomicUsize,
+    pub samples: AtomicUsize,
+    pub families: Mutex<Vec<Families>>,
+    pub deadlines_ms: Mutex<Vec<u32>>,
+}
+
+/// A mock broker on a Unix socket; stops (closing every connection) when dropped.
+pub struct MockBroker {
+    pub seen: Arc<Seen>,
+    task: JoinHandle<()>,
+}
+
+impl MockBroker {
+    /// Serves `behaviour` on `path` (which must not exist).
+    pub fn start(path: &Path, behaviour: Behaviour) -> MockBroker {
+        let listener = UnixListener::bind(path).unwrap();
+        let seen = Arc::new(Seen::default());
+        let behaviour = Arc::new(behaviour);
+        let task_seen = seen.clone();
+        let task = tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { return };
+                task_seen.connections.fetch_add(1, Ordering::SeqCst);
+                connections.spawn(serve(stream, behaviour.clone(), task_seen.clone()));
+            }
+        });
+        MockBroker { seen, task }
+    }
+
+    pub fn samples(&self) -> usize {
+        self.seen.samples.load(Ordering::SeqCst)
+    }
+
+    pub fn hellos(&self) -> usize {
+        self.seen.hellos.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for MockBroker {
+    fn drop(&mut self) {
+        // Dropping the accept task drops its JoinSet, which aborts every connection.
+        self.task.abort();
+    }
+}
+
+async fn serve(mut stream: UnixStream, behaviour: Arc<Behaviour>, seen: Arc<Seen>) {
+    loop {
+        let Ok(payload) = read_frame_async(&mut stream, MAX_REQUEST_FRAME).await else { return };
+        let Ok(request) = decode::<Request>(&payload) else { return };
+        let reply = match request {
+            Request::Hello { .. } => {
+                seen.hellos.fetch_add(1, Ordering::SeqCst);
+                match &behaviour.refuse_hello {
+                    Some(e) => Reply::Error(e.clone()),
+                    None => Reply::Hello {
+                        protocol_version: PROTOCOL_VERSION,
+                        broker_version: "0.0.0-mock".into(),
+                        instance: behaviour.instance,
+                        simulated: behaviour.simulated.clone(),
+                    },
+                }
+            }
+            Request::Topology => Reply::Topology(behaviour.topology.clone()),
+            Request::Sample { what, deadline_ms } => {
+                seen.samples.fetch_add(1, Ordering::SeqCst);
+                seen.families.lock().unwrap().push(what);
+                seen.deadlines_ms.lock().unwrap().push(deadline_ms);
+                tokio::time::sleep(behaviour.delay).await;
+                Reply::Sample((behaviour.respond)(&behaviour.topology, what, deadline_ms))
+            }
+        };
+        if write_frame_async(&mut stream, &reply, MAX_REPLY_FRAME).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// `sockets` × `cores_per_socket` cores; core ids step by 2 (sparse, as on real parts) and
+/// APIC ids differ from CPU numbers.
+pub fn topology(sockets: u32, cores_per_socket: u32) -> Topology {
+    let mut cores = Vec::new();
+    for socket in 0..sockets {
+        for i in 0..cores_per_socket {
+            let cpu = socket * cores_per_socket + i;
+            cores.push(Core { socket, core: i * 2, cpu, apic_id: socket * 128 + i * 2 });
+        }
+    }
+    Topology { cpu_family: 0x1A, cpu_model: 0x11, sockets: (0..sockets).collect(), cores }
+}
+
+/// A healthy machine: every requested family read, energy from HSMP RAPL at ESU 16.
+pub fn healthy(topology: &Topology, what: Families, _deadline_ms: u32) -> Sample {
+    let n = topology.cores.len();
+    Sample {
+        hsmp: DeviceStatus::Ready { protocol_version: 7 },
+        energy: if what.core_energy {
+            Readings::Values {
+                source: Some(EnergySource::Hsmp),
+                values: (0..n)
+                    .map(|i| Ok(Energy { counter: (1000 + i as u64) << 16, esu: 16 }))
+                    .collect(),
+            }
+        } else {
+            Readings::NotRequested
+        },
+        boost_limit: if what.boost_limit {
+            Readings::Values { source: None, values: vec![Ok(3700); n] }
+        } else {
+            Readings::NotRequested
+        },
+        prochot: if what.prochot {
+            Readings::Values {
+                source: None,
+                values: topology.sockets.iter().map(|s| Ok(*s == 1)).collect(),
+            }
+        } else {
+            Readings::NotRequested
+        },
+    }
+}
+
+impl Behaviour {
+    /// A healthy 2 × 4-core machine answering at once.
+    pub fn healthy() -> Behaviour {
+        Behaviour {
+            topology: topology(2, 4),
+            instance: 1,
+            simulated: None,
+            delay: Duration::ZERO,
+            respond: Arc::new(healthy),
+            refuse_hello: None,
+        }
+    }
+
+    /// The healthy answer, changed by `edit`.
+    pub fn edited(edit: impl Fn(&mut Sample) + Send + Sync + 'static) -> Behaviour {
+        Behaviour {
+            respond: Arc::new(move |t, what, d| {
+                let mut s = healthy(t, what, d);
+                edit(&mut s);
+                s
+            }),
+            ..Behaviour::healthy()
+        }
+    }
+}
+
+/// Sets item `index` of a family's values to `error`.
+pub fn fail_item<T>(readings: &mut Readings<T>, index: usize, error: ItemError) {
+    if let Readings::Values { values, .. } = readings {
+        values[index] = Err(error);
+    }
+}
+
+/// A temporary directory holding the broker socket path.
+pub struct SocketDir {
+    _dir: tempfile::TempDir,
+    pub path: PathBuf,
+}
+
+pub fn socket_dir() -> SocketDir {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("broker.sock");
+    SocketDir { _dir: dir, path }
+}
+
+pub fn config(socket: &Path) -> Config {
+    Config {
+        broker_socket: socket.to_owned(),
+        families: Families::ALL,
+        max_scrape_timeout: Duration::from_secs(10),
+        telemetry_path: "/metrics".into(),
+        procfs: "/proc".into(),
+    }
+}
+
+pub fn router(config: Config) -> Router {
+    app(Exporter::new(config))
+}
+
+/// One HTTP answer.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub content_type: String,
+    pub body: String,
+}
+
+/// GETs `path` through the router, with optional `Accept` and scrape-timeout headers.
+pub async fn get(
+    router: &Router,
+    path: &str,
+    accept: Option<&str>,
+    timeout: Option<&str>,
+) -> Answer {
+    let mut request = HttpRequest::get(path);
+    if let Some(accept) = accept {
+        request = request.header(header::ACCEPT, accept);
+    }
+    if let Some(timeout) = timeout {
+        request = request.header("X-Prometheus-Scrape-Timeout-Seconds", timeout);
+    }
+    let response = router.clone().oneshot(request.body(Body::empty()).unwrap()).await.unwrap();
+    let status = response.status();
+    let content_type = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
+    Answer { status, content_type, body: String::from_utf8(bytes.to_vec()).unwrap() }
+}
+
+/// Scrapes `/metrics` in the text format.
+pub async fn scrape(router: &Router) -> Exposition {
+    let answer = get(router, "/metrics", None, None).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    Exposition::parse(&answer.body)
+}
+
+/// Parsed samples of one exposition: `name{labels}` exactly as printed → value.
+#[derive(Debug)]
+pub struct Exposition {
+    pub text: String,
+    pub samples: BTreeMap<String, f64>,
+}
+
+impl Exposition {
+    pub fn parse(text: &str) -> Exposition {
+        let mut samples = BTreeMap::new();
+        for line in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+            let (series, value) = line.rsplit_once(' ').unwrap();
+            let value = value.parse().unwrap_or_else(|_| panic!("bad value in {line:?}"));
+            assert!(samples.insert(series.to_owned(), value).is_none(), "duplicate {series}");
+        }
+        Exposition { text: text.to_owned(), samples }
+    }
+
+    /// The value of one series, e.g. `amd_hsmp_up` or `amd_hsmp_prochot_active{socket="1"}`.
+    pub fn value(&self, series: &str) -> Option<f64> {
+        self.samples.get(series).copied()
+    }
+
+    /// Number of series of metric `name`.
+    pub fn count(&self, name: &str) -> usize {
+        self.samples.keys().filter(|k| k.split('{').next() == Some(name)).count()
+    }
+
+    /// True when the exposition mentions the family at all (samples, HELP or TYPE).
+    pub fn mentions(&self, name: &str) -> bool {
+        self.text.contains(name)
+    }
+
+    pub fn errors(&self, collector: &str) -> f64 {
+        self.value(&format!("amd_hsmp_scrape_errors_total{{collector=\"{collector}\"}}"))
+            .unwrap_or_else(|| panic!("no error counter for {collector}:\n{}", self.text))
+    }
+}
