@@ -2,3 +2,4 @@
 //! harness that runs the real broker and exporter binaries, and golden-file comparison.
 
 pub mod fake;
+pub mod fixtures;
