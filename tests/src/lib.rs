@@ -1,5 +1,11 @@
 //! The end-to-end suite's machinery: the FUSE fake device, fixture machines, scenarios, the
 //! harness that runs the real broker and exporter binaries, and golden-file comparison.
+//!
+//! The suite itself is `tests/e2e.rs`; `tests/README.md` says how to add a machine or a
+//! scenario and how to refresh the golden files.
 
 pub mod fake;
 pub mod fixtures;
+pub mod golden;
+pub mod harness;
+pub mod scenario;

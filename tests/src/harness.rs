@@ -1,0 +1,307 @@
+//! Runs the real `amd-hsmp-broker` and `amd-hsmp-exporter` binaries for a test: locating (and
+//! if needed building) them, starting them with kill-on-drop guards, waiting until they serve,
+//! and scraping over plain HTTP/1.1.
+//!
+//! Every child is killed and reaped when its guard drops, including while a failed test
+//! unwinds; children also get `PR_SET_PDEATHSIG` (through `setpriv`) so that not even a test
+//! process killed outright leaves one behind.
+
+use anyhow::{Context, Result, bail};
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// How long a process may take to start serving.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The two binaries under test.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    /// `amd-hsmp-broker`.
+    pub broker: PathBuf,
+    /// `amd-hsmp-exporter`.
+    pub exporter: PathBuf,
+}
+
+/// The binaries of the profile this test was built with (`target/<profile>/`), brought up to
+/// date once per test process with `$CARGO build`, so a test never runs a stale broker.
+pub fn binaries() -> Result<&'static Binaries> {
+    static BINARIES: OnceLock<std::result::Result<Binaries, String>> = OnceLock::new();
+    BINARIES
+        .get_or_init(|| build_binaries().map_err(|e| format!("{e:#}")))
+        .as_ref()
+        .map_err(|e| anyhow::anyhow!("cannot build amd-hsmp-broker and amd-hsmp-exporter: {e}"))
+}
+
+fn build_binaries() -> Result<Binaries> {
+    let exe = std::env::current_exe().context("cannot locate the test executable")?;
+    // target/<profile>/deps/e2e-<hash>
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .context("test executable is not in target/<profile>/deps")?
+        .to_path_buf();
+    let bins =
+        Binaries { broker: dir.join("amd-hsmp-broker"), exporter: dir.join("amd-hsmp-exporter") };
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "--quiet", "-p", "amd-hsmp-broker", "-p", "amd-hsmp-exporter", "--bins"]);
+    match dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") | None => {}
+        Some("release") => {
+            cmd.arg("--release");
+        }
+        Some(profile) => {
+            cmd.args(["--profile", profile]);
+        }
+    }
+    // The target directory the test was built in, wherever CARGO_TARGET_DIR points.
+    if let Some(target) = dir.parent() {
+        cmd.env("CARGO_TARGET_DIR", target);
+    }
+    cmd.current_dir(env!("CARGO_MANIFEST_DIR"));
+    let status = cmd.status().with_context(|| format!("cannot run {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    for bin in [&bins.broker, &bins.exporter] {
+        if !bin.is_file() {
+            bail!("{} does not exist after the build", bin.display());
+        }
+    }
+    Ok(bins)
+}
+
+/// A child process that is killed and reaped when dropped. Its standard error goes to a log
+/// file, shown when a test fails.
+#[derive(Debug)]
+pub struct Proc {
+    name: &'static str,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    /// Starts `program args`, logging to `log`.
+    pub fn spawn(
+        name: &'static str,
+        program: &Path,
+        args: &[String],
+        log: PathBuf,
+    ) -> Result<Proc> {
+        let err = File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
+        let mut cmd = match setpriv() {
+            // The death signal survives the exec: if this process dies, so does the child.
+            Some(setpriv) => {
+                let mut cmd = Command::new(setpriv);
+                cmd.args(["--pdeathsig", "KILL", "--"]).arg(program);
+                cmd
+            }
+            None => Command::new(program),
+        };
+        cmd.args(args).stdin(Stdio::null()).stdout(err.try_clone()?).stderr(err);
+        let child = cmd.spawn().with_context(|| format!("cannot start {}", program.display()))?;
+        Ok(Proc { name, child, log })
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// What the process wrote to standard error (and output) so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `None` while running, else how it exited.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Fails with the process's log if it has exited.
+    pub fn check_running(&mut self) -> Result<()> {
+        match self.exited() {
+            None => Ok(()),
+            Some(status) => bail!("{} exited ({status}); its log:\n{}", self.name, self.log()),
+        }
+    }
+
+    /// Kills and reaps the process now; also done on drop.
+    pub fn kill(&mut self) {
+        if self.exited().is_none() {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `setpriv` from util-linux, if installed.
+fn setpriv() -> Option<&'static Path> {
+    static SETPRIV: OnceLock<Option<PathBuf>> = OnceLock::new();
+    SETPRIV
+        .get_or_init(|| {
+            let path = std::env::var_os("PATH")?;
+            std::env::split_paths(&path).map(|d| d.join("setpriv")).find(|p| p.is_file())
+        })
+        .as_deref()
+}
+
+/// Waits until `ready` holds, polling; fails if `proc` exits first or time runs out.
+pub fn wait_until(proc: &mut Proc, what: &str, mut ready: impl FnMut() -> bool) -> Result<()> {
+    let until = Instant::now() + START_TIMEOUT;
+    loop {
+        if ready() {
+            return Ok(());
+        }
+        proc.check_running()?;
+        if Instant::now() > until {
+            bail!("{what} not ready after {START_TIMEOUT:?}; log:\n{}", proc.log());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("cannot bind a loopback port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// An HTTP response.
+#[derive(Debug, Clone)]
+pub struct Response {
+    /// Status code.
+    pub status: u16,
+    /// Headers, names lower-cased.
+    pub headers: Vec<(String, String)>,
+    /// The body, decoded from chunked transfer encoding if needed.
+    pub body: String,
+    /// From sending the request to the end of the body.
+    pub elapsed: Duration,
+}
+
+impl Response {
+    /// The first header named `name` (lower case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+}
+
+/// `GET path` from `addr` with extra `headers`, over HTTP/1.1 with `Connection: close`.
+pub fn http_get(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    timeout: Duration,
+) -> Result<Response> {
+    let started = Instant::now();
+    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    let mut request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes())?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).context("reading the HTTP response")?;
+    let elapsed = started.elapsed();
+    parse_response(&raw, elapsed)
+}
+
+fn parse_response(raw: &[u8], elapsed: Duration) -> Result<Response> {
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").context("no end of headers")?;
+    let head = std::str::from_utf8(&raw[..split]).context("headers are not UTF-8")?;
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or_default();
+    let status = status_line
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .with_context(|| format!("bad status line {status_line:?}"))?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let mut body = raw[split + 4..].to_vec();
+    let chunked =
+        headers.iter().any(|(n, v)| n == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"));
+    if chunked {
+        body = dechunk(&body)?;
+    }
+    let body = String::from_utf8(body).context("body is not UTF-8")?;
+    Ok(Response { status, headers, body, elapsed })
+}
+
+fn dechunk(mut data: &[u8]) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = data.windows(2).position(|w| w == b"\r\n").context("truncated chunk")?;
+        let size_text = std::str::from_utf8(&data[..line_end])?;
+        let size_text = size_text.split(';').next().unwrap_or_default().trim();
+        let size = usize::from_str_radix(size_text, 16)
+            .with_context(|| format!("bad chunk size {size_text:?}"))?;
+        data = &data[line_end + 2..];
+        if size == 0 {
+            return Ok(out);
+        }
+        if data.len() < size + 2 {
+            bail!("truncated chunk");
+        }
+        out.extend_from_slice(&data[..size]);
+        data = &data[size + 2..];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn responses_are_parsed_with_and_without_chunking() {
+        let raw = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 3\r\n\r\nabc";
+        let r = parse_response(raw, Duration::ZERO).unwrap();
+        assert_eq!((r.status, r.body.as_str()), (200, "abc"));
+        assert_eq!(r.header("content-type"), Some("text/plain"));
+
+        let raw = b"HTTP/1.1 503 Service Unavailable\r\nTransfer-Encoding: chunked\r\n\r\n\
+                    4\r\nwiki\r\n6;x=y\r\npedia \r\n0\r\n\r\n";
+        let r = parse_response(raw, Duration::ZERO).unwrap();
+        assert_eq!((r.status, r.body.as_str()), (503, "wikipedia "));
+    }
+
+    #[test]
+    fn truncated_chunks_are_an_error() {
+        let raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10\r\nshort\r\n";
+        assert!(parse_response(raw, Duration::ZERO).is_err());
+    }
+
+    #[test]
+    fn a_dropped_proc_is_killed_and_reaped() {
+        let dir = tempfile::tempdir().unwrap();
+        let proc = Proc::spawn(
+            "sleep",
+            Path::new("/bin/sleep"),
+            &["600".into()],
+            dir.path().join("sleep.log"),
+        )
+        .unwrap();
+        let pid = proc.pid();
+        assert!(Path::new(&format!("/proc/{pid}")).exists());
+        drop(proc);
+        // Reaped, so the pid is gone (not a zombie).
+        assert!(!Path::new(&format!("/proc/{pid}")).exists());
+    }
+}

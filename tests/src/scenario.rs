@@ -1,0 +1,798 @@
+//! Scenarios: `tests/scenarios/<name>.toml` files that say which fixture machine to serve, which
+//! faults the firmware and device nodes have, how the broker and exporter are started and what
+//! happens before each scrape; and [`Rig`], which runs one: fake device, broker, exporter.
+//!
+//! Values are static (the simulator's [`Mode::Static`]), so every scrape of a scenario is
+//! deterministic and can be compared with its golden file.
+
+use crate::fake::{FakeConfig, FakeDevice, MsrRead, NodeState, OpenRecord, WireMessage};
+use crate::fixtures;
+use crate::harness::{self, Proc, Response};
+use amd_hsmp_broker::hsmp::Message;
+use amd_hsmp_broker::sim::{Family, Faults, FirmwareConfig, Machine, MachineSpec, Mode, Target};
+use amd_hsmp_proto::Topology;
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The `Accept` header Prometheus 2 sends by default.
+pub const PROMETHEUS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,\
+    application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+
+/// What Prometheus sends as `X-Prometheus-Scrape-Timeout-Seconds` by default.
+pub const DEFAULT_SCRAPE_TIMEOUT: &str = "10";
+
+/// A scenario file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Scenario {
+    /// What the scenario shows, for the reader.
+    pub description: String,
+    /// The fixture machine (a name from [`fixtures::machines`]).
+    pub machine: String,
+    /// Whether the broker runs at all.
+    #[serde(default = "yes")]
+    pub broker: bool,
+    /// Flags added to the broker's command line (after the device and tree paths).
+    #[serde(default)]
+    pub broker_flags: Vec<String>,
+    /// Flags added to the exporter's command line.
+    #[serde(default)]
+    pub exporter_flags: Vec<String>,
+    /// The `hsmp` node when the broker starts. A machine without HSMP never has one.
+    #[serde(default)]
+    pub hsmp: NodeState,
+    /// The `cpu/<N>/msr` nodes when the broker starts.
+    #[serde(default)]
+    pub msr: NodeState,
+    /// Faults of the firmware and drivers.
+    #[serde(default)]
+    pub faults: FaultSpec,
+    /// Changes made before the broker starts.
+    #[serde(default)]
+    pub setup: Actions,
+    /// Whether the per-scrape message counts are compared with `<name>.wire`; off only where
+    /// they depend on timing.
+    #[serde(default = "yes")]
+    pub wire_golden: bool,
+    /// The scrapes, in order; each one's output is compared with its golden file.
+    pub scrapes: Vec<Scrape>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Faults injected into the simulated firmware and drivers.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct FaultSpec {
+    /// Families the firmware does not implement (`ENOMSG`; `EIO` for `msr`).
+    #[serde(default)]
+    pub unsupported: Vec<FamilyName>,
+    /// Per-item errors.
+    #[serde(default)]
+    pub errors: Vec<ItemFault>,
+    /// Sockets whose mailbox never answers: every message waits the driver's timeout and fails
+    /// with `ETIMEDOUT`.
+    #[serde(default)]
+    pub wedged_sockets: Vec<u32>,
+    /// Time every message spends in the mailbox, ms.
+    #[serde(default)]
+    pub latency_ms: u64,
+    /// The driver's timeout, ms (the kernel's is 100).
+    pub driver_timeout_ms: Option<u64>,
+}
+
+/// A family, as scenario files name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FamilyName {
+    /// `GET_PROTO_VER`.
+    ProtoVersion,
+    /// `GET_BOOST_LIMIT`.
+    BoostLimit,
+    /// `GET_PROC_HOT`.
+    ProcHot,
+    /// `GET_RAPL_UNITS` and `GET_RAPL_CORE_COUNTER`.
+    Rapl,
+    /// The RAPL MSRs.
+    Msr,
+}
+
+impl FamilyName {
+    fn family(self) -> Family {
+        match self {
+            FamilyName::ProtoVersion => Family::ProtoVersion,
+            FamilyName::BoostLimit => Family::BoostLimit,
+            FamilyName::ProcHot => Family::ProcHot,
+            FamilyName::Rapl => Family::Rapl,
+            FamilyName::Msr => Family::Msr,
+        }
+    }
+}
+
+/// One failing item: the core (or socket) is named by its labels; the fault is injected for
+/// the APIC id (HSMP) or CPU number (MSR) the topology gives it, so a broker that addressed
+/// the core any other way would not see it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ItemFault {
+    /// The family.
+    pub family: FamilyName,
+    /// `socket` label.
+    pub socket: u32,
+    /// `core` label; required for per-core families, absent for per-socket ones.
+    pub core: Option<u32>,
+    /// The errno name, e.g. `EIO`, `ETIMEDOUT`.
+    pub errno: String,
+}
+
+/// An amount of energy for one core.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct CoreJoules {
+    /// `socket` label.
+    pub socket: u32,
+    /// `core` label.
+    pub core: u32,
+    /// Joules.
+    pub joules: f64,
+}
+
+/// Changes to the machine, made before the broker starts or before a scrape.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Actions {
+    /// Sets the `hsmp` node's state (e.g. `present` for a device that appears late).
+    pub hsmp: Option<NodeState>,
+    /// Sets the MSR nodes' state.
+    pub msr: Option<NodeState>,
+    /// Adds this many joules to every core.
+    pub advance_all_energy_j: Option<f64>,
+    /// Adds joules to single cores.
+    #[serde(default)]
+    pub advance_energy: Vec<CoreJoules>,
+    /// Sets a core's counter so that its 32-bit MSR value is this many joules below the wrap.
+    #[serde(default)]
+    pub below_msr_wrap: Vec<CoreJoules>,
+    /// Asserts PROCHOT on these sockets.
+    #[serde(default)]
+    pub prochot: Vec<u32>,
+    /// Sets single cores' boost limits.
+    #[serde(default)]
+    pub boost_limit: Vec<CoreMhz>,
+}
+
+/// A boost limit for one core.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct CoreMhz {
+    /// `socket` label.
+    pub socket: u32,
+    /// `core` label.
+    pub core: u32,
+    /// MHz.
+    pub mhz: u32,
+}
+
+/// One scrape.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Scrape {
+    /// Changes made before the scrape.
+    #[serde(default)]
+    pub before: Actions,
+    /// `X-Prometheus-Scrape-Timeout-Seconds`; default 10, as Prometheus sends.
+    pub timeout_header: Option<String>,
+    /// `Accept`; default Prometheus 2's header (OpenMetrics preferred).
+    pub accept: Option<String>,
+    /// The response must be complete within this many milliseconds.
+    pub max_ms: Option<u64>,
+    /// Lines that must appear in the output, exactly.
+    #[serde(default)]
+    pub expect: Vec<String>,
+    /// Prefixes no line may start with: metric names (HELP and TYPE lines start with `#`, so
+    /// an empty family passes), or series such as `name{core="5",socket="0"}`.
+    #[serde(default)]
+    pub absent: Vec<String>,
+}
+
+/// `tests/scenarios` in the source tree.
+pub fn scenarios_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios")
+}
+
+/// The names of every scenario file, sorted.
+pub fn names() -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(scenarios_dir()).context("cannot list tests/scenarios")? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "toml")
+            && let Some(stem) = path.file_stem().and_then(|s| s.to_str())
+        {
+            names.push(stem.to_owned());
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// Reads scenario `name`.
+pub fn load(name: &str) -> Result<Scenario> {
+    let path = scenarios_dir().join(format!("{name}.toml"));
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    parse(&text).with_context(|| format!("in {}", path.display()))
+}
+
+/// Parses a scenario from TOML text.
+pub fn parse(text: &str) -> Result<Scenario> {
+    let scenario: Scenario = toml::from_str(text)?;
+    if fixtures::machine(&scenario.machine).is_none() {
+        bail!("unknown machine {:?}", scenario.machine);
+    }
+    if scenario.scrapes.is_empty() {
+        bail!("a scenario needs at least one [[scrapes]]");
+    }
+    Ok(scenario)
+}
+
+/// The errno named `name`.
+pub fn errno_by_name(name: &str) -> Option<i32> {
+    ERRNOS.iter().find(|(n, _)| *n == name).map(|(_, e)| *e)
+}
+
+/// The name of `errno`, or its number.
+pub fn errno_name(errno: i32) -> String {
+    ERRNOS
+        .iter()
+        .find(|(_, e)| *e == errno)
+        .map_or_else(|| format!("errno {errno}"), |(n, _)| (*n).to_owned())
+}
+
+const ERRNOS: &[(&str, i32)] = &[
+    ("EPERM", libc::EPERM),
+    ("ENOENT", libc::ENOENT),
+    ("EIO", libc::EIO),
+    ("ENXIO", libc::ENXIO),
+    ("EACCES", libc::EACCES),
+    ("EBUSY", libc::EBUSY),
+    ("ENODEV", libc::ENODEV),
+    ("EINVAL", libc::EINVAL),
+    ("ENOTTY", libc::ENOTTY),
+    ("ENOMSG", libc::ENOMSG),
+    ("ETIME", libc::ETIME),
+    ("ETIMEDOUT", libc::ETIMEDOUT),
+    ("EREMOTEIO", libc::EREMOTEIO),
+];
+
+fn core_of(topology: &Topology, socket: u32, core: u32) -> Result<amd_hsmp_proto::Core> {
+    topology
+        .cores
+        .iter()
+        .find(|c| c.socket == socket && c.core == core)
+        .copied()
+        .with_context(|| format!("the machine has no core {core} on socket {socket}"))
+}
+
+impl FaultSpec {
+    /// The simulator's faults, with cores resolved through `topology`.
+    pub fn resolve(&self, topology: &Topology) -> Result<Faults> {
+        let mut faults = Faults::default();
+        faults.unsupported.extend(self.unsupported.iter().map(|f| f.family()));
+        faults.wedged_sockets.extend(&self.wedged_sockets);
+        faults.latency = Duration::from_millis(self.latency_ms);
+        if let Some(ms) = self.driver_timeout_ms {
+            faults.driver_timeout = Duration::from_millis(ms);
+        }
+        for e in &self.errors {
+            let errno =
+                errno_by_name(&e.errno).with_context(|| format!("unknown errno {}", e.errno))?;
+            let target = match (e.family, e.core) {
+                (FamilyName::BoostLimit | FamilyName::Rapl, Some(core)) => {
+                    Target::Apic(core_of(topology, e.socket, core)?.apic_id)
+                }
+                (FamilyName::Msr, Some(core)) => {
+                    Target::Cpu(core_of(topology, e.socket, core)?.cpu)
+                }
+                (FamilyName::ProtoVersion | FamilyName::ProcHot, None) => Target::Socket(e.socket),
+                (family, core) => bail!("{family:?} fault with core {core:?} makes no sense"),
+            };
+            faults.errno.insert((e.family.family(), target), errno);
+        }
+        Ok(faults)
+    }
+}
+
+impl Actions {
+    /// Applies the changes to the machine and, if mounted, the device nodes.
+    pub fn apply(&self, machine: &Machine, device: Option<&FakeDevice>) -> Result<()> {
+        let fw = machine.firmware();
+        if let Some(j) = self.advance_all_energy_j {
+            fw.advance_all_energy(j)?;
+        }
+        for c in &self.advance_energy {
+            fw.advance_energy(c.socket, c.core, c.joules)?;
+        }
+        for c in &self.below_msr_wrap {
+            let units = (c.joules * f64::from(1u32 << machine.spec().esu)).round() as u64;
+            fw.set_energy_counter(c.socket, c.core, (1u64 << 32) - units)?;
+        }
+        for &socket in &self.prochot {
+            fw.set_prochot(socket, true)?;
+        }
+        for c in &self.boost_limit {
+            fw.set_boost_limit(c.socket, c.core, c.mhz)?;
+        }
+        if let Some(device) = device {
+            if let Some(state) = self.hsmp {
+                device.set_hsmp_state(state);
+            }
+            if let Some(state) = self.msr {
+                device.set_msr_state(state);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What the fake device recorded during one phase (start-up or one scrape).
+#[derive(Debug, Clone, Default)]
+pub struct Traffic {
+    /// Opens of device nodes.
+    pub opens: Vec<OpenRecord>,
+    /// HSMP messages.
+    pub messages: Vec<WireMessage>,
+    /// MSR reads.
+    pub msr_reads: Vec<MsrRead>,
+}
+
+impl Traffic {
+    /// Number of messages with id `msg_id`.
+    pub fn count(&self, msg_id: u32) -> usize {
+        self.messages.iter().filter(|m| m.msg_id == msg_id).count()
+    }
+
+    /// One line per (message or register, result) with its count, sorted: the `.wire` golden
+    /// format.
+    pub fn summary(&self) -> String {
+        let result = |r: &Result<(), i32>| match r {
+            Ok(()) => "ok".to_owned(),
+            Err(e) => errno_name(*e),
+        };
+        let mut lines: BTreeMap<String, usize> = BTreeMap::new();
+        for o in &self.opens {
+            let node = match o.node {
+                crate::fake::Node::Hsmp => "hsmp",
+                crate::fake::Node::Msr(_) => "msr",
+            };
+            let mode = match o.flags & libc::O_ACCMODE {
+                libc::O_RDONLY => "O_RDONLY",
+                libc::O_WRONLY => "O_WRONLY",
+                _ => "O_RDWR",
+            };
+            *lines.entry(format!("open {node} {mode} {}", result(&o.result))).or_default() += 1;
+        }
+        for m in &self.messages {
+            let name = Message::from_id(m.msg_id)
+                .map_or_else(|| format!("msg {:#04x}", m.msg_id), |m| m.name().to_owned());
+            let key = format!("hsmp {:#04x} {name} {}", m.msg_id, result(&m.result));
+            *lines.entry(key).or_default() += 1;
+        }
+        for r in &self.msr_reads {
+            *lines.entry(format!("msr {:#x} {}", r.msr, result(&r.result))).or_default() += 1;
+        }
+        let mut out = String::new();
+        for (line, n) in lines {
+            let _ = writeln!(out, "{line} x{n}");
+        }
+        out
+    }
+}
+
+/// Where each scrape's records start, so a phase's traffic can be cut out.
+#[derive(Debug, Clone, Copy, Default)]
+struct Marks {
+    opens: usize,
+    messages: usize,
+    msr_reads: usize,
+}
+
+/// A running scenario: the fake device (unless the broker is absent, it is always mounted),
+/// the broker and the exporter. Dropping it stops the processes, then unmounts.
+#[derive(Debug)]
+pub struct Rig {
+    // Field order is drop order: processes before the mount they hold open.
+    exporter: Proc,
+    broker: Option<Proc>,
+    device: FakeDevice,
+    machine: Arc<Machine>,
+    addr: SocketAddr,
+    marks: Marks,
+    dir: tempfile::TempDir,
+}
+
+impl Rig {
+    /// Mounts the fake device for `scenario`'s machine and faults, then starts the broker (if
+    /// the scenario has one) and the exporter, and waits until both serve.
+    pub fn start(scenario: &Scenario) -> Result<Rig> {
+        let spec: MachineSpec = fixtures::machine(&scenario.machine)
+            .with_context(|| format!("unknown machine {}", scenario.machine))?;
+        let topology = spec.topology();
+        let cpus: Vec<u32> = spec.cpus().iter().filter(|c| c.online).map(|c| c.cpu).collect();
+        let faults = scenario.faults.resolve(&topology)?;
+        let machine = Machine::new(spec, FirmwareConfig { mode: Mode::Static, seed: 0, faults });
+        let hsmp_state =
+            if machine.firmware().has_hsmp() { scenario.hsmp } else { NodeState::Absent };
+        let device = FakeDevice::mount(FakeConfig {
+            hsmp: Arc::new(Arc::clone(&machine)),
+            msr: Arc::new(machine.msr_opener()),
+            cpus,
+            hsmp_state,
+            msr_state: scenario.msr,
+            latency: Duration::ZERO,
+        })
+        .context("cannot mount the fake device (needs /dev/fuse and fusermount3 from fuse3)")?;
+        scenario.setup.apply(&machine, Some(&device))?;
+
+        let bins = harness::binaries()?;
+        let dir = tempfile::Builder::new().prefix("amd-hsmp-e2e-").tempdir()?;
+        let socket = dir.path().join("broker.sock");
+        let tree = fixtures::tree(&fixtures::fixtures_dir(), &scenario.machine);
+        let broker = if scenario.broker {
+            let mut args: Vec<String> = vec![
+                "--listen".into(),
+                path(&socket),
+                "--hsmp.device".into(),
+                path(&device.hsmp_path()),
+                "--msr.device-root".into(),
+                path(&device.msr_root()),
+                "--path.procfs".into(),
+                path(&tree.join("proc")),
+                "--path.sysfs".into(),
+                path(&tree.join("sys")),
+                "--log.level".into(),
+                "debug".into(),
+            ];
+            args.extend(scenario.broker_flags.iter().cloned());
+            let mut broker =
+                Proc::spawn("amd-hsmp-broker", &bins.broker, &args, dir.path().join("broker.log"))?;
+            // The socket is bound after start-up (opens, probes, lock-down): its appearance
+            // means start-up traffic is complete.
+            harness::wait_until(&mut broker, "broker socket", || socket.exists())?;
+            Some(broker)
+        } else {
+            None
+        };
+
+        let (exporter, addr) = start_exporter(&bins.exporter, &socket, scenario, dir.path())?;
+        Ok(Rig { exporter, broker, device, machine, addr, marks: Marks::default(), dir })
+    }
+
+    /// The fake device.
+    pub fn device(&self) -> &FakeDevice {
+        &self.device
+    }
+
+    /// The simulated machine behind the device.
+    pub fn machine(&self) -> &Arc<Machine> {
+        &self.machine
+    }
+
+    /// The broker's process id, if it runs.
+    pub fn broker_pid(&self) -> Option<u32> {
+        self.broker.as_ref().map(Proc::pid)
+    }
+
+    /// The exporter's process id.
+    pub fn exporter_pid(&self) -> u32 {
+        self.exporter.pid()
+    }
+
+    /// The mount point of the fake device.
+    pub fn mount_point(&self) -> &Path {
+        self.device.root()
+    }
+
+    /// The exporter's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Both processes' logs, for a failure message.
+    pub fn logs(&self) -> String {
+        let broker = self.broker.as_ref().map_or_else(|| "(not started)".into(), Proc::log);
+        format!(
+            "--- broker log ---\n{broker}--- exporter log ---\n{}--- work dir {} ---",
+            self.exporter.log(),
+            self.dir.path().display()
+        )
+    }
+
+    /// Traffic since the previous call (the first call returns start-up traffic).
+    pub fn take_traffic(&mut self) -> Traffic {
+        let (opens, messages, reads) =
+            (self.device.opens(), self.device.messages(), self.device.msr_reads());
+        let t = Traffic {
+            opens: opens[self.marks.opens..].to_vec(),
+            messages: messages[self.marks.messages..].to_vec(),
+            msr_reads: reads[self.marks.msr_reads..].to_vec(),
+        };
+        self.marks = Marks { opens: opens.len(), messages: messages.len(), msr_reads: reads.len() };
+        t
+    }
+
+    /// `GET /metrics` as Prometheus would, with `scrape`'s headers.
+    pub fn scrape(&mut self, scrape: &Scrape) -> Result<Response> {
+        let timeout = scrape.timeout_header.as_deref().unwrap_or(DEFAULT_SCRAPE_TIMEOUT);
+        let accept = scrape.accept.as_deref().unwrap_or(PROMETHEUS_ACCEPT);
+        let headers = [("Accept", accept), ("X-Prometheus-Scrape-Timeout-Seconds", timeout)];
+        let response = harness::http_get(self.addr, "/metrics", &headers, Duration::from_secs(30))?;
+        self.exporter.check_running()?;
+        if let Some(broker) = self.broker.as_mut() {
+            broker.check_running()?;
+        }
+        Ok(response)
+    }
+
+    /// Kills both processes now (dropping the rig does too).
+    pub fn stop(&mut self) {
+        self.exporter.kill();
+        if let Some(broker) = self.broker.as_mut() {
+            broker.kill();
+        }
+    }
+}
+
+fn path(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+/// Starts the exporter on a free loopback port; a port taken between picking and binding is
+/// retried with another.
+fn start_exporter(
+    exe: &Path,
+    socket: &Path,
+    scenario: &Scenario,
+    dir: &Path,
+) -> Result<(Proc, SocketAddr)> {
+    let mut last = None;
+    for attempt in 0..3 {
+        let addr: SocketAddr = ([127, 0, 0, 1], harness::free_port()?).into();
+        let mut args: Vec<String> = vec![
+            "--web.listen-address".into(),
+            addr.to_string(),
+            "--broker.socket".into(),
+            path(socket),
+            "--log.level".into(),
+            "debug".into(),
+        ];
+        args.extend(scenario.exporter_flags.iter().cloned());
+        let log = dir.join(format!("exporter.{attempt}.log"));
+        let mut exporter = Proc::spawn("amd-hsmp-exporter", exe, &args, log)?;
+        let up = harness::wait_until(&mut exporter, "exporter", || {
+            harness::http_get(addr, "/", &[], Duration::from_secs(2)).is_ok()
+        });
+        match up {
+            Ok(()) => return Ok((exporter, addr)),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("exporter did not start")))
+}
+
+/// The golden file names of a scenario's scrapes.
+pub fn golden_names(name: &str, scrapes: usize) -> Vec<String> {
+    if scrapes == 1 {
+        vec![format!("{name}.metrics")]
+    } else {
+        (1..=scrapes).map(|i| format!("{name}.{i}.metrics")).collect()
+    }
+}
+
+/// What one scenario run produced.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The topology the machine has.
+    pub topology: Topology,
+    /// The broker's pid, if it ran.
+    pub broker_pid: Option<u32>,
+    /// The exporter's pid.
+    pub exporter_pid: u32,
+    /// Start-up traffic.
+    pub start: Traffic,
+    /// Each scrape's response and traffic.
+    pub scrapes: Vec<(Response, Traffic)>,
+}
+
+impl Outcome {
+    /// The `.wire` golden text: start-up and per-scrape traffic summaries.
+    pub fn wire(&self) -> String {
+        let mut out = format!("# start-up\n{}", self.start.summary());
+        for (i, (_, traffic)) in self.scrapes.iter().enumerate() {
+            let _ = write!(out, "# scrape {}\n{}", i + 1, traffic.summary());
+        }
+        out
+    }
+}
+
+/// Runs scenario `name`: starts the rig, applies each scrape's actions, scrapes, and checks
+/// everything that does not need a golden file (status, timing, expected and absent lines,
+/// the wire invariants). Golden files are checked by the caller.
+pub fn run(name: &str) -> Result<Outcome> {
+    let scenario = load(name)?;
+    let mut rig = Rig::start(&scenario)?;
+    let result = drive(&scenario, &mut rig);
+    result.with_context(|| rig.logs())
+}
+
+fn drive(scenario: &Scenario, rig: &mut Rig) -> Result<Outcome> {
+    let topology = rig.machine().topology().clone();
+    let start = rig.take_traffic();
+    let mut scrapes = Vec::new();
+    for (i, scrape) in scenario.scrapes.iter().enumerate() {
+        let n = i + 1;
+        scrape.before.apply(rig.machine(), Some(rig.device()))?;
+        let response = rig.scrape(scrape).with_context(|| format!("scrape {n}"))?;
+        if response.status != 200 {
+            bail!("scrape {n}: status {}:\n{}", response.status, response.body);
+        }
+        if let Some(max) = scrape.max_ms
+            && response.elapsed > Duration::from_millis(max)
+        {
+            bail!("scrape {n} took {:?}, more than {max} ms", response.elapsed);
+        }
+        for line in &scrape.expect {
+            if !response.body.lines().any(|l| l == line) {
+                bail!("scrape {n}: expected line {line:?} missing:\n{}", response.body);
+            }
+        }
+        for prefix in &scrape.absent {
+            if let Some(l) = response.body.lines().find(|l| l.starts_with(prefix.as_str())) {
+                bail!("scrape {n}: {prefix} must be absent, found {l:?}");
+            }
+        }
+        scrapes.push((response, rig.take_traffic()));
+    }
+    let outcome = Outcome {
+        topology,
+        broker_pid: rig.broker_pid(),
+        exporter_pid: rig.exporter_pid(),
+        start,
+        scrapes,
+    };
+    check_wire_invariants(&outcome)?;
+    Ok(outcome)
+}
+
+/// What must hold on the wire in every scenario: each node is opened read-only and only by
+/// the broker, and every per-core message carries the APIC id of a core of the socket it is
+/// sent to.
+pub fn check_wire_invariants(outcome: &Outcome) -> Result<()> {
+    let phases = std::iter::once(&outcome.start).chain(outcome.scrapes.iter().map(|(_, t)| t));
+    for traffic in phases {
+        for open in &traffic.opens {
+            if !open.read_only() {
+                bail!("{:?} opened with flags {:#o}, not read-only", open.node, open.flags);
+            }
+            if Some(open.pid) != outcome.broker_pid {
+                bail!(
+                    "{:?} opened by pid {} (broker {:?}, exporter {})",
+                    open.node,
+                    open.pid,
+                    outcome.broker_pid,
+                    outcome.exporter_pid
+                );
+            }
+        }
+        for m in &traffic.messages {
+            let per_core = [Message::GetBoostLimit.id(), Message::GetRaplCoreCounter.id()];
+            if !per_core.contains(&m.msg_id) {
+                continue;
+            }
+            let known = outcome
+                .topology
+                .cores
+                .iter()
+                .any(|c| c.socket == u32::from(m.sock_ind) && c.apic_id == m.arg0);
+            if !known {
+                bail!(
+                    "message {:#04x} to socket {} carries {:#x}, not the APIC id of one of its \
+                     cores",
+                    m.msg_id,
+                    m.sock_ind,
+                    m.arg0
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_scenario_file_parses_and_names_a_fixture_machine() {
+        let names = names().unwrap();
+        assert!(!names.is_empty());
+        for name in names {
+            let scenario = load(&name).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+            let topology = fixtures::machine(&scenario.machine).unwrap().topology();
+            scenario.faults.resolve(&topology).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        }
+    }
+
+    #[test]
+    fn faults_are_injected_for_the_apic_id_or_cpu_of_the_named_core() {
+        let topology = fixtures::machine("genoa-2p").unwrap().topology();
+        let spec: FaultSpec = toml::from_str(
+            r#"
+            unsupported = ["rapl"]
+            wedged-sockets = [1]
+            errors = [
+                { family = "boost-limit", socket = 1, core = 8, errno = "EIO" },
+                { family = "msr", socket = 1, core = 8, errno = "EIO" },
+                { family = "proc-hot", socket = 0, errno = "EBUSY" },
+            ]
+            "#,
+        )
+        .unwrap();
+        let faults = spec.resolve(&topology).unwrap();
+        let core = core_of(&topology, 1, 8).unwrap();
+        assert_ne!(core.apic_id, core.cpu);
+        assert_eq!(faults.errno[&(Family::BoostLimit, Target::Apic(core.apic_id))], libc::EIO);
+        assert_eq!(faults.errno[&(Family::Msr, Target::Cpu(core.cpu))], libc::EIO);
+        assert_eq!(faults.errno[&(Family::ProcHot, Target::Socket(0))], libc::EBUSY);
+        assert!(faults.unsupported.contains(&Family::Rapl));
+        assert!(faults.wedged_sockets.contains(&1));
+    }
+
+    #[test]
+    fn a_fault_on_a_core_the_machine_lacks_is_an_error() {
+        let topology = fixtures::machine("genoa-2p").unwrap().topology();
+        let spec: FaultSpec = toml::from_str(
+            r#"errors = [{ family = "rapl", socket = 0, core = 4, errno = "EIO" }]"#,
+        )
+        .unwrap();
+        let err = spec.resolve(&topology).unwrap_err();
+        assert!(err.to_string().contains("no core 4 on socket 0"), "{err}");
+    }
+
+    #[test]
+    fn errno_names_round_trip() {
+        for (name, errno) in ERRNOS {
+            assert_eq!(errno_by_name(name), Some(*errno));
+            assert_eq!(errno_name(*errno), *name);
+        }
+        assert_eq!(errno_name(4242), "errno 4242");
+    }
+
+    #[test]
+    fn the_wire_summary_counts_by_message_and_result() {
+        let m = |msg_id, result| WireMessage {
+            msg_id,
+            sock_ind: 0,
+            arg0: 0,
+            num_args: 1,
+            response_sz: 1,
+            result,
+        };
+        let t = Traffic {
+            opens: Vec::new(),
+            messages: vec![m(0x0A, Ok(())), m(0x0A, Ok(())), m(0x0A, Err(libc::EIO))],
+            msr_reads: vec![MsrRead { cpu: 3, msr: 0xC001_029A, result: Ok(()) }],
+        };
+        assert_eq!(
+            t.summary(),
+            "hsmp 0x0a GET_BOOST_LIMIT EIO x1\nhsmp 0x0a GET_BOOST_LIMIT ok x2\nmsr 0xc001029a ok x1\n"
+        );
+    }
+}

@@ -1,0 +1,239 @@
+//! The end-to-end suite: the real `amd-hsmp-broker` and `amd-hsmp-exporter` against the FUSE
+//! fake device and a fixture machine, scraped over HTTP and compared with golden files, plus
+//! the wire-level assertions that a golden file cannot express.
+//!
+//! Refresh the golden files with `UPDATE_GOLDEN=1 cargo test -p amd-hsmp-e2e` and review the
+//! diff; see `tests/README.md`.
+
+use amd_hsmp_broker::hsmp::Message;
+use amd_hsmp_e2e::fake::{self, Node};
+use amd_hsmp_e2e::scenario::{self, Outcome, Rig, Traffic, golden_names};
+use amd_hsmp_e2e::{fixtures, golden};
+use amd_hsmp_proto::Topology;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// Runs scenario `name` and compares every scrape (and, unless the scenario opts out, the
+/// per-scrape message counts) with its golden files.
+fn check(name: &str) -> Outcome {
+    let outcome = scenario::run(name).unwrap_or_else(|e| panic!("scenario {name}: {e:?}"));
+    let spec = scenario::load(name).unwrap_or_else(|e| panic!("{e:#}"));
+    let mut failures = Vec::new();
+    let files = golden_names(name, outcome.scrapes.len());
+    for ((response, _), file) in outcome.scrapes.iter().zip(files) {
+        if let Err(e) = golden::check(&file, &golden::mask(&response.body)) {
+            failures.push(e);
+        }
+    }
+    if spec.wire_golden
+        && let Err(e) = golden::check(&format!("{name}.wire"), &outcome.wire())
+    {
+        failures.push(e);
+    }
+    assert!(failures.is_empty(), "scenario {name}:\n{}", failures.join("\n\n"));
+    outcome
+}
+
+/// One test per scenario file, so they run in parallel and fail one by one.
+macro_rules! scenarios {
+    ($($test:ident => $name:literal,)*) => {
+        $(
+            #[test]
+            fn $test() {
+                check($name);
+            }
+        )*
+        const SCENARIOS: &[&str] = &[$($name),*];
+    };
+}
+
+scenarios! {
+    broker_absent => "broker-absent",
+    genoa_2p_boost_collector_off => "genoa-2p-boost-collector-off",
+    genoa_2p_device_absent => "genoa-2p-device-absent",
+    genoa_2p_msr_absent => "genoa-2p-msr-absent",
+    genoa_2p_msr_fallback => "genoa-2p-msr-fallback",
+    genoa_2p_msr_wrap => "genoa-2p-msr-wrap",
+    genoa_2p_no_rapl => "genoa-2p-no-rapl",
+    genoa_2p_permission_denied => "genoa-2p-permission-denied",
+    healthy_bergamo_1p => "healthy-bergamo-1p",
+    healthy_genoa_2p => "healthy-genoa-2p",
+    healthy_genoa_2p_cpu_offline => "healthy-genoa-2p-cpu-offline",
+    healthy_genoa_2p_smt_off => "healthy-genoa-2p-smt-off",
+    healthy_milan_1p => "healthy-milan-1p",
+    healthy_milan_1p_text_format => "healthy-milan-1p-text-format",
+    healthy_rome_1p => "healthy-rome-1p",
+    healthy_siena_1p => "healthy-siena-1p",
+    healthy_turin_2p => "healthy-turin-2p",
+    milan_1p_late_device => "milan-1p-late-device",
+    rome_1p_msr_fallback => "rome-1p-msr-fallback",
+    turin_2p_core_errors => "turin-2p-core-errors",
+    turin_2p_prochot_and_boost => "turin-2p-prochot-and-boost",
+    turin_2p_rapl_unsupported => "turin-2p-rapl-unsupported",
+}
+
+#[test]
+fn every_scenario_file_has_a_test() {
+    let mut listed: Vec<&str> = SCENARIOS.to_vec();
+    listed.sort_unstable();
+    assert_eq!(listed, scenario::names().unwrap(), "add the scenario to `scenarios!` in e2e.rs");
+}
+
+#[test]
+fn every_golden_file_belongs_to_a_scenario() {
+    let mut expected = Vec::new();
+    for name in SCENARIOS {
+        let spec = scenario::load(name).unwrap();
+        expected.extend(golden_names(name, spec.scrapes.len()));
+        if spec.wire_golden {
+            expected.push(format!("{name}.wire"));
+        }
+    }
+    expected.sort();
+    let mut present: Vec<String> = std::fs::read_dir(golden::golden_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    present.sort();
+    if !golden::updating() {
+        assert_eq!(present, expected, "stale or missing files in tests/golden");
+    }
+}
+
+/// Starts a rig for an inline scenario.
+fn rig(toml: &str) -> Rig {
+    let scenario = scenario::parse(toml).unwrap();
+    Rig::start(&scenario).unwrap()
+}
+
+/// Scrapes `n` times with default headers and returns each scrape's traffic (after the
+/// start-up traffic, which is dropped).
+fn scrape_traffic(rig: &mut Rig, n: usize) -> Vec<Traffic> {
+    rig.take_traffic();
+    (0..n)
+        .map(|_| {
+            let response = rig.scrape(&scenario::Scrape::default()).unwrap();
+            assert_eq!(response.status, 200, "{}", response.body);
+            rig.take_traffic()
+        })
+        .collect()
+}
+
+/// The (socket, argument) of every message `msg_id`, sorted.
+fn addressed(traffic: &Traffic, msg: Message) -> Vec<(u32, u32)> {
+    let mut v: Vec<(u32, u32)> = traffic
+        .messages
+        .iter()
+        .filter(|m| m.msg_id == msg.id())
+        .map(|m| (u32::from(m.sock_ind), m.arg0))
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+/// (socket, APIC id) of every core, sorted.
+fn apic_ids(topology: &Topology) -> Vec<(u32, u32)> {
+    let mut v: Vec<(u32, u32)> = topology.cores.iter().map(|c| (c.socket, c.apic_id)).collect();
+    v.sort_unstable();
+    v
+}
+
+#[test]
+fn every_core_is_addressed_by_its_apic_id_exactly_once_per_scrape() {
+    for machine in ["turin-2p", "genoa-2p-cpu-offline", "genoa-2p-smt-off"] {
+        let mut rig = rig(&format!("description = \"\"\nmachine = \"{machine}\"\n[[scrapes]]\n"));
+        let topology = rig.machine().topology().clone();
+        // The machine must tell APIC ids from CPU numbers, or this test proves nothing.
+        assert!(topology.cores.iter().any(|c| c.apic_id != c.cpu), "{machine}");
+        let want = apic_ids(&topology);
+        for traffic in scrape_traffic(&mut rig, 2) {
+            assert_eq!(addressed(&traffic, Message::GetBoostLimit), want, "{machine}");
+            if rig.machine().spec().rapl_messages {
+                assert_eq!(addressed(&traffic, Message::GetRaplCoreCounter), want, "{machine}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_full_scrape_costs_two_messages_per_core_and_one_per_socket() {
+    let mut rig = rig("description = \"\"\nmachine = \"turin-2p\"\n[[scrapes]]\n");
+    let (cores, sockets) = {
+        let t = rig.machine().topology();
+        (t.cores.len(), t.sockets.len())
+    };
+    assert_eq!((cores, sockets), (384, 2));
+    let scrapes = scrape_traffic(&mut rig, 3);
+    for (i, traffic) in scrapes.iter().enumerate() {
+        let by_id: BTreeMap<u32, usize> =
+            Message::ALL.iter().map(|m| (m.id(), traffic.count(m.id()))).collect();
+        assert_eq!(traffic.messages.len(), 2 * cores + sockets, "scrape {}: {by_id:?}", i + 1);
+        assert_eq!(traffic.count(Message::GetBoostLimit.id()), cores);
+        assert_eq!(traffic.count(Message::GetRaplCoreCounter.id()), cores);
+        assert_eq!(traffic.count(Message::GetProcHot.id()), sockets);
+        assert!(traffic.messages.iter().all(|m| m.result.is_ok()));
+    }
+}
+
+#[test]
+fn msr_fallback_opens_each_cores_first_online_thread_read_only() {
+    let mut rig = rig("description = \"\"\nmachine = \"genoa-2p-cpu-offline\"\n\
+         broker-flags = [\"--collector.core-energy.msr-fallback\"]\n[[scrapes]]\n");
+    let broker = rig.broker_pid().unwrap();
+    let topology = rig.machine().topology().clone();
+    let start = rig.take_traffic();
+    let mut opened: Vec<u32> = start
+        .opens
+        .iter()
+        .filter_map(|o| match o.node {
+            Node::Msr(cpu) => Some(cpu),
+            Node::Hsmp => None,
+        })
+        .collect();
+    opened.sort_unstable();
+    let mut want: Vec<u32> = topology.cores.iter().map(|c| c.cpu).collect();
+    want.sort_unstable();
+    assert_eq!(opened, want);
+    assert!(opened.contains(&65) && !opened.contains(&1), "CPU 1 is offline; 65 reads its core");
+    for open in &start.opens {
+        assert!(open.read_only(), "{open:?}");
+        assert_eq!(open.pid, broker, "{open:?}");
+    }
+    // A scrape reads every core's energy MSR once and opens nothing.
+    let scrape = scrape_traffic(&mut rig, 1).remove(0);
+    assert!(scrape.opens.is_empty());
+    let mut read: Vec<u32> = scrape.msr_reads.iter().map(|r| r.cpu).collect();
+    read.sort_unstable();
+    assert_eq!(read, want);
+    assert!(scrape.msr_reads.iter().all(|r| r.msr == 0xC001_029A));
+}
+
+#[test]
+fn a_failing_test_leaves_no_process_or_mount_behind() {
+    let (pids, mount) = {
+        let rig = rig("description = \"\"\nmachine = \"milan-1p\"\n[[scrapes]]\n");
+        let pids = [rig.broker_pid().unwrap(), rig.exporter_pid()];
+        let mount = rig.mount_point().to_owned();
+        assert!(fake::is_mount_point(&mount));
+        // A test failing while the rig is alive: the panic unwinds through its drop.
+        let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            let _rig = rig;
+            panic!("deliberate panic to check that the rig cleans up after a failed test");
+        }));
+        assert!(failed.is_err());
+        (pids, mount)
+    };
+    for pid in pids {
+        assert!(!Path::new(&format!("/proc/{pid}")).exists(), "pid {pid} survived");
+    }
+    assert!(!fake::is_mount_point(&mount), "{} still mounted", mount.display());
+    assert!(!mount.exists());
+}
+
+#[test]
+fn scenarios_cover_every_fixture_machine_healthy() {
+    for machine in fixtures::machines().keys() {
+        let name = format!("healthy-{machine}");
+        assert!(SCENARIOS.contains(&name.as_str()), "no {name} scenario");
+    }
+}
