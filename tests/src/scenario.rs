@@ -731,6 +731,20 @@ mod tests {
     }
 
     #[test]
+    fn the_example_in_the_readme_parses_and_resolves() {
+        let readme =
+            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+                .unwrap();
+        let start = readme.find("```toml\n").expect("a toml block") + "```toml\n".len();
+        let end = start + readme[start..].find("```").unwrap();
+        let scenario = parse(&readme[start..end]).unwrap();
+        let topology = fixtures::machine(&scenario.machine).unwrap().topology();
+        let faults = scenario.faults.resolve(&topology).unwrap();
+        assert_eq!(faults.errno.len(), 2);
+        assert_eq!(scenario.scrapes[0].before.advance_energy.len(), 1);
+    }
+
+    #[test]
     fn faults_are_injected_for_the_apic_id_or_cpu_of_the_named_core() {
         let topology = fixtures::machine("genoa-2p").unwrap().topology();
         let spec: FaultSpec = toml::from_str(
