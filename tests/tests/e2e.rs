@@ -70,6 +70,7 @@ scenarios! {
     turin_2p_core_errors => "turin-2p-core-errors",
     turin_2p_prochot_and_boost => "turin-2p-prochot-and-boost",
     turin_2p_rapl_unsupported => "turin-2p-rapl-unsupported",
+    turin_2p_wedged_socket => "turin-2p-wedged-socket",
 }
 
 #[test]
