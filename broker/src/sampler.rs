@@ -12,7 +12,7 @@ use amd_hsmp_proto::{
     Unavailable,
 };
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 /// A message family that can be remembered unsupported.
@@ -58,7 +58,7 @@ enum Device {
 enum Gate<'a> {
     NotRequested,
     Unavailable(Unavailable),
-    Read(&'a Ready),
+    Read(&'a Arc<Ready>),
 }
 
 /// Where energy comes from in this sample.
@@ -66,25 +66,63 @@ enum Gate<'a> {
 enum EnergyGate<'a> {
     NotRequested,
     Unavailable(Unavailable),
-    Hsmp(&'a Ready),
-    Msr(&'a MsrEnergy),
+    Hsmp(&'a Arc<Ready>),
+    Msr(&'a Arc<MsrEnergy>),
 }
 
-/// What one socket's worker reads.
-#[derive(Clone, Copy)]
-struct Plan<'a> {
-    energy: EnergyGate<'a>,
-    boost_limit: Option<&'a Ready>,
-    prochot: Option<&'a Ready>,
+/// Where a worker reads energy from (owned: workers may outlive the request).
+#[derive(Debug, Clone)]
+enum EnergyFrom {
+    Nowhere,
+    Hsmp(Arc<Ready>),
+    Msr(Arc<MsrEnergy>),
+}
+
+/// What one socket's worker reads. Owned, because a worker still waiting for the mailbox
+/// when the deadline passes is left to finish on its own while the sample is answered.
+#[derive(Debug, Clone)]
+struct Plan {
+    energy: EnergyFrom,
+    boost_limit: Option<Arc<Ready>>,
+    prochot: Option<Arc<Ready>>,
     deadline: Instant,
 }
 
-/// What one socket's worker read: (index into the topology, result).
-#[derive(Default)]
-struct SocketOut {
-    energy: Vec<(usize, Result<Energy, ItemError>)>,
-    boost_limit: Vec<(usize, Result<u32, ItemError>)>,
-    prochot: Option<(usize, Result<bool, ItemError>)>,
+/// One socket's share of the work: its position and id, and its cores as
+/// (index into the topology, APIC id).
+#[derive(Debug, Clone)]
+struct SocketJob {
+    index: usize,
+    socket: u32,
+    cores: Vec<(usize, u32)>,
+}
+
+/// Results as the workers deliver them, item by item; `None` is not read yet.
+#[derive(Debug)]
+struct Partial {
+    energy: Vec<Option<Result<Energy, ItemError>>>,
+    boost_limit: Vec<Option<Result<u32, ItemError>>>,
+    prochot: Vec<Option<Result<bool, ItemError>>>,
+    /// Workers still running.
+    running: usize,
+}
+
+/// The meeting point of one request's workers and the thread that answers it.
+#[derive(Debug)]
+struct Results {
+    partial: Mutex<Partial>,
+    finished: Condvar,
+}
+
+impl Results {
+    fn store(&self, update: impl FnOnce(&mut Partial)) {
+        update(&mut lock(&self.partial));
+    }
+
+    fn worker_done(&self) {
+        lock(&self.partial).running -= 1;
+        self.finished.notify_all();
+    }
 }
 
 /// Reads telemetry for the requests of every connection; shared by all connection threads.
@@ -142,7 +180,7 @@ impl Sampler {
     /// items not read by then are [`ItemError::DeadlineExceeded`].
     pub fn sample(&self, what: Families, deadline: Instant) -> Sample {
         let (status, ready) = self.device(deadline);
-        let ready = ready.as_deref();
+        let ready = ready.as_ref();
         let energy = match self.gate(what.core_energy, Family::Energy, ready) {
             Gate::NotRequested => EnergyGate::NotRequested,
             Gate::Read(ready) => EnergyGate::Hsmp(ready),
@@ -154,30 +192,20 @@ impl Sampler {
         let boost_limit = self.gate(what.boost_limit, Family::BoostLimit, ready);
         let prochot = self.gate(what.prochot, Family::Prochot, ready);
         let plan = Plan {
-            energy,
+            energy: match energy {
+                EnergyGate::Hsmp(ready) => EnergyFrom::Hsmp(ready.clone()),
+                EnergyGate::Msr(msr) => EnergyFrom::Msr(msr.clone()),
+                EnergyGate::NotRequested | EnergyGate::Unavailable(_) => EnergyFrom::Nowhere,
+            },
             boost_limit: as_read(&boost_limit),
             prochot: as_read(&prochot),
             deadline,
         };
 
-        let outs = self.run_workers(plan);
-
-        // Every item belongs to one socket's worker, which overwrites it; a core whose socket
-        // is missing from the topology has no worker.
-        let mut energy_values = vec![Err(ItemError::NoSuchSocket); self.topology.cores.len()];
-        let mut boost_values = vec![Err(ItemError::NoSuchSocket); self.topology.cores.len()];
-        let mut prochot_values = vec![Err(ItemError::NoSuchSocket); self.topology.sockets.len()];
-        for out in outs {
-            for (i, r) in out.energy {
-                energy_values[i] = r;
-            }
-            for (i, r) in out.boost_limit {
-                boost_values[i] = r;
-            }
-            if let Some((i, r)) = out.prochot {
-                prochot_values[i] = r;
-            }
-        }
+        let partial = self.run_workers(plan);
+        let energy_values = not_read_as_deadline(partial.energy);
+        let boost_values = not_read_as_deadline(partial.boost_limit);
+        let prochot_values = not_read_as_deadline(partial.prochot);
 
         Sample {
             hsmp: status,
@@ -237,7 +265,7 @@ impl Sampler {
         Device::Ready(Arc::new(Ready { transport, protocol_version, esu }))
     }
 
-    fn gate<'a>(&self, asked: bool, family: Family, ready: Option<&'a Ready>) -> Gate<'a> {
+    fn gate<'a>(&self, asked: bool, family: Family, ready: Option<&'a Arc<Ready>>) -> Gate<'a> {
         match ready {
             _ if !asked => Gate::NotRequested,
             None => Gate::Unavailable(Unavailable::NoDevice),
@@ -246,84 +274,54 @@ impl Sampler {
         }
     }
 
-    /// Runs one worker per socket that has something to read, in parallel.
-    fn run_workers(&self, plan: Plan<'_>) -> Vec<SocketOut> {
-        let read = |s: usize| self.read_socket(s, plan);
-        std::thread::scope(|scope| {
-            let workers: Vec<_> = (0..self.topology.sockets.len())
-                .map(|s| {
-                    let name = format!("hsmp-socket-{}", self.topology.sockets[s]);
-                    // If no thread can be started, the socket is read on this one.
-                    std::thread::Builder::new()
-                        .name(name)
-                        .spawn_scoped(scope, move || read(s))
-                        .map_err(|_| s)
-                })
-                .collect();
-            workers
-                .into_iter()
-                .map(|worker| match worker {
-                    Ok(handle) => handle.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
-                    Err(s) => read(s),
-                })
-                .collect()
-        })
-    }
-
-    /// One socket's messages, back to back: PROCHOT, then energy, then boost limits.
-    fn read_socket(&self, s: usize, plan: Plan<'_>) -> SocketOut {
-        let socket = self.topology.sockets[s];
-        let cores = &self.socket_cores[s];
-        let deadline = plan.deadline;
-        let mut out = SocketOut::default();
-
-        if let Some(ready) = plan.prochot {
-            let t = ready.transport.as_ref();
-            out.prochot = Some((s, in_time(deadline, || messages::prochot(t, socket))));
-        }
-        match plan.energy {
-            EnergyGate::Hsmp(ready) => {
-                let t = ready.transport.as_ref();
-                let esu = self.socket_esu(ready, s, deadline);
-                for &i in cores {
-                    let apic_id = self.topology.cores[i].apic_id;
-                    let r = in_time(deadline, || {
-                        let esu = esu?;
-                        let counter = messages::rapl_core_counter(t, socket, apic_id)?;
-                        Ok(Energy { counter, esu })
-                    });
-                    out.energy.push((i, r));
-                }
-            }
-            EnergyGate::Msr(msr) => {
-                for &i in cores {
-                    out.energy.push((i, in_time(deadline, || msr.read(i))));
-                }
-            }
-            EnergyGate::NotRequested | EnergyGate::Unavailable(_) => {}
-        }
-        if let Some(ready) = plan.boost_limit {
-            let t = ready.transport.as_ref();
-            for &i in cores {
-                let apic_id = self.topology.cores[i].apic_id;
-                let r = in_time(deadline, || messages::boost_limit_mhz(t, socket, apic_id));
-                out.boost_limit.push((i, r));
+    /// Runs one worker per socket, in parallel, and returns what they delivered by the time
+    /// all finished or the deadline passed, whichever is first. A worker still waiting for the
+    /// mailbox then is not waited for: it finishes its one message and stops, since no message
+    /// is sent after the deadline.
+    fn run_workers(&self, plan: Plan) -> Partial {
+        let sockets = self.topology.sockets.len();
+        let results = Arc::new(Results {
+            partial: Mutex::new(Partial {
+                energy: vec![None; self.topology.cores.len()],
+                boost_limit: vec![None; self.topology.cores.len()],
+                prochot: vec![None; sockets],
+                running: sockets,
+            }),
+            finished: Condvar::new(),
+        });
+        for (index, cores) in self.socket_cores.iter().enumerate() {
+            let socket = self.topology.sockets[index];
+            let cores = cores.iter().map(|&i| (i, self.topology.cores[i].apic_id)).collect();
+            let job = SocketJob { index, socket, cores };
+            let (plan, out) = (plan.clone(), results.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("hsmp-socket-{socket}"))
+                .spawn(move || read_socket(&job, &plan, &out));
+            if let Err(e) = spawned {
+                // The closure (and its job) is gone with the failed spawn: that socket is
+                // not read this time.
+                tracing::warn!(socket, error = %e, "cannot start a socket worker");
+                results.worker_done();
             }
         }
-        out
-    }
-
-    /// The energy unit of socket `s`, asking the firmware again if the probe failed other
-    /// than with `Unsupported`.
-    fn socket_esu(&self, ready: &Ready, s: usize, deadline: Instant) -> Result<u8, ItemError> {
-        let mut esu = lock(&ready.esu[s]);
-        if matches!(*esu, Err(e) if e != ItemError::Unsupported) {
-            if Instant::now() >= deadline {
-                return Err(ItemError::DeadlineExceeded);
+        let mut partial = lock(&results.partial);
+        while partial.running > 0 {
+            let left = plan.deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
             }
-            *esu = messages::rapl_esu(ready.transport.as_ref(), self.topology.sockets[s]);
+            partial = results
+                .finished
+                .wait_timeout(partial, left)
+                .map(|(guard, _)| guard)
+                .unwrap_or_else(|e| e.into_inner().0);
         }
-        *esu
+        Partial {
+            energy: std::mem::take(&mut partial.energy),
+            boost_limit: std::mem::take(&mut partial.boost_limit),
+            prochot: std::mem::take(&mut partial.prochot),
+            running: partial.running,
+        }
     }
 
     fn readings<T>(
@@ -388,6 +386,58 @@ impl Sampler {
     }
 }
 
+/// One socket's messages, back to back: PROCHOT, then energy, then boost limits. Each result
+/// is delivered as soon as it is read.
+fn read_socket(job: &SocketJob, plan: &Plan, out: &Results) {
+    let (s, socket, deadline) = (job.index, job.socket, plan.deadline);
+    if let Some(ready) = &plan.prochot {
+        let r = in_time(deadline, || messages::prochot(ready.transport.as_ref(), socket));
+        out.store(|p| p.prochot[s] = Some(r));
+    }
+    match &plan.energy {
+        EnergyFrom::Hsmp(ready) => {
+            let t = ready.transport.as_ref();
+            let esu = socket_esu(ready, s, socket, deadline);
+            for &(i, apic_id) in &job.cores {
+                let r = in_time(deadline, || {
+                    let esu = esu?;
+                    let counter = messages::rapl_core_counter(t, socket, apic_id)?;
+                    Ok(Energy { counter, esu })
+                });
+                out.store(|p| p.energy[i] = Some(r));
+            }
+        }
+        EnergyFrom::Msr(msr) => {
+            for &(i, _) in &job.cores {
+                let r = in_time(deadline, || msr.read(i));
+                out.store(|p| p.energy[i] = Some(r));
+            }
+        }
+        EnergyFrom::Nowhere => {}
+    }
+    if let Some(ready) = &plan.boost_limit {
+        let t = ready.transport.as_ref();
+        for &(i, apic_id) in &job.cores {
+            let r = in_time(deadline, || messages::boost_limit_mhz(t, socket, apic_id));
+            out.store(|p| p.boost_limit[i] = Some(r));
+        }
+    }
+    out.worker_done();
+}
+
+/// The energy unit of socket `s`, asking the firmware again if the probe failed other than
+/// with `Unsupported`.
+fn socket_esu(ready: &Ready, s: usize, socket: u32, deadline: Instant) -> Result<u8, ItemError> {
+    let mut esu = lock(&ready.esu[s]);
+    if matches!(*esu, Err(e) if e != ItemError::Unsupported) {
+        if Instant::now() >= deadline {
+            return Err(ItemError::DeadlineExceeded);
+        }
+        *esu = messages::rapl_esu(ready.transport.as_ref(), socket);
+    }
+    *esu
+}
+
 impl crate::server::Backend for Sampler {
     fn topology(&self) -> &Topology {
         Sampler::topology(self)
@@ -406,9 +456,14 @@ fn in_time<T>(
     if Instant::now() < deadline { read() } else { Err(ItemError::DeadlineExceeded) }
 }
 
-fn as_read<'a>(gate: &Gate<'a>) -> Option<&'a Ready> {
+/// Items a worker had not delivered by the deadline are not read.
+fn not_read_as_deadline<T>(items: Vec<Option<Result<T, ItemError>>>) -> Vec<Result<T, ItemError>> {
+    items.into_iter().map(|r| r.unwrap_or(Err(ItemError::DeadlineExceeded))).collect()
+}
+
+fn as_read(gate: &Gate<'_>) -> Option<Arc<Ready>> {
     match gate {
-        Gate::Read(ready) => Some(ready),
+        Gate::Read(ready) => Some(Arc::clone(ready)),
         Gate::NotRequested | Gate::Unavailable(_) => None,
     }
 }
@@ -472,6 +527,8 @@ mod tests {
         failing: Vec<(u32, u32, Errno)>,
         /// Time each message takes.
         delay: Duration,
+        /// A wedged mailbox: each message takes this many more milliseconds (set at run time).
+        wedge_ms: std::sync::atomic::AtomicU64,
         sent: Mutex<Vec<HsmpMessage>>,
         busy: Mutex<Busy>,
     }
@@ -540,6 +597,7 @@ mod tests {
                 busy.max_per_socket = busy.max_per_socket.max(same);
             }
             std::thread::sleep(self.delay);
+            std::thread::sleep(Duration::from_millis(self.wedge_ms.load(Ordering::SeqCst)));
             let r = self.reply(msg);
             let mut busy = self.busy.lock().unwrap();
             let at = busy.now.iter().position(|&s| s == msg.sock_ind).unwrap();
@@ -811,6 +869,26 @@ mod tests {
         let busy = opener.firmware.busy.lock().unwrap();
         assert_eq!(busy.max_total, 2);
         assert_eq!(busy.max_per_socket, 1);
+    }
+
+    /// Regression: the sample used to wait for the messages still in the mailbox at the
+    /// deadline, so a wedged socket made the whole reply late and the frontend dropped it.
+    #[test]
+    fn the_answer_comes_at_the_deadline_even_with_messages_in_flight() {
+        let opener = Opener::new(Firmware::new(2));
+        let sampler = sampler(&opener, topology(2, 2));
+        opener.firmware.wedge_ms.store(1000, Ordering::SeqCst);
+        let started = Instant::now();
+        let sample = sampler.sample(Families::ALL, started + Duration::from_millis(100));
+        let elapsed = started.elapsed();
+        assert!(elapsed < Duration::from_millis(600), "answered after {elapsed:?}");
+        // Each socket's first message (PROCHOT) was in the mailbox at the deadline; nothing
+        // else was sent.
+        assert_eq!(values(&sample.prochot), [Err(ItemError::DeadlineExceeded); 2]);
+        assert!(values(&sample.energy).iter().all(|v| *v == Err(ItemError::DeadlineExceeded)));
+        assert!(values(&sample.boost_limit).iter().all(|v| *v == Err(ItemError::DeadlineExceeded)));
+        let sent_after_probes = opener.firmware.sent().len() - 3;
+        assert_eq!(sent_after_probes, 2);
     }
 
     /// A CPU whose energy counter the test sets; ESU 16.
