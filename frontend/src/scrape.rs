@@ -20,7 +20,10 @@ const MAX_MARGIN: Duration = Duration::from_millis(250);
 /// scrape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorSource {
-    /// `/dev/hsmp` opened but failed (`DeviceStatus::Failed`).
+    /// `/dev/hsmp` exists but cannot be used: opening it was refused
+    /// (`DeviceStatus::PermissionDenied`, a misconfiguration) or it did not answer
+    /// (`DeviceStatus::Failed`). A device that is absent is no error: the machine may simply
+    /// not have one.
     Hsmp,
     /// One core's energy read failed.
     CoreEnergy,
@@ -324,7 +327,11 @@ pub fn translate(
             tracing::debug!(error = %e, "HSMP device failed");
             errors.add(ErrorSource::Hsmp, 1);
         }
-        DeviceStatus::Absent | DeviceStatus::PermissionDenied => {}
+        DeviceStatus::PermissionDenied => {
+            tracing::debug!("HSMP device permission denied");
+            errors.add(ErrorSource::Hsmp, 1);
+        }
+        DeviceStatus::Absent => {}
     }
 
     let cores: Vec<CoreLabel> = topology.cores.iter().map(CoreLabel::from).collect();
@@ -495,6 +502,9 @@ mod tests {
         let absent = Sample { hsmp: DeviceStatus::Absent, ..sample() };
         translate(&info(), &topology(), &absent, &errors);
         assert_eq!(count(&errors, ErrorSource::Hsmp), 1);
+        let denied = Sample { hsmp: DeviceStatus::PermissionDenied, ..sample() };
+        translate(&info(), &topology(), &denied, &errors);
+        assert_eq!(count(&errors, ErrorSource::Hsmp), 2);
     }
 
     #[test]
