@@ -106,6 +106,8 @@ fn init_logging(level: LogLevel, format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_max_level(level)
         .with_writer(std::io::stderr)
+        // No colour codes in the journal.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false);
     match format {
         LogFormat::Text => builder.init(),
