@@ -1,15 +1,61 @@
-//! Installs the Debian packages the test suite needs (when root), or says which are missing.
+//! Installs the Debian packages and cargo tools the test suite needs (the packages when root), or
+//! says which are missing.
 
 use anyhow::{Result, bail};
 use std::process::Command;
 
-/// Debian packages the suite uses, with the command each provides.
-pub const PACKAGES: &[(&str, &str)] = &[("fuse3", "fusermount3"), ("prometheus", "promtool")];
+/// Debian packages the suite uses, with the command each provides (or, for a package that provides
+/// no command, the absolute path of a file it installs).
+pub const PACKAGES: &[(&str, &str)] = &[
+    ("fuse3", "fusermount3"),
+    ("prometheus", "promtool"),
+    // The packaging checks (packaging.rs).
+    ("systemd", "systemd-analyze"),
+    ("rpm", "rpmbuild"),
+    ("lintian", "lintian"),
+    ("bzip2", "bzip2"),
+    ("xz-utils", "xz"),
+    ("selinux-policy-dev", "/usr/share/selinux/devel/Makefile"),
+    ("selinux-policy-default", "/usr/share/selinux/default/base.pp.bz2"),
+    ("policycoreutils", "/usr/libexec/selinux/hll/pp"),
+    ("secilc", "secilc"),
+    ("setools", "sesearch"),
+];
 
-/// Installs missing packages with apt-get when running as root; otherwise fails listing them.
+/// Cargo subcommands the suite uses: crate, pinned version (the packaging checks compare the
+/// maintainer scripts it generates with expected files), command. Installed with
+/// `cargo install --locked` when missing or at another version.
+pub const CARGO_TOOLS: &[(&str, &str, &str)] = &[("cargo-deb", "3.8.0", "cargo-deb")];
+
+/// Installs missing packages with apt-get when running as root (otherwise fails listing them),
+/// then missing cargo tools.
 pub fn install() -> Result<()> {
-    let missing: Vec<&str> =
-        PACKAGES.iter().filter(|(_, cmd)| !on_path(cmd)).map(|(pkg, _)| *pkg).collect();
+    install_packages()?;
+    for (krate, version, cmd) in CARGO_TOOLS {
+        if !tool_at_version(cmd, version) {
+            eprintln!("xtask: installing {krate} {version}");
+            crate::cargo(&["install", "--locked", "--force", krate, "--version", version])?;
+        }
+    }
+    Ok(())
+}
+
+/// Debian packages whose command or file is missing.
+pub fn missing_packages() -> Vec<&'static str> {
+    PACKAGES.iter().filter(|(_, cmd)| !on_path(cmd)).map(|(pkg, _)| *pkg).collect()
+}
+
+/// Cargo tools missing or at another version than pinned, as `crate version`.
+pub fn missing_cargo_tools() -> Vec<String> {
+    CARGO_TOOLS
+        .iter()
+        .filter(|(_, version, cmd)| !tool_at_version(cmd, version))
+        .map(|(krate, version, _)| format!("{krate} {version}"))
+        .collect()
+}
+
+fn install_packages() -> Result<()> {
+    let missing = missing_packages();
     if missing.is_empty() {
         return Ok(());
     }
@@ -26,9 +72,21 @@ pub fn install() -> Result<()> {
     )
 }
 
+/// Whether `cmd` is on `PATH`, or, when it is an absolute path, whether that file exists.
 fn on_path(cmd: &str) -> bool {
+    if cmd.starts_with('/') {
+        return std::path::Path::new(cmd).is_file();
+    }
     std::env::var_os("PATH")
         .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(cmd).is_file()))
+}
+
+/// Whether `cmd --version` runs and prints `version` (cargo-deb prints `cargo-deb 3.8.0`).
+fn tool_at_version(cmd: &str, version: &str) -> bool {
+    Command::new(cmd).arg("--version").output().is_ok_and(|out| {
+        out.status.success()
+            && String::from_utf8_lossy(&out.stdout).split_whitespace().any(|word| word == version)
+    })
 }
 
 fn is_root() -> bool {
