@@ -615,6 +615,16 @@ const QUERIES: &[Query] = &[
         expect: Expect::AllContain("amd_hsmp_broker_t;"),
     },
     Query {
+        claim: "the broker's transition works under no_new_privs",
+        args: &["-A", "-s", "init_t", "-t", "amd_hsmp_broker_t", "-c", "process2"],
+        expect: Expect::AllContain("nnp_transition"),
+    },
+    Query {
+        claim: "the exporter's transition works under no_new_privs",
+        args: &["-A", "-s", "init_t", "-t", "amd_hsmp_exporter_t", "-c", "process2"],
+        expect: Expect::AllContain("nnp_transition"),
+    },
+    Query {
         claim: "systemd starts the exporter in amd_hsmp_exporter_t",
         args: &["-T", "-s", "init_t", "-t", "amd_hsmp_exporter_exec_t", "-c", "process"],
         expect: Expect::AllContain("amd_hsmp_exporter_t;"),
