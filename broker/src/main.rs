@@ -34,6 +34,14 @@ struct Cli {
     #[arg(long = "allow-gid", value_name = "GID")]
     allow_gid: Vec<u32>,
 
+    /// Serve peers running as this user (repeatable); resolved once at start-up.
+    #[arg(long = "allow-user", value_name = "NAME")]
+    allow_user: Vec<String>,
+
+    /// Serve peers whose effective group is this (repeatable); resolved once at start-up.
+    #[arg(long = "allow-group", value_name = "NAME")]
+    allow_group: Vec<String>,
+
     /// The HSMP device node.
     #[arg(long = "hsmp.device", value_name = "PATH", default_value = "/dev/hsmp")]
     hsmp_device: PathBuf,
@@ -160,7 +168,29 @@ fn machine(cli: &Cli) -> Result<Machine> {
     })
 }
 
+/// The numeric allow-lists: ids as given, plus names resolved through NSS now, while the broker
+/// may still read /etc/passwd and /etc/group (or ask sssd).
+fn allow_lists(cli: &Cli) -> Result<(Vec<u32>, Vec<u32>)> {
+    let mut uids = cli.allow_uid.clone();
+    for name in &cli.allow_user {
+        let user = nix::unistd::User::from_name(name)
+            .with_context(|| format!("cannot look up user {name:?}"))?
+            .with_context(|| format!("--allow-user {name:?}: no such user"))?;
+        uids.push(user.uid.as_raw());
+    }
+    let mut gids = cli.allow_gid.clone();
+    for name in &cli.allow_group {
+        let group = nix::unistd::Group::from_name(name)
+            .with_context(|| format!("cannot look up group {name:?}"))?
+            .with_context(|| format!("--allow-group {name:?}: no such group"))?;
+        gids.push(group.gid.as_raw());
+    }
+    Ok((uids, gids))
+}
+
 fn run(cli: Cli) -> Result<()> {
+    let (allow_uids, allow_gids) = allow_lists(&cli)?;
+    tracing::info!(uids = ?allow_uids, gids = ?allow_gids, "peers allowed besides root");
     let machine = machine(&cli)?;
     let topo = &machine.topology;
     tracing::info!(
@@ -200,11 +230,7 @@ fn run(cli: Cli) -> Result<()> {
         instance: server::random_instance(),
         simulated: cli.simulate.map(|p| p.to_string()),
     };
-    let config = ServerConfig {
-        allow_uids: cli.allow_uid,
-        allow_gids: cli.allow_gid,
-        ..ServerConfig::default()
-    };
+    let config = ServerConfig { allow_uids, allow_gids, ..ServerConfig::default() };
     let backend: Arc<dyn Backend> = Arc::new(sampler);
     server::serve(listener, backend, identity, config).context("listening socket failed")
 }

@@ -234,3 +234,44 @@ fn peers_not_on_the_allow_list_are_refused() {
     assert!(ok, "uid 65533 is allowed: {out}");
     assert!(out.contains("384 cores"), "{out}");
 }
+
+#[test]
+fn groups_are_allowed_by_name() {
+    if !rustix::process::geteuid().is_root() {
+        panic!("this test switches uid and must run as root (CI does)");
+    }
+    let broker = Broker::start(&["--allow-group", "nogroup"]);
+    std::fs::set_permissions(
+        broker.socket.parent().unwrap(),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::set_permissions(&broker.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    // probe_as runs with gid = uid; gid 65534 is nogroup on Debian.
+    let (ok, out) = probe_as(65534, &broker.socket);
+    assert!(ok, "gid 65534 (nogroup) is allowed: {out}");
+    let (ok, out) = probe_as(65533, &broker.socket);
+    assert!(!ok, "gid 65533 must be refused, got: {out}");
+}
+
+#[test]
+fn an_unknown_group_name_stops_the_start_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_amd-hsmp-broker"))
+        .args(["--simulate", "milan-1p", "--allow-group", "no-such-group-here", "--listen"])
+        .arg(dir.path().join("s.sock"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--allow-group \"no-such-group-here\": no such group"), "{err}");
+    assert!(!dir.path().join("s.sock").exists(), "no socket may be created");
+}
+
+#[test]
+fn unknown_flags_are_usage_errors() {
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_amd-hsmp-broker")).arg("--no-such-flag").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--no-such-flag"));
+}
