@@ -48,6 +48,20 @@ impl Broker {
         broker
     }
 
+    /// A broker whose socket file anyone may reach, so that the broker's own peer check is
+    /// what decides. Needs root, to run clients under other uids.
+    fn start_open_to_all(extra: &[&str]) -> Broker {
+        assert!(
+            rustix::process::geteuid().is_root(),
+            "this test switches uid and must run as root (CI does)"
+        );
+        let broker = Broker::start(extra);
+        let mode = |m| std::fs::Permissions::from_mode(m);
+        std::fs::set_permissions(broker.socket.parent().unwrap(), mode(0o755)).unwrap();
+        std::fs::set_permissions(&broker.socket, mode(0o666)).unwrap();
+        broker
+    }
+
     fn connect(&self) -> UnixStream {
         let s = UnixStream::connect(&self.socket).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -212,17 +226,7 @@ use std::os::unix::process::CommandExt;
 
 #[test]
 fn peers_not_on_the_allow_list_are_refused() {
-    if !rustix::process::geteuid().is_root() {
-        panic!("this test switches uid and must run as root (CI does)");
-    }
-    let broker = Broker::start(&["--allow-uid", "65533"]);
-    // Let anyone reach the socket so that the broker's own check is what decides.
-    std::fs::set_permissions(
-        broker.socket.parent().unwrap(),
-        std::fs::Permissions::from_mode(0o755),
-    )
-    .unwrap();
-    std::fs::set_permissions(&broker.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let broker = Broker::start_open_to_all(&["--allow-uid", "65533"]);
 
     let (ok, out) = probe_as(65534, &broker.socket);
     assert!(!ok, "uid 65534 must be refused, got: {out}");
@@ -237,16 +241,7 @@ fn peers_not_on_the_allow_list_are_refused() {
 
 #[test]
 fn groups_are_allowed_by_name() {
-    if !rustix::process::geteuid().is_root() {
-        panic!("this test switches uid and must run as root (CI does)");
-    }
-    let broker = Broker::start(&["--allow-group", "nogroup"]);
-    std::fs::set_permissions(
-        broker.socket.parent().unwrap(),
-        std::fs::Permissions::from_mode(0o755),
-    )
-    .unwrap();
-    std::fs::set_permissions(&broker.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let broker = Broker::start_open_to_all(&["--allow-group", "nogroup"]);
     // probe_as runs with gid = uid; gid 65534 is nogroup on Debian.
     let (ok, out) = probe_as(65534, &broker.socket);
     assert!(ok, "gid 65534 (nogroup) is allowed: {out}");
