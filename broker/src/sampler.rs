@@ -107,6 +107,14 @@ struct Partial {
     running: usize,
 }
 
+/// What a request answers: every item, read or [`ItemError::DeadlineExceeded`].
+#[derive(Debug)]
+struct Delivered {
+    energy: Vec<Result<Energy, ItemError>>,
+    boost_limit: Vec<Result<u32, ItemError>>,
+    prochot: Vec<Result<bool, ItemError>>,
+}
+
 /// The meeting point of one request's workers and the thread that answers it.
 #[derive(Debug)]
 struct Results {
@@ -202,10 +210,8 @@ impl Sampler {
             deadline,
         };
 
-        let partial = self.run_workers(plan);
-        let energy_values = not_read_as_deadline(partial.energy);
-        let boost_values = not_read_as_deadline(partial.boost_limit);
-        let prochot_values = not_read_as_deadline(partial.prochot);
+        let Delivered { energy: energy_values, boost_limit: boost_values, prochot: prochot_values } =
+            self.run_workers(plan);
 
         Sample {
             hsmp: status,
@@ -278,7 +284,7 @@ impl Sampler {
     /// all finished or the deadline passed, whichever is first. A worker still waiting for the
     /// mailbox then is not waited for: it finishes its one message and stops, since no message
     /// is sent after the deadline.
-    fn run_workers(&self, plan: Plan) -> Partial {
+    fn run_workers(&self, plan: Plan) -> Delivered {
         let sockets = self.topology.sockets.len();
         let results = Arc::new(Results {
             partial: Mutex::new(Partial {
@@ -316,11 +322,10 @@ impl Sampler {
                 .map(|(guard, _)| guard)
                 .unwrap_or_else(|e| e.into_inner().0);
         }
-        Partial {
-            energy: std::mem::take(&mut partial.energy),
-            boost_limit: std::mem::take(&mut partial.boost_limit),
-            prochot: std::mem::take(&mut partial.prochot),
-            running: partial.running,
+        Delivered {
+            energy: not_read_as_deadline(std::mem::take(&mut partial.energy)),
+            boost_limit: not_read_as_deadline(std::mem::take(&mut partial.boost_limit)),
+            prochot: not_read_as_deadline(std::mem::take(&mut partial.prochot)),
         }
     }
 
