@@ -30,9 +30,8 @@ fn count<T>(r: &Readings<T>) -> String {
                 source.map(|s| format!(" from {s}")).unwrap_or_default()
             )
         }
-        other => {
-            format!("{:?}", std::mem::discriminant(other)).replace("Discriminant", "not read ")
-        }
+        Readings::NotRequested => "not requested".into(),
+        Readings::Unavailable(why) => format!("unavailable ({why:?})"),
     }
 }
 
