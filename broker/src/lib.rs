@@ -14,5 +14,6 @@ pub mod msr;
 pub mod sampler;
 pub mod server;
 pub mod sim;
+pub mod sleep;
 pub mod sys;
 pub mod topology;
