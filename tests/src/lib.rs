@@ -4,6 +4,7 @@
 //! The suite itself is `tests/e2e.rs`; `tests/README.md` says how to add a machine or a
 //! scenario and how to refresh the golden files.
 
+pub mod energy;
 pub mod fake;
 pub mod fixtures;
 pub mod golden;
