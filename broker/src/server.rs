@@ -330,9 +330,14 @@ pub fn serve(
         let (backend, identity, config, peer_log) =
             (backend.clone(), identity.clone(), config.clone(), peer_log.clone());
         let spawned = std::thread::Builder::new().name("conn".into()).spawn(move || {
-            let _slot = guard;
+            let mut stream = stream;
             tracing::debug!(uid = peer.uid, pid = peer.pid, "connection accepted");
-            match handle(stream, backend.as_ref(), &identity, &config) {
+            let served = handle(&mut stream, backend.as_ref(), &identity, &config);
+            // The slot is free before the peer sees the connection end, so a peer that
+            // reconnects at once finds it.
+            drop(guard);
+            drop(stream);
+            match served {
                 Ok(()) => tracing::debug!(uid = peer.uid, pid = peer.pid, "connection closed"),
                 Err(e) => {
                     if lock(&peer_log).record(peer.uid, Refusal::Dropped, Instant::now()) {
@@ -457,7 +462,7 @@ fn send(stream: &mut UnixStream, reply: &Reply) -> Result<(), ConnectionError> {
 
 /// Serves one connection until the peer closes it, it idles out, or it misbehaves.
 pub fn handle(
-    mut stream: UnixStream,
+    stream: &mut UnixStream,
     backend: &dyn Backend,
     identity: &Identity,
     config: &ServerConfig,
@@ -468,7 +473,7 @@ pub fn handle(
         .map_err(|e| ConnectionError::Reply(FrameError::Io(e)))?;
     let mut greeted = false;
     loop {
-        let request = match read_request(&mut stream, config)? {
+        let request = match read_request(stream, config)? {
             Next::Request(request) => request,
             Next::Idle => {
                 tracing::debug!("idle connection closed");
@@ -479,7 +484,7 @@ pub fn handle(
         let reply = match request {
             Request::Hello { protocol_version } if protocol_version != PROTOCOL_VERSION => {
                 send(
-                    &mut stream,
+                    stream,
                     &Reply::Error(RequestError::VersionMismatch {
                         broker: PROTOCOL_VERSION,
                         peer: protocol_version,
@@ -503,7 +508,7 @@ pub fn handle(
                 Reply::Sample(backend.sample(what, Instant::now() + budget))
             }
         };
-        send(&mut stream, &reply)?;
+        send(stream, &reply)?;
     }
 }
 
@@ -575,9 +580,10 @@ mod tests {
         backend: Arc<Fake>,
         config: ServerConfig,
     ) -> (UnixStream, std::thread::JoinHandle<Result<(), ConnectionError>>) {
-        let (client, server) = UnixStream::pair().unwrap();
+        let (client, mut server) = UnixStream::pair().unwrap();
         let identity = Identity { instance: 42, simulated: Some("turin-2p".into()) };
-        let t = std::thread::spawn(move || handle(server, backend.as_ref(), &identity, &config));
+        let t =
+            std::thread::spawn(move || handle(&mut server, backend.as_ref(), &identity, &config));
         client.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         (client, t)
     }

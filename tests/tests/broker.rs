@@ -175,6 +175,13 @@ fn state(pid: u32) -> char {
     stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next()).unwrap_or('?')
 }
 
+/// Whether process `pid`'s main thread is blocked in one of the system calls `nrs`.
+fn in_syscall(pid: u32, nrs: &[i64]) -> bool {
+    let syscall = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
+    let nr = syscall.split(' ').next().and_then(|n| n.trim().parse::<i64>().ok());
+    nr.is_some_and(|nr| nrs.contains(&nr))
+}
+
 #[test]
 fn full_sample_of_a_simulated_turin_2p() {
     let broker = Broker::simulated("turin-2p", &[]);
@@ -331,6 +338,9 @@ fn the_seccomp_filter_kills_socket_refuses_writable_opens_and_resumes_a_stopped_
         lines.push(line);
     }
     // Stopped and continued inside nanosleep: the kernel resumes it through restart_syscall.
+    until("the example sleeps in the kernel", || {
+        in_syscall(pid, &[libc::SYS_nanosleep, libc::SYS_clock_nanosleep])
+    });
     let pid_ = Pid::from_raw(pid as i32).unwrap();
     rustix::process::kill_process(pid_, Signal::STOP).unwrap();
     until("the example is stopped", || state(pid) == 'T');
@@ -576,7 +586,7 @@ impl WrapRig {
                 count,
                 exact,
                 "cpu {cpu}: {} wraps lost\n{}",
-                (exact as i128 - count as i128) / i128::from(UNITS_PER_WRAP as u32),
+                (exact as i128 - count as i128) / i128::from(UNITS_PER_WRAP),
                 self.broker.log()
             );
         }
