@@ -538,17 +538,8 @@ impl WrapRig {
         })
         .expect("mount the fake device (needs /dev/fuse and fusermount3 from fuse3)");
         let tree = fixtures::tree(&fixtures::fixtures_dir(), "rome-1p");
-        let args: Vec<String> = vec![
-            "--hsmp.device".into(),
-            path(&device.hsmp_path()),
-            "--msr.device-root".into(),
-            path(&device.msr_root()),
-            "--path.procfs".into(),
-            path(&tree.join("proc")),
-            "--path.sysfs".into(),
-            path(&tree.join("sys")),
-            "--collector.core-energy.msr-fallback".into(),
-        ];
+        let mut args = device.broker_args(&tree);
+        args.push("--collector.core-energy.msr-fallback".into());
         let broker = Broker::spawn_with(&[], &args, tempfile::tempdir().unwrap());
         let cpus = broker.client().topology().cores.iter().map(|c| c.cpu).collect();
         WrapRig { broker, _device: device, model, cpus }
