@@ -829,4 +829,32 @@ mod tests {
         no_uid["uid"] = json!("");
         assert!(dashboard_queries("d", &no_uid).unwrap_err().to_string().contains("no uid"));
     }
+
+    /// docs/install.md's cardinality table gives, per simulator profile, the series of the
+    /// healthy golden scrape plus the 5 Prometheus adds per target.
+    #[test]
+    fn the_cardinality_table_matches_the_golden_scrapes() {
+        let root = crate::root();
+        let doc = read(&root.join("docs/install.md")).unwrap();
+        let mut checked = 0;
+        for row in doc
+            .lines()
+            .filter(|l| l.starts_with("| `") && (l.contains("-1p`") || l.contains("-2p`")))
+        {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            let profile = cells[1].trim_matches('`');
+            let golden = root.join(format!("tests/golden/healthy-{profile}.metrics"));
+            let scrape = read(&golden).unwrap();
+            let series =
+                scrape.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()).count();
+            let documented: usize = cells[5]
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("{row}"));
+            assert_eq!(documented, series + 5, "{profile}: {row}");
+            checked += 1;
+        }
+        assert_eq!(checked, 6, "one row per simulator profile");
+    }
 }
