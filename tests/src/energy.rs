@@ -6,8 +6,8 @@
 //! and the core energy status (bits 31:0 of the count). Time is the test's monotonic clock
 //! until [`WrappingEnergy::freeze`], after which every reading returns the frozen count.
 
-use amd_hsmp_broker::hsmp::{Errno, MsrOpener, MsrTransport};
-use amd_hsmp_broker::msr::{MSR_CORE_ENERGY_STAT, MSR_RAPL_PWR_UNIT};
+use amd_hsmp_device::msr::{MSR_CORE_ENERGY_STAT, MSR_RAPL_PWR_UNIT};
+use amd_hsmp_device::{Errno, MsrOpener, MsrTransport};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};

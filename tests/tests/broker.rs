@@ -8,8 +8,7 @@ use amd_hsmp_e2e::fake::{FakeConfig, FakeDevice, NodeState};
 use amd_hsmp_e2e::fixtures;
 use amd_hsmp_e2e::harness::{self, Proc};
 use amd_hsmp_proto::{
-    self as proto, Families, MAX_REPLY_FRAME, MAX_REQUEST_FRAME, PROTOCOL_VERSION, Readings, Reply,
-    Request, Topology,
+    self as proto, Families, Message, PROTOCOL_VERSION, Readings, Reply, Request, Topology,
 };
 use rustix::process::{Pid, Signal};
 use std::io::{BufRead, Read, Write};
@@ -117,8 +116,8 @@ impl Client {
     }
 
     fn call(&mut self, req: &Request) -> Reply {
-        proto::write_frame(&mut self.0, req, MAX_REQUEST_FRAME).unwrap();
-        proto::decode(&proto::read_frame(&mut self.0, MAX_REPLY_FRAME).unwrap()).unwrap()
+        req.write(&mut self.0).unwrap();
+        Reply::read(&mut self.0).unwrap()
     }
 
     fn topology(&mut self) -> Topology {
@@ -147,7 +146,7 @@ impl Client {
 
 fn values<T: std::fmt::Debug>(r: Readings<T>) -> Vec<Result<T, proto::ItemError>> {
     match r {
-        Readings::Values { values, .. } => values,
+        Readings::Values(values) => values,
         other => panic!("expected values, got {other:?}"),
     }
 }
@@ -194,10 +193,7 @@ fn full_sample_of_a_simulated_turin_2p() {
 
     let sample = c.sample(Families::ALL);
     assert_eq!(sample.hsmp, proto::DeviceStatus::Ready { protocol_version: 7 });
-    assert!(matches!(
-        sample.energy,
-        Readings::Values { source: Some(proto::EnergySource::Hsmp), .. }
-    ));
+    assert_eq!(sample.energy_source, Some(proto::EnergySource::Hsmp));
     let energy = values(sample.energy);
     let boost = values(sample.boost_limit);
     let prochot = values(sample.prochot);
@@ -524,9 +520,9 @@ impl WrapRig {
         let spec = fixtures::machine("rome-1p").unwrap();
         let cpus: Vec<u32> = spec.cpus().iter().filter(|c| c.online).map(|c| c.cpu).collect();
         let model = WrappingEnergy::new(ESU, BASE_WATTS);
-        let machine = amd_hsmp_broker::sim::Machine::new(
+        let machine = amd_hsmp_sim::Machine::new(
             spec,
-            amd_hsmp_broker::sim::FirmwareConfig::new(amd_hsmp_broker::sim::Mode::Static),
+            amd_hsmp_sim::FirmwareConfig::new(amd_hsmp_sim::Mode::Static),
         );
         let device = FakeDevice::mount(FakeConfig {
             hsmp: Arc::new(machine),
@@ -534,7 +530,6 @@ impl WrapRig {
             cpus,
             hsmp_state: NodeState::Absent,
             msr_state: NodeState::Present,
-            latency: Duration::ZERO,
         })
         .expect("mount the fake device (needs /dev/fuse and fusermount3 from fuse3)");
         let tree = fixtures::tree(&fixtures::fixtures_dir(), "rome-1p");
