@@ -43,7 +43,7 @@ async fn telemetry(
     State(exporter): State<Arc<Exporter>>,
     headers: HeaderMap,
 ) -> Result<Response, AppError> {
-    let timeout = headers.get(SCRAPE_TIMEOUT_HEADER).and_then(|v| v.to_str().ok());
+    let timeout = headers.get(SCRAPE_TIMEOUT_HEADER).map(|v| v.as_bytes());
     let budget = Budget::new(timeout, exporter.config().max_scrape_timeout);
     let format = negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
     let report = Arc::new(exporter.scrape(budget).await);

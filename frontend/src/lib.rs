@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod broker;
+pub mod budget;
 pub mod cli;
 pub mod http;
 pub mod metrics;

@@ -3,6 +3,7 @@
 //! series to export (absent, never a sentinel) plus the cumulative error counters.
 
 use crate::broker::{BrokerClient, BrokerInfo, chain};
+pub use crate::budget::Budget;
 use crate::process::{self, ProcessStats};
 use amd_hsmp_proto::{
     Core, DeviceStatus, EnergySource, Families, ItemError, Readings, Sample, Topology,
@@ -12,9 +13,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
-
-/// Largest margin kept between Prometheus' timeout and the deadline given to the broker.
-const MAX_MARGIN: Duration = Duration::from_millis(250);
 
 /// The `collector` label values of `amd_hsmp_scrape_errors_total`, all present from the first
 /// scrape.
@@ -75,37 +73,6 @@ impl ErrorCounters {
     /// The current counts, in the order of [`ErrorSource::ALL`].
     pub fn snapshot(&self) -> [(ErrorSource, u64); 6] {
         ErrorSource::ALL.map(|s| (s, self.0[s as usize].load(Ordering::Relaxed)))
-    }
-}
-
-/// How long one scrape may take.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Budget {
-    /// Given to the broker as `deadline_ms`: past it, it reads nothing more.
-    pub broker_deadline: Duration,
-    /// How long the frontend waits for the broker's reply before giving up on it.
-    pub wait: Duration,
-}
-
-impl Budget {
-    /// The budget for a scrape whose `X-Prometheus-Scrape-Timeout-Seconds` header says
-    /// `header` (absent or unusable: `max`). The timeout is capped at `max`; the broker gets
-    /// it minus a margin of 10 % (at most 250 ms), and the frontend waits until half of that
-    /// margin is left, keeping the rest for encoding and sending the answer.
-    pub fn new(header: Option<&str>, max: Duration) -> Budget {
-        let requested = header
-            .and_then(|h| h.trim().parse::<f64>().ok())
-            .filter(|s| s.is_finite() && *s > 0.0)
-            .map(Duration::from_secs_f64)
-            .unwrap_or(max);
-        let total = requested.min(max);
-        let margin = (total / 10).min(MAX_MARGIN);
-        Budget { broker_deadline: total - margin, wait: total - margin / 2 }
-    }
-
-    /// The broker deadline in whole milliseconds, at least 1.
-    pub fn deadline_ms(&self) -> u32 {
-        u32::try_from(self.broker_deadline.as_millis()).unwrap_or(u32::MAX).max(1)
     }
 }
 
@@ -528,27 +495,5 @@ mod tests {
         let t = translate(&info(), &topology(), &s, &errors);
         assert!(t.energy_joules.is_empty());
         assert_eq!(t.energy_source, None);
-    }
-
-    #[test]
-    fn budget_follows_the_prometheus_header_with_a_margin() {
-        let max = Duration::from_secs(10);
-        let b = Budget::new(Some("1"), max);
-        assert_eq!(b.broker_deadline, Duration::from_millis(900));
-        assert_eq!(b.wait, Duration::from_millis(950));
-        let b = Budget::new(Some("5.5"), max);
-        assert_eq!(b.broker_deadline, Duration::from_millis(5250));
-        assert_eq!(b.wait, Duration::from_millis(5375));
-        assert_eq!(b.deadline_ms(), 5250);
-    }
-
-    #[test]
-    fn budget_is_capped_by_the_flag_and_ignores_bad_headers() {
-        let max = Duration::from_secs(2);
-        assert_eq!(Budget::new(Some("120"), max), Budget::new(None, max));
-        assert_eq!(Budget::new(Some("-3"), max), Budget::new(None, max));
-        assert_eq!(Budget::new(Some("soon"), max), Budget::new(None, max));
-        assert_eq!(Budget::new(None, max).broker_deadline, Duration::from_millis(1800));
-        assert_eq!(Budget::new(Some("0.0001"), max).deadline_ms(), 1);
     }
 }

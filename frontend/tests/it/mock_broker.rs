@@ -387,3 +387,31 @@ async fn joiner_that_gives_up_leaves_the_shared_request_running() {
     assert_eq!(Exposition::parse(&patient.body).value("amd_hsmp_broker_up"), Some(1.0));
     assert_eq!(broker.samples(), 1);
 }
+
+#[tokio::test]
+async fn timeout_header_of_1e300_gets_a_full_answer_not_a_dropped_connection() {
+    // Regression: `1e300` panicked the request task, which dropped the connection unanswered.
+    let dir = socket_dir();
+    let broker = MockBroker::start(&dir.path, Behaviour::healthy());
+    let router = router(config(&dir.path));
+    for header in ["1e300", "inf", "NaN", "-1", "0", "garbage"] {
+        let answer = get(&router, "/metrics", None, Some(header)).await;
+        assert_eq!(answer.status, StatusCode::OK, "{header}");
+        let m = Exposition::parse(&answer.body);
+        assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 8, "{header}");
+    }
+    // Each of them fell back to the cap: 10 s minus the 250 ms margin.
+    assert_eq!(*broker.seen.deadlines_ms.lock().unwrap(), vec![9750; 6]);
+}
+
+#[tokio::test]
+async fn timeout_header_below_the_minimum_is_raised_to_it() {
+    let dir = socket_dir();
+    let broker = MockBroker::start(&dir.path, Behaviour::healthy());
+    let router = router(config(&dir.path));
+    let answer = get(&router, "/metrics", None, Some("0.001")).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(Exposition::parse(&answer.body).count("amd_hsmp_core_energy_joules_total"), 8);
+    // 0.1 s minus a 10 % margin.
+    assert_eq!(*broker.seen.deadlines_ms.lock().unwrap(), vec![90]);
+}
