@@ -9,9 +9,11 @@
 pub mod broker;
 pub mod budget;
 pub mod cli;
+pub mod flight;
 pub mod http;
 pub mod metrics;
 pub mod process;
+pub mod ratelimit;
 pub mod scrape;
 
 pub use http::app;

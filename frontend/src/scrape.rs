@@ -1,18 +1,35 @@
-//! One scrape: the time budget from Prometheus' timeout header, the single-flight broker
-//! request shared by concurrent scrapes, and the translation of a broker sample into the
-//! series to export (absent, never a sentinel) plus the cumulative error counters.
+//! One scrape: its own deadline from the time budget, the broker request it flies on (shared
+//! with concurrent scrapes only when that costs none of them data, see [`crate::flight`]), and
+//! the translation of a broker sample into the series to export (absent, never a sentinel)
+//! plus the cumulative error counters.
 
-use crate::broker::{BrokerClient, BrokerInfo, chain};
+use crate::broker::{BrokerClient, BrokerError, BrokerInfo, chain};
 pub use crate::budget::Budget;
+use crate::flight::{Flights, Landing};
 use crate::process::{self, ProcessStats};
+use crate::ratelimit::RateLimit;
 use amd_hsmp_proto::{
     Core, DeviceStatus, EnergySource, Families, ItemError, Readings, Sample, Topology,
 };
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-use tokio::sync::watch;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// A scrape joins a flight whose deadline is at most this fraction of its own budget earlier
+/// than its own (and never later).
+const JOIN_TOLERANCE_DIVISOR: u32 = 10;
+
+/// A scrape whose joined flight came back partial asks again only with at least this much of
+/// its own broker deadline left.
+const MIN_RETRY: Duration = Duration::from_millis(50);
+
+/// Flights one scrape takes at most: its first, and retries after partial joined answers.
+const MAX_FLIGHTS_PER_SCRAPE: usize = 3;
+
+/// At most one "timed out" warning per this interval; the others are counted in the next.
+const TIMEOUT_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The `collector` label values of `amd_hsmp_scrape_errors_total`, all present from the first
 /// scrape.
@@ -59,20 +76,43 @@ impl ErrorSource {
     }
 }
 
-/// Error counts since the process started.
+/// Error counts since the process started, one field per [`ErrorSource`].
 #[derive(Debug, Default)]
-pub struct ErrorCounters([AtomicU64; 6]);
+pub struct ErrorCounters {
+    hsmp: AtomicU64,
+    core_energy: AtomicU64,
+    boost_limit: AtomicU64,
+    prochot: AtomicU64,
+    scrape: AtomicU64,
+    broker: AtomicU64,
+}
 
 impl ErrorCounters {
+    fn counter(&self, source: ErrorSource) -> &AtomicU64 {
+        match source {
+            ErrorSource::Hsmp => &self.hsmp,
+            ErrorSource::CoreEnergy => &self.core_energy,
+            ErrorSource::BoostLimit => &self.boost_limit,
+            ErrorSource::Prochot => &self.prochot,
+            ErrorSource::Scrape => &self.scrape,
+            ErrorSource::Broker => &self.broker,
+        }
+    }
+
     fn add(&self, source: ErrorSource, n: u64) {
         if n > 0 {
-            self.0[source as usize].fetch_add(n, Ordering::Relaxed);
+            self.counter(source).fetch_add(n, Ordering::Relaxed);
         }
+    }
+
+    /// The count of one source.
+    pub fn get(&self, source: ErrorSource) -> u64 {
+        self.counter(source).load(Ordering::Relaxed)
     }
 
     /// The current counts, in the order of [`ErrorSource::ALL`].
     pub fn snapshot(&self) -> [(ErrorSource, u64); 6] {
-        ErrorSource::ALL.map(|s| (s, self.0[s as usize].load(Ordering::Relaxed)))
+        ErrorSource::ALL.map(|s| (s, self.get(s)))
     }
 }
 
@@ -128,8 +168,12 @@ pub struct Telemetry {
 /// How one flight (one broker request) ended.
 #[derive(Debug, Clone)]
 enum Outcome {
+    /// The broker answered (possibly with items its deadline left unread).
     Answered(Arc<Telemetry>),
+    /// The broker could not be reached or answered something unusable (counted by the flight).
     BrokerFailed,
+    /// No answer in time: no connection was free before the deadline, or the reply had not
+    /// come when the scrape had to answer. Not a sign that the broker is down.
     TimedOut,
 }
 
@@ -138,6 +182,9 @@ enum Outcome {
 pub struct ScrapeReport {
     /// The broker's telemetry; `None` when the broker did not answer in time.
     pub telemetry: Option<Arc<Telemetry>>,
+    /// `amd_hsmp_broker_up`: the broker answered, or the scrape merely ran out of time while
+    /// the broker was reachable.
+    pub broker_up: bool,
     /// Error counts, including this scrape's.
     pub errors: [(ErrorSource, u64); 6],
     /// Time this scrape spent collecting.
@@ -146,16 +193,15 @@ pub struct ScrapeReport {
     pub process: ProcessStats,
 }
 
-type Flight = watch::Receiver<Option<Outcome>>;
-
 /// Shared state of the HTTP handlers.
 #[derive(Debug)]
 pub struct Exporter {
     config: Config,
     broker: BrokerClient,
     errors: ErrorCounters,
-    in_flight: Mutex<Option<Flight>>,
+    flights: Arc<Flights<Outcome>>,
     broker_reachable: AtomicBool,
+    timeout_log: RateLimit,
 }
 
 impl Exporter {
@@ -165,9 +211,10 @@ impl Exporter {
             broker: BrokerClient::new(config.broker_socket.clone()),
             config,
             errors: ErrorCounters::default(),
-            in_flight: Mutex::new(None),
+            flights: Arc::default(),
             // Assume reachable so that the first failure is logged as a warning.
             broker_reachable: AtomicBool::new(true),
+            timeout_log: RateLimit::new(TIMEOUT_LOG_INTERVAL),
         })
     }
 
@@ -176,73 +223,106 @@ impl Exporter {
         &self.config
     }
 
-    /// Collects one scrape. Joins the broker request already in flight, if any, else starts
-    /// one; waits for it at most `budget.wait`. Never fails: what could not be read is absent
-    /// and counted.
+    /// Broker requests in flight now (including those waiting for a connection).
+    pub fn flying(&self) -> usize {
+        self.flights.flying()
+    }
+
+    /// How many scrapes joined a broker request another scrape had started, since the start.
+    pub fn joins(&self) -> u64 {
+        self.flights.joins()
+    }
+
+    /// Collects one scrape within `budget`, never failing: what could not be read is absent
+    /// and counted. The scrape keeps its own deadline: it joins a broker request in flight
+    /// only if that request's deadline is within a tenth of its budget before its own and not
+    /// after it, and else sends its own.
     pub async fn scrape(self: &Arc<Self>, budget: Budget) -> ScrapeReport {
         let started = Instant::now();
-        let (mut flight, own) = self.join_or_start(budget);
-        let landed = flight.wait_for(Option::is_some);
-        // The flight this scrape started is bounded by this scrape's budget already, and
-        // waiting for it (rather than racing its timeout) means the slot is free again when
-        // this scrape answers. A joined flight may outlast this scrape's budget: bound it.
-        let outcome = if own {
-            Ok(landed.await.map(|v| v.clone()))
-        } else {
-            tokio::time::timeout(budget.wait, landed).await.map(|r| r.map(|v| v.clone()))
-        };
-        let telemetry = match outcome {
-            Ok(Ok(Some(Outcome::Answered(t)))) => {
+        let deadline = started + budget.broker_deadline;
+        let answer_by = started + budget.wait;
+        let tolerance = budget.broker_deadline / JOIN_TOLERANCE_DIVISOR;
+        let (telemetry, broker_up) = match self.collect(deadline, answer_by, tolerance).await {
+            Outcome::Answered(t) => {
                 if t.deadline_exceeded {
                     self.errors.add(ErrorSource::Scrape, 1);
                 }
-                Some(t)
+                (Some(t), true)
             }
-            Ok(Ok(Some(Outcome::TimedOut))) | Err(_) => {
-                tracing::warn!(
-                    timeout_ms = budget.wait.as_millis() as u64,
-                    "scrape timed out waiting for the broker; telemetry left out"
-                );
+            Outcome::TimedOut => {
+                if let Some(suppressed) = self.timeout_log.check() {
+                    tracing::warn!(
+                        timeout_ms = budget.wait.as_millis() as u64,
+                        suppressed,
+                        "scrape timed out waiting for the broker; telemetry left out"
+                    );
+                }
                 self.errors.add(ErrorSource::Scrape, 1);
-                None
+                (None, self.broker_reachable.load(Ordering::Relaxed))
             }
-            // Broker failure (counted by the flight), or the flight task died.
-            Ok(Ok(_)) | Ok(Err(_)) => None,
+            Outcome::BrokerFailed => (None, false),
         };
         ScrapeReport {
             telemetry,
+            broker_up,
             errors: self.errors.snapshot(),
             duration: started.elapsed(),
             process: process::read_own(&self.config.procfs),
         }
     }
 
-    /// The flight to wait for, and whether this call started it.
-    fn join_or_start(self: &Arc<Self>, budget: Budget) -> (Flight, bool) {
-        let mut slot = self.in_flight.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(flight) = slot.as_ref() {
-            return (flight.clone(), false);
+    /// The answer for a scrape with broker deadline `deadline` that must answer by
+    /// `answer_by`. A joined flight that comes back partial (its shorter deadline left items
+    /// unread) is followed by another flight with the time left, if there is enough.
+    async fn collect(
+        self: &Arc<Self>,
+        deadline: Instant,
+        answer_by: Instant,
+        tolerance: Duration,
+    ) -> Outcome {
+        let mut partial = None;
+        for _ in 0..MAX_FLIGHTS_PER_SCRAPE {
+            let this = Arc::clone(self);
+            let ticket = self.flights.join_or_start(deadline, tolerance, move || async move {
+                this.fly(deadline).await
+            });
+            let joined = ticket.joined;
+            let outcome = match ticket.land_by(answer_by).await {
+                Landing::Landed(outcome) => outcome,
+                Landing::Late => Outcome::TimedOut,
+                // The flight task died; nothing was counted for it.
+                Landing::Lost => Outcome::BrokerFailed,
+            };
+            match outcome {
+                Outcome::Answered(t)
+                    if t.deadline_exceeded
+                        && joined
+                        && deadline.saturating_duration_since(Instant::now()) >= MIN_RETRY =>
+                {
+                    partial = Some(t);
+                }
+                Outcome::Answered(t) => return Outcome::Answered(t),
+                other => return partial.map_or(other, Outcome::Answered),
+            }
         }
-        let (tx, rx) = watch::channel(None);
-        *slot = Some(rx.clone());
-        drop(slot);
-        // Spawned, so that a scraper that hangs up does not cancel the request the others
-        // wait for.
-        let this = Arc::clone(self);
-        tokio::spawn(async move {
-            let guard = FlightGuard(&this);
-            let outcome = this.fly(budget).await;
-            drop(guard);
-            tx.send_replace(Some(outcome));
-        });
-        (rx, true)
+        partial.map_or(Outcome::TimedOut, Outcome::Answered)
     }
 
-    async fn fly(&self, budget: Budget) -> Outcome {
-        let request = self.broker.sample(self.config.families, budget.deadline_ms());
-        match tokio::time::timeout(budget.wait, request).await {
-            Err(_) => Outcome::TimedOut,
-            Ok(Err(e)) => {
+    /// One broker request with `deadline`; runs in its own task, to the end, whether or not
+    /// the scrapes on it still wait.
+    async fn fly(&self, deadline: Instant) -> Outcome {
+        match self.broker.sample(self.config.families, deadline).await {
+            Ok(snapshot) => {
+                if !self.broker_reachable.swap(true, Ordering::Relaxed) {
+                    tracing::info!(socket = %self.broker.path().display(), "broker reachable again");
+                }
+                let telemetry =
+                    translate(&snapshot.info, &snapshot.topology, &snapshot.sample, &self.errors);
+                Outcome::Answered(Arc::new(telemetry))
+            }
+            // Every connection was busy with other flights until the deadline.
+            Err(BrokerError::Busy) => Outcome::TimedOut,
+            Err(e) => {
                 self.errors.add(ErrorSource::Broker, 1);
                 if self.broker_reachable.swap(false, Ordering::Relaxed) {
                     tracing::warn!(
@@ -255,26 +335,7 @@ impl Exporter {
                 }
                 Outcome::BrokerFailed
             }
-            Ok(Ok(snapshot)) => {
-                if !self.broker_reachable.swap(true, Ordering::Relaxed) {
-                    tracing::info!(socket = %self.broker.path().display(), "broker reachable again");
-                }
-                let telemetry =
-                    translate(&snapshot.info, &snapshot.topology, &snapshot.sample, &self.errors);
-                Outcome::Answered(Arc::new(telemetry))
-            }
         }
-    }
-}
-
-/// Clears the in-flight slot when the flight task ends, even by panic, so the next scrape
-/// starts a new request instead of joining a dead one.
-struct FlightGuard<'a>(&'a Exporter);
-
-impl Drop for FlightGuard<'_> {
-    fn drop(&mut self) {
-        let mut slot = self.0.in_flight.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        *slot = None;
     }
 }
 
@@ -419,7 +480,7 @@ mod tests {
     }
 
     fn count(errors: &ErrorCounters, source: ErrorSource) -> u64 {
-        errors.snapshot()[source as usize].1
+        errors.get(source)
     }
 
     #[test]
