@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod process;
 pub mod ratelimit;
 pub mod scrape;
+pub mod server;
 
 pub use http::app;
 pub use scrape::{Config, Exporter};

@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 use amd_hsmp_exporter::cli::{Args, LogFormat};
+use amd_hsmp_exporter::server::{self, Admission};
 use amd_hsmp_exporter::{Config, Exporter, app};
 use anyhow::Context as _;
 use clap::Parser as _;
@@ -43,10 +44,16 @@ fn init_logging(args: &Args) {
 #[tokio::main]
 async fn run(args: Args) -> anyhow::Result<()> {
     let families = args.families();
+    let fd_limit = server::fd_limit();
+    let (limits, lowered) = args.limits(fd_limit).map_err(anyhow::Error::msg)?;
+    if let Some(lowered) = lowered {
+        tracing::info!("{lowered}");
+    }
     let exporter = Exporter::new(Config {
         broker_socket: args.broker_socket.clone(),
         families,
         max_scrape_timeout: args.max_scrape_timeout,
+        max_requests: args.max_requests,
         telemetry_path: args.telemetry_path.clone(),
         procfs: "/proc".into(),
     });
@@ -63,27 +70,28 @@ async fn run(args: Args) -> anyhow::Result<()> {
         core_energy = families.core_energy,
         boost_limit = families.boost_limit,
         prochot = families.prochot,
+        fd_limit = fd_limit.map_or_else(|| "unlimited".to_owned(), |n| n.to_string()),
+        max_connections = limits.max_connections,
+        max_connections_per_client = limits.max_per_client,
+        max_requests = args.max_requests,
         "amd-hsmp-exporter started"
     );
 
     let (stop_tx, stop_rx) = watch::channel(false);
+    // One admission over all listeners: the caps are about this process's descriptors.
+    let admission = Admission::new(limits);
     let mut servers = tokio::task::JoinSet::new();
     for listener in listeners {
         let local = listener.local_addr().context("cannot read a bound address")?;
         tracing::info!(address = %local, "listening");
-        let mut stop = stop_rx.clone();
-        let server = axum::serve(listener, router.clone()).with_graceful_shutdown(async move {
-            // Err means the sender is gone, which also means stop.
-            let _ = stop.wait_for(|stop| *stop).await;
-        });
-        servers.spawn(async move { server.await.with_context(|| format!("serving on {local}")) });
+        servers.spawn(server::serve(listener, router.clone(), admission.clone(), stop_rx.clone()));
     }
 
     shutdown_signal().await?;
     tracing::info!("shutting down");
     stop_tx.send_replace(true);
     while let Some(result) = servers.join_next().await {
-        result.context("server task failed")??;
+        result.context("server task failed")?;
     }
     Ok(())
 }

@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 /// A scrape joins a flight whose deadline is at most this fraction of its own budget earlier
@@ -125,6 +126,8 @@ pub struct Config {
     pub families: Families,
     /// Cap on the scrape timeout.
     pub max_scrape_timeout: Duration,
+    /// Most scrapes handled at once (`--web.max-requests`); 0 means no limit.
+    pub max_requests: usize,
     /// Path the metrics are served under.
     pub telemetry_path: String,
     /// procfs root for the `process_*` metrics.
@@ -193,6 +196,12 @@ pub struct ScrapeReport {
     pub process: ProcessStats,
 }
 
+/// A running scrape's place within `--web.max-requests`.
+#[derive(Debug)]
+pub struct ScrapePermit {
+    _held: Option<OwnedSemaphorePermit>,
+}
+
 /// Shared state of the HTTP handlers.
 #[derive(Debug)]
 pub struct Exporter {
@@ -202,6 +211,9 @@ pub struct Exporter {
     flights: Arc<Flights<Outcome>>,
     broker_reachable: AtomicBool,
     timeout_log: RateLimit,
+    /// One permit per scrape that may run at once; `None` without a limit.
+    scrape_permits: Option<Arc<Semaphore>>,
+    refusal_log: RateLimit,
 }
 
 impl Exporter {
@@ -209,18 +221,40 @@ impl Exporter {
     pub fn new(config: Config) -> Arc<Self> {
         Arc::new(Exporter {
             broker: BrokerClient::new(config.broker_socket.clone()),
-            config,
             errors: ErrorCounters::default(),
             flights: Arc::default(),
             // Assume reachable so that the first failure is logged as a warning.
             broker_reachable: AtomicBool::new(true),
             timeout_log: RateLimit::new(TIMEOUT_LOG_INTERVAL),
+            scrape_permits: (config.max_requests > 0)
+                .then(|| Arc::new(Semaphore::new(config.max_requests))),
+            refusal_log: RateLimit::new(TIMEOUT_LOG_INTERVAL),
+            config,
         })
     }
 
     /// The configuration.
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// A place for one more scrape within `--web.max-requests`, held until dropped; `None` when
+    /// that many scrapes are running (logged at a bounded rate).
+    pub fn admit_scrape(&self) -> Option<ScrapePermit> {
+        let Some(permits) = &self.scrape_permits else { return Some(ScrapePermit { _held: None }) };
+        match Arc::clone(permits).try_acquire_owned() {
+            Ok(permit) => Some(ScrapePermit { _held: Some(permit) }),
+            Err(_) => {
+                if let Some(suppressed) = self.refusal_log.check() {
+                    tracing::warn!(
+                        max_requests = self.config.max_requests,
+                        suppressed,
+                        "scrape refused with 503: --web.max-requests scrapes are running"
+                    );
+                }
+                None
+            }
+        }
     }
 
     /// Broker requests in flight now (including those waiting for a connection).

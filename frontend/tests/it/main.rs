@@ -5,4 +5,5 @@ mod binaries;
 mod docs;
 mod mock_broker;
 mod promtool;
+mod server;
 mod support;

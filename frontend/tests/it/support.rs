@@ -249,6 +249,7 @@ pub fn config(socket: &Path) -> Config {
         broker_socket: socket.to_owned(),
         families: Families::ALL,
         max_scrape_timeout: Duration::from_secs(10),
+        max_requests: 40,
         telemetry_path: "/metrics".into(),
         procfs: "/proc".into(),
     }
