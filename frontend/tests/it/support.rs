@@ -34,12 +34,10 @@ pub struct Behaviour {
     pub topology: Topology,
     pub instance: u64,
     pub simulated: Option<String>,
-    /// Slept before answering each Sample, whatever the deadline.
-    pub delay: Duration,
     pub respond: Responder,
     /// Answer Hello with this error instead.
     pub refuse_hello: Option<amd_hsmp_proto::RequestError>,
-    /// When set, each Sample reply waits for one permit of this gate (after the delay), so a
+    /// When set, each Sample reply waits for one permit of this gate so a
     /// test decides when a request in flight lands.
     pub hold: Option<Arc<Semaphore>>,
 }
@@ -134,7 +132,6 @@ async fn serve(mut stream: UnixStream, behaviour: Arc<Behaviour>, seen: Arc<Seen
                 seen.samples.fetch_add(1, Ordering::SeqCst);
                 seen.families.lock().unwrap().push(what);
                 seen.deadlines_ms.lock().unwrap().push(deadline_ms);
-                tokio::time::sleep(behaviour.delay).await;
                 if let Some(hold) = &behaviour.hold {
                     let Ok(permit) = hold.acquire().await else { return };
                     permit.forget();
@@ -198,7 +195,6 @@ impl Behaviour {
             topology: topology(2, 4),
             instance: 1,
             simulated: None,
-            delay: Duration::ZERO,
             respond: Arc::new(healthy),
             refuse_hello: None,
             hold: None,
