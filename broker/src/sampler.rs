@@ -5,8 +5,8 @@
 //! first successful open) a sample of every family sends exactly 2 × cores + sockets mailbox
 //! messages; a family not asked for, or remembered unsupported, sends none.
 
-use crate::hsmp::{self, HsmpOpener, HsmpTransport, messages};
 use crate::msr::MsrEnergy;
+use amd_hsmp_device::{self as device, HsmpOpener, HsmpTransport, messages};
 use amd_hsmp_proto::{
     DeviceStatus, Energy, EnergySource, Families, ItemError, Readings, Sample, Topology,
     Unavailable,
@@ -501,20 +501,20 @@ fn log_device(before: Option<&Device>, now: &Device, msr_fallback: bool) {
 }
 
 /// The device status after opening it failed with `errno`.
-fn open_status(errno: hsmp::Errno) -> DeviceStatus {
+fn open_status(errno: device::Errno) -> DeviceStatus {
     match errno {
         // No node, or a node without its driver.
         libc::ENOENT | libc::ENODEV | libc::ENXIO => DeviceStatus::Absent,
         libc::EACCES | libc::EPERM => DeviceStatus::PermissionDenied,
-        errno => DeviceStatus::Failed(hsmp::classify(errno)),
+        errno => DeviceStatus::Failed(device::classify(errno)),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hsmp::{Errno, HsmpMessage, Message, MsrOpener, MsrTransport};
-    use crate::msr::{MSR_CORE_ENERGY_STAT, MSR_RAPL_PWR_UNIT};
+    use amd_hsmp_device::msr::{MSR_CORE_ENERGY_STAT, MSR_RAPL_PWR_UNIT};
+    use amd_hsmp_device::{Errno, HsmpMessage, Message, MsrOpener, MsrTransport};
     use amd_hsmp_proto::Core;
     use std::sync::atomic::{AtomicU32, AtomicUsize};
     use std::time::Duration;

@@ -4,7 +4,7 @@
 //! time; `127.0.0.2` and up act as distinct client hosts. The figures each test measures are
 //! printed (`cargo test -p amd-hsmp-e2e --test hostile -- --nocapture`).
 
-use amd_hsmp_broker::hsmp::Message;
+use amd_hsmp_device::Message;
 use amd_hsmp_e2e::harness::{self, Exposition, Proc, Response};
 use amd_hsmp_e2e::scenario::{self, Rig};
 use std::io::{Read as _, Write as _};

@@ -2,10 +2,11 @@
 //!
 //! Tasks: `demo` (both processes on the simulated machine), `test` (the whole suite, installing
 //! the Debian packages it needs when run as root), `deps` (only the installs), `packaging` (the
-//! packaging checks alone).
+//! packaging checks alone), `mixin` (the monitoring mixin's checks alone).
 
 mod demo;
 mod deps;
+mod mixin;
 mod packaging;
 mod tidy;
 
@@ -13,7 +14,7 @@ use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "usage: cargo xtask <demo|test|deps|packaging>";
+const USAGE: &str = "usage: cargo xtask <demo|test|deps|packaging|mixin>";
 
 fn main() -> ExitCode {
     match run() {
@@ -31,10 +32,12 @@ fn run() -> Result<()> {
         Some("demo") => demo::run(),
         Some("deps") => deps::install(),
         Some("packaging") => packaging::check(&root()),
+        Some("mixin") => mixin::check(&root()),
         Some("test") => {
             deps::install()?;
             cargo(&["test", "--workspace", "--all-targets"])?;
-            packaging::check(&root())
+            packaging::check(&root())?;
+            mixin::check(&root())
         }
         Some(other) => bail!("unknown task {other:?}\n{USAGE}"),
         None => bail!("{USAGE}"),
