@@ -5,7 +5,7 @@
 
 use super::guest::{Output, Vm};
 use super::responder::Responder;
-use super::sim::{Family, Target};
+use super::sim::{DRIVER_TIMEOUT, Family, Target};
 use anyhow::{Context, Result, bail};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -140,62 +140,71 @@ fn core_labels(socket: u32, core: u32) -> [(&'static str, String); 2] {
     [("core", core.to_string()), ("socket", socket.to_string())]
 }
 
-/// The series of one core or socket the scrape must hold with the simulator's values now.
-fn expected(
-    responder: &Responder,
-    energy: bool,
-) -> Result<Vec<(String, Vec<(&'static str, String)>, f64)>> {
+/// One series a scrape must hold (or must not, where a fault removes it).
+#[derive(Debug, Clone)]
+struct Expected {
+    name: &'static str,
+    labels: Vec<(&'static str, String)>,
+    value: f64,
+}
+
+impl Expected {
+    fn on_socket(&self, socket: u32) -> bool {
+        self.labels.iter().any(|(k, v)| *k == "socket" && *v == socket.to_string())
+    }
+}
+
+/// The series of every core and socket with the simulator's values now.
+fn expected(responder: &Responder, energy: bool) -> Result<Vec<Expected>> {
     let machine = responder.machine();
     let fw = machine.firmware();
     let topo = responder.topology();
     let esu = f64::from(topo.spec(7).esu);
     let mut out = Vec::new();
     for socket in 0..topo.sockets {
-        out.push((
-            "amd_hsmp_prochot_active".to_string(),
-            vec![("socket", socket.to_string())],
-            if fw.prochot(socket)? { 1.0 } else { 0.0 },
-        ));
+        out.push(Expected {
+            name: "amd_hsmp_prochot_active",
+            labels: vec![("socket", socket.to_string())],
+            value: if fw.prochot(socket)? { 1.0 } else { 0.0 },
+        });
         for core in 0..topo.cores {
-            out.push((
-                "amd_hsmp_core_boost_limit_hertz".to_string(),
-                core_labels(socket, core).to_vec(),
-                f64::from(fw.boost_limit(socket, core)?) * 1e6,
-            ));
+            out.push(Expected {
+                name: "amd_hsmp_core_boost_limit_hertz",
+                labels: core_labels(socket, core).to_vec(),
+                value: f64::from(fw.boost_limit(socket, core)?) * 1e6,
+            });
             if energy {
                 let counter = fw.energy_counter(socket, core)?;
-                out.push((
-                    "amd_hsmp_core_energy_joules_total".to_string(),
-                    core_labels(socket, core).to_vec(),
-                    counter as f64 / esu.exp2(),
-                ));
+                out.push(Expected {
+                    name: "amd_hsmp_core_energy_joules_total",
+                    labels: core_labels(socket, core).to_vec(),
+                    value: counter as f64 / esu.exp2(),
+                });
             }
         }
     }
     Ok(out)
 }
 
-/// Adds to `ev` that every expected series not on a socket in `skip` is in `scrape` with its
-/// exact value; returns how many were checked.
+/// Adds to `ev` that every expected series is in `scrape` with its exact value, except those
+/// `absent` says a fault removes, which must be missing; returns how many were checked.
 fn exact_values(
     ev: &mut Evidence,
     scrape: &Scrape,
-    expected: &[(String, Vec<(&'static str, String)>, f64)],
-    absent: &dyn Fn(&str, &[(&str, String)]) -> bool,
+    expected: &[Expected],
+    absent: impl Fn(&Expected) -> bool,
 ) -> usize {
-    let mut n = 0;
-    for (name, labels, value) in expected {
-        let got = scrape.get(name, labels);
-        let label_text: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let series = format!("{name}{{{}}}", label_text.join(","));
-        if absent(name, labels) {
+    for e in expected {
+        let got = scrape.get(e.name, &e.labels);
+        let label_text: Vec<String> = e.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let series = format!("{}{{{}}}", e.name, label_text.join(","));
+        if absent(e) {
             ev.check(got.is_none(), format!("{series} absent (got {got:?})"));
         } else {
-            ev.check(got == Some(*value), format!("{series} = {value} (got {got:?})"));
+            ev.check(got == Some(e.value), format!("{series} = {} (got {got:?})", e.value));
         }
-        n += 1;
     }
-    n
+    expected.len()
 }
 
 /// Runs the checks in order and returns every verdict; an error is a broken step (the guest
@@ -369,7 +378,7 @@ pub fn run_all(
             format!("amd_hsmp_protocol_version {proto:?}, responder {protocol}"),
         );
         let exp = expected(responder, energy)?;
-        let n = exact_values(ev, s, &exp, &|_, _| false);
+        let n = exact_values(ev, s, &exp, |_| false);
         let cores = (topo.sockets * topo.cores) as usize;
         let boost = s.count("amd_hsmp_core_boost_limit_hertz");
         ev.check(boost == cores, format!("{boost} boost series for {cores} cores"));
@@ -417,19 +426,30 @@ pub fn run_all(
         f.wedged_sockets.clear();
     });
     let exp = expected(responder, true)?;
-    exact_values(&mut ev, &faulty, &exp, &|name, labels| {
-        let socket1 = labels.iter().any(|(k, v)| *k == "socket" && v == "1");
-        let core00 =
-            name == "amd_hsmp_core_boost_limit_hertz" && labels.iter().all(|(_, v)| v == "0");
-        socket1 || core00
+    exact_values(&mut ev, &faulty, &exp, |e| {
+        let core00 = e.name == "amd_hsmp_core_boost_limit_hertz"
+            && e.on_socket(0)
+            && e.labels.contains(&("core", "0".to_string()));
+        e.on_socket(1) || core00
     });
     let boost_errors = faulty.errors("boost-limit") - p7.errors("boost-limit");
     ev.check(boost_errors >= 1.0, format!("boost-limit errors counted: +{boost_errors}"));
     let all_errors = faulty.total_errors() - p7.total_errors();
     ev.check(all_errors >= 2.0, format!("errors counted in all collectors: +{all_errors}"));
+    // The deadline, not the wedge, must end the scrape: socket 1's messages alone would take
+    // longer than the header allows. The exporter keeps 5 % of the timeout for its own work,
+    // sized for real hardware; under TCG one complete healthy scrape costs tens of ms, so the
+    // bound is the header plus that measured cost of the guest's own scrape path.
+    let guest_cost = p7.seconds;
     ev.check(
-        faulty.seconds <= SHORT_TIMEOUT_S,
-        format!("scrape with timeout header {SHORT_TIMEOUT_S} s took {:.3} s", faulty.seconds),
+        faulty.seconds <= SHORT_TIMEOUT_S + guest_cost,
+        format!(
+            "scrape with timeout header {SHORT_TIMEOUT_S} s took {:.3} s (bound: header + {:.3} s, \
+             the healthy scrape's cost under TCG; socket 1 alone holds {} ms of timeouts)",
+            faulty.seconds,
+            guest_cost,
+            u128::from(2 * topo.cores + 1) * DRIVER_TIMEOUT.as_millis()
+        ),
     );
     // Once the faults are gone, nothing is lost: the next scrapes are complete again.
     std::thread::sleep(Duration::from_millis(300));
@@ -440,7 +460,7 @@ pub fn run_all(
         } else {
             healed
         };
-    let n = exact_values(&mut ev, &healed, &exp, &|_, _| false);
+    let n = exact_values(&mut ev, &healed, &exp, |_| false);
     ev.check(true, format!("after the faults are lifted: {n} series compared"));
     emit(ev.verdict("4", "failing core and wedged socket; short timeout header"), &mut verdicts);
 
@@ -509,7 +529,7 @@ pub fn run_all(
     ev.check(thaw.ok() && thaw.text.trim() == "running", format!("thaw: {}", thaw.text.trim()));
     let thawed = scrape(vm, 10.0)?;
     let exp = expected(responder, true)?;
-    let n = exact_values(&mut ev, &thawed, &exp, &|_, _| false);
+    let n = exact_values(&mut ev, &thawed, &exp, |_| false);
     let pid_after = sh(vm, "systemctl show -p MainPID --value amd-hsmp-broker.service")?
         .text
         .trim()

@@ -33,17 +33,13 @@ pub fn repo_file(rel: &str) -> Result<String> {
 
 /// The cache directory from the flag, the environment or the default.
 fn cache_dir(args: &[String]) -> Result<PathBuf> {
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        if let Some(dir) = arg.strip_prefix("--cache-dir=") {
-            return Ok(PathBuf::from(dir));
+    match args {
+        [] => {}
+        [flag, dir] if flag == "--cache-dir" => return Ok(PathBuf::from(dir)),
+        [flag] if flag.starts_with("--cache-dir=") => {
+            return Ok(PathBuf::from(&flag["--cache-dir=".len()..]));
         }
-        match arg.as_str() {
-            "--cache-dir" => {
-                return it.next().map(PathBuf::from).context("--cache-dir needs a value");
-            }
-            other => bail!("unknown vm-test argument {other:?} (usage: vm-test [--cache-dir DIR])"),
-        }
+        other => bail!("unknown vm-test arguments {other:?} (usage: vm-test [--cache-dir DIR])"),
     }
     if let Some(dir) = std::env::var_os("AMD_HSMP_VM_CACHE") {
         return Ok(PathBuf::from(dir));

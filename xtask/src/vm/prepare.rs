@@ -108,9 +108,12 @@ pub fn output(cmd: &mut Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Whether `cmd` is on `PATH` or in the system directories a root shell has.
 fn on_path(cmd: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(cmd).is_file()))
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
+        .any(|d| d.join(cmd).is_file())
 }
 
 /// Whether `dir/stamp` holds `key`.
@@ -360,39 +363,32 @@ pub fn kernel(cache: &Cache, root: &Path, choice: &KernelChoice) -> Result<(Kern
                 .with_context(|| format!("the module build wrote no {ko}"))?;
         }
 
-        // The kernel image and the module lists, from the binary packages.
-        let debs = tmp.join("debs");
+        // The kernel image, from its binary package; the module lists come with the headers'
+        // linux-base package.
+        let debs = root.join("build/debs");
+        if debs.exists() {
+            fs::remove_dir_all(&debs)?;
+        }
         fs::create_dir_all(&debs)?;
-        chroot(&["apt-get", "clean"])?;
         chroot(&[
-            "apt-get",
-            "install",
-            "-y",
-            "-q",
-            "--download-only",
-            "--no-install-recommends",
-            "-t",
-            KERNEL_SUITE,
-            &format!("linux-binary-{abi}={version}"),
-            &format!("linux-modules-{abi}={version}"),
+            "sh",
+            "-c",
+            &format!("cd /build/debs && apt-get download linux-binary-{abi}={version}"),
         ])?;
         let unpacked = tmp.join("unpacked");
-        for entry in fs::read_dir(root.join("var/cache/apt/archives"))? {
-            let path = entry?.path();
-            if path.extension().is_some_and(|e| e == "deb") {
-                run_logged(Command::new("dpkg-deb").arg("-x").arg(&path).arg(&unpacked), &log)?;
-            }
+        for entry in fs::read_dir(&debs)? {
+            run_logged(Command::new("dpkg-deb").arg("-x").arg(entry?.path()).arg(&unpacked), &log)?;
         }
-        chroot(&["apt-get", "clean"])?;
         let modules = unpacked.join("usr/lib/modules").join(abi);
         let vmlinuz = [modules.join("vmlinuz"), unpacked.join(format!("boot/vmlinuz-{abi}"))]
             .into_iter()
             .find(|p| p.is_file())
             .with_context(|| format!("no vmlinuz in linux-binary-{abi}"))?;
         fs::copy(&vmlinuz, tmp.join("vmlinuz"))?;
+        let lists = root.join("usr/lib/modules").join(abi);
         for name in ["modules.builtin", "modules.builtin.modinfo", "modules.order"] {
-            fs::copy(modules.join(name), tmp.join(name))
-                .with_context(|| format!("no {name} in linux-modules-{abi}"))?;
+            fs::copy(lists.join(name), tmp.join(name))
+                .with_context(|| format!("no {name} in {}", lists.display()))?;
         }
         let config = root.join(format!("usr/lib/modules/{abi}/config"));
         let config =

@@ -3,7 +3,7 @@
 //! own crate changes only this import.
 
 pub use amd_hsmp_broker::sim::{
-    Family, Faults, FirmwareConfig, FwStatus, Machine, MachineSpec, Profile, Target,
+    DRIVER_TIMEOUT, Family, Faults, FirmwareConfig, FwStatus, Machine, MachineSpec, Profile, Target,
 };
 
 /// A positive errno value.
