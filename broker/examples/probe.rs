@@ -3,10 +3,7 @@
 //! `cargo run --example probe -- /run/amd-hsmp/broker.sock`
 //! Exit codes: 0 served, 1 refused or failed (the reason is printed).
 
-use amd_hsmp_proto::{
-    Families, MAX_REPLY_FRAME, MAX_REQUEST_FRAME, PROTOCOL_VERSION, Readings, Reply, Request,
-    decode, read_frame, write_frame,
-};
+use amd_hsmp_proto::{Families, Message, PROTOCOL_VERSION, Readings, Reply, Request};
 use std::os::unix::net::UnixStream;
 use std::process::ExitCode;
 
@@ -15,20 +12,15 @@ fn call(s: &mut UnixStream, req: &Request) -> Result<Reply, String> {
         Some(cause) => format!("{e}: {cause}"),
         None => e.to_string(),
     };
-    write_frame(s, req, MAX_REQUEST_FRAME).map_err(|e| format!("send: {}", chain(&e)))?;
-    let payload = read_frame(s, MAX_REPLY_FRAME).map_err(|e| format!("receive: {}", chain(&e)))?;
-    decode(&payload).map_err(|e| format!("decode: {e}"))
+    req.write(s).map_err(|e| format!("send: {}", chain(&e)))?;
+    Reply::read(s).map_err(|e| format!("receive: {}", chain(&e)))
 }
 
 fn count<T>(r: &Readings<T>) -> String {
     match r {
-        Readings::Values { values, source } => {
+        Readings::Values(values) => {
             let ok = values.iter().filter(|v| v.is_ok()).count();
-            format!(
-                "{ok}/{} read{}",
-                values.len(),
-                source.map(|s| format!(" from {s}")).unwrap_or_default()
-            )
+            format!("{ok}/{} read", values.len())
         }
         Readings::NotRequested => "not requested".into(),
         Readings::Unavailable(why) => format!("unavailable ({why:?})"),
@@ -51,7 +43,8 @@ fn run(path: &str) -> Result<(), String> {
     match call(&mut s, &Request::Sample { what: Families::ALL, deadline_ms: 5000 })? {
         Reply::Sample(x) => {
             println!("hsmp: {:?}", x.hsmp);
-            println!("energy: {}", count(&x.energy));
+            let source = x.energy_source.map(|s| format!(" from {s}")).unwrap_or_default();
+            println!("energy: {}{source}", count(&x.energy));
             println!("boost limit: {}", count(&x.boost_limit));
             println!("prochot: {}", count(&x.prochot));
             Ok(())

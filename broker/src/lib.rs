@@ -3,16 +3,17 @@
 //! It discovers the topology, opens `/dev/hsmp` (and, opt-in, the MSR devices) once at start-up,
 //! drops every capability, and answers the typed requests of [`amd_hsmp_proto`] on a Unix socket.
 //!
+//! The kernel interfaces it reads are [`amd_hsmp_device`]; the simulator behind `--simulate` is
+//! [`amd_hsmp_sim`].
+//!
 //! **Invariant:** the broker never listens on an IP socket and never parses text from a peer.
-//! **Invariant:** `unsafe` lives only in [`sys`].
+//! **Invariant:** no `unsafe` here; the one `ioctl` lives in `amd_hsmp_device`.
+#![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
-pub mod hsmp;
 pub mod lockdown;
 pub mod msr;
 pub mod sampler;
 pub mod server;
-pub mod sim;
-pub mod sys;
 pub mod topology;

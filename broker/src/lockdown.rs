@@ -12,7 +12,7 @@ use seccompiler::{
 };
 use std::collections::BTreeMap;
 
-use crate::hsmp::HSMP_IOCTL_CMD;
+use amd_hsmp_device::HSMP_IOCTL_CMD;
 
 /// Why the broker could not lock itself down. Every variant is fatal: the broker does not serve
 /// with more privilege than it needs.

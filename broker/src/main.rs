@@ -4,9 +4,10 @@
 //! 2 bad command line.
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use amd_hsmp_broker::hsmp::{HsmpOpener, MsrOpener};
 use amd_hsmp_broker::server::{self, Backend, Identity, ServerConfig};
-use amd_hsmp_broker::{hsmp, lockdown, msr, sampler::Sampler, sim, topology};
+use amd_hsmp_broker::{lockdown, msr, sampler::Sampler, topology};
+use amd_hsmp_device::{HsmpDeviceOpener, HsmpOpener, MsrDeviceOpener, MsrOpener};
+use amd_hsmp_sim as sim;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, ValueEnum};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -163,8 +164,8 @@ fn machine(cli: &Cli) -> Result<Machine> {
         topology::discover(&cli.procfs, &cli.sysfs).context("cannot discover topology")?;
     Ok(Machine {
         topology,
-        hsmp: Box::new(hsmp::HsmpDeviceOpener { path: cli.hsmp_device.clone() }),
-        msr: Box::new(msr::MsrDeviceOpener { root: cli.msr_device_root.clone() }),
+        hsmp: Box::new(HsmpDeviceOpener { path: cli.hsmp_device.clone() }),
+        msr: Box::new(MsrDeviceOpener { root: cli.msr_device_root.clone() }),
     })
 }
 

@@ -2,59 +2,16 @@
 //! no RAPL messages: the 32-bit hardware counter extended to a monotonic 64-bit count by a
 //! background poll.
 
-use crate::hsmp::device::errno_of;
-use crate::hsmp::{Errno, MsrOpener, MsrTransport};
+use amd_hsmp_device::msr::{MSR_CORE_ENERGY_STAT, MSR_RAPL_PWR_UNIT, energy_status_unit};
+use amd_hsmp_device::{Errno, MsrOpener, MsrTransport};
 use amd_hsmp_proto::{Energy, ItemError, Topology};
-use std::fs::File;
-use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-/// RAPL power unit register; the energy status unit (ESU) is in bits 12:8.
-pub const MSR_RAPL_PWR_UNIT: u32 = 0xC001_0299;
-/// Core energy status register; bits 31:0 are a counter of ESUs that wraps.
-pub const MSR_CORE_ENERGY_STAT: u32 = 0xC001_029A;
-
-/// Where the MSR driver creates its per-CPU nodes.
-pub const DEFAULT_MSR_ROOT: &str = "/dev/cpu";
-
 /// Default period of the background poll. At ESU 16 the counter wraps every 65,536 J, over
 /// half an hour for a core drawing 30 W, so two wraps can never fit in one period.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(30);
-
-/// Opens `<root>/<cpu>/msr` read-only.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MsrDeviceOpener {
-    /// The directory of the per-CPU nodes, normally [`DEFAULT_MSR_ROOT`].
-    pub root: PathBuf,
-}
-
-impl MsrOpener for MsrDeviceOpener {
-    fn open(&self, cpu: u32) -> Result<Box<dyn MsrTransport>, Errno> {
-        let path = self.root.join(cpu.to_string()).join("msr");
-        let file = File::open(path).map_err(|e| errno_of(&e))?;
-        Ok(Box::new(DevMsr { file }))
-    }
-}
-
-/// An open `/dev/cpu/<N>/msr`: each read is a `pread` of 8 bytes at offset = MSR number.
-#[derive(Debug)]
-struct DevMsr {
-    file: File,
-}
-
-impl MsrTransport for DevMsr {
-    fn read(&self, msr: u32) -> Result<u64, Errno> {
-        let mut buf = [0u8; 8];
-        match self.file.read_at(&mut buf, u64::from(msr)) {
-            Ok(8) => Ok(u64::from_le_bytes(buf)),
-            Ok(_) => Err(libc::EIO),
-            Err(e) => Err(errno_of(&e)),
-        }
-    }
-}
 
 /// Extends a wrapping 32-bit counter to a monotonic 64-bit count that starts at 0 on the first
 /// reading. Correct as long as the counter wraps at most once between two readings.
@@ -215,7 +172,7 @@ impl MsrEnergy {
 fn open_core(opener: &dyn MsrOpener, cpu: u32) -> Result<MsrCore, ItemError> {
     let io = |errno| ItemError::Io { errno };
     let device = opener.open(cpu).map_err(io)?;
-    let esu = ((device.read(MSR_RAPL_PWR_UNIT).map_err(io)? >> 8) & 0x1f) as u8;
+    let esu = energy_status_unit(device.read(MSR_RAPL_PWR_UNIT).map_err(io)?);
     let core = MsrCore { device, esu, counter: Mutex::new(WrapCounter::new()) };
     core.read()?;
     Ok(core)
@@ -235,8 +192,11 @@ pub fn spawn_poller(energy: Arc<MsrEnergy>, interval: Duration) -> std::io::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use amd_hsmp_device::MsrDeviceOpener;
     use amd_hsmp_proto::Core;
     use std::collections::HashMap;
+    use std::fs::File;
+    use std::os::unix::fs::FileExt;
     use std::time::Instant;
 
     #[test]

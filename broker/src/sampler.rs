@@ -5,8 +5,8 @@
 //! first successful open) a sample of every family sends exactly 2 × cores + sockets mailbox
 //! messages; a family not asked for, or remembered unsupported, sends none.
 
-use crate::hsmp::{self, HsmpOpener, HsmpTransport, messages};
 use crate::msr::MsrEnergy;
+use amd_hsmp_device::{self as device, HsmpOpener, HsmpTransport, messages};
 use amd_hsmp_proto::{
     DeviceStatus, Energy, EnergySource, Families, ItemError, Readings, Sample, Topology,
     Unavailable,
@@ -213,19 +213,22 @@ impl Sampler {
         let Delivered { energy: energy_values, boost_limit: boost_values, prochot: prochot_values } =
             self.run_workers(plan);
 
+        let (energy_source, energy) = match energy {
+            EnergyGate::NotRequested => (None, Readings::NotRequested),
+            EnergyGate::Unavailable(why) => (None, Readings::Unavailable(why)),
+            EnergyGate::Hsmp(_) => match self.finish(Family::Energy, energy_values) {
+                values @ Readings::Values(_) => (Some(EnergySource::Hsmp), values),
+                other => (None, other),
+            },
+            EnergyGate::Msr(_) => {
+                self.log_failures("core-energy (msr)", &energy_values);
+                (Some(EnergySource::Msr), Readings::Values(energy_values))
+            }
+        };
         Sample {
             hsmp: status,
-            energy: match energy {
-                EnergyGate::NotRequested => Readings::NotRequested,
-                EnergyGate::Unavailable(why) => Readings::Unavailable(why),
-                EnergyGate::Hsmp(_) => {
-                    self.finish(Family::Energy, Some(EnergySource::Hsmp), energy_values)
-                }
-                EnergyGate::Msr(_) => {
-                    self.log_failures("core-energy (msr)", &energy_values);
-                    Readings::Values { source: Some(EnergySource::Msr), values: energy_values }
-                }
-            },
+            energy_source,
+            energy,
             boost_limit: self.readings(boost_limit, Family::BoostLimit, boost_values),
             prochot: self.readings(prochot, Family::Prochot, prochot_values),
         }
@@ -338,25 +341,20 @@ impl Sampler {
         match gate {
             Gate::NotRequested => Readings::NotRequested,
             Gate::Unavailable(why) => Readings::Unavailable(why),
-            Gate::Read(_) => self.finish(family, None, values),
+            Gate::Read(_) => self.finish(family, values),
         }
     }
 
     /// Turns one HSMP family's results into its readings: a family every item of which
     /// answered `ENOMSG` is remembered unsupported and reported as such.
-    fn finish<T>(
-        &self,
-        family: Family,
-        source: Option<EnergySource>,
-        values: Vec<Result<T, ItemError>>,
-    ) -> Readings<T> {
+    fn finish<T>(&self, family: Family, values: Vec<Result<T, ItemError>>) -> Readings<T> {
         let unsupported = |v: &Result<T, ItemError>| matches!(v, Err(ItemError::Unsupported));
         if !values.is_empty() && values.iter().all(unsupported) {
             self.remember_unsupported(family);
             return Readings::Unavailable(Unavailable::Unsupported);
         }
         self.log_failures(family.name(), &values);
-        Readings::Values { source, values }
+        Readings::Values(values)
     }
 
     fn is_unsupported(&self, family: Family) -> bool {
@@ -503,20 +501,20 @@ fn log_device(before: Option<&Device>, now: &Device, msr_fallback: bool) {
 }
 
 /// The device status after opening it failed with `errno`.
-fn open_status(errno: hsmp::Errno) -> DeviceStatus {
+fn open_status(errno: device::Errno) -> DeviceStatus {
     match errno {
         // No node, or a node without its driver.
         libc::ENOENT | libc::ENODEV | libc::ENXIO => DeviceStatus::Absent,
         libc::EACCES | libc::EPERM => DeviceStatus::PermissionDenied,
-        errno => DeviceStatus::Failed(hsmp::classify(errno)),
+        errno => DeviceStatus::Failed(device::classify(errno)),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hsmp::{Errno, HsmpMessage, Message, MsrOpener, MsrTransport};
-    use crate::msr::{MSR_CORE_ENERGY_STAT, MSR_RAPL_PWR_UNIT};
+    use amd_hsmp_device::msr::{MSR_CORE_ENERGY_STAT, MSR_RAPL_PWR_UNIT};
+    use amd_hsmp_device::{Errno, HsmpMessage, Message, MsrOpener, MsrTransport};
     use amd_hsmp_proto::Core;
     use std::sync::atomic::{AtomicU32, AtomicUsize};
     use std::time::Duration;
@@ -666,15 +664,8 @@ mod tests {
 
     fn values<T: Clone + std::fmt::Debug>(readings: &Readings<T>) -> Vec<Result<T, ItemError>> {
         match readings {
-            Readings::Values { values, .. } => values.clone(),
+            Readings::Values(values) => values.clone(),
             other => panic!("expected values, got {other:?}"),
-        }
-    }
-
-    fn source<T>(readings: &Readings<T>) -> Option<EnergySource> {
-        match readings {
-            Readings::Values { source, .. } => *source,
-            _ => None,
         }
     }
 
@@ -691,7 +682,7 @@ mod tests {
             assert_eq!(opener.firmware.count(), 3 + round * (2 * 6 + 2), "round {round}");
             assert_eq!(sample.hsmp, DeviceStatus::Ready { protocol_version: 7 });
             assert_eq!(values(&sample.prochot), [Ok(false), Ok(true)]);
-            assert_eq!(source(&sample.energy), Some(EnergySource::Hsmp));
+            assert_eq!(sample.energy_source, Some(EnergySource::Hsmp));
             let energy = values(&sample.energy);
             for (core, e) in topo.cores.iter().zip(energy) {
                 let apic = u64::from(core.apic_id);
@@ -928,7 +919,7 @@ mod tests {
 
         cpu.0.store(65_536 * 3, Ordering::SeqCst);
         let sample = sampler.sample(Families::ALL, soon());
-        assert_eq!(source(&sample.energy), Some(EnergySource::Msr));
+        assert_eq!(sample.energy_source, Some(EnergySource::Msr));
         let energy = values(&sample.energy);
         assert_eq!(energy, vec![Ok(Energy { counter: 65_536 * 3, esu: 16 }); 6]);
         assert_eq!(energy[0].unwrap().joules(), 3.0);
@@ -944,7 +935,7 @@ mod tests {
         let msr = Arc::new(MsrEnergy::open(&topo, &Cpu::default()).unwrap());
         let sample = Sampler::new(topo, Box::new(opener), Some(msr)).sample(Families::ALL, soon());
         assert_eq!(sample.hsmp, DeviceStatus::Absent);
-        assert_eq!(source(&sample.energy), Some(EnergySource::Msr));
+        assert_eq!(sample.energy_source, Some(EnergySource::Msr));
         assert_eq!(sample.prochot, Readings::Unavailable(Unavailable::NoDevice));
     }
 

@@ -5,8 +5,7 @@
 //! not arrive in time, or an idle connection closes that connection and nothing else.
 
 use amd_hsmp_proto::{
-    self as proto, FrameError, MAX_REPLY_FRAME, MAX_REQUEST_FRAME, PROTOCOL_VERSION, Reply,
-    Request, RequestError,
+    self as proto, FrameError, Message, PROTOCOL_VERSION, Reply, Request, RequestError,
 };
 use std::io::{self, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -221,10 +220,10 @@ fn read_request(stream: &mut UnixStream, config: &ServerConfig) -> Result<Next, 
     }
     let started = Instant::now();
     read_until(stream, &mut prefix[1..], started, config.frame_timeout)?;
-    let len = proto::parse_len(prefix, MAX_REQUEST_FRAME).map_err(ConnectionError::Frame)?;
+    let len = Request::parse_len(prefix).map_err(ConnectionError::Frame)?;
     let mut payload = vec![0u8; len];
     read_until(stream, &mut payload, started, config.frame_timeout)?;
-    proto::decode(&payload).map(Next::Request).map_err(ConnectionError::Frame)
+    Request::decode(&payload).map(Next::Request).map_err(ConnectionError::Frame)
 }
 
 fn read_until(
@@ -257,7 +256,7 @@ fn is_timeout(e: &io::Error) -> bool {
 }
 
 fn send(stream: &mut UnixStream, reply: &Reply) -> Result<(), ConnectionError> {
-    let frame = proto::encode_frame(reply, MAX_REPLY_FRAME).map_err(ConnectionError::Reply)?;
+    let frame = reply.to_frame().map_err(ConnectionError::Reply)?;
     stream.write_all(&frame).map_err(|e| ConnectionError::Reply(FrameError::Io(e)))
 }
 
@@ -341,14 +340,11 @@ mod tests {
         fn sample(&self, what: Families, deadline: Instant) -> Sample {
             self.deadlines.lock().unwrap().push(deadline.saturating_duration_since(Instant::now()));
             let r = |on: bool| {
-                if on {
-                    Readings::Values { source: None, values: vec![Ok(true)] }
-                } else {
-                    Readings::NotRequested
-                }
+                if on { Readings::Values(vec![Ok(true)]) } else { Readings::NotRequested }
             };
             Sample {
                 hsmp: DeviceStatus::Ready { protocol_version: 7 },
+                energy_source: None,
                 energy: Readings::NotRequested,
                 boost_limit: Readings::NotRequested,
                 prochot: r(what.prochot),
@@ -389,8 +385,8 @@ mod tests {
     }
 
     fn call(client: &mut UnixStream, req: &Request) -> Reply {
-        proto::write_frame(client, req, MAX_REQUEST_FRAME).unwrap();
-        proto::decode(&proto::read_frame(client, MAX_REPLY_FRAME).unwrap()).unwrap()
+        req.write(client).unwrap();
+        Reply::read(client).unwrap()
     }
 
     fn hello() -> Request {
@@ -413,7 +409,7 @@ mod tests {
         let what = Families { prochot: true, ..Families::default() };
         match call(&mut c, &Request::Sample { what, deadline_ms: 5000 }) {
             Reply::Sample(s) => {
-                assert_eq!(s.prochot, Readings::Values { source: None, values: vec![Ok(true)] })
+                assert_eq!(s.prochot, Readings::Values(vec![Ok(true)]))
             }
             other => panic!("{other:?}"),
         }
@@ -447,7 +443,7 @@ mod tests {
         let (mut c, t) = connect(Arc::new(fake()), config());
         c.write_all(&[3, 0, 0, 0, 0xFF, 0xFF, 0xFF]).unwrap();
         assert!(matches!(t.join().unwrap(), Err(ConnectionError::Frame(FrameError::Malformed(_)))));
-        assert!(matches!(proto::read_frame(&mut c, MAX_REPLY_FRAME), Err(FrameError::Closed)));
+        assert!(matches!(Reply::read(&mut c), Err(FrameError::Closed)));
     }
 
     #[test]
@@ -474,7 +470,7 @@ mod tests {
         let (mut c, t) = connect(Arc::new(fake()), config());
         assert!(matches!(call(&mut c, &hello()), Reply::Hello { .. }));
         assert!(t.join().unwrap().is_ok());
-        assert!(matches!(proto::read_frame(&mut c, MAX_REPLY_FRAME), Err(FrameError::Closed)));
+        assert!(matches!(Reply::read(&mut c), Err(FrameError::Closed)));
     }
 
     #[test]

@@ -300,7 +300,7 @@ fn read_sysfs_u32(path: &Path) -> Result<Option<u32>, TopologyError> {
 }
 
 /// Parses a kernel CPU list (`0-3,5,7-9`) into ascending CPU numbers. The empty list is empty.
-pub fn parse_cpu_list(text: &str) -> Result<Vec<u32>, CpuListError> {
+pub(crate) fn parse_cpu_list(text: &str) -> Result<Vec<u32>, CpuListError> {
     let number =
         |s: &str| s.trim().parse::<u32>().map_err(|e| CpuListError::Number(s.trim().to_owned(), e));
     let mut cpus = BTreeSet::new();

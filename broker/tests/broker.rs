@@ -2,8 +2,7 @@
 //! over the socket, robustness against bad frames, the peer allow-list and the lock-down.
 
 use amd_hsmp_proto::{
-    self as proto, Families, MAX_REPLY_FRAME, MAX_REQUEST_FRAME, PROTOCOL_VERSION, Readings, Reply,
-    Request,
+    self as proto, Families, Message, PROTOCOL_VERSION, Readings, Reply, Request,
 };
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -78,8 +77,8 @@ impl Broker {
 }
 
 fn call(s: &mut UnixStream, req: &Request) -> Reply {
-    proto::write_frame(s, req, MAX_REQUEST_FRAME).unwrap();
-    proto::decode(&proto::read_frame(s, MAX_REPLY_FRAME).unwrap()).unwrap()
+    req.write(s).unwrap();
+    Reply::read(s).unwrap()
 }
 
 fn hello(s: &mut UnixStream) {
@@ -91,7 +90,7 @@ fn hello(s: &mut UnixStream) {
 
 fn values<T: std::fmt::Debug>(r: Readings<T>) -> Vec<Result<T, proto::ItemError>> {
     match r {
-        Readings::Values { values, .. } => values,
+        Readings::Values(values) => values,
         other => panic!("expected values, got {other:?}"),
     }
 }
@@ -119,10 +118,7 @@ fn full_sample_of_a_simulated_turin_2p() {
         panic!()
     };
     assert_eq!(sample.hsmp, proto::DeviceStatus::Ready { protocol_version: 7 });
-    assert!(matches!(
-        sample.energy,
-        Readings::Values { source: Some(proto::EnergySource::Hsmp), .. }
-    ));
+    assert_eq!(sample.energy_source, Some(proto::EnergySource::Hsmp));
     let energy = values(sample.energy);
     let boost = values(sample.boost_limit);
     let prochot = values(sample.prochot);

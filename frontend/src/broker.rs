@@ -2,8 +2,7 @@
 //! dropped when it breaks and re-established (Hello, then Topology) on the next request.
 
 use amd_hsmp_proto::{
-    FrameError, MAX_REPLY_FRAME, MAX_REQUEST_FRAME, PROTOCOL_VERSION, Reply, Request, RequestError,
-    Sample, Topology, decode, read_frame_async, write_frame_async,
+    FrameError, Message, PROTOCOL_VERSION, Reply, Request, RequestError, Sample, Topology,
 };
 use std::io;
 use std::path::{Path, PathBuf};
@@ -236,13 +235,13 @@ impl Connection {
         request: &Request,
         name: &'static str,
     ) -> Result<Reply, BrokerError> {
-        write_frame_async(&mut self.stream, request, MAX_REQUEST_FRAME)
+        request
+            .write_async(&mut self.stream)
             .await
             .map_err(|source| BrokerError::Send { request: name, source })?;
-        let payload = read_frame_async(&mut self.stream, MAX_REPLY_FRAME)
+        Reply::read_async(&mut self.stream)
             .await
-            .map_err(|source| BrokerError::Receive { request: name, source })?;
-        decode(&payload).map_err(|source| BrokerError::Receive { request: name, source })
+            .map_err(|source| BrokerError::Receive { request: name, source })
     }
 }
 

@@ -335,79 +335,67 @@ pub fn translate(
     }
 
     let cores: Vec<CoreLabel> = topology.cores.iter().map(CoreLabel::from).collect();
-    let mut deadline = false;
-
-    let (source, energy) =
-        collect(&sample.energy, &cores, ErrorSource::CoreEnergy, errors, &mut deadline, |e| {
-            e.joules()
+    let mut read = Collector { errors, deadline_exceeded: false };
+    out.energy_joules =
+        read.collect(ErrorSource::CoreEnergy, &sample.energy, &cores, |e| e.joules());
+    out.energy_source = if out.energy_joules.is_empty() { None } else { sample.energy_source };
+    out.boost_limit_hertz =
+        read.collect(ErrorSource::BoostLimit, &sample.boost_limit, &cores, |mhz| {
+            f64::from(mhz) * 1e6
         });
-    out.energy_source = if energy.is_empty() { None } else { source };
-    out.energy_joules = energy;
-
-    let (_, boost) = collect(
-        &sample.boost_limit,
-        &cores,
-        ErrorSource::BoostLimit,
-        errors,
-        &mut deadline,
-        |mhz| f64::from(mhz) * 1e6,
-    );
-    out.boost_limit_hertz = boost;
-
-    let (_, prochot) = collect(
-        &sample.prochot,
-        &topology.sockets,
-        ErrorSource::Prochot,
-        errors,
-        &mut deadline,
-        |asserted| asserted,
-    );
-    out.prochot = prochot;
-
-    out.deadline_exceeded = deadline;
+    out.prochot = read.collect(ErrorSource::Prochot, &sample.prochot, &topology.sockets, |a| a);
+    out.deadline_exceeded = read.deadline_exceeded;
     out
 }
 
-/// The values of one family that were read, paired with their labels. A failed item is left
-/// out and counted under `source`; an item the deadline left unread is left out and flags
-/// `deadline`. A reading not aligned with the topology is a broker fault: the whole family is
-/// left out and counted under `broker`.
-fn collect<T: Copy, L: Copy, V>(
-    readings: &Readings<T>,
-    labels: &[L],
-    source: ErrorSource,
-    errors: &ErrorCounters,
-    deadline: &mut bool,
-    convert: impl Fn(T) -> V,
-) -> (Option<EnergySource>, Vec<(L, V)>) {
-    let Readings::Values { source: energy_source, values } = readings else {
-        // NotRequested or Unavailable: the family is absent, and that is not an error.
-        return (None, Vec::new());
-    };
-    if values.len() != labels.len() {
-        tracing::warn!(
-            family = source.label(),
-            values = values.len(),
-            items = labels.len(),
-            "broker reply not aligned with its topology; family left out"
-        );
-        errors.add(ErrorSource::Broker, 1);
-        return (None, Vec::new());
-    }
-    let mut out = Vec::with_capacity(values.len());
-    let mut failed = 0;
-    for (label, value) in labels.iter().zip(values) {
-        match value {
-            Ok(v) => out.push((*label, convert(*v))),
-            Err(ItemError::DeadlineExceeded) => *deadline = true,
-            Err(e) => {
-                failed += 1;
-                tracing::debug!(family = source.label(), error = %e, "read failed");
+/// Collects the families of one sample, counting their failed items.
+struct Collector<'a> {
+    errors: &'a ErrorCounters,
+    /// Some item was left unread by the broker's deadline.
+    deadline_exceeded: bool,
+}
+
+impl Collector<'_> {
+    /// The values of one family that were read, paired with their labels. A failed item is left
+    /// out and counted under `source`; an item the deadline left unread is left out and flags
+    /// the deadline. A reading not aligned with the topology is a broker fault: the whole
+    /// family is left out and counted under `broker`.
+    fn collect<T: Copy, L: Copy, V>(
+        &mut self,
+        source: ErrorSource,
+        readings: &Readings<T>,
+        labels: &[L],
+        convert: impl Fn(T) -> V,
+    ) -> Vec<(L, V)> {
+        let Readings::Values(values) = readings else {
+            // NotRequested or Unavailable: the family is absent, and that is not an error.
+            return Vec::new();
+        };
+        if values.len() != labels.len() {
+            tracing::warn!(
+                family = source.label(),
+                values = values.len(),
+                items = labels.len(),
+                "broker reply not aligned with its topology; family left out"
+            );
+            self.errors.add(ErrorSource::Broker, 1);
+            return Vec::new();
+        }
+        let mut out = Vec::with_capacity(values.len());
+        let mut failed = 0;
+        for (label, value) in labels.iter().zip(values) {
+            match value {
+                Ok(v) => out.push((*label, convert(*v))),
+                Err(ItemError::DeadlineExceeded) => self.deadline_exceeded = true,
+                Err(e) => {
+                    failed += 1;
+                    tracing::debug!(family = source.label(), error = %e, "read failed");
+                }
             }
         }
+        self.errors.add(source, failed);
+        out
     }
-    errors.add(source, failed);
-    (*energy_source, out)
 }
 
 #[cfg(test)]
@@ -435,18 +423,17 @@ mod tests {
     fn sample() -> Sample {
         Sample {
             hsmp: DeviceStatus::Ready { protocol_version: 7 },
-            energy: Readings::Values {
-                source: Some(EnergySource::Hsmp),
-                values: vec![
-                    Ok(Energy { counter: 3 << 16, esu: 16 }),
-                    Err(ItemError::Io { errno: 5 }),
-                    Ok(Energy { counter: 1 << 15, esu: 16 }),
-                ],
-            },
-            boost_limit: Readings::Values {
-                source: None,
-                values: vec![Ok(3700), Ok(3600), Err(ItemError::DeadlineExceeded)],
-            },
+            energy_source: Some(EnergySource::Hsmp),
+            energy: Readings::Values(vec![
+                Ok(Energy { counter: 3 << 16, esu: 16 }),
+                Err(ItemError::Io { errno: 5 }),
+                Ok(Energy { counter: 1 << 15, esu: 16 }),
+            ]),
+            boost_limit: Readings::Values(vec![
+                Ok(3700),
+                Ok(3600),
+                Err(ItemError::DeadlineExceeded),
+            ]),
             prochot: Readings::Unavailable(Unavailable::Unsupported),
         }
     }
@@ -511,7 +498,7 @@ mod tests {
     fn misaligned_reply_drops_the_family_and_counts_broker() {
         let errors = ErrorCounters::default();
         let mut s = sample();
-        s.prochot = Readings::Values { source: None, values: vec![Ok(true)] };
+        s.prochot = Readings::Values(vec![Ok(true)]);
         let t = translate(&info(), &topology(), &s, &errors);
         assert!(t.prochot.is_empty());
         assert_eq!(count(&errors, ErrorSource::Broker), 1);
@@ -521,10 +508,8 @@ mod tests {
     fn energy_source_is_absent_when_no_energy_series_is() {
         let errors = ErrorCounters::default();
         let mut s = sample();
-        s.energy = Readings::Values {
-            source: Some(EnergySource::Msr),
-            values: vec![Err(ItemError::Busy); 3],
-        };
+        s.energy_source = Some(EnergySource::Msr);
+        s.energy = Readings::Values(vec![Err(ItemError::Busy); 3]);
         let t = translate(&info(), &topology(), &s, &errors);
         assert!(t.energy_joules.is_empty());
         assert_eq!(t.energy_source, None);

@@ -1,13 +1,91 @@
-//! Framing: a little-endian `u32` length, then a postcard payload; bounded and strict.
+//! Framing: a little-endian `u32` length, then a postcard payload; bounded and strict. The
+//! bound is a property of the message type ([`Message::MAX_FRAME`]), so no caller chooses it.
 
 use serde::{Serialize, de::DeserializeOwned};
 use std::io::{self, Read, Write};
 
-/// Largest request payload the broker accepts. Requests are a few bytes.
-pub const MAX_REQUEST_FRAME: u32 = 1024;
+/// A type that crosses the socket as one frame: [`crate::Request`] or [`crate::Reply`].
+///
+/// The framing helpers hang off the type, so the maximum that applies to a direction cannot be
+/// confused with the other's.
+pub trait Message: Serialize + DeserializeOwned + Send + Sized {
+    /// Largest payload of this type that is sent or accepted, in bytes.
+    const MAX_FRAME: u32;
 
-/// Largest reply payload the frontend accepts. A sample of 4096 cores is about 64 KiB.
-pub const MAX_REPLY_FRAME: u32 = 1024 * 1024;
+    /// Parses a length prefix, refusing lengths above [`Self::MAX_FRAME`] before anything is
+    /// allocated. For readers that time each read themselves (the broker's server).
+    fn parse_len(prefix: [u8; 4]) -> Result<usize, FrameError> {
+        parse_len(prefix, Self::MAX_FRAME)
+    }
+
+    /// Decodes one payload strictly: trailing bytes are an error.
+    fn decode(payload: &[u8]) -> Result<Self, FrameError> {
+        let (value, rest) = postcard::take_from_bytes(payload).map_err(FrameError::Malformed)?;
+        if !rest.is_empty() {
+            return Err(FrameError::TrailingBytes(rest.len()));
+        }
+        Ok(value)
+    }
+
+    /// Encodes `self` as one frame, length prefix included.
+    fn to_frame(&self) -> Result<Vec<u8>, FrameError> {
+        encode_frame(self, Self::MAX_FRAME)
+    }
+
+    /// Reads and decodes one frame from a blocking reader.
+    fn read<R: Read>(reader: &mut R) -> Result<Self, FrameError> {
+        let mut prefix = [0u8; 4];
+        read_prefix(&mut prefix, |buf| reader.read(buf))?;
+        let mut payload = vec![0u8; Self::parse_len(prefix)?];
+        reader.read_exact(&mut payload).map_err(payload_error)?;
+        Self::decode(&payload)
+    }
+
+    /// Encodes and writes one frame to a blocking writer, then flushes it.
+    fn write<W: Write>(&self, writer: &mut W) -> Result<(), FrameError> {
+        let frame = self.to_frame()?;
+        writer.write_all(&frame).map_err(FrameError::Io)?;
+        writer.flush().map_err(FrameError::Io)
+    }
+
+    /// Reads and decodes one frame from an async reader.
+    #[cfg(feature = "tokio")]
+    fn read_async<R: tokio::io::AsyncRead + Unpin + Send>(
+        reader: &mut R,
+    ) -> impl Future<Output = Result<Self, FrameError>> + Send {
+        use tokio::io::AsyncReadExt;
+        async move {
+            let mut prefix = [0u8; 4];
+            let mut got = 0;
+            while got < 4 {
+                match reader.read(&mut prefix[got..]).await {
+                    Ok(0) => return Err(eof_in_prefix(got)),
+                    Ok(n) => got += n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(FrameError::Io(e)),
+                }
+            }
+            let mut payload = vec![0u8; Self::parse_len(prefix)?];
+            reader.read_exact(&mut payload).await.map_err(payload_error)?;
+            Self::decode(&payload)
+        }
+    }
+
+    /// Encodes and writes one frame to an async writer, then flushes it.
+    #[cfg(feature = "tokio")]
+    fn write_async<W: tokio::io::AsyncWrite + Unpin + Send>(
+        &self,
+        writer: &mut W,
+    ) -> impl Future<Output = Result<(), FrameError>> + Send {
+        use tokio::io::AsyncWriteExt;
+        let frame = self.to_frame();
+        async move {
+            let frame = frame?;
+            writer.write_all(&frame).await.map_err(FrameError::Io)?;
+            writer.flush().await.map_err(FrameError::Io)
+        }
+    }
+}
 
 /// Why a frame could not be read, written or decoded.
 #[derive(Debug, thiserror::Error)]
@@ -37,8 +115,7 @@ pub enum FrameError {
     Io(#[source] io::Error),
 }
 
-/// Parses a length prefix, refusing lengths above `max`.
-pub fn parse_len(prefix: [u8; 4], max: u32) -> Result<usize, FrameError> {
+fn parse_len(prefix: [u8; 4], max: u32) -> Result<usize, FrameError> {
     let len = u32::from_le_bytes(prefix);
     if len > max {
         return Err(FrameError::TooLarge { len, max });
@@ -46,8 +123,11 @@ pub fn parse_len(prefix: [u8; 4], max: u32) -> Result<usize, FrameError> {
     Ok(len as usize)
 }
 
-/// Encodes `value` as one frame (length prefix included), refusing payloads above `max`.
-pub fn encode_frame<T: Serialize>(value: &T, max: u32) -> Result<Vec<u8>, FrameError> {
+/// Encodes `value` as one frame, refusing payloads above `max`.
+pub(crate) fn encode_frame<T: Serialize + ?Sized>(
+    value: &T,
+    max: u32,
+) -> Result<Vec<u8>, FrameError> {
     let mut buf = vec![0u8; 4];
     buf = postcard::to_extend(value, buf).map_err(FrameError::Malformed)?;
     let len = buf.len() - 4;
@@ -59,84 +139,28 @@ pub fn encode_frame<T: Serialize>(value: &T, max: u32) -> Result<Vec<u8>, FrameE
     Ok(buf)
 }
 
-/// Decodes one payload strictly: trailing bytes are an error.
-pub fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, FrameError> {
-    let (value, rest) = postcard::take_from_bytes(payload).map_err(FrameError::Malformed)?;
-    if !rest.is_empty() {
-        return Err(FrameError::TrailingBytes(rest.len()));
-    }
-    Ok(value)
+/// End of stream after `got` bytes of a length prefix: clean between frames, else truncated.
+fn eof_in_prefix(got: usize) -> FrameError {
+    if got == 0 { FrameError::Closed } else { FrameError::Truncated }
 }
 
-fn map_eof(e: io::Error, started: bool) -> FrameError {
-    if e.kind() == io::ErrorKind::UnexpectedEof {
-        if started { FrameError::Truncated } else { FrameError::Closed }
-    } else {
-        FrameError::Io(e)
-    }
+/// The payload's read failed; end of stream there is always mid-frame.
+fn payload_error(e: io::Error) -> FrameError {
+    if e.kind() == io::ErrorKind::UnexpectedEof { FrameError::Truncated } else { FrameError::Io(e) }
 }
 
-/// Reads one frame's payload from a blocking reader.
-pub fn read_frame<R: Read>(reader: &mut R, max: u32) -> Result<Vec<u8>, FrameError> {
-    let mut prefix = [0u8; 4];
+fn read_prefix(
+    prefix: &mut [u8; 4],
+    mut read: impl FnMut(&mut [u8]) -> io::Result<usize>,
+) -> Result<(), FrameError> {
     let mut got = 0;
     while got < 4 {
-        match reader.read(&mut prefix[got..]) {
-            Ok(0) => return Err(if got == 0 { FrameError::Closed } else { FrameError::Truncated }),
+        match read(&mut prefix[got..]) {
+            Ok(0) => return Err(eof_in_prefix(got)),
             Ok(n) => got += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(FrameError::Io(e)),
         }
     }
-    let len = parse_len(prefix, max)?;
-    let mut payload = vec![0u8; len];
-    reader.read_exact(&mut payload).map_err(|e| map_eof(e, true))?;
-    Ok(payload)
-}
-
-/// Writes one value as a frame to a blocking writer.
-pub fn write_frame<W: Write, T: Serialize>(
-    writer: &mut W,
-    value: &T,
-    max: u32,
-) -> Result<(), FrameError> {
-    let buf = encode_frame(value, max)?;
-    writer.write_all(&buf).map_err(FrameError::Io)?;
-    writer.flush().map_err(FrameError::Io)
-}
-
-/// Reads one frame's payload from an async reader.
-#[cfg(feature = "tokio")]
-pub async fn read_frame_async<R: tokio::io::AsyncRead + Unpin>(
-    reader: &mut R,
-    max: u32,
-) -> Result<Vec<u8>, FrameError> {
-    use tokio::io::AsyncReadExt;
-    let mut prefix = [0u8; 4];
-    let mut got = 0;
-    while got < 4 {
-        match reader.read(&mut prefix[got..]).await {
-            Ok(0) => return Err(if got == 0 { FrameError::Closed } else { FrameError::Truncated }),
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(FrameError::Io(e)),
-        }
-    }
-    let len = parse_len(prefix, max)?;
-    let mut payload = vec![0u8; len];
-    reader.read_exact(&mut payload).await.map_err(|e| map_eof(e, true))?;
-    Ok(payload)
-}
-
-/// Writes one value as a frame to an async writer.
-#[cfg(feature = "tokio")]
-pub async fn write_frame_async<W: tokio::io::AsyncWrite + Unpin, T: Serialize>(
-    writer: &mut W,
-    value: &T,
-    max: u32,
-) -> Result<(), FrameError> {
-    use tokio::io::AsyncWriteExt;
-    let buf = encode_frame(value, max)?;
-    writer.write_all(&buf).await.map_err(FrameError::Io)?;
-    writer.flush().await.map_err(FrameError::Io)
+    Ok(())
 }

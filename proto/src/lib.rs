@@ -9,14 +9,17 @@
 //!
 //! Each frame is a little-endian `u32` payload length followed by the payload, a
 //! [postcard](https://postcard.jamesmunns.com/wire-format) encoding of [`Request`] or [`Reply`].
-//! Lengths above [`MAX_REQUEST_FRAME`] / [`MAX_REPLY_FRAME`] are rejected before any
-//! allocation, and decoding is strict: a payload with trailing bytes is an error.
+//! Lengths above the type's [`Message::MAX_FRAME`] are rejected before any allocation, and
+//! decoding is strict: a payload with trailing bytes is an error. Read and write frames with the
+//! [`Message`] methods (`Request::read(&mut stream)`, `reply.write(&mut stream)`, and their
+//! `_async` forms with the `tokio` feature), so no call site chooses a bound.
 //!
 //! # Compatibility
 //!
 //! Variants are only ever appended; [`Request::Hello`] and [`Reply::Hello`] stay first so their
 //! discriminant never moves and a peer of any version can always read the handshake. A change
-//! that an older peer cannot decode bumps [`PROTOCOL_VERSION`].
+//! that an older peer cannot decode bumps [`PROTOCOL_VERSION`]. Each variant says which
+//! version introduced it by linking a constant of [`version`].
 #![forbid(unsafe_code)]
 
 mod frame;
@@ -24,30 +27,42 @@ mod frame;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-pub use frame::{
-    FrameError, MAX_REPLY_FRAME, MAX_REQUEST_FRAME, decode, encode_frame, parse_len, read_frame,
-    write_frame,
-};
-#[cfg(feature = "tokio")]
-pub use frame::{read_frame_async, write_frame_async};
+pub use frame::{FrameError, Message};
+
+/// The protocol versions, named so that a variant's documentation can link the one that
+/// introduced it.
+pub mod version {
+    /// The first protocol: handshake, topology and samples of energy, boost limit and PROCHOT.
+    pub const V1: u32 = 1;
+}
 
 /// Version of this protocol. Bumped on any change an older peer cannot decode.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = version::V1;
+
+impl Message for Request {
+    /// Requests are a few bytes.
+    const MAX_FRAME: u32 = 1024;
+}
+
+impl Message for Reply {
+    /// A sample of 4096 cores is about 64 KiB.
+    const MAX_FRAME: u32 = 1024 * 1024;
+}
 
 /// What the frontend asks of the broker.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Request {
-    /// Since v1. Must be the first request on a connection; the broker answers
+    /// Since [`version::V1`]. Must be the first request on a connection; the broker answers
     /// [`Reply::Hello`] or, if the versions differ, [`Reply::Error`] with
     /// [`RequestError::VersionMismatch`].
     Hello {
         /// The client's [`PROTOCOL_VERSION`].
         protocol_version: u32,
     },
-    /// Since v1. The discovered machine; answered by [`Reply::Topology`]. It does not change
-    /// during the life of one broker instance.
+    /// Since [`version::V1`]. The discovered machine; answered by [`Reply::Topology`]. It does not
+    /// change during the life of one broker instance.
     Topology,
-    /// Since v1. Read the requested families once; answered by [`Reply::Sample`].
+    /// Since [`version::V1`]. Read the requested families once; answered by [`Reply::Sample`].
     Sample {
         /// Which families to read. A family not asked for costs no mailbox message.
         what: Families,
@@ -77,7 +92,7 @@ impl Families {
 /// What the broker answers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Reply {
-    /// Since v1. Answer to [`Request::Hello`].
+    /// Since [`version::V1`]. Answer to [`Request::Hello`].
     Hello {
         /// The broker's [`PROTOCOL_VERSION`].
         protocol_version: u32,
@@ -89,19 +104,20 @@ pub enum Reply {
         /// machine's devices.
         simulated: Option<String>,
     },
-    /// Since v1. Answer to [`Request::Topology`].
+    /// Since [`version::V1`]. Answer to [`Request::Topology`].
     Topology(Topology),
-    /// Since v1. Answer to [`Request::Sample`].
+    /// Since [`version::V1`]. Answer to [`Request::Sample`].
     Sample(Sample),
-    /// Since v1. The request was refused; the connection stays usable unless the error says
-    /// otherwise.
+    /// Since [`version::V1`]. The request was refused; the connection stays usable unless the error
+    /// says otherwise.
     Error(RequestError),
 }
 
 /// Why the broker refused a request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum RequestError {
-    /// The peer's protocol version is not the broker's. The broker closes the connection.
+    /// Since [`version::V1`]. The peer's protocol version is not the broker's. The broker closes
+    /// the connection.
     #[error("protocol version mismatch: broker speaks {broker}, peer {peer}")]
     VersionMismatch {
         /// The broker's version.
@@ -109,7 +125,7 @@ pub enum RequestError {
         /// The version the peer announced.
         peer: u32,
     },
-    /// A request other than `Hello` arrived before the handshake.
+    /// Since [`version::V1`]. A request other than `Hello` arrived before the handshake.
     #[error("handshake required before any other request")]
     HelloRequired,
 }
@@ -146,6 +162,8 @@ pub struct Core {
 pub struct Sample {
     /// State of `/dev/hsmp` at the time of the sample.
     pub hsmp: DeviceStatus,
+    /// Where [`Sample::energy`]'s values come from; `None` when energy is not read.
+    pub energy_source: Option<EnergySource>,
     /// Per-core energy, aligned with [`Topology::cores`].
     pub energy: Readings<Energy>,
     /// Per-core boost limit in MHz, aligned with [`Topology::cores`].
@@ -157,51 +175,50 @@ pub struct Sample {
 /// State of the HSMP device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DeviceStatus {
-    /// Opened and answered `GET_PROTO_VER`.
+    /// Since [`version::V1`]. Opened and answered `GET_PROTO_VER`.
     Ready {
         /// HSMP protocol version reported by the firmware.
         protocol_version: u32,
     },
-    /// The device node does not exist (module not loaded, HSMP disabled, not an EPYC).
+    /// Since [`version::V1`]. The device node does not exist (module not loaded, HSMP disabled, not
+    /// an EPYC).
     Absent,
-    /// Opening the device was refused (`EACCES`/`EPERM`).
+    /// Since [`version::V1`]. Opening the device was refused (`EACCES`/`EPERM`).
     PermissionDenied,
-    /// The device opened but did not answer `GET_PROTO_VER`, or opening failed otherwise.
+    /// Since [`version::V1`]. The device opened but did not answer `GET_PROTO_VER`, or opening
+    /// failed otherwise.
     Failed(ItemError),
 }
 
 /// Where core energy comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum EnergySource {
-    /// HSMP `GET_RAPL_CORE_COUNTER` (protocol 7 and later): the firmware's 64-bit counter.
+    /// Since [`version::V1`]. HSMP `GET_RAPL_CORE_COUNTER` (protocol 7 and later): the firmware's
+    /// 64-bit counter.
     Hsmp,
-    /// MSR `0xC001029A` read through `/dev/cpu/N/msr`, extended by the broker from 32 to 64
-    /// bits; it counts from 0 at broker start.
+    /// Since [`version::V1`]. MSR `0xC001029A` read through `/dev/cpu/N/msr`, extended by the
+    /// broker from 32 to 64 bits; it counts from 0 at broker start.
     Msr,
 }
 
 /// Result of reading one family.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Readings<T> {
-    /// The request did not ask for this family.
+    /// Since [`version::V1`]. The request did not ask for this family.
     NotRequested,
-    /// The family cannot be read on this machine.
+    /// Since [`version::V1`]. The family cannot be read on this machine.
     Unavailable(Unavailable),
-    /// One result per item (core or socket), aligned with the topology.
-    Values {
-        /// For energy, where the values come from; `None` for the other families.
-        source: Option<EnergySource>,
-        /// One result per item.
-        values: Vec<Result<T, ItemError>>,
-    },
+    /// Since [`version::V1`]. One result per item (core or socket), aligned with the topology.
+    Values(Vec<Result<T, ItemError>>),
 }
 
 /// Why a whole family is missing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Unavailable {
-    /// No usable HSMP device (see [`Sample::hsmp`]) and no fallback.
+    /// Since [`version::V1`]. No usable HSMP device (see [`Sample::hsmp`]) and no fallback.
     NoDevice,
-    /// The firmware does not implement the message (`ENOMSG`); remembered, not asked again.
+    /// Since [`version::V1`]. The firmware does not implement the message (`ENOMSG`); remembered,
+    /// not asked again.
     Unsupported,
 }
 
@@ -225,28 +242,29 @@ impl Energy {
 /// Why one item (a core or a socket) has no value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum ItemError {
-    /// Firmware or driver does not implement the message (`ENOMSG`).
+    /// Since [`version::V1`]. Firmware or driver does not implement the message (`ENOMSG`).
     #[error("not supported by the firmware")]
     Unsupported,
-    /// Driver or firmware rejected the message or its arguments (`EINVAL`, `EPERM`).
+    /// Since [`version::V1`]. Driver or firmware rejected the message or its arguments (`EINVAL`,
+    /// `EPERM`).
     #[error("rejected by the driver or firmware")]
     Rejected,
-    /// The mailbox did not answer in time (`ETIMEDOUT`, `ETIME`).
+    /// Since [`version::V1`]. The mailbox did not answer in time (`ETIMEDOUT`, `ETIME`).
     #[error("mailbox timed out")]
     TimedOut,
-    /// The firmware was busy (`EBUSY`).
+    /// Since [`version::V1`]. The firmware was busy (`EBUSY`).
     #[error("firmware busy")]
     Busy,
-    /// The socket index is not known to the driver (`ENODEV`).
+    /// Since [`version::V1`]. The socket index is not known to the driver (`ENODEV`).
     #[error("no such socket")]
     NoSuchSocket,
-    /// Any other errno.
+    /// Since [`version::V1`]. Any other errno.
     #[error("I/O error (errno {errno})")]
     Io {
         /// The raw errno value.
         errno: i32,
     },
-    /// Not read: the request's deadline had passed.
+    /// Since [`version::V1`]. Not read: the request's deadline had passed.
     #[error("deadline exceeded before the read")]
     DeadlineExceeded,
 }

@@ -1,6 +1,7 @@
 //! Round-trip, strictness and robustness tests of the wire format.
 
 use super::*;
+use frame::encode_frame;
 use proptest::prelude::*;
 use std::io::Cursor;
 
@@ -19,15 +20,17 @@ fn item_error() -> impl Strategy<Value = ItemError> {
 fn readings<T: std::fmt::Debug + Clone>(
     value: impl Strategy<Value = T> + Clone,
 ) -> impl Strategy<Value = Readings<T>> {
-    let source =
-        prop_oneof![Just(None), Just(Some(EnergySource::Hsmp)), Just(Some(EnergySource::Msr))];
     prop_oneof![
         Just(Readings::NotRequested),
         Just(Readings::Unavailable(Unavailable::NoDevice)),
         Just(Readings::Unavailable(Unavailable::Unsupported)),
-        (source, prop::collection::vec(prop::result::maybe_ok(value, item_error()), 0..40))
-            .prop_map(|(source, values)| Readings::Values { source, values }),
+        prop::collection::vec(prop::result::maybe_ok(value, item_error()), 0..40)
+            .prop_map(Readings::Values),
     ]
+}
+
+fn energy_source() -> impl Strategy<Value = Option<EnergySource>> {
+    prop_oneof![Just(None), Just(Some(EnergySource::Hsmp)), Just(Some(EnergySource::Msr))]
 }
 
 fn device_status() -> impl Strategy<Value = DeviceStatus> {
@@ -78,13 +81,16 @@ fn reply() -> impl Strategy<Value = Reply> {
             .prop_map(|(cpu_family, cpu_model, sockets, cores)| Reply::Topology(
                 Topology { cpu_family, cpu_model, sockets, cores }
             )),
-        (device_status(), readings(energy), readings(any::<u32>()), readings(any::<bool>()))
-            .prop_map(|(hsmp, energy, boost_limit, prochot)| Reply::Sample(Sample {
-                hsmp,
-                energy,
-                boost_limit,
-                prochot
-            })),
+        (
+            device_status(),
+            energy_source(),
+            readings(energy),
+            readings(any::<u32>()),
+            readings(any::<bool>())
+        )
+            .prop_map(|(hsmp, energy_source, energy, boost_limit, prochot)| Reply::Sample(
+                Sample { hsmp, energy_source, energy, boost_limit, prochot }
+            )),
         (any::<u32>(), any::<u32>()).prop_map(|(broker, peer)| Reply::Error(
             RequestError::VersionMismatch { broker, peer }
         )),
@@ -95,24 +101,23 @@ fn reply() -> impl Strategy<Value = Reply> {
 proptest! {
     #[test]
     fn every_request_round_trips(req in request()) {
-        let frame = encode_frame(&req, MAX_REQUEST_FRAME).unwrap();
-        let payload = read_frame(&mut Cursor::new(&frame), MAX_REQUEST_FRAME).unwrap();
-        prop_assert_eq!(decode::<Request>(&payload).unwrap(), req);
+        let frame = req.to_frame().unwrap();
+        prop_assert_eq!(Request::read(&mut Cursor::new(&frame)).unwrap(), req);
     }
 
     #[test]
     fn every_reply_round_trips(rep in reply()) {
-        let frame = encode_frame(&rep, MAX_REPLY_FRAME).unwrap();
-        let payload = read_frame(&mut Cursor::new(&frame), MAX_REPLY_FRAME).unwrap();
-        prop_assert_eq!(decode::<Reply>(&payload).unwrap(), rep);
+        let mut frame = Vec::new();
+        rep.write(&mut frame).unwrap();
+        prop_assert_eq!(Reply::read(&mut Cursor::new(&frame)).unwrap(), rep);
     }
 
     #[test]
     fn every_truncation_is_an_error(rep in reply(), cut in any::<prop::sample::Index>()) {
-        let frame = encode_frame(&rep, MAX_REPLY_FRAME).unwrap();
+        let frame = rep.to_frame().unwrap();
         let cut = cut.index(frame.len());
         let truncated = &frame[..cut];
-        match read_frame(&mut Cursor::new(truncated), MAX_REPLY_FRAME) {
+        match Reply::read(&mut Cursor::new(truncated)) {
             Err(FrameError::Closed) => prop_assert_eq!(cut, 0),
             Err(FrameError::Truncated) => prop_assert!(cut > 0),
             other => prop_assert!(false, "expected an error, got {:?}", other),
@@ -120,33 +125,32 @@ proptest! {
         // Decoding a shortened payload (with a correct prefix) must fail, not panic.
         let payload = &frame[4..];
         if cut >= 4 && cut < frame.len() {
-            prop_assert!(decode::<Reply>(&payload[..cut - 4]).is_err());
+            prop_assert!(Reply::decode(&payload[..cut - 4]).is_err());
         }
     }
 
     #[test]
     fn trailing_bytes_are_rejected(req in request(), extra in prop::collection::vec(any::<u8>(), 1..8)) {
-        let frame = encode_frame(&req, MAX_REQUEST_FRAME).unwrap();
+        let frame = req.to_frame().unwrap();
         let mut payload = frame[4..].to_vec();
         payload.extend_from_slice(&extra);
-        prop_assert!(matches!(decode::<Request>(&payload), Err(FrameError::TrailingBytes(n)) if n == extra.len()));
+        prop_assert!(matches!(Request::decode(&payload), Err(FrameError::TrailingBytes(n)) if n == extra.len()));
     }
 
     #[test]
     fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
-        let _ = decode::<Request>(&bytes);
-        let _ = decode::<Reply>(&bytes);
-        let _ = read_frame(&mut Cursor::new(&bytes), MAX_REQUEST_FRAME).map(|p| decode::<Request>(&p));
+        let _ = Request::decode(&bytes);
+        let _ = Reply::decode(&bytes);
+        let _ = Request::read(&mut Cursor::new(&bytes));
+        let _ = Reply::read(&mut Cursor::new(&bytes));
     }
 
     #[test]
     fn corrupted_frames_never_panic(rep in reply(), pos in any::<prop::sample::Index>(), byte in any::<u8>()) {
-        let mut frame = encode_frame(&rep, MAX_REPLY_FRAME).unwrap();
+        let mut frame = rep.to_frame().unwrap();
         let i = pos.index(frame.len());
         frame[i] = byte;
-        if let Ok(payload) = read_frame(&mut Cursor::new(&frame), MAX_REPLY_FRAME) {
-            let _ = decode::<Reply>(&payload);
-        }
+        let _ = Reply::read(&mut Cursor::new(&frame));
     }
 }
 
@@ -154,10 +158,10 @@ proptest! {
 fn oversized_length_is_refused_before_allocation() {
     // 0xFFFF_FFFF announced; if the reader allocated first this would abort the test process.
     let frame = [0xFF, 0xFF, 0xFF, 0xFF, 1, 2, 3];
-    match read_frame(&mut Cursor::new(&frame[..]), MAX_REQUEST_FRAME) {
+    match Request::read(&mut Cursor::new(&frame[..])) {
         Err(FrameError::TooLarge { len, max }) => {
             assert_eq!(len, u32::MAX);
-            assert_eq!(max, MAX_REQUEST_FRAME);
+            assert_eq!(max, Request::MAX_FRAME);
         }
         other => panic!("expected TooLarge, got {other:?}"),
     }
@@ -177,7 +181,7 @@ fn encoding_refuses_payloads_above_the_maximum() {
 /// The handshake's encoding is frozen: a peer of any version must be able to read it.
 #[test]
 fn hello_wire_format_is_stable() {
-    let frame = encode_frame(&Request::Hello { protocol_version: 1 }, MAX_REQUEST_FRAME).unwrap();
+    let frame = Request::Hello { protocol_version: 1 }.to_frame().unwrap();
     assert_eq!(frame, [2, 0, 0, 0, 0, 1]);
     let reply = Reply::Hello {
         protocol_version: 1,
@@ -185,7 +189,7 @@ fn hello_wire_format_is_stable() {
         instance: 5,
         simulated: None,
     };
-    let frame = encode_frame(&reply, MAX_REPLY_FRAME).unwrap();
+    let frame = reply.to_frame().unwrap();
     assert_eq!(&frame[4..], [0, 1, 3, b'0', b'.', b'1', 5, 0]);
 }
 
@@ -196,17 +200,23 @@ fn energy_converts_with_its_unit() {
     assert_eq!(Energy { counter: 0, esu: 16 }.joules(), 0.0);
 }
 
+#[test]
+fn each_direction_has_its_own_bound() {
+    // A reply-sized frame announced where a request is expected is refused before allocation.
+    let prefix = (Request::MAX_FRAME + 1).to_le_bytes();
+    assert!(matches!(Request::parse_len(prefix), Err(FrameError::TooLarge { .. })));
+    assert_eq!(Reply::parse_len(prefix).unwrap(), Request::MAX_FRAME as usize + 1);
+}
+
+#[cfg(feature = "tokio")]
 #[tokio::test]
 async fn async_helpers_match_the_blocking_ones() {
     let req = Request::Sample { what: Families::ALL, deadline_ms: 1500 };
     let mut buf = Vec::new();
-    write_frame_async(&mut buf, &req, MAX_REQUEST_FRAME).await.unwrap();
-    assert_eq!(buf, encode_frame(&req, MAX_REQUEST_FRAME).unwrap());
-    let payload = read_frame_async(&mut &buf[..], MAX_REQUEST_FRAME).await.unwrap();
-    assert_eq!(decode::<Request>(&payload).unwrap(), req);
+    req.write_async(&mut buf).await.unwrap();
+    assert_eq!(buf, req.to_frame().unwrap());
+    assert_eq!(Request::read_async(&mut &buf[..]).await.unwrap(), req);
     let short = &buf[..buf.len() - 1];
-    assert!(matches!(
-        read_frame_async(&mut &short[..], MAX_REQUEST_FRAME).await,
-        Err(FrameError::Truncated)
-    ));
+    assert!(matches!(Request::read_async(&mut &short[..]).await, Err(FrameError::Truncated)));
+    assert!(matches!(Request::read_async(&mut &[][..]).await, Err(FrameError::Closed)));
 }

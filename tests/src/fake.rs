@@ -4,16 +4,14 @@
 //!
 //! The kernel copies the 44 bytes of an `_IOWR` ioctl in and out for a regular FUSE file, so the
 //! node only has to forward the message to the [`HsmpTransport`] opened for that descriptor (the
-//! firmware simulator with its model of the driver's checks) and hand the answer or errno back. What belongs to the file
-//! rather than the driver lives here: presence and permission of each node (switchable while
-//! mounted, for a device that appears late), how each descriptor was opened, the per-socket
-//! lock of the driver with an optional per-message latency, and a record of every open, message
-//! and MSR read for the wire-level assertions.
+//! simulator's model of the driver: its checks, per-socket lock, latency and timeouts) and hand
+//! the answer or errno back. What belongs to the file rather than the driver lives here:
+//! presence and permission of each node (switchable while mounted, for a device that appears
+//! late), replacing the node under open descriptors, how each descriptor was opened, and a
+//! record of every open, message and MSR read for the wire-level assertions.
 
-use amd_hsmp_broker::hsmp::{
-    Errno, HSMP_IOCTL_CMD, HsmpMessage, HsmpTransport, MsrOpener, MsrTransport,
-};
-use amd_hsmp_broker::sim::{AccessMode, Machine};
+use amd_hsmp_device::{Errno, HSMP_IOCTL_CMD, HsmpMessage, HsmpTransport, MsrOpener, MsrTransport};
+use amd_hsmp_sim::{AccessMode, Machine};
 use fuser::{
     BackgroundSession, Config, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
     INodeNo, IoctlFlags, LockOwner, MountOption, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
@@ -124,8 +122,6 @@ pub struct FakeConfig {
     pub hsmp_state: NodeState,
     /// Initial state of every `cpu/<N>/msr` node (and of `cpu/` itself when absent).
     pub msr_state: NodeState,
-    /// Time each message holds its socket's lock before the firmware model answers.
-    pub latency: Duration,
 }
 
 const ROOT: u64 = 1;
@@ -141,8 +137,15 @@ const MSR_FILE_SIZE: u64 = 1 << 40;
 /// An open descriptor of a node.
 #[derive(Debug, Clone)]
 enum Handle {
-    Hsmp(Arc<dyn HsmpTransport>),
-    Msr { cpu: u32, device: Arc<dyn MsrTransport> },
+    /// Opened when the `hsmp` node was in its `generation`; see [`FakeDevice::replace_hsmp`].
+    Hsmp {
+        generation: u64,
+        device: Arc<dyn HsmpTransport>,
+    },
+    Msr {
+        cpu: u32,
+        device: Arc<dyn MsrTransport>,
+    },
 }
 
 /// State shared between the FUSE threads and the test.
@@ -151,10 +154,10 @@ struct Shared {
     config: FakeConfig,
     hsmp_state: Mutex<NodeState>,
     msr_state: Mutex<NodeState>,
-    latency: Mutex<Duration>,
+    /// Bumped each time the `hsmp` node is replaced.
+    hsmp_generation: AtomicU64,
     handles: Mutex<HashMap<u64, Handle>>,
     next_fh: AtomicU64,
-    sockets: Mutex<BTreeMap<u16, Arc<Mutex<()>>>>,
     opens: Mutex<Vec<OpenRecord>>,
     messages: Mutex<Vec<WireMessage>>,
     msr_reads: Mutex<Vec<MsrRead>>,
@@ -240,7 +243,8 @@ impl Shared {
                         OpenAccMode::O_WRONLY => AccessMode::WriteOnly,
                         OpenAccMode::O_RDWR => AccessMode::ReadWrite,
                     };
-                    Ok(Handle::Hsmp(self.config.hsmp.open(access)?))
+                    let generation = self.hsmp_generation.load(Ordering::SeqCst);
+                    Ok(Handle::Hsmp { generation, device: self.config.hsmp.open(access)? })
                 }
                 NodeState::Absent => Err(libc::ENOENT),
                 NodeState::Denied => Err(libc::EACCES),
@@ -262,16 +266,17 @@ impl Shared {
         }
     }
 
-    fn socket_lock(&self, sock_ind: u16) -> Arc<Mutex<()>> {
-        Arc::clone(lock(&self.sockets).entry(sock_ind).or_default())
-    }
-
-    fn send(&self, device: &dyn HsmpTransport, msg: &mut HsmpMessage) -> Result<(), Errno> {
-        let socket = self.socket_lock(msg.sock_ind);
-        let _serialized = lock(&socket);
-        let latency = *lock(&self.latency);
-        if !latency.is_zero() {
-            std::thread::sleep(latency);
+    /// Sends one message on a descriptor of generation `generation`: a descriptor of a node
+    /// that has since been replaced answers `ENODEV`, as the driver does once its device is
+    /// gone.
+    fn send(
+        &self,
+        generation: u64,
+        device: &dyn HsmpTransport,
+        msg: &mut HsmpMessage,
+    ) -> Result<(), Errno> {
+        if generation != self.hsmp_generation.load(Ordering::SeqCst) {
+            return Err(libc::ENODEV);
         }
         device.send(msg)
     }
@@ -426,7 +431,7 @@ impl Filesystem for FakeFs {
                 }
             }
             // The HSMP driver has no read operation.
-            Some(Handle::Hsmp(_)) => reply.error(fuser::Errno::EINVAL),
+            Some(Handle::Hsmp { .. }) => reply.error(fuser::Errno::EINVAL),
             None => reply.error(fuser::Errno::EBADF),
         }
     }
@@ -443,7 +448,7 @@ impl Filesystem for FakeFs {
         reply: ReplyIoctl,
     ) {
         let handle = lock(&self.0.handles).get(&fh.0).cloned();
-        let (Some(Handle::Hsmp(device)), HSMP_IOCTL_CMD) = (handle, cmd) else {
+        let (Some(Handle::Hsmp { generation, device }), HSMP_IOCTL_CMD) = (handle, cmd) else {
             return reply.error(fuser::Errno::ENOTTY);
         };
         let Ok(bytes) = <&[u8; HsmpMessage::SIZE]>::try_from(in_data) else {
@@ -451,7 +456,7 @@ impl Filesystem for FakeFs {
         };
         let mut msg = HsmpMessage::from_bytes(bytes);
         let sent = msg;
-        let result = self.0.send(device.as_ref(), &mut msg);
+        let result = self.0.send(generation, device.as_ref(), &mut msg);
         lock(&self.0.messages).push(WireMessage {
             msg_id: sent.msg_id,
             sock_ind: sent.sock_ind,
@@ -489,11 +494,10 @@ impl FakeDevice {
         let shared = Arc::new(Shared {
             hsmp_state: Mutex::new(config.hsmp_state),
             msr_state: Mutex::new(config.msr_state),
-            latency: Mutex::new(config.latency),
+            hsmp_generation: AtomicU64::new(0),
             config,
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
-            sockets: Mutex::new(BTreeMap::new()),
             opens: Mutex::new(Vec::new()),
             messages: Mutex::new(Vec::new()),
             msr_reads: Mutex::new(Vec::new()),
@@ -537,9 +541,10 @@ impl FakeDevice {
         *lock(&self.shared.msr_state) = state;
     }
 
-    /// Sets the time each message holds its socket before being answered.
-    pub fn set_latency(&self, latency: Duration) {
-        *lock(&self.shared.latency) = latency;
+    /// Replaces the `hsmp` node, as a driver unbind and rebind does: descriptors opened so far
+    /// answer every message with `ENODEV` from now on; a new `open()` works as before.
+    pub fn replace_hsmp(&self) {
+        self.shared.hsmp_generation.fetch_add(1, Ordering::SeqCst);
     }
 
     /// Every open so far, in order.
@@ -564,12 +569,6 @@ impl FakeDevice {
     /// Every MSR read so far.
     pub fn msr_reads(&self) -> Vec<MsrRead> {
         lock(&self.shared.msr_reads).clone()
-    }
-
-    /// Forgets the recorded messages and MSR reads (not the opens).
-    pub fn clear_records(&self) {
-        lock(&self.shared.messages).clear();
-        lock(&self.shared.msr_reads).clear();
     }
 
     /// Unmounts now; also done on drop.
@@ -612,28 +611,26 @@ pub fn is_mount_point(path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use amd_hsmp_broker::hsmp::DevHsmp;
-    use amd_hsmp_broker::hsmp::messages::{self, Message};
-    use amd_hsmp_broker::msr::MsrDeviceOpener;
+    use amd_hsmp_device::messages::{self, Message};
+    use amd_hsmp_device::{DevHsmp, MsrDeviceOpener};
     use amd_hsmp_proto::ItemError;
+    use amd_hsmp_sim::{Family, Faults, FirmwareConfig, Mode, Profile, Target};
 
     /// Answers every message with its own id and socket in the first two words, or `errno`
     /// when set; counts nothing itself, so the fake's records are the only witness.
     #[derive(Debug)]
     struct Echo {
         errno: Option<Errno>,
-        delay: Duration,
     }
 
     impl HsmpNode for Echo {
         fn open(&self, _access: AccessMode) -> Result<Arc<dyn HsmpTransport>, Errno> {
-            Ok(Arc::new(Echo { errno: self.errno, delay: self.delay }))
+            Ok(Arc::new(Echo { errno: self.errno }))
         }
     }
 
     impl HsmpTransport for Echo {
         fn send(&self, msg: &mut HsmpMessage) -> Result<(), Errno> {
-            std::thread::sleep(self.delay);
             if let Some(e) = self.errno {
                 return Err(e);
             }
@@ -666,21 +663,20 @@ mod tests {
         }
     }
 
-    fn fake(errno: Option<Errno>, delay: Duration) -> FakeDevice {
+    fn fake(errno: Option<Errno>) -> FakeDevice {
         FakeDevice::mount(FakeConfig {
-            hsmp: Arc::new(Echo { errno, delay }),
+            hsmp: Arc::new(Echo { errno }),
             msr: Arc::new(RegsOpener),
             cpus: vec![0, 3, 64],
             hsmp_state: NodeState::Present,
             msr_state: NodeState::Present,
-            latency: Duration::ZERO,
         })
         .expect("mount the fake device (needs /dev/fuse and fusermount3 from fuse3)")
     }
 
     #[test]
     fn the_brokers_real_ioctl_round_trips_through_the_fake_node() {
-        let dev = fake(None, Duration::ZERO);
+        let dev = fake(None);
         let hsmp = DevHsmp::open(&dev.hsmp_path()).unwrap();
         assert_eq!(messages::boost_limit_mhz(&hsmp, 1, 0x45), Ok(0x0A * 1000 + 0x45));
         let counter = messages::rapl_core_counter(&hsmp, 1, 7).unwrap();
@@ -714,7 +710,7 @@ mod tests {
 
     #[test]
     fn the_models_errno_reaches_the_caller() {
-        let dev = fake(Some(libc::ETIMEDOUT), Duration::ZERO);
+        let dev = fake(Some(libc::ETIMEDOUT));
         let hsmp = DevHsmp::open(&dev.hsmp_path()).unwrap();
         assert_eq!(messages::prochot(&hsmp, 0), Err(ItemError::TimedOut));
         assert_eq!(dev.messages()[0].result, Err(libc::ETIMEDOUT));
@@ -723,7 +719,7 @@ mod tests {
 
     #[test]
     fn msr_nodes_answer_pread_at_the_register_offset() {
-        let dev = fake(None, Duration::ZERO);
+        let dev = fake(None);
         let opener = MsrDeviceOpener { root: dev.msr_root() };
         let cpu64 = opener.open(64).unwrap();
         assert_eq!(cpu64.read(0xC001_029A), Ok(64 << 32 | 0xC001_029A));
@@ -740,7 +736,7 @@ mod tests {
 
     #[test]
     fn node_states_give_the_kernels_errno_and_switch_while_mounted() {
-        let dev = fake(None, Duration::ZERO);
+        let dev = fake(None);
         dev.set_hsmp_state(NodeState::Absent);
         assert_eq!(DevHsmp::open(&dev.hsmp_path()).unwrap_err(), libc::ENOENT);
         dev.set_hsmp_state(NodeState::Denied);
@@ -758,35 +754,55 @@ mod tests {
 
     #[test]
     fn a_writable_open_is_recorded_as_such() {
-        let dev = fake(None, Duration::ZERO);
+        let dev = fake(None);
         let _rw = std::fs::OpenOptions::new().read(true).write(true).open(dev.hsmp_path()).unwrap();
         let open = dev.opens()[0];
         assert!(!open.read_only());
         assert_eq!(open.flags & libc::O_ACCMODE, libc::O_RDWR);
     }
 
+    /// The fake device in front of a simulated Genoa 2P.
+    fn simulated() -> (Arc<Machine>, FakeDevice) {
+        let machine = Machine::new(Profile::Genoa2p.spec(), FirmwareConfig::new(Mode::Static));
+        let dev = FakeDevice::mount(FakeConfig {
+            hsmp: Arc::new(Arc::clone(&machine)),
+            msr: Arc::new(machine.msr_opener()),
+            cpus: vec![0],
+            hsmp_state: NodeState::Present,
+            msr_state: NodeState::Present,
+        })
+        .unwrap();
+        (machine, dev)
+    }
+
     #[test]
-    fn messages_to_one_socket_are_serialized_and_sockets_run_in_parallel() {
-        let dev = fake(None, Duration::ZERO);
-        dev.set_latency(Duration::from_millis(200));
-        let path = dev.hsmp_path();
-        let run = |sockets: [u32; 2]| {
-            let start = std::time::Instant::now();
-            std::thread::scope(|s| {
-                for socket in sockets {
-                    let path = &path;
-                    s.spawn(move || {
-                        let hsmp = DevHsmp::open(path).unwrap();
-                        messages::prochot(&hsmp, socket).unwrap();
-                    });
-                }
-            });
-            start.elapsed()
-        };
-        let same = run([0, 0]);
-        let different = run([0, 1]);
-        assert!(same >= Duration::from_millis(400), "same socket took {same:?}");
-        assert!(different < Duration::from_millis(390), "two sockets took {different:?}");
+    fn a_held_socket_blocks_only_its_own_messages_through_the_fake() {
+        let (machine, dev) = simulated();
+        let hsmp = DevHsmp::open(&dev.hsmp_path()).unwrap();
+        machine.hold_socket(1);
+        std::thread::scope(|s| {
+            let held = s.spawn(|| messages::prochot(&hsmp, 1));
+            machine.wait_mailbox(1, Duration::from_secs(10), |b| b.entered == 1).unwrap();
+            // The FUSE server does not serialize across sockets: socket 0 answers meanwhile.
+            assert_eq!(messages::prochot(&hsmp, 0), Ok(false));
+            assert_eq!(dev.messages().len(), 1, "the held message has not returned");
+            machine.release_socket(1);
+            assert_eq!(held.join().unwrap(), Ok(false));
+        });
+        assert_eq!(dev.messages().len(), 2);
+        assert_eq!(machine.mailbox(1).max_pending, 1);
+    }
+
+    #[test]
+    fn a_replaced_node_fails_old_descriptors_with_enodev_and_opens_anew() {
+        let (_machine, dev) = simulated();
+        let old = DevHsmp::open(&dev.hsmp_path()).unwrap();
+        assert_eq!(messages::proto_version(&old, 0), Ok(5));
+        dev.replace_hsmp();
+        assert_eq!(messages::proto_version(&old, 0), Err(ItemError::NoSuchSocket));
+        assert_eq!(messages::proto_version(&old, 1), Err(ItemError::NoSuchSocket));
+        let new = DevHsmp::open(&dev.hsmp_path()).unwrap();
+        assert_eq!(messages::proto_version(&new, 1), Ok(5));
     }
 
     /// A message with arbitrary counts, as a buggy or hostile caller could send.
@@ -796,23 +812,13 @@ mod tests {
 
     #[test]
     fn the_simulated_driver_checks_arrive_with_the_kernels_errno() {
-        use amd_hsmp_broker::sim::{Family, Faults, FirmwareConfig, Mode, Profile, Target};
-        let machine = Machine::new(Profile::Genoa2p.spec(), FirmwareConfig::new(Mode::Static));
+        let (machine, dev) = simulated();
         let apic = machine.topology().cores[3].apic_id;
         let mut faults = Faults::default();
         faults.errno.insert((Family::BoostLimit, Target::Apic(apic)), libc::EIO);
         faults.wedged_sockets.insert(1);
         faults.driver_timeout = Duration::from_millis(20);
         machine.set_faults(faults);
-        let dev = FakeDevice::mount(FakeConfig {
-            hsmp: Arc::new(Arc::clone(&machine)),
-            msr: Arc::new(machine.msr_opener()),
-            cpus: vec![0],
-            hsmp_state: NodeState::Present,
-            msr_state: NodeState::Present,
-            latency: Duration::ZERO,
-        })
-        .unwrap();
         let ro = DevHsmp::open(&dev.hsmp_path()).unwrap();
         let send = |msg: HsmpMessage| ro.send(&mut { msg });
         assert_eq!(send(raw(0x40, 0, 1, 0)), Err(libc::ENOMSG), "unknown id");
@@ -835,7 +841,7 @@ mod tests {
 
     #[test]
     fn dropping_the_device_unmounts_it_even_with_a_descriptor_open() {
-        let dev = fake(None, Duration::ZERO);
+        let dev = fake(None);
         let root = dev.root().to_owned();
         assert!(is_mount_point(&root));
         let held = DevHsmp::open(&dev.hsmp_path()).unwrap();

@@ -3,7 +3,7 @@
 //! specs so that the tree the broker reads and the firmware the fake device serves describe the
 //! same machine.
 
-use amd_hsmp_broker::sim::{MachineSpec, Profile};
+use amd_hsmp_sim::{MachineSpec, Profile};
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -97,6 +97,73 @@ pub fn diff_trees(want: &Path, have: &Path) -> io::Result<Vec<String>> {
 mod tests {
     use super::*;
     use amd_hsmp_broker::topology::discover;
+    use amd_hsmp_proto::Topology;
+
+    fn discover_fixture(spec: &MachineSpec) -> (tempfile::TempDir, Topology) {
+        let dir = tempfile::tempdir().unwrap();
+        spec.write_fixture(dir.path()).unwrap();
+        let topo = discover(&dir.path().join("proc"), &dir.path().join("sys")).unwrap();
+        (dir, topo)
+    }
+
+    #[test]
+    fn every_profile_discovers_as_its_spec_says() {
+        for profile in Profile::ALL {
+            let spec = profile.spec();
+            let (_dir, topo) = discover_fixture(&spec);
+            assert_eq!(topo, spec.topology(), "{profile}");
+            assert_eq!(topo.cores.len(), spec.sockets as usize * spec.core_ids.len(), "{profile}");
+        }
+    }
+
+    #[test]
+    fn smt_off_machine() {
+        let mut spec = Profile::Milan1p.spec();
+        spec.smt = false;
+        spec.sockets = 2;
+        let (_dir, topo) = discover_fixture(&spec);
+        assert_eq!(topo, spec.topology());
+        assert_eq!(spec.cpu_count(), 128);
+        // Without SMT the APIC id is the core slot.
+        assert_eq!(topo.cores[5].apic_id, 5);
+        assert_eq!(topo.cores[64].apic_id, 1 << spec.apic_socket_shift());
+    }
+
+    #[test]
+    fn offline_cpu_is_absent_from_the_fixture_and_its_core_reads_through_the_sibling() {
+        let mut spec = Profile::Genoa2p.spec();
+        // CPU 1 is thread 0 of socket 0 core 1; CPU 65 is its sibling.
+        spec.offline_cpus = vec![1];
+        let (dir, topo) = discover_fixture(&spec);
+        assert_eq!(topo, spec.topology());
+        let core = topo.cores[1];
+        assert_eq!((core.socket, core.core, core.cpu), (0, 1, 65));
+        assert_eq!(core.apic_id, spec.apic_id(0, 1, 1));
+
+        let cpu_dir = dir.path().join("sys/devices/system/cpu");
+        let online = std::fs::read_to_string(cpu_dir.join("online")).unwrap();
+        assert_eq!(online, "0,2-127\n");
+        assert!(!cpu_dir.join("cpu1/topology").exists());
+        assert_eq!(std::fs::read_to_string(cpu_dir.join("cpu1/online")).unwrap(), "0\n");
+        let cpuinfo = std::fs::read_to_string(dir.path().join("proc/cpuinfo")).unwrap();
+        assert!(!cpuinfo.contains("processor\t: 1\n"));
+        assert!(cpuinfo.contains("processor\t: 2\n"));
+        let siblings =
+            std::fs::read_to_string(cpu_dir.join("cpu65/topology/thread_siblings_list")).unwrap();
+        assert_eq!(siblings, "65\n");
+    }
+
+    #[test]
+    fn sibling_lists_match_the_numbering() {
+        let spec = Profile::Genoa2p.spec();
+        let dir = tempfile::tempdir().unwrap();
+        spec.write_fixture(dir.path()).unwrap();
+        let topo = dir.path().join("sys/devices/system/cpu/cpu33/topology");
+        let threads = std::fs::read_to_string(topo.join("thread_siblings_list")).unwrap();
+        assert_eq!(threads.trim(), "33,97");
+        let package = std::fs::read_to_string(topo.join("core_siblings_list")).unwrap();
+        assert_eq!(package.trim(), "32-63,96-127");
+    }
 
     #[test]
     fn every_machine_required_by_the_suite_exists() {

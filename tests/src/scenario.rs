@@ -8,9 +8,9 @@
 use crate::fake::{FakeConfig, FakeDevice, MsrRead, NodeState, OpenRecord, WireMessage};
 use crate::fixtures;
 use crate::harness::{self, Proc, Response};
-use amd_hsmp_broker::hsmp::Message;
-use amd_hsmp_broker::sim::{Family, Faults, FirmwareConfig, Machine, MachineSpec, Mode, Target};
+use amd_hsmp_device::Message;
 use amd_hsmp_proto::Topology;
+use amd_hsmp_sim::{Family, Faults, FirmwareConfig, Machine, MachineSpec, Mode, Target};
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -74,7 +74,7 @@ fn yes() -> bool {
 pub struct FaultSpec {
     /// Families the firmware does not implement (`ENOMSG`; `EIO` for `msr`).
     #[serde(default)]
-    pub unsupported: Vec<FamilyName>,
+    pub unsupported: Vec<Family>,
     /// Per-item errors.
     #[serde(default)]
     pub errors: Vec<ItemFault>,
@@ -89,34 +89,6 @@ pub struct FaultSpec {
     pub driver_timeout_ms: Option<u64>,
 }
 
-/// A family, as scenario files name it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum FamilyName {
-    /// `GET_PROTO_VER`.
-    ProtoVersion,
-    /// `GET_BOOST_LIMIT`.
-    BoostLimit,
-    /// `GET_PROC_HOT`.
-    ProcHot,
-    /// `GET_RAPL_UNITS` and `GET_RAPL_CORE_COUNTER`.
-    Rapl,
-    /// The RAPL MSRs.
-    Msr,
-}
-
-impl FamilyName {
-    fn family(self) -> Family {
-        match self {
-            FamilyName::ProtoVersion => Family::ProtoVersion,
-            FamilyName::BoostLimit => Family::BoostLimit,
-            FamilyName::ProcHot => Family::ProcHot,
-            FamilyName::Rapl => Family::Rapl,
-            FamilyName::Msr => Family::Msr,
-        }
-    }
-}
-
 /// One failing item: the core (or socket) is named by its labels; the fault is injected for
 /// the APIC id (HSMP) or CPU number (MSR) the topology gives it, so a broker that addressed
 /// the core any other way would not see it.
@@ -124,7 +96,7 @@ impl FamilyName {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ItemFault {
     /// The family.
-    pub family: FamilyName,
+    pub family: Family,
     /// `socket` label.
     pub socket: u32,
     /// `core` label; required for per-core families, absent for per-socket ones.
@@ -285,7 +257,7 @@ impl FaultSpec {
     /// The simulator's faults, with cores resolved through `topology`.
     pub fn resolve(&self, topology: &Topology) -> Result<Faults> {
         let mut faults = Faults::default();
-        faults.unsupported.extend(self.unsupported.iter().map(|f| f.family()));
+        faults.unsupported.extend(self.unsupported.iter().copied());
         faults.wedged_sockets.extend(&self.wedged_sockets);
         faults.latency = Duration::from_millis(self.latency_ms);
         if let Some(ms) = self.driver_timeout_ms {
@@ -295,16 +267,14 @@ impl FaultSpec {
             let errno =
                 errno_by_name(&e.errno).with_context(|| format!("unknown errno {}", e.errno))?;
             let target = match (e.family, e.core) {
-                (FamilyName::BoostLimit | FamilyName::Rapl, Some(core)) => {
+                (Family::BoostLimit | Family::Rapl, Some(core)) => {
                     Target::Apic(core_of(topology, e.socket, core)?.apic_id)
                 }
-                (FamilyName::Msr, Some(core)) => {
-                    Target::Cpu(core_of(topology, e.socket, core)?.cpu)
-                }
-                (FamilyName::ProtoVersion | FamilyName::ProcHot, None) => Target::Socket(e.socket),
+                (Family::Msr, Some(core)) => Target::Cpu(core_of(topology, e.socket, core)?.cpu),
+                (Family::ProtoVersion | Family::ProcHot, None) => Target::Socket(e.socket),
                 (family, core) => bail!("{family:?} fault with core {core:?} makes no sense"),
             };
-            faults.errno.insert((e.family.family(), target), errno);
+            faults.errno.insert((e.family, target), errno);
         }
         Ok(faults)
     }
@@ -436,7 +406,6 @@ impl Rig {
             cpus,
             hsmp_state,
             msr_state: scenario.msr,
-            latency: Duration::ZERO,
         })
         .context("cannot mount the fake device (needs /dev/fuse and fusermount3 from fuse3)")?;
         scenario.setup.apply(&machine, Some(&device))?;

@@ -5,7 +5,7 @@
 //! Refresh the golden files with `UPDATE_GOLDEN=1 cargo test -p amd-hsmp-e2e` and review the
 //! diff; see `tests/README.md`.
 
-use amd_hsmp_broker::hsmp::Message;
+use amd_hsmp_device::Message;
 use amd_hsmp_e2e::fake::{self, Node};
 use amd_hsmp_e2e::scenario::{self, Outcome, Rig, Traffic, golden_names};
 use amd_hsmp_e2e::{fixtures, golden};

@@ -20,6 +20,8 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("policycoreutils", "/usr/libexec/selinux/hll/pp"),
     ("secilc", "secilc"),
     ("setools", "sesearch"),
+    // The mixin checks (mixin.rs); promtool is above.
+    ("jsonnet", "jsonnet"),
 ];
 
 /// Cargo subcommands the suite uses: crate, pinned version (the packaging checks compare the

@@ -324,7 +324,7 @@ async fn reply_not_aligned_with_the_topology_drops_that_family() {
     let _broker = MockBroker::start(
         &dir.path,
         Behaviour::edited(|s| {
-            if let Readings::Values { values, .. } = &mut s.boost_limit {
+            if let Readings::Values(values) = &mut s.boost_limit {
                 values.pop();
             }
         }),

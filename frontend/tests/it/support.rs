@@ -3,9 +3,8 @@
 
 use amd_hsmp_exporter::{Config, Exporter, app};
 use amd_hsmp_proto::{
-    Core, DeviceStatus, Energy, EnergySource, Families, ItemError, MAX_REPLY_FRAME,
-    MAX_REQUEST_FRAME, PROTOCOL_VERSION, Readings, Reply, Request, Sample, Topology, decode,
-    read_frame_async, write_frame_async,
+    Core, DeviceStatus, Energy, EnergySource, Families, ItemError, Message, PROTOCOL_VERSION,
+    Readings, Reply, Request, Sample, Topology,
 };
 use axum::Router;
 use axum::body::Body;
@@ -93,8 +92,7 @@ impl Drop for MockBroker {
 
 async fn serve(mut stream: UnixStream, behaviour: Arc<Behaviour>, seen: Arc<Seen>) {
     loop {
-        let Ok(payload) = read_frame_async(&mut stream, MAX_REQUEST_FRAME).await else { return };
-        let Ok(request) = decode::<Request>(&payload) else { return };
+        let Ok(request) = Request::read_async(&mut stream).await else { return };
         let reply = match request {
             Request::Hello { .. } => {
                 seen.hellos.fetch_add(1, Ordering::SeqCst);
@@ -117,7 +115,7 @@ async fn serve(mut stream: UnixStream, behaviour: Arc<Behaviour>, seen: Arc<Seen
                 Reply::Sample((behaviour.respond)(&behaviour.topology, what, deadline_ms))
             }
         };
-        if write_frame_async(&mut stream, &reply, MAX_REPLY_FRAME).await.is_err() {
+        if reply.write_async(&mut stream).await.is_err() {
             return;
         }
     }
@@ -141,26 +139,21 @@ pub fn healthy(topology: &Topology, what: Families, _deadline_ms: u32) -> Sample
     let n = topology.cores.len();
     Sample {
         hsmp: DeviceStatus::Ready { protocol_version: 7 },
+        energy_source: what.core_energy.then_some(EnergySource::Hsmp),
         energy: if what.core_energy {
-            Readings::Values {
-                source: Some(EnergySource::Hsmp),
-                values: (0..n)
-                    .map(|i| Ok(Energy { counter: (1000 + i as u64) << 16, esu: 16 }))
-                    .collect(),
-            }
+            Readings::Values(
+                (0..n).map(|i| Ok(Energy { counter: (1000 + i as u64) << 16, esu: 16 })).collect(),
+            )
         } else {
             Readings::NotRequested
         },
         boost_limit: if what.boost_limit {
-            Readings::Values { source: None, values: vec![Ok(3700); n] }
+            Readings::Values(vec![Ok(3700); n])
         } else {
             Readings::NotRequested
         },
         prochot: if what.prochot {
-            Readings::Values {
-                source: None,
-                values: topology.sockets.iter().map(|s| Ok(*s == 1)).collect(),
-            }
+            Readings::Values(topology.sockets.iter().map(|s| Ok(*s == 1)).collect())
         } else {
             Readings::NotRequested
         },
@@ -195,7 +188,7 @@ impl Behaviour {
 
 /// Sets item `index` of a family's values to `error`.
 pub fn fail_item<T>(readings: &mut Readings<T>, index: usize, error: ItemError) {
-    if let Readings::Values { values, .. } = readings {
+    if let Readings::Values(values) = readings {
         values[index] = Err(error);
     }
 }

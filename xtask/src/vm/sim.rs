@@ -1,10 +1,7 @@
 //! The firmware simulator the responder answers from: the one model behind `--simulate` and the
-//! FUSE fake. Everything the VM test uses of it is named here, so moving the simulator to its
-//! own crate changes only this import.
+//! FUSE fake. Everything the VM test uses of it is named here.
 
-pub use amd_hsmp_broker::sim::{
+pub use amd_hsmp_device::Errno;
+pub use amd_hsmp_sim::{
     DRIVER_TIMEOUT, Family, Faults, FirmwareConfig, FwStatus, Machine, MachineSpec, Profile, Target,
 };
-
-/// A positive errno value.
-pub type Errno = amd_hsmp_broker::hsmp::Errno;

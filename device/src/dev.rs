@@ -1,15 +1,18 @@
-//! The real HSMP transport: `/dev/hsmp` opened read-only, messages sent with
-//! [`crate::sys::hsmp_ioctl`].
+//! The real transports: `/dev/hsmp` opened read-only, messages sent with `sys::hsmp_ioctl`;
+//! `/dev/cpu/<N>/msr` opened read-only, registers read with `pread`.
 
-use super::{Errno, HsmpMessage, HsmpOpener, HsmpTransport};
-use crate::sys;
+use crate::{Errno, HsmpMessage, HsmpOpener, HsmpTransport, MsrOpener, MsrTransport, sys};
 use std::fs::File;
 use std::os::fd::AsFd;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Where the `amd_hsmp` driver creates its device node.
 pub const DEFAULT_HSMP_PATH: &str = "/dev/hsmp";
+
+/// Where the MSR driver creates its per-CPU nodes.
+pub const DEFAULT_MSR_ROOT: &str = "/dev/cpu";
 
 /// An open HSMP device node (or anything answering its ioctl, such as the test suite's fake
 /// device).
@@ -46,15 +49,47 @@ impl HsmpOpener for HsmpDeviceOpener {
     }
 }
 
+/// Opens `<root>/<cpu>/msr` read-only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MsrDeviceOpener {
+    /// The directory of the per-CPU nodes, normally [`DEFAULT_MSR_ROOT`].
+    pub root: PathBuf,
+}
+
+impl MsrOpener for MsrDeviceOpener {
+    fn open(&self, cpu: u32) -> Result<Box<dyn MsrTransport>, Errno> {
+        let path = self.root.join(cpu.to_string()).join("msr");
+        let file = File::open(path).map_err(|e| errno_of(&e))?;
+        Ok(Box::new(DevMsr { file }))
+    }
+}
+
+/// An open `/dev/cpu/<N>/msr`: each read is a `pread` of 8 bytes at offset = MSR number.
+#[derive(Debug)]
+pub struct DevMsr {
+    file: File,
+}
+
+impl MsrTransport for DevMsr {
+    fn read(&self, msr: u32) -> Result<u64, Errno> {
+        let mut buf = [0u8; 8];
+        match self.file.read_at(&mut buf, u64::from(msr)) {
+            Ok(8) => Ok(u64::from_le_bytes(buf)),
+            Ok(_) => Err(libc::EIO),
+            Err(e) => Err(errno_of(&e)),
+        }
+    }
+}
+
 /// The errno behind an I/O error; `EIO` for an error that carries none.
-pub(crate) fn errno_of(err: &std::io::Error) -> Errno {
+pub fn errno_of(err: &std::io::Error) -> Errno {
     err.raw_os_error().unwrap_or(libc::EIO)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hsmp::messages;
+    use crate::messages;
     use amd_hsmp_proto::ItemError;
 
     #[test]

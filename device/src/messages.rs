@@ -1,32 +1,45 @@
 //! The HSMP messages the broker sends, with the word counts the driver checks, and typed
 //! functions that encode a request, send it over a transport and decode the reply.
 //!
-//! Nothing else in the broker builds an `HsmpMessage`: the message ids a peer can cause to be
-//! sent are exactly the ones in [`Message`].
+//! Nothing in the broker builds an `HsmpMessage` any other way: the message ids a peer can
+//! cause to be sent are exactly the ones in [`Message`].
 
-use super::{HsmpMessage, HsmpTransport, classify};
+use crate::msr::energy_status_unit;
+use crate::table::{self, MsgDesc, id};
+use crate::{HSMP_MAX_MSG_LEN, HsmpMessage, HsmpTransport, classify};
 use amd_hsmp_proto::ItemError;
 
-/// The messages the broker sends (ids from `enum hsmp_message_ids`).
+/// The messages the broker sends.
 ///
 /// The driver checks `num_args` and `response_sz` of a GET message for exact equality with its
-/// descriptor table and answers `EINVAL` otherwise, so both counts are part of the message.
+/// descriptor table and answers `EINVAL` otherwise, so both counts come from that table
+/// ([`table::msg_desc`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
 pub enum Message {
     /// `HSMP_GET_PROTO_VER`: no argument; reply word 0 = protocol version.
-    GetProtoVer = 0x03,
+    GetProtoVer = id::GET_PROTO_VER,
     /// `HSMP_GET_BOOST_LIMIT`: argument 0 = APIC id; reply word 0 = boost limit in MHz.
-    GetBoostLimit = 0x0A,
+    GetBoostLimit = id::GET_BOOST_LIMIT,
     /// `HSMP_GET_PROC_HOT`: no argument; reply word 0 = PROCHOT status, see [`prochot`].
-    GetProcHot = 0x0B,
+    GetProcHot = id::GET_PROC_HOT,
     /// `HSMP_GET_RAPL_UNITS` (protocol 7): no argument; reply word 0 = time unit in bits
     /// 19:16, energy status unit (ESU) in bits 12:8.
-    GetRaplUnits = 0x30,
+    GetRaplUnits = id::GET_RAPL_UNITS,
     /// `HSMP_GET_RAPL_CORE_COUNTER` (protocol 7): argument 0 = APIC id in bits 15:0; reply
     /// words 0 and 1 = low and high half of a 64-bit energy counter. The uapi comment says
     /// `response_sz = 1`, but the descriptor table the driver checks says 2.
-    GetRaplCoreCounter = 0x31,
+    GetRaplCoreCounter = id::GET_RAPL_CORE_COUNTER,
 }
+
+// Every message the broker sends has an entry in the driver's table, so `desc` cannot fail.
+const _: () = {
+    let mut i = 0;
+    while i < Message::ALL.len() {
+        assert!(table::msg_desc(Message::ALL[i].id()).is_some());
+        i += 1;
+    }
+};
 
 impl Message {
     /// Every message the broker may send.
@@ -43,20 +56,23 @@ impl Message {
         self as u32
     }
 
+    /// The driver's descriptor of the message.
+    const fn desc(self) -> MsgDesc {
+        match table::msg_desc(self.id()) {
+            Some(desc) => desc,
+            // Unreachable: checked for every message at compile time above.
+            None => MsgDesc::RESERVED,
+        }
+    }
+
     /// Number of argument words (`num_args`).
     pub const fn num_args(self) -> u16 {
-        match self {
-            Message::GetBoostLimit | Message::GetRaplCoreCounter => 1,
-            Message::GetProtoVer | Message::GetProcHot | Message::GetRaplUnits => 0,
-        }
+        self.desc().num_args
     }
 
     /// Number of reply words (`response_sz`).
     pub const fn response_sz(self) -> u16 {
-        match self {
-            Message::GetRaplCoreCounter => 2,
-            _ => 1,
-        }
+        self.desc().response_sz
     }
 
     /// The kernel's name for the message, for logs.
@@ -78,7 +94,7 @@ impl Message {
     /// The request for socket `sock_ind` with `arg` as argument word 0 (ignored by messages
     /// that take no argument).
     pub fn request(self, sock_ind: u16, arg: u32) -> HsmpMessage {
-        let mut args = [0; super::HSMP_MAX_MSG_LEN];
+        let mut args = [0; HSMP_MAX_MSG_LEN];
         if self.num_args() > 0 {
             args[0] = arg;
         }
@@ -98,7 +114,7 @@ fn call(
     message: Message,
     socket: u32,
     arg: u32,
-) -> Result<[u32; super::HSMP_MAX_MSG_LEN], ItemError> {
+) -> Result<[u32; HSMP_MAX_MSG_LEN], ItemError> {
     // `sock_ind` is 16 bits wide; the driver answers ENODEV for an index it does not know.
     let sock_ind = u16::try_from(socket).map_err(|_| ItemError::NoSuchSocket)?;
     let mut msg = message.request(sock_ind, arg);
@@ -132,7 +148,7 @@ pub fn prochot(transport: &dyn HsmpTransport, socket: u32) -> Result<bool, ItemE
 /// 12:8).
 pub fn rapl_esu(transport: &dyn HsmpTransport, socket: u32) -> Result<u8, ItemError> {
     let word = call(transport, Message::GetRaplUnits, socket, 0)?[0];
-    Ok(((word >> 8) & 0x1f) as u8)
+    Ok(energy_status_unit(u64::from(word)))
 }
 
 /// 64-bit energy counter of the core with APIC id `apic_id` (`GET_RAPL_CORE_COUNTER`).
@@ -154,7 +170,7 @@ pub fn rapl_core_counter(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hsmp::Errno;
+    use crate::Errno;
     use std::sync::Mutex;
 
     /// Records every message and answers with a fixed reply or errno.

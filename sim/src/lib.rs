@@ -1,5 +1,9 @@
-//! The firmware simulator: a simulated EPYC machine (topology, SMU firmware, and the `amd_hsmp`
-//! and `msr` drivers in front of it) behind the same transport traits as the real devices.
+//! `amd-hsmp-sim`, the firmware simulator: a simulated EPYC machine (topology, SMU firmware,
+//! and the `amd_hsmp` and `msr` drivers in front of it) behind the transport traits of
+//! [`amd_hsmp_device`], the same ones the real devices implement.
+//!
+//! It is not part of what reads a real machine: the broker links it only to serve
+//! `--simulate`, and the test suite's fake device and the sampler's tests answer from it.
 //!
 //! One model serves two transports: in process for `--simulate`, through
 //! [`Machine::hsmp_opener`] and [`Machine::msr_opener`], and the test suite's fake device, which
@@ -7,9 +11,9 @@
 //! [`Machine::open_msr`].
 //!
 //! ```
-//! use amd_hsmp_broker::hsmp::HsmpOpener;
-//! use amd_hsmp_broker::hsmp::messages::proto_version;
-//! use amd_hsmp_broker::sim::{FirmwareConfig, Machine, Mode, Profile};
+//! use amd_hsmp_device::HsmpOpener;
+//! use amd_hsmp_device::messages::proto_version;
+//! use amd_hsmp_sim::{FirmwareConfig, Machine, Mode, Profile};
 //!
 //! let machine = Machine::new(Profile::Turin2p.spec(), FirmwareConfig::new(Mode::Static));
 //! assert_eq!(machine.topology().cores.len(), 384);
@@ -17,19 +21,23 @@
 //! assert_eq!(proto_version(hsmp.as_ref(), 1), Ok(7));
 //! ```
 
+#![forbid(unsafe_code)]
+
 pub mod driver;
 pub mod faults;
 pub mod firmware;
 pub mod profile;
 
-pub use driver::{AccessMode, Counters, Driver, SimMsr};
+pub use driver::{AccessMode, Counters, Driver, MailboxState, SimMsr};
 pub use faults::{DRIVER_TIMEOUT, Family, Faults, Target};
 pub use firmware::{Firmware, FwStatus, Mode, SimError};
 pub use profile::{Cpu, MachineSpec, Profile, UnknownProfile};
 
-use crate::hsmp::{Errno, HsmpOpener, HsmpTransport, MsrOpener, MsrTransport};
+use amd_hsmp_device::{Errno, HsmpOpener, HsmpTransport, MsrOpener, MsrTransport};
 use amd_hsmp_proto::Topology;
+use driver::Mailboxes;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
 
 /// How a simulated machine behaves.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +77,7 @@ pub struct Machine {
     faults: RwLock<Faults>,
     /// The driver's per-socket semaphores, shared by every open descriptor.
     socket_locks: Vec<Mutex<()>>,
+    mailboxes: Mailboxes,
     counters: Counters,
 }
 
@@ -82,6 +91,7 @@ impl Machine {
             spec,
             firmware,
             faults: RwLock::new(config.faults),
+            mailboxes: Mailboxes::default(),
             counters: Counters::default(),
         })
     }
@@ -104,6 +114,38 @@ impl Machine {
     /// What the simulated drivers have been asked.
     pub fn counters(&self) -> &Counters {
         &self.counters
+    }
+
+    /// Holds `socket`'s mailbox: the next message to reach it stays inside (holding the
+    /// socket's lock, so later ones queue behind it) until [`Machine::release_socket`], as a
+    /// firmware that stopped answering would, then it is answered as usual.
+    pub fn hold_socket(&self, socket: u32) {
+        self.mailboxes.set_held(socket, true);
+    }
+
+    /// Lets the messages held in `socket`'s mailbox go on.
+    pub fn release_socket(&self, socket: u32) {
+        self.mailboxes.set_held(socket, false);
+    }
+
+    /// What `socket`'s mailbox is doing now.
+    pub fn mailbox(&self, socket: u32) -> MailboxState {
+        self.mailboxes.get(socket)
+    }
+
+    /// Waits until `until` holds for `socket`'s mailbox, at most `timeout`: a gate for tests,
+    /// e.g. "a message is inside the held mailbox". Returns the last state seen, `Err` if
+    /// `until` still did not hold.
+    pub fn wait_mailbox(
+        &self,
+        socket: u32,
+        timeout: Duration,
+        until: impl Fn(&MailboxState) -> bool,
+    ) -> Result<MailboxState, MailboxState> {
+        match self.mailboxes.wait(socket, timeout, until) {
+            (state, true) => Ok(state),
+            (state, false) => Err(state),
+        }
     }
 
     /// The faults injected now.

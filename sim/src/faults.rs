@@ -1,30 +1,32 @@
 //! Fault injection for the simulator: plain data the test suite fills in to make the simulated
 //! driver and firmware fail the way real machines do.
 
-use crate::hsmp::Errno;
+use amd_hsmp_device::Errno;
+use amd_hsmp_device::table::id;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 /// How long the kernel driver waits for the firmware (`HSMP_MSG_TIMEOUT`).
 pub const DRIVER_TIMEOUT: Duration = Duration::from_millis(100);
 
-/// A group of messages or registers that fail together.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// A group of messages or registers that fail together. Scenario files name them in
+/// kebab case (`proto-version`, `boost-limit`, `proc-hot`, `rapl`, `msr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Family {
-    /// `HSMP_TEST` (0x01).
+    /// `HSMP_TEST`.
     Test,
-    /// `HSMP_GET_SMU_VER` (0x02).
+    /// `HSMP_GET_SMU_VER`.
     SmuVersion,
-    /// `HSMP_GET_PROTO_VER` (0x03).
+    /// `HSMP_GET_PROTO_VER`.
     ProtoVersion,
-    /// `HSMP_GET_BOOST_LIMIT` (0x0A).
+    /// `HSMP_GET_BOOST_LIMIT`.
     BoostLimit,
-    /// `HSMP_GET_PROC_HOT` (0x0B).
+    /// `HSMP_GET_PROC_HOT`.
     ProcHot,
-    /// `HSMP_GET_RAPL_UNITS`, `HSMP_GET_RAPL_CORE_COUNTER`, `HSMP_GET_RAPL_PACKAGE_COUNTER`
-    /// (0x30-0x32).
+    /// `HSMP_GET_RAPL_UNITS`, `HSMP_GET_RAPL_CORE_COUNTER`, `HSMP_GET_RAPL_PACKAGE_COUNTER`.
     Rapl,
-    /// The RAPL MSRs `0xC0010299` and `0xC001029A`.
+    /// The RAPL MSRs ([`amd_hsmp_device::msr`]).
     Msr,
 }
 
@@ -32,12 +34,14 @@ impl Family {
     /// The family of HSMP message `msg_id`, if the simulator implements it.
     pub fn of_message(msg_id: u32) -> Option<Family> {
         Some(match msg_id {
-            0x01 => Family::Test,
-            0x02 => Family::SmuVersion,
-            0x03 => Family::ProtoVersion,
-            0x0A => Family::BoostLimit,
-            0x0B => Family::ProcHot,
-            0x30..=0x32 => Family::Rapl,
+            id::TEST => Family::Test,
+            id::GET_SMU_VER => Family::SmuVersion,
+            id::GET_PROTO_VER => Family::ProtoVersion,
+            id::GET_BOOST_LIMIT => Family::BoostLimit,
+            id::GET_PROC_HOT => Family::ProcHot,
+            id::GET_RAPL_UNITS | id::GET_RAPL_CORE_COUNTER | id::GET_RAPL_PACKAGE_COUNTER => {
+                Family::Rapl
+            }
             _ => return None,
         })
     }

@@ -4,110 +4,13 @@
 
 use super::Machine;
 use super::faults::{Family, Target};
-use super::firmware::{MSR_CORE_ENERGY_STAT, MSR_RAPL_PWR_UNIT};
-use crate::hsmp::{Errno, HsmpMessage, HsmpTransport, MsrTransport};
-use std::sync::Arc;
+use amd_hsmp_device::msr::{MSR_CORE_ENERGY_STAT, MSR_RAPL_PWR_UNIT};
+use amd_hsmp_device::table::{HSMP_MSG_ID_MAX, MsgDesc, MsgKind, id, msg_desc};
+use amd_hsmp_device::{Errno, HsmpMessage, HsmpTransport, Message, MsrTransport};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-
-/// One past the highest message id the driver knows (`HSMP_MSG_ID_MAX` on mainline).
-pub const HSMP_MSG_ID_MAX: u32 = 0x33;
-
-/// `HSMP_TEST`, the lowest valid message id.
-const HSMP_TEST: u32 = 0x01;
-
-/// When the same message both sets and gets, bit 31 of argument 0 selects GET.
-const CHECK_GET_BIT: u32 = 1 << 31;
-
-/// The kind of a message in the driver's descriptor table (`enum hsmp_msg_type`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MsgKind {
-    /// `HSMP_RSVD`: not a message.
-    Reserved,
-    /// `HSMP_SET`: changes the machine; needs a writable descriptor.
-    Set,
-    /// `HSMP_GET`: reads only.
-    Get,
-    /// `HSMP_SET_GET`: a GET if bit 31 of argument 0 is set, else a SET; `response_sz` is a
-    /// maximum, not an exact count.
-    SetGet,
-}
-
-/// One entry of the driver's descriptor table (`struct hsmp_msg_desc`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MsgDesc {
-    /// Exact number of argument words.
-    pub num_args: u16,
-    /// Number of response words (exact, or a maximum for [`MsgKind::SetGet`]).
-    pub response_sz: u16,
-    /// The kind.
-    pub kind: MsgKind,
-}
-
-const fn d(num_args: u16, response_sz: u16, kind: MsgKind) -> MsgDesc {
-    MsgDesc { num_args, response_sz, kind }
-}
-
-const RSVD: MsgDesc = d(0, 0, MsgKind::Reserved);
-
-/// `hsmp_msg_desc_table[]` from `arch/x86/include/uapi/asm/amd_hsmp.h`, indexed by message id.
-const DESC_TABLE: [MsgDesc; HSMP_MSG_ID_MAX as usize] = [
-    RSVD,                     // 0x00 reserved
-    d(1, 1, MsgKind::Get),    // 0x01 HSMP_TEST
-    d(0, 1, MsgKind::Get),    // 0x02 HSMP_GET_SMU_VER
-    d(0, 1, MsgKind::Get),    // 0x03 HSMP_GET_PROTO_VER
-    d(0, 1, MsgKind::Get),    // 0x04 HSMP_GET_SOCKET_POWER
-    d(1, 0, MsgKind::Set),    // 0x05 HSMP_SET_SOCKET_POWER_LIMIT
-    d(0, 1, MsgKind::Get),    // 0x06 HSMP_GET_SOCKET_POWER_LIMIT
-    d(0, 1, MsgKind::Get),    // 0x07 HSMP_GET_SOCKET_POWER_LIMIT_MAX
-    d(1, 0, MsgKind::Set),    // 0x08 HSMP_SET_BOOST_LIMIT
-    d(1, 0, MsgKind::Set),    // 0x09 HSMP_SET_BOOST_LIMIT_SOCKET
-    d(1, 1, MsgKind::Get),    // 0x0A HSMP_GET_BOOST_LIMIT
-    d(0, 1, MsgKind::Get),    // 0x0B HSMP_GET_PROC_HOT
-    d(1, 0, MsgKind::Set),    // 0x0C HSMP_SET_XGMI_LINK_WIDTH
-    d(1, 0, MsgKind::Set),    // 0x0D HSMP_SET_DF_PSTATE
-    d(0, 0, MsgKind::Set),    // 0x0E HSMP_SET_AUTO_DF_PSTATE
-    d(0, 2, MsgKind::Get),    // 0x0F HSMP_GET_FCLK_MCLK
-    d(0, 1, MsgKind::Get),    // 0x10 HSMP_GET_CCLK_THROTTLE_LIMIT
-    d(0, 1, MsgKind::Get),    // 0x11 HSMP_GET_C0_PERCENT
-    d(1, 0, MsgKind::Set),    // 0x12 HSMP_SET_NBIO_DPM_LEVEL
-    d(1, 1, MsgKind::Get),    // 0x13 HSMP_GET_NBIO_DPM_LEVEL
-    d(0, 1, MsgKind::Get),    // 0x14 HSMP_GET_DDR_BANDWIDTH
-    d(0, 1, MsgKind::Get),    // 0x15 HSMP_GET_TEMP_MONITOR
-    d(1, 1, MsgKind::Get),    // 0x16 HSMP_GET_DIMM_TEMP_RANGE
-    d(1, 1, MsgKind::Get),    // 0x17 HSMP_GET_DIMM_POWER
-    d(1, 1, MsgKind::Get),    // 0x18 HSMP_GET_DIMM_THERMAL
-    d(0, 1, MsgKind::Get),    // 0x19 HSMP_GET_SOCKET_FREQ_LIMIT
-    d(1, 1, MsgKind::Get),    // 0x1A HSMP_GET_CCLK_CORE_LIMIT
-    d(0, 1, MsgKind::Get),    // 0x1B HSMP_GET_RAILS_SVI
-    d(0, 1, MsgKind::Get),    // 0x1C HSMP_GET_SOCKET_FMAX_FMIN
-    d(1, 1, MsgKind::Get),    // 0x1D HSMP_GET_IOLINK_BANDWITH
-    d(1, 1, MsgKind::Get),    // 0x1E HSMP_GET_XGMI_BANDWITH
-    d(1, 0, MsgKind::Set),    // 0x1F HSMP_SET_GMI3_WIDTH
-    d(1, 1, MsgKind::Set),    // 0x20 HSMP_SET_PCI_RATE
-    d(1, 1, MsgKind::SetGet), // 0x21 HSMP_SET_POWER_MODE
-    d(1, 0, MsgKind::Set),    // 0x22 HSMP_SET_PSTATE_MAX_MIN
-    d(0, 1, MsgKind::Get),    // 0x23 HSMP_GET_METRIC_TABLE_VER
-    d(0, 0, MsgKind::Get),    // 0x24 HSMP_GET_METRIC_TABLE
-    d(0, 2, MsgKind::Get),    // 0x25 HSMP_GET_METRIC_TABLE_DRAM_ADDR
-    d(1, 0, MsgKind::Set),    // 0x26 HSMP_SET_XGMI_PSTATE_RANGE
-    d(1, 1, MsgKind::SetGet), // 0x27 HSMP_CPU_RAIL_ISO_FREQ_POLICY
-    d(1, 1, MsgKind::SetGet), // 0x28 HSMP_DFC_ENABLE_CTRL
-    RSVD,                     // 0x29
-    RSVD,                     // 0x2A
-    RSVD,                     // 0x2B
-    RSVD,                     // 0x2C
-    RSVD,                     // 0x2D
-    RSVD,                     // 0x2E
-    RSVD,                     // 0x2F
-    d(0, 1, MsgKind::Get),    // 0x30 HSMP_GET_RAPL_UNITS
-    d(1, 2, MsgKind::Get),    // 0x31 HSMP_GET_RAPL_CORE_COUNTER
-    d(0, 2, MsgKind::Get),    // 0x32 HSMP_GET_RAPL_PACKAGE_COUNTER
-];
-
-/// The descriptor of message `msg_id`, `None` outside the table.
-pub fn msg_desc(msg_id: u32) -> Option<MsgDesc> {
-    DESC_TABLE.get(usize::try_from(msg_id).ok()?).copied()
-}
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 /// How the device was opened (`f_mode & (FMODE_READ | FMODE_WRITE)`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,6 +22,9 @@ pub enum AccessMode {
     /// `O_RDWR`: both.
     ReadWrite,
 }
+
+/// When the same message both sets and gets, bit 31 of argument 0 selects GET.
+const CHECK_GET_BIT: u32 = 1 << 31;
 
 /// `is_get_msg()`.
 fn is_get(desc: MsgDesc, msg: &HsmpMessage) -> bool {
@@ -135,7 +41,7 @@ fn is_get(desc: MsgDesc, msg: &HsmpMessage) -> bool {
 /// afterwards, against the machine.
 pub fn validate(msg: &HsmpMessage, access: AccessMode) -> Result<(), Errno> {
     let desc = match msg_desc(msg.msg_id) {
-        Some(desc) if msg.msg_id >= HSMP_TEST => desc,
+        Some(desc) if msg.msg_id >= id::TEST => desc,
         _ => return Err(libc::ENOMSG),
     };
     let get = is_get(desc, msg);
@@ -232,6 +138,99 @@ impl Counters {
     }
 }
 
+/// What one socket's mailbox is doing, as [`Machine::mailbox`] reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MailboxState {
+    /// Held by [`Machine::hold_socket`]: a message in the mailbox waits until it is released.
+    pub held: bool,
+    /// Messages to this socket that passed the driver's checks and have not returned yet:
+    /// the one in the mailbox and those waiting for the socket's lock.
+    pub pending: u32,
+    /// The most messages that were ever pending at once.
+    pub max_pending: u32,
+    /// Messages that entered the mailbox (took the socket's lock), in total.
+    pub entered: u64,
+}
+
+/// The state of every socket's mailbox, with a condition variable so tests can wait for a
+/// state instead of sleeping.
+#[derive(Debug, Default)]
+pub(crate) struct Mailboxes {
+    state: Mutex<BTreeMap<u32, MailboxState>>,
+    changed: Condvar,
+}
+
+impl Mailboxes {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<u32, MailboxState>> {
+        // Plain counters, valid even if a holder panicked.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn change(&self, socket: u32, f: impl FnOnce(&mut MailboxState)) {
+        f(self.lock().entry(socket).or_default());
+        self.changed.notify_all();
+    }
+
+    pub(crate) fn get(&self, socket: u32) -> MailboxState {
+        self.lock().get(&socket).copied().unwrap_or_default()
+    }
+
+    pub(crate) fn set_held(&self, socket: u32, held: bool) {
+        self.change(socket, |m| m.held = held);
+    }
+
+    /// Waits until `until` holds for `socket`'s state or `timeout` passes; returns the last
+    /// state seen and whether `until` held.
+    pub(crate) fn wait(
+        &self,
+        socket: u32,
+        timeout: Duration,
+        until: impl Fn(&MailboxState) -> bool,
+    ) -> (MailboxState, bool) {
+        let end = Instant::now() + timeout;
+        let mut state = self.lock();
+        loop {
+            let now = state.get(&socket).copied().unwrap_or_default();
+            let left = end.saturating_duration_since(Instant::now());
+            if until(&now) || left.is_zero() {
+                return (now, until(&now));
+            }
+            state =
+                self.changed.wait_timeout(state, left).unwrap_or_else(PoisonError::into_inner).0;
+        }
+    }
+
+    /// Blocks while `socket` is held.
+    fn wait_released(&self, socket: u32) {
+        let mut state = self.lock();
+        while state.get(&socket).is_some_and(|m| m.held) {
+            state = self.changed.wait(state).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+/// Counts a message as pending on its socket for as long as it lives.
+struct Pending<'a> {
+    mailboxes: &'a Mailboxes,
+    socket: u32,
+}
+
+impl<'a> Pending<'a> {
+    fn new(mailboxes: &'a Mailboxes, socket: u32) -> Pending<'a> {
+        mailboxes.change(socket, |m| {
+            m.pending += 1;
+            m.max_pending = m.max_pending.max(m.pending);
+        });
+        Pending { mailboxes, socket }
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.mailboxes.change(self.socket, |m| m.pending = m.pending.saturating_sub(1));
+    }
+}
+
 /// One open descriptor of the simulated `/dev/hsmp`.
 #[derive(Debug, Clone)]
 pub struct Driver {
@@ -278,9 +277,9 @@ impl HsmpTransport for Driver {
         };
 
         let family = Family::of_message(msg.msg_id);
-        let target = match msg.msg_id {
-            0x0A => Target::Apic(msg.args[0]),
-            0x31 => Target::Apic(msg.args[0] & 0xFFFF),
+        let target = match Message::from_id(msg.msg_id) {
+            Some(Message::GetBoostLimit) => Target::Apic(msg.args[0]),
+            Some(Message::GetRaplCoreCounter) => Target::Apic(msg.args[0] & 0xFFFF),
             _ => Target::Socket(socket),
         };
         let (timeout, latency, wedged, injected, unsupported) = machine.with_faults(|f| {
@@ -293,9 +292,12 @@ impl HsmpTransport for Driver {
             )
         });
 
+        let _pending = Pending::new(&machine.mailboxes, socket);
         // One message at a time per socket, as the driver's per-socket semaphore enforces.
-        let _guard = lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _guard = lock.lock().unwrap_or_else(PoisonError::into_inner);
         Counters::bump(&machine.counters.mailbox, msg.msg_id);
+        machine.mailboxes.change(socket, |m| m.entered += 1);
+        machine.mailboxes.wait_released(socket);
         if wedged || latency >= timeout {
             std::thread::sleep(timeout);
             return Err(libc::ETIMEDOUT);
@@ -360,11 +362,11 @@ impl MsrTransport for SimMsr {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hsmp::{HsmpOpener, MsrOpener};
-    use crate::sim::faults::Faults;
-    use crate::sim::firmware::{Mode, msg};
-    use crate::sim::profile::{MachineSpec, Profile};
-    use crate::sim::{FirmwareConfig, Machine};
+    use crate::faults::Faults;
+    use crate::firmware::Mode;
+    use crate::profile::{MachineSpec, Profile};
+    use crate::{FirmwareConfig, Machine};
+    use amd_hsmp_device::{HsmpOpener, MsrOpener};
     use std::collections::BTreeSet;
     use std::time::{Duration, Instant};
 
@@ -388,21 +390,6 @@ mod tests {
     ) -> Result<[u32; 8], Errno> {
         let mut m = message(msg_id, num_args, response_sz, arg, sock);
         driver.send(&mut m).map(|()| m.args)
-    }
-
-    #[test]
-    fn descriptor_table_matches_the_kernel_for_the_messages_used() {
-        assert_eq!(DESC_TABLE.len(), 0x33);
-        assert_eq!(msg_desc(0x03), Some(d(0, 1, MsgKind::Get)));
-        assert_eq!(msg_desc(0x0A), Some(d(1, 1, MsgKind::Get)));
-        assert_eq!(msg_desc(0x0B), Some(d(0, 1, MsgKind::Get)));
-        assert_eq!(msg_desc(0x30), Some(d(0, 1, MsgKind::Get)));
-        assert_eq!(msg_desc(0x31), Some(d(1, 2, MsgKind::Get)));
-        assert_eq!(msg_desc(0x33), None);
-        let reserved: Vec<u32> = (0..0x33)
-            .filter(|&id| msg_desc(id).map(|m| m.kind) == Some(MsgKind::Reserved))
-            .collect();
-        assert_eq!(reserved, vec![0x00, 0x29, 0x2A, 0x2B, 0x2C, 0x2D, 0x2E, 0x2F]);
     }
 
     #[test]
@@ -448,11 +435,11 @@ mod tests {
     fn only_response_sz_words_are_written_back() {
         let m = machine(Profile::Milan1p, Mode::Static);
         let ro = Driver::new(m, AccessMode::ReadOnly);
-        let mut msg = message(msg::TEST, 1, 1, 41, 0);
+        let mut msg = message(id::TEST, 1, 1, 41, 0);
         msg.args[1] = 0xDEAD;
         ro.send(&mut msg).unwrap();
         assert_eq!(&msg.args[..2], &[42, 0xDEAD]);
-        let mut bytes = message(msg::GET_PROTO_VER, 0, 1, 0, 0).to_bytes();
+        let mut bytes = message(id::GET_PROTO_VER, 0, 1, 0, 0).to_bytes();
         ro.ioctl_bytes(&mut bytes).unwrap();
         assert_eq!(HsmpMessage::from_bytes(&bytes).args[0], 4);
     }
@@ -466,8 +453,8 @@ mod tests {
                 continue;
             };
             let apic = m.topology().cores[0].apic_id;
-            let mut units = message(msg::GET_RAPL_UNITS, 0, 1, 0, 0);
-            let mut counter = message(msg::GET_RAPL_CORE_COUNTER, 1, 2, apic, 0);
+            let mut units = message(id::GET_RAPL_UNITS, 0, 1, 0, 0);
+            let mut counter = message(id::GET_RAPL_CORE_COUNTER, 1, 2, apic, 0);
             let results = (transport.send(&mut units), transport.send(&mut counter));
             if profile == Profile::Turin2p {
                 assert_eq!(results, (Ok(()), Ok(())));
@@ -514,7 +501,7 @@ mod tests {
         let msr = m.msr_opener().open(core.cpu).unwrap();
         let read = || {
             let mut msg =
-                message(msg::GET_RAPL_CORE_COUNTER, 1, 2, core.apic_id, core.socket as u16);
+                message(id::GET_RAPL_CORE_COUNTER, 1, 2, core.apic_id, core.socket as u16);
             hsmp.send(&mut msg).unwrap();
             (
                 u64::from(msg.args[0]) | u64::from(msg.args[1]) << 32,
@@ -544,7 +531,7 @@ mod tests {
         assert_eq!(msr.read(MSR_CORE_ENERGY_STAT), Ok(u64::from(u32::MAX) - 99));
         m.firmware().advance_energy(0, core.core, 200.0 / 65536.0).unwrap();
         assert_eq!(msr.read(MSR_CORE_ENERGY_STAT), Ok(100));
-        let mut msg = message(msg::GET_RAPL_CORE_COUNTER, 1, 2, core.apic_id, 0);
+        let mut msg = message(id::GET_RAPL_CORE_COUNTER, 1, 2, core.apic_id, 0);
         hsmp.send(&mut msg).unwrap();
         assert_eq!((msg.args[0], msg.args[1]), (100, 1));
     }
@@ -556,7 +543,7 @@ mod tests {
         let (da, db) = (a.hsmp_opener().open().unwrap(), b.hsmp_opener().open().unwrap());
         std::thread::sleep(Duration::from_millis(5));
         for core in &a.topology().cores {
-            let mut ma = message(msg::GET_BOOST_LIMIT, 1, 1, core.apic_id, core.socket as u16);
+            let mut ma = message(id::GET_BOOST_LIMIT, 1, 1, core.apic_id, core.socket as u16);
             let mut mb = ma;
             da.send(&mut ma).unwrap();
             db.send(&mut mb).unwrap();
@@ -576,13 +563,13 @@ mod tests {
         assert!(ro.opened_read_only());
         let apic = m.topology().cores[0].apic_id;
         for _ in 0..3 {
-            send(&ro, msg::GET_BOOST_LIMIT, 1, 1, apic, 0).unwrap();
+            send(&ro, id::GET_BOOST_LIMIT, 1, 1, apic, 0).unwrap();
         }
-        send(&ro, msg::GET_PROTO_VER, 0, 1, 0, 1).unwrap();
+        send(&ro, id::GET_PROTO_VER, 0, 1, 0, 1).unwrap();
         // Refused by the driver: counted as an ioctl, never reaches a mailbox.
-        assert_eq!(send(&ro, msg::GET_BOOST_LIMIT, 0, 1, apic, 0), Err(libc::EINVAL));
+        assert_eq!(send(&ro, id::GET_BOOST_LIMIT, 0, 1, apic, 0), Err(libc::EINVAL));
         // Reaches the mailbox, refused by the firmware.
-        assert_eq!(send(&ro, msg::GET_RAPL_UNITS, 0, 1, 0, 0), Err(libc::ENOMSG));
+        assert_eq!(send(&ro, id::GET_RAPL_UNITS, 0, 1, 0, 0), Err(libc::ENOMSG));
         let c = m.counters();
         assert_eq!((c.ioctls(0x0A), c.mailbox(0x0A)), (4, 3));
         assert_eq!((c.ioctls(0x03), c.mailbox(0x03)), (1, 1));
@@ -608,10 +595,10 @@ mod tests {
         faults.errno.insert((Family::BoostLimit, Target::Apic(cores[1].apic_id)), libc::EIO);
         faults.errno.insert((Family::Msr, Target::Cpu(cores[2].cpu)), libc::EIO);
         m.set_faults(faults);
-        assert_eq!(send(&ro, msg::GET_PROC_HOT, 0, 1, 0, 0), Err(libc::ENOMSG));
-        assert_eq!(send(&ro, msg::GET_PROC_HOT, 0, 1, 0, 1), Err(libc::ENOMSG));
-        assert!(send(&ro, msg::GET_BOOST_LIMIT, 1, 1, cores[0].apic_id, 0).is_ok());
-        assert_eq!(send(&ro, msg::GET_BOOST_LIMIT, 1, 1, cores[1].apic_id, 0), Err(libc::EIO));
+        assert_eq!(send(&ro, id::GET_PROC_HOT, 0, 1, 0, 0), Err(libc::ENOMSG));
+        assert_eq!(send(&ro, id::GET_PROC_HOT, 0, 1, 0, 1), Err(libc::ENOMSG));
+        assert!(send(&ro, id::GET_BOOST_LIMIT, 1, 1, cores[0].apic_id, 0).is_ok());
+        assert_eq!(send(&ro, id::GET_BOOST_LIMIT, 1, 1, cores[1].apic_id, 0), Err(libc::EIO));
         let msr = |cpu| m.msr_opener().open(cpu).unwrap().read(MSR_CORE_ENERGY_STAT);
         assert!(msr(cores[1].cpu).is_ok());
         assert_eq!(msr(cores[2].cpu), Err(libc::EIO));
@@ -623,7 +610,7 @@ mod tests {
         assert_eq!(msr(cores[1].cpu), Err(libc::EIO));
         assert_eq!(m.hsmp_opener().open().map(|_| ()), Err(libc::EACCES));
         // An already open descriptor keeps working.
-        assert!(send(&ro, msg::GET_PROTO_VER, 0, 1, 0, 0).is_ok());
+        assert!(send(&ro, id::GET_PROTO_VER, 0, 1, 0, 0).is_ok());
     }
 
     #[test]
@@ -635,38 +622,40 @@ mod tests {
             f.driver_timeout = Duration::from_millis(30);
         });
         let start = Instant::now();
-        assert_eq!(send(&ro, msg::GET_PROTO_VER, 0, 1, 0, 1), Err(libc::ETIMEDOUT));
+        assert_eq!(send(&ro, id::GET_PROTO_VER, 0, 1, 0, 1), Err(libc::ETIMEDOUT));
         assert!(start.elapsed() >= Duration::from_millis(30));
-        assert!(send(&ro, msg::GET_PROTO_VER, 0, 1, 0, 0).is_ok());
+        assert!(send(&ro, id::GET_PROTO_VER, 0, 1, 0, 0).is_ok());
         // A latency beyond the timeout is a timeout too.
         m.update_faults(|f| {
             f.wedged_sockets.clear();
             f.latency = Duration::from_millis(40);
         });
-        assert_eq!(send(&ro, msg::GET_PROTO_VER, 0, 1, 0, 0), Err(libc::ETIMEDOUT));
+        assert_eq!(send(&ro, id::GET_PROTO_VER, 0, 1, 0, 0), Err(libc::ETIMEDOUT));
         m.set_faults(Faults::default());
-        assert!(send(&ro, msg::GET_PROTO_VER, 0, 1, 0, 0).is_ok());
+        assert!(send(&ro, id::GET_PROTO_VER, 0, 1, 0, 0).is_ok());
     }
 
     #[test]
-    fn messages_are_serialized_per_socket_and_parallel_across_sockets() {
+    fn a_held_socket_serializes_its_messages_while_the_other_socket_answers() {
         let m = machine(Profile::Genoa2p, Mode::Static);
-        m.update_faults(|f| f.latency = Duration::from_millis(60));
         let ro = m.open_hsmp(AccessMode::ReadOnly).unwrap();
-        let run = |socks: [u16; 2]| {
-            let start = Instant::now();
-            std::thread::scope(|s| {
-                for sock in socks {
-                    let ro = ro.clone();
-                    s.spawn(move || send(&ro, msg::GET_PROTO_VER, 0, 1, 0, sock).unwrap());
-                }
-            });
-            start.elapsed()
-        };
-        let same = run([0, 0]);
-        assert!(same >= Duration::from_millis(120), "same socket took {same:?}");
-        let across = run([0, 1]);
-        assert!(across < Duration::from_millis(115), "two sockets took {across:?}");
+        let gate = Duration::from_secs(10);
+        m.hold_socket(1);
+        std::thread::scope(|s| {
+            let first = s.spawn(|| send(&ro, id::GET_PROTO_VER, 0, 1, 0, 1));
+            m.wait_mailbox(1, gate, |b| b.entered == 1).unwrap();
+            let second = s.spawn(|| send(&ro, id::GET_PROTO_VER, 0, 1, 0, 1));
+            m.wait_mailbox(1, gate, |b| b.pending == 2).unwrap();
+            // Socket 0 is not behind socket 1's lock.
+            assert_eq!(send(&ro, id::GET_PROTO_VER, 0, 1, 0, 0).map(|w| w[0]), Ok(5));
+            assert_eq!(m.mailbox(1).entered, 1, "the second message waits for the lock");
+            m.release_socket(1);
+            assert!(first.join().unwrap().is_ok());
+            assert!(second.join().unwrap().is_ok());
+        });
+        let after = MailboxState { held: false, pending: 0, max_pending: 2, entered: 2 };
+        assert_eq!(m.mailbox(1), after);
+        assert_eq!(m.mailbox(0).max_pending, 1);
     }
 
     #[test]

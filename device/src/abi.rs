@@ -1,8 +1,4 @@
-//! `struct hsmp_message` and `HSMP_IOCTL_CMD`, laid out exactly as the kernel's uapi header,
-//! and the meaning of the driver's errno values.
-
-use super::Errno;
-use amd_hsmp_proto::ItemError;
+//! `struct hsmp_message` and `HSMP_IOCTL_CMD`, laid out exactly as the kernel's uapi header.
 
 /// Maximum number of argument/response words (`HSMP_MAX_MSG_LEN`).
 pub const HSMP_MAX_MSG_LEN: usize = 8;
@@ -77,25 +73,6 @@ impl HsmpMessage {
 const _: () = assert!(size_of::<HsmpMessage>() == HsmpMessage::SIZE);
 const _: () = assert!(align_of::<HsmpMessage>() == 4);
 
-/// Maps a driver errno to the per-item error reported to the frontend.
-///
-/// The driver's rules (`drivers/platform/x86/amd/hsmp/hsmp.c`): `ENOMSG` for a message id it or
-/// the firmware does not know; `EINVAL` for wrong word counts or input the firmware calls
-/// invalid, `EPERM` for a SET on a read-only descriptor; `ETIMEDOUT` when the firmware does
-/// not answer within 100 ms, and before 6.16 `ETIME` when the per-socket lock was not free in
-/// time; `EBUSY` when the firmware is busy; `ENODEV` for a `sock_ind` beyond the sockets it
-/// probed. Anything else (`EIO`, `EREMOTEIO`, ...) is kept as its raw errno.
-pub fn classify(errno: Errno) -> ItemError {
-    match errno {
-        libc::ENOMSG => ItemError::Unsupported,
-        libc::EINVAL | libc::EPERM => ItemError::Rejected,
-        libc::ETIMEDOUT | libc::ETIME => ItemError::TimedOut,
-        libc::EBUSY => ItemError::Busy,
-        libc::ENODEV => ItemError::NoSuchSocket,
-        errno => ItemError::Io { errno },
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,24 +118,5 @@ mod tests {
         b[42] = 0xaa;
         b[43] = 0x55;
         assert_eq!(HsmpMessage::from_bytes(&b).to_bytes()[42..], [0, 0]);
-    }
-
-    #[test]
-    fn every_driver_errno_is_classified() {
-        let cases = [
-            (libc::ENOMSG, ItemError::Unsupported),
-            (libc::EINVAL, ItemError::Rejected),
-            (libc::EPERM, ItemError::Rejected),
-            (libc::ETIMEDOUT, ItemError::TimedOut),
-            (libc::ETIME, ItemError::TimedOut),
-            (libc::EBUSY, ItemError::Busy),
-            (libc::ENODEV, ItemError::NoSuchSocket),
-            (libc::EIO, ItemError::Io { errno: libc::EIO }),
-            (libc::EREMOTEIO, ItemError::Io { errno: libc::EREMOTEIO }),
-            (libc::ENOTTY, ItemError::Io { errno: libc::ENOTTY }),
-        ];
-        for (errno, want) in cases {
-            assert_eq!(classify(errno), want, "errno {errno}");
-        }
     }
 }

@@ -1,19 +1,20 @@
-//! Thin safe wrappers around the raw system calls of the broker: the only `unsafe` code in it.
+//! Thin safe wrappers around the raw system calls the kernel interface needs: the only
+//! `unsafe` code in the project.
 //!
 //! Each wrapper takes borrowed, typed arguments and returns the errno on failure, so the code
 //! above it never sees a raw pointer or a return code.
 
-use crate::hsmp::{Errno, HSMP_IOCTL_CMD, HsmpMessage};
+use crate::{Errno, HSMP_IOCTL_CMD, HsmpMessage};
 use std::os::fd::{AsRawFd, BorrowedFd};
 
 /// Sends one HSMP message: `ioctl(fd, HSMP_IOCTL_CMD, msg)`.
 ///
 /// The kernel copies the 44 bytes of `msg` in, runs the message and copies them back, the
 /// reply in `msg.args`. On failure `msg` is left as it was and the errno is returned.
-pub fn hsmp_ioctl(fd: BorrowedFd<'_>, msg: &mut HsmpMessage) -> Result<(), Errno> {
+pub(crate) fn hsmp_ioctl(fd: BorrowedFd<'_>, msg: &mut HsmpMessage) -> Result<(), Errno> {
     let arg: *mut HsmpMessage = msg;
     // SAFETY: `HSMP_IOCTL_CMD` is `_IOWR` with a size of 44 bytes and `HsmpMessage` is
-    // `repr(C)`, 44 bytes, align 4 (asserted at compile time in `hsmp::abi`), so the kernel
+    // `repr(C)`, 44 bytes, align 4 (asserted at compile time in `abi`), so the kernel
     // reads and writes only bytes of `*msg`. `msg` is exclusively borrowed for the whole call,
     // so nothing else aliases it while the kernel writes, and `fd` is borrowed, so it stays
     // open until the call returns.

@@ -7,42 +7,18 @@
 //! the machine, the mode, the time since it started and, in static mode, the values set.
 
 use super::profile::MachineSpec;
-use crate::hsmp::Errno;
+use amd_hsmp_device::Errno;
+use amd_hsmp_device::msr::{MSR_CORE_ENERGY_STAT, MSR_RAPL_PWR_UNIT};
+use amd_hsmp_device::table::id;
 use std::collections::HashMap;
 use std::f64::consts::TAU;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-/// `MSR_AMD_RAPL_POWER_UNIT`: power unit bits 3:0, energy status unit bits 12:8, time unit
-/// bits 19:16.
-pub const MSR_RAPL_PWR_UNIT: u32 = 0xC001_0299;
-/// `MSR_AMD_CORE_ENERGY_STATUS`: 32-bit core energy counter in bits 31:0, wraps.
-pub const MSR_CORE_ENERGY_STAT: u32 = 0xC001_029A;
-
 /// Time unit exponent reported in RAPL units (1/1024 s), as on every EPYC so far.
 const TIME_UNIT: u32 = 0xA;
 /// Power unit exponent reported in the RAPL power unit MSR (1/8 W).
 const POWER_UNIT: u32 = 0x3;
-
-/// HSMP message ids the firmware implements.
-pub mod msg {
-    /// `HSMP_TEST`: answers argument 0 plus one.
-    pub const TEST: u32 = 0x01;
-    /// `HSMP_GET_SMU_VER`.
-    pub const GET_SMU_VER: u32 = 0x02;
-    /// `HSMP_GET_PROTO_VER`.
-    pub const GET_PROTO_VER: u32 = 0x03;
-    /// `HSMP_GET_BOOST_LIMIT`: argument 0 = APIC id.
-    pub const GET_BOOST_LIMIT: u32 = 0x0A;
-    /// `HSMP_GET_PROC_HOT`.
-    pub const GET_PROC_HOT: u32 = 0x0B;
-    /// `HSMP_GET_RAPL_UNITS` (protocol 7).
-    pub const GET_RAPL_UNITS: u32 = 0x30;
-    /// `HSMP_GET_RAPL_CORE_COUNTER` (protocol 7): argument 0 bits 15:0 = APIC id.
-    pub const GET_RAPL_CORE_COUNTER: u32 = 0x31;
-    /// `HSMP_GET_RAPL_PACKAGE_COUNTER` (protocol 7).
-    pub const GET_RAPL_PACKAGE_COUNTER: u32 = 0x32;
-}
 
 /// How the firmware's values evolve.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -247,24 +223,24 @@ impl Firmware {
         let t = self.elapsed_s();
         let mut out = [0u32; 8];
         match msg_id {
-            msg::TEST => out[0] = args[0].wrapping_add(1),
-            msg::GET_SMU_VER => out[0] = self.smu_fw_version,
-            msg::GET_PROTO_VER => out[0] = protocol,
-            msg::GET_BOOST_LIMIT => {
+            id::TEST => out[0] = args[0].wrapping_add(1),
+            id::GET_SMU_VER => out[0] = self.smu_fw_version,
+            id::GET_PROTO_VER => out[0] = protocol,
+            id::GET_BOOST_LIMIT => {
                 let i = self.core_of_apic(socket, args[0])?;
                 out[0] = self.boost_at(i, t);
             }
-            msg::GET_PROC_HOT => out[0] = u32::from(self.prochot_at(socket, t)),
-            msg::GET_RAPL_UNITS if self.rapl => {
+            id::GET_PROC_HOT => out[0] = u32::from(self.prochot_at(socket, t)),
+            id::GET_RAPL_UNITS if self.rapl => {
                 out[0] = TIME_UNIT << 16 | u32::from(self.esu) << 8;
             }
-            msg::GET_RAPL_CORE_COUNTER if self.rapl => {
+            id::GET_RAPL_CORE_COUNTER if self.rapl => {
                 let i = self.core_of_apic(socket, args[0] & 0xFFFF)?;
                 let counter = self.energy_at(i, t);
                 out[0] = counter as u32;
                 out[1] = (counter >> 32) as u32;
             }
-            msg::GET_RAPL_PACKAGE_COUNTER if self.rapl => {
+            id::GET_RAPL_PACKAGE_COUNTER if self.rapl => {
                 let counter = (0..self.cores.len())
                     .filter(|&i| self.cores[i].socket == socket)
                     .fold(0u64, |sum, i| sum.wrapping_add(self.energy_at(i, t)));
@@ -479,7 +455,7 @@ fn live_prochot(seed: u64, socket: u32, t: f64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::profile::Profile;
+    use crate::profile::Profile;
 
     fn args(a0: u32) -> [u32; 8] {
         [a0, 0, 0, 0, 0, 0, 0, 0]
@@ -531,10 +507,10 @@ mod tests {
     #[test]
     fn answers_the_implemented_messages() {
         let fw = Firmware::new(&Profile::Turin2p.spec(), Mode::Static, 0);
-        assert_eq!(fw.answer(0, msg::TEST, &args(41)).unwrap()[0], 42);
-        assert_eq!(fw.answer(1, msg::GET_PROTO_VER, &args(0)).unwrap()[0], 7);
-        assert_eq!(fw.answer(0, msg::GET_SMU_VER, &args(0)).unwrap()[0], 0x0005_5A2B);
-        let units = fw.answer(0, msg::GET_RAPL_UNITS, &args(0)).unwrap()[0];
+        assert_eq!(fw.answer(0, id::TEST, &args(41)).unwrap()[0], 42);
+        assert_eq!(fw.answer(1, id::GET_PROTO_VER, &args(0)).unwrap()[0], 7);
+        assert_eq!(fw.answer(0, id::GET_SMU_VER, &args(0)).unwrap()[0], 0x0005_5A2B);
+        let units = fw.answer(0, id::GET_RAPL_UNITS, &args(0)).unwrap()[0];
         assert_eq!((units >> 8) & 0x1f, 16);
         assert_eq!((units >> 16) & 0xf, 0xA);
         assert_eq!(
@@ -553,25 +529,25 @@ mod tests {
         // Socket 1 core 8 thread 1.
         let apic = spec.apic_id(1, 8, 1);
         fw.set_boost_limit(1, 8, 3123).unwrap();
-        assert_eq!(fw.answer(1, msg::GET_BOOST_LIMIT, &args(apic)).unwrap()[0], 3123);
+        assert_eq!(fw.answer(1, id::GET_BOOST_LIMIT, &args(apic)).unwrap()[0], 3123);
         // The same APIC id sent to the other socket's mailbox is invalid input.
-        assert_eq!(fw.answer(0, msg::GET_BOOST_LIMIT, &args(apic)), Err(FwStatus::InvalidInput));
+        assert_eq!(fw.answer(0, id::GET_BOOST_LIMIT, &args(apic)), Err(FwStatus::InvalidInput));
         // So is an APIC id in a disabled core slot (core 4 of CCD 0).
         assert_eq!(
-            fw.answer(0, msg::GET_BOOST_LIMIT, &args(spec.apic_id(0, 4, 0))),
+            fw.answer(0, id::GET_BOOST_LIMIT, &args(spec.apic_id(0, 4, 0))),
             Err(FwStatus::InvalidInput)
         );
         fw.set_energy_counter(1, 8, 0x1_2345_6789).unwrap();
         // Bits 31:16 of the argument are not part of the APIC id.
-        let words = fw.answer(1, msg::GET_RAPL_CORE_COUNTER, &args(0xABCD_0000 | apic)).unwrap();
+        let words = fw.answer(1, id::GET_RAPL_CORE_COUNTER, &args(0xABCD_0000 | apic)).unwrap();
         assert_eq!((words[0], words[1]), (0x2345_6789, 1));
     }
 
     #[test]
     fn rapl_messages_are_invalid_without_rapl() {
         let fw = Firmware::new(&Profile::Genoa2p.spec(), Mode::Static, 0);
-        for id in [msg::GET_RAPL_UNITS, msg::GET_RAPL_CORE_COUNTER, msg::GET_RAPL_PACKAGE_COUNTER] {
-            assert_eq!(fw.answer(0, id, &args(0)), Err(FwStatus::InvalidMessage));
+        for msg in [id::GET_RAPL_UNITS, id::GET_RAPL_CORE_COUNTER, id::GET_RAPL_PACKAGE_COUNTER] {
+            assert_eq!(fw.answer(0, msg, &args(0)), Err(FwStatus::InvalidMessage));
         }
     }
 
@@ -593,7 +569,7 @@ mod tests {
         a.advance_all_energy(1.0).unwrap();
         assert_eq!(a.energy_counter(0, 0).unwrap(), 1001 << 16);
         a.set_prochot(0, true).unwrap();
-        assert_eq!(a.answer(0, msg::GET_PROC_HOT, &args(0)).unwrap()[0], 1);
+        assert_eq!(a.answer(0, id::GET_PROC_HOT, &args(0)).unwrap()[0], 1);
     }
 
     #[test]
@@ -640,6 +616,6 @@ mod tests {
     fn no_hsmp_means_every_message_is_invalid() {
         let fw = Firmware::new(&Profile::Rome1p.spec(), Mode::Static, 0);
         assert!(!fw.has_hsmp());
-        assert_eq!(fw.answer(0, msg::TEST, &args(1)), Err(FwStatus::InvalidMessage));
+        assert_eq!(fw.answer(0, id::TEST, &args(1)), Err(FwStatus::InvalidMessage));
     }
 }

@@ -1,0 +1,63 @@
+//! `amd-hsmp-device`: the kernel interfaces the exporter uses, as data and thin calls.
+//!
+//! - [`abi`]: `struct hsmp_message` and `HSMP_IOCTL_CMD`, laid out as the kernel's uapi header;
+//! - [`table`]: the HSMP message ids and the driver's descriptor table (word counts, GET/SET);
+//! - [`messages`]: the messages the broker sends, with typed calls over a transport;
+//! - [`errno`]: what the driver's errno values mean;
+//! - [`msr`]: the RAPL model-specific registers;
+//! - the transport traits ([`HsmpTransport`], [`MsrTransport`] and their openers) that let the
+//!   same code talk to the kernel ([`DevHsmp`], [`DevMsr`]) or to a simulator;
+//! - `sys`: the only `unsafe` code of the project, the `ioctl` call.
+//!
+//! Every such fact (a message id, a word count, an MSR number) is written here once.
+//!
+//! Reference: `arch/x86/include/uapi/asm/amd_hsmp.h`, `drivers/platform/x86/amd/hsmp/hsmp.c`
+//! and `arch/x86/kernel/msr.c` in the kernel source.
+#![deny(unsafe_code)]
+
+pub mod abi;
+mod dev;
+pub mod errno;
+pub mod messages;
+pub mod msr;
+#[allow(unsafe_code)] // The one place the kernel interface needs it; see its SAFETY comment.
+mod sys;
+pub mod table;
+
+pub use abi::{HSMP_IOCTL_CMD, HSMP_MAX_MSG_LEN, HsmpMessage};
+pub use dev::{
+    DEFAULT_HSMP_PATH, DEFAULT_MSR_ROOT, DevHsmp, DevMsr, HsmpDeviceOpener, MsrDeviceOpener,
+    errno_of,
+};
+pub use errno::{Errno, classify};
+pub use messages::Message;
+
+/// Sends HSMP messages, as `ioctl(fd, HSMP_IOCTL_CMD, &msg)` does.
+///
+/// On success the first `msg.response_sz` words of `msg.args` hold the reply. On failure the
+/// errno is the driver's (see [`errno::classify`]).
+pub trait HsmpTransport: Send + Sync + std::fmt::Debug {
+    /// Sends one message and waits for the firmware's answer.
+    fn send(&self, msg: &mut HsmpMessage) -> Result<(), Errno>;
+}
+
+/// Reads model-specific registers of one CPU, as `pread(fd, buf, 8, msr)` on
+/// `/dev/cpu/<N>/msr` does.
+pub trait MsrTransport: Send + Sync + std::fmt::Debug {
+    /// Reads the 64-bit register `msr`.
+    fn read(&self, msr: u32) -> Result<u64, Errno>;
+}
+
+/// Opens the HSMP device. Called at start-up and again while the device is missing or has
+/// gone stale, so a `/dev/hsmp` that appears later (a late `modprobe`) or is replaced (a
+/// rebind) is picked up without a restart.
+pub trait HsmpOpener: Send + Sync + std::fmt::Debug {
+    /// Opens the device read-only; the errno says why not (`ENOENT` absent, `EACCES` denied).
+    fn open(&self) -> Result<std::sync::Arc<dyn HsmpTransport>, Errno>;
+}
+
+/// Opens the MSR device of one CPU (`/dev/cpu/<cpu>/msr`), read-only.
+pub trait MsrOpener: Send + Sync + std::fmt::Debug {
+    /// Opens the device of `cpu`; `EPERM` without `CAP_SYS_RAWIO`, `ENOENT` without the module.
+    fn open(&self, cpu: u32) -> Result<Box<dyn MsrTransport>, Errno>;
+}
