@@ -415,6 +415,13 @@ pub fn run_all(
 
     // 4. A failing core and a wedged socket; a short timeout header.
     let mut ev = Evidence::default();
+    // What one healthy scrape costs the guest end to end (TCG on a shared host is noisy: the
+    // slowest of three).
+    let mut guest_cost: f64 = 0.0;
+    for _ in 0..3 {
+        guest_cost = guest_cost.max(scrape(vm, 10.0)?.seconds);
+    }
+    let before_faults = scrape(vm, 10.0)?;
     let failing = responder.sim_apic(0, 0);
     responder.update_faults(|f| {
         f.errno.insert((Family::BoostLimit, Target::Apic(failing)), libc::EIO);
@@ -432,20 +439,19 @@ pub fn run_all(
             && e.labels.contains(&("core", "0".to_string()));
         e.on_socket(1) || core00
     });
-    let boost_errors = faulty.errors("boost-limit") - p7.errors("boost-limit");
+    let boost_errors = faulty.errors("boost-limit") - before_faults.errors("boost-limit");
     ev.check(boost_errors >= 1.0, format!("boost-limit errors counted: +{boost_errors}"));
-    let all_errors = faulty.total_errors() - p7.total_errors();
+    let all_errors = faulty.total_errors() - before_faults.total_errors();
     ev.check(all_errors >= 2.0, format!("errors counted in all collectors: +{all_errors}"));
     // The deadline, not the wedge, must end the scrape: socket 1's messages alone would take
     // longer than the header allows. The exporter keeps 5 % of the timeout for its own work,
     // sized for real hardware; under TCG one complete healthy scrape costs tens of ms, so the
     // bound is the header plus that measured cost of the guest's own scrape path.
-    let guest_cost = p7.seconds;
     ev.check(
         faulty.seconds <= SHORT_TIMEOUT_S + guest_cost,
         format!(
             "scrape with timeout header {SHORT_TIMEOUT_S} s took {:.3} s (bound: header + {:.3} s, \
-             the healthy scrape's cost under TCG; socket 1 alone holds {} ms of timeouts)",
+             the slowest healthy scrape under TCG; socket 1 alone holds {} ms of timeouts)",
             faulty.seconds,
             guest_cost,
             u128::from(2 * topo.cores + 1) * DRIVER_TIMEOUT.as_millis()
@@ -454,14 +460,8 @@ pub fn run_all(
     // Once the faults are gone, nothing is lost: the next scrapes are complete again.
     std::thread::sleep(Duration::from_millis(300));
     let healed = scrape(vm, 10.0)?;
-    let healed =
-        if healed.count("amd_hsmp_core_boost_limit_hertz") < (topo.sockets * topo.cores) as usize {
-            scrape(vm, 10.0)?
-        } else {
-            healed
-        };
     let n = exact_values(&mut ev, &healed, &exp, |_| false);
-    ev.check(true, format!("after the faults are lifted: {n} series compared"));
+    ev.check(true, format!("the first scrape after the faults are lifted: {n} series compared"));
     emit(ev.verdict("4", "failing core and wedged socket; short timeout header"), &mut verdicts);
 
     // 5. The sandbox under real systemd; freeze and thaw.

@@ -87,6 +87,10 @@ fn cached_word(cached: bool) -> &'static str {
 /// Runs the whole VM test.
 pub fn run(args: &[String]) -> Result<()> {
     let cache = Cache { dir: cache_dir(args)? };
+    fs::create_dir_all(&cache.dir)
+        .with_context(|| format!("cannot create the cache {}", cache.dir.display()))?;
+    let _lock = lock(&cache.dir)?;
+    remove_stale_ram();
     let run_dir = cache.dir.join("run");
     if run_dir.exists() {
         fs::remove_dir_all(&run_dir)
@@ -209,6 +213,29 @@ pub fn run(args: &[String]) -> Result<()> {
         bail!("VM checks failed: {}", failed.join(", "));
     }
     Ok(())
+}
+
+/// Holds an exclusive lock on the cache for the whole run: two runs would share `run/`.
+fn lock(dir: &Path) -> Result<fs::File> {
+    let file = fs::File::create(dir.join("lock"))?;
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).map_err(
+        |e| anyhow::anyhow!("another vm-test is using the cache {} ({e})", dir.display()),
+    )?;
+    Ok(file)
+}
+
+/// Removes the guest RAM files of runs whose process is gone (killed before cleaning up).
+fn remove_stale_ram() {
+    let Ok(entries) = fs::read_dir("/dev/shm") else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix("amd-hsmp-vm-")) else {
+            continue;
+        };
+        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
 }
 
 fn root_display(p: &Path) -> String {

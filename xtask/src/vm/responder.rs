@@ -202,14 +202,15 @@ impl Drop for Responder {
 
 /// One socket's loop: wait for a message id, answer it, repeat until stopped.
 fn serve(shared: &Shared, socket: u32, mailbox: &Mailbox) -> Result<()> {
-    let mut last = Instant::now() - ACTIVE_WINDOW;
+    let mut last: Option<Instant> = None;
     // Whether the message in the register was already counted (and left unanswered).
     let mut silenced = false;
     while !shared.stop.load(Ordering::Relaxed) {
         let id = mailbox.message_id()?;
         if id == 0 {
             silenced = false;
-            std::thread::sleep(if last.elapsed() < ACTIVE_WINDOW { FAST_POLL } else { IDLE_POLL });
+            let active = last.is_some_and(|t| t.elapsed() < ACTIVE_WINDOW);
+            std::thread::sleep(if active { FAST_POLL } else { IDLE_POLL });
             continue;
         }
         let machine = Arc::clone(&shared.machine.read().unwrap_or_else(PoisonError::into_inner));
@@ -230,7 +231,7 @@ fn serve(shared: &Shared, socket: u32, mailbox: &Mailbox) -> Result<()> {
                 }
                 mailbox.reply(status, words.as_ref())?;
                 silenced = false;
-                last = Instant::now();
+                last = Some(Instant::now());
             }
         }
     }
@@ -338,6 +339,16 @@ mod tests {
             answer(&m, &f, &apic, 0, 0x0B, [0; 8]).unwrap(),
             Answer::Status(STATUS_OK, Some(_))
         ));
+    }
+
+    #[test]
+    fn latency_from_the_driver_timeout_on_is_no_answer() {
+        let (m, apic) = two_sockets();
+        let mut f = Faults::default();
+        f.latency = f.driver_timeout;
+        assert_eq!(answer(&m, &f, &apic, 0, 0x0B, [0; 8]).unwrap(), Answer::Silence);
+        f.latency = f.driver_timeout / 2;
+        assert!(matches!(answer(&m, &f, &apic, 0, 0x0B, [0; 8]).unwrap(), Answer::Status(1, _)));
     }
 
     #[test]
