@@ -6,6 +6,8 @@
 //! driver and the package under systemd in a QEMU guest whose SMU is the simulator; see
 //! `vm/mod.rs`).
 
+#![forbid(unsafe_code)]
+
 mod demo;
 mod deps;
 mod mixin;
