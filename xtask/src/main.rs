@@ -2,19 +2,24 @@
 //!
 //! Tasks: `demo` (both processes on the simulated machine), `test` (the whole suite, installing
 //! the Debian packages it needs when run as root), `deps` (only the installs), `packaging` (the
-//! packaging checks alone), `mixin` (the monitoring mixin's checks alone).
+//! packaging checks alone), `mixin` (the monitoring mixin's checks alone), `vm-test` (the real
+//! driver and the package under systemd in a QEMU guest whose SMU is the simulator; see
+//! `vm/mod.rs`).
+
+#![forbid(unsafe_code)]
 
 mod demo;
 mod deps;
 mod mixin;
 mod packaging;
 mod tidy;
+mod vm;
 
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "usage: cargo xtask <demo|test|deps|packaging|mixin>";
+const USAGE: &str = "usage: cargo xtask <demo|test|deps|packaging|mixin|vm-test>";
 
 fn main() -> ExitCode {
     match run() {
@@ -33,6 +38,7 @@ fn run() -> Result<()> {
         Some("deps") => deps::install(),
         Some("packaging") => packaging::check(&root()),
         Some("mixin") => mixin::check(&root()),
+        Some("vm-test") => vm::run(&args[1..]),
         Some("test") => {
             deps::install()?;
             cargo(&["test", "--workspace", "--all-targets"])?;
