@@ -1,7 +1,9 @@
 //! The live half of the mixin check (`cargo xtask mixin --live`, and `cargo xtask test`): a real
 //! Prometheus loads the mixin's rules and scrapes the real exporter and broker on the simulated
 //! Turin 2P; every dashboard query must return data, the recording rules must produce the
-//! per-socket and per-node series, and AmdHsmpSimulated must fire.
+//! per-socket and per-node series, and AmdHsmpSimulated must fire. Then the set-up is broken
+//! step by step (broker stopped, a machine without HSMP, a broker restart with the MSR energy
+//! source, exporter stopped) and each alert that must fire is waited for.
 
 use super::{Query, Values, dashboard_queries, load_dashboards};
 use anyhow::{Context, Result, bail, ensure};
@@ -9,7 +11,7 @@ use serde_json::{Value, json};
 use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -17,8 +19,10 @@ use std::time::{Duration, Instant};
 const PROFILE: &str = "turin-2p";
 /// Scrape and rule evaluation interval: short, so that rates exist after a few seconds.
 const INTERVAL: &str = "2s";
-/// How long the rules and the alert may take to appear.
+/// How long the rules and the first alert may take to appear.
 const READY_WITHIN: Duration = Duration::from_secs(90);
+/// How long each later alert may take to fire.
+const ALERT_WITHIN: Duration = Duration::from_secs(60);
 /// Dashboard panels whose queries may be empty on a healthy simulated machine, with why.
 const MAY_BE_EMPTY: &[(&str, &str)] =
     &[("Sockets with the most PROCHOT", "lists only sockets that had PROCHOT in the last hour")];
@@ -33,33 +37,70 @@ impl Drop for Running {
     }
 }
 
-/// Starts broker, exporter and Prometheus in `work`, waits for the rules and runs every
-/// dashboard query. `bin` holds the two binaries.
+/// Alert settings for the live run: the shipped expressions, without their `for:` durations and
+/// with a short reset window, so that each alert fires within a few evaluations.
+const FAST_ALERTS: &str = "exporterDownFor: '0s', brokerDownFor: '0s', deviceDownFor: '0s', \
+     scrapeErrorsFor: '0s', energyResetWindow: '2m'";
+
+/// The broker, restartable with another profile on the same socket path.
+struct Broker<'a> {
+    bin: &'a Path,
+    socket: PathBuf,
+    work: &'a Path,
+    uid: String,
+}
+
+impl Broker<'_> {
+    /// Starts a broker on `profile` (plus `flags`) and waits for its socket.
+    fn start(&self, profile: &str, flags: &[&str], log: &str) -> Result<Running> {
+        let _ = fs::remove_file(&self.socket);
+        let running = spawn(
+            Command::new(self.bin.join("amd-hsmp-broker"))
+                .args(["--simulate", profile, "--allow-uid", &self.uid])
+                .args(flags)
+                .arg("--listen")
+                .arg(&self.socket),
+            &self.work.join(log),
+        )?;
+        wait_for(Duration::from_secs(20), "the broker's socket", || Ok(self.socket.exists()))
+            .with_context(|| format!("see {}", self.work.join(log).display()))?;
+        Ok(running)
+    }
+}
+
+/// Starts broker, exporter and Prometheus in `work`, waits for the rules, runs every dashboard
+/// query, then breaks the set-up step by step and waits for each alert that should fire. `bin`
+/// holds the two binaries.
 pub fn check(dir: &Path, work: &Path, bin: &Path) -> Result<String> {
     let work = work.join("live");
     fs::create_dir_all(&work).with_context(|| format!("cannot create {}", work.display()))?;
-    let socket = work.join("broker.sock");
-    let uid = rustix::process::getuid().as_raw().to_string();
-    let _broker = spawn(
-        Command::new(bin.join("amd-hsmp-broker"))
-            .args(["--simulate", PROFILE, "--allow-uid", &uid, "--listen"])
-            .arg(&socket),
-        &work.join("broker.log"),
-    )?;
-    wait_for(Duration::from_secs(20), "the broker's socket", || Ok(socket.exists()))
-        .with_context(|| format!("see {}", work.join("broker.log").display()))?;
+    let broker = Broker {
+        bin,
+        socket: work.join("broker.sock"),
+        work: &work,
+        uid: rustix::process::getuid().as_raw().to_string(),
+    };
+    let mut running_broker = broker.start(PROFILE, &[], "broker-turin-2p.log")?;
     let exporter_port = free_port()?;
     let target = format!("127.0.0.1:{exporter_port}");
-    let _exporter = spawn(
+    let exporter = spawn(
         Command::new(bin.join("amd-hsmp-exporter"))
             .args(["--web.listen-address", &target, "--broker.socket"])
-            .arg(&socket),
+            .arg(&broker.socket),
         &work.join("exporter.log"),
     )?;
+    let alerts = super::eval_json(
+        dir,
+        &format!(
+            "((import 'mixin.libsonnet') + {{ _config+:: {{ {FAST_ALERTS} }} }}).prometheusAlerts"
+        ),
+    )?;
+    let alerts_file = work.join("alerts.yaml");
+    fs::write(&alerts_file, alerts.to_string())?;
     let prometheus_port = free_port()?;
     let config = json!({
         "global": {"scrape_interval": INTERVAL, "scrape_timeout": INTERVAL, "evaluation_interval": INTERVAL},
-        "rule_files": [dir.join("prometheus_rules.yaml"), dir.join("prometheus_alerts.yaml")],
+        "rule_files": [dir.join("prometheus_rules.yaml"), alerts_file],
         "scrape_configs": [{"job_name": "amd_hsmp", "static_configs": [{"targets": [target]}]}],
     });
     let config_file = work.join("prometheus.yml");
@@ -72,17 +113,12 @@ pub fn check(dir: &Path, work: &Path, bin: &Path) -> Result<String> {
         &work.join("prometheus.log"),
     )?;
     let prometheus = Prometheus(prometheus_port);
+    let logs = || format!("logs in {}", work.display());
 
     let started = Instant::now();
     let ready = wait_for(READY_WITHIN, "the recording rules and AmdHsmpSimulated", || {
-        Ok(!prometheus
-            .query("instance:amd_hsmp_power_watts:sum_rate5m")
-            .unwrap_or_default()
-            .is_empty()
-            && !prometheus
-                .query(r#"ALERTS{alertname="AmdHsmpSimulated",alertstate="firing"}"#)
-                .unwrap_or_default()
-                .is_empty())
+        Ok(prometheus.has("instance:amd_hsmp_power_watts:sum_rate5m")
+            && prometheus.firing("AmdHsmpSimulated", ""))
     });
     if let Err(e) = ready {
         let up = prometheus.query("up").map(|r| Value::Array(r).to_string()).unwrap_or_default();
@@ -92,8 +128,8 @@ pub fn check(dir: &Path, work: &Path, bin: &Path) -> Result<String> {
             .unwrap_or_default();
         bail!(
             "{e:#}; up: {up}; amd_hsmp_broker_up: {broker_up} (a broker that refuses this uid \
-             gives 0); logs in {}",
-            work.display()
+             gives 0); {}",
+            logs()
         );
     }
     let warm = started.elapsed();
@@ -121,34 +157,60 @@ pub fn check(dir: &Path, work: &Path, bin: &Path) -> Result<String> {
     }
     ensure!(
         empty.is_empty(),
-        "dashboard queries without data against the simulated {PROFILE}:\n{}\nlogs in {}",
+        "dashboard queries without data against the simulated {PROFILE}:\n{}\n{}",
         empty.join("\n"),
-        work.display()
+        logs()
     );
-    let watts = |expr: &str| -> Result<String> {
-        let mut found: Vec<String> = prometheus
-            .query(expr)?
-            .iter()
-            .map(|s| {
-                let socket = s["metric"]["socket"]
-                    .as_str()
-                    .map(|n| format!("socket {n} "))
-                    .unwrap_or_default();
-                let value: f64 =
-                    s["value"][1].as_str().and_then(|v| v.parse().ok()).unwrap_or(f64::NAN);
-                format!("{socket}{value:.0} W")
+    // On the healthy machine nothing but the simulation is reported.
+    let firing: Vec<String> = prometheus
+        .query(r#"ALERTS{alertstate="firing"}"#)?
+        .iter()
+        .filter_map(|a| a["metric"]["alertname"].as_str().map(str::to_owned))
+        .collect();
+    ensure!(
+        firing.iter().all(|a| a == "AmdHsmpSimulated"),
+        "alerts firing on the healthy simulated {PROFILE}: {firing:?}; {}",
+        logs()
+    );
+
+    // Each step breaks something and waits for the alerts it must fire.
+    let mut seen = vec!["AmdHsmpSimulated"];
+    let mut expect = |what: &str, alerts: &[(&'static str, &str)]| -> Result<()> {
+        for (alert, matchers) in alerts {
+            wait_for(ALERT_WITHIN, &format!("{alert} to fire after {what}"), || {
+                Ok(prometheus.firing(alert, matchers))
             })
-            .collect();
-        found.sort();
-        Ok(found.join(", "))
+            .with_context(logs)?;
+            seen.push(alert);
+        }
+        Ok(())
     };
-    // The 5-minute rates of the rules are still warming up (they extrapolate over a few seconds
-    // of samples only); the last two samples tell the simulator's power now.
+    drop(running_broker);
+    expect(
+        "stopping the broker",
+        &[("AmdHsmpBrokerDown", ""), ("AmdHsmpScrapeErrors", r#"collector="broker""#)],
+    )?;
+    running_broker = broker.start("rome-1p", &[], "broker-rome-1p.log")?;
+    expect("a broker on a machine without HSMP", &[("AmdHsmpDeviceDown", "")])?;
+    drop(running_broker);
+    let msr = ["--collector.core-energy.msr-fallback"];
+    running_broker = broker.start("genoa-2p", &msr, "broker-genoa-2p.log")?;
+    wait_for(ALERT_WITHIN, "two scrapes of MSR energy", || {
+        Ok(prometheus.has("count_over_time(amd_hsmp_core_energy_joules_total[1m]) >= 2"))
+    })
+    .with_context(logs)?;
+    drop(running_broker);
+    running_broker = broker.start("genoa-2p", &msr, "broker-genoa-2p-restarted.log")?;
+    expect("restarting a broker with the MSR source", &[("AmdHsmpEnergyCounterReset", "")])?;
+    drop(exporter);
+    expect("stopping the exporter", &[("AmdHsmpExporterDown", "")])?;
+    drop(running_broker);
+
     Ok(format!(
-        "rules ready after {:.0} s; {} dashboard queries return data; simulated power now: {}",
+        "rules ready after {:.0} s; {} dashboard queries return data; seen firing: {}",
         warm.as_secs_f64(),
         queries.len(),
-        watts("sum without (core) (irate(amd_hsmp_core_energy_joules_total[1m]))")?,
+        seen.join(", ")
     ))
 }
 
@@ -156,6 +218,17 @@ pub fn check(dir: &Path, work: &Path, bin: &Path) -> Result<String> {
 struct Prometheus(u16);
 
 impl Prometheus {
+    /// Whether the instant query returns anything (false while Prometheus is not up yet).
+    fn has(&self, expr: &str) -> bool {
+        self.query(expr).is_ok_and(|r| !r.is_empty())
+    }
+
+    /// Whether the alert fires now, on series matching `matchers` (e.g. `collector="broker"`).
+    fn firing(&self, alert: &str, matchers: &str) -> bool {
+        let sep = if matchers.is_empty() { "" } else { "," };
+        self.has(&format!(r#"ALERTS{{alertname="{alert}",alertstate="firing"{sep}{matchers}}}"#))
+    }
+
     /// The result vector of an instant query now.
     fn query(&self, expr: &str) -> Result<Vec<Value>> {
         let body = http_get(self.0, &format!("/api/v1/query?query={}", percent_encode(expr)))?;
