@@ -115,6 +115,19 @@ pub fn check(root: &Path, live: bool) -> Result<()> {
         Ok(format!("{} expressions use only known metrics", exprs.len()))
     })?;
     step("dashboards", || dashboards(&dir, &work, &known))?;
+    step("Prometheus configuration in the docs", || {
+        let mut checked = 0;
+        for doc in ["docs/install.md", "mixin/README.md"] {
+            for (n, snippet) in config_snippets(&read(&root.join(doc))?).into_iter().enumerate() {
+                let file = work.join(format!("{}-{n}.yml", doc.replace('/', "-")));
+                fs::write(&file, snippet)?;
+                run(Command::new("promtool").arg("check").arg("config").arg(&file))
+                    .with_context(|| format!("a Prometheus configuration in {doc}"))?;
+                checked += 1;
+            }
+        }
+        Ok(format!("{checked} snippets pass promtool check config"))
+    })?;
     if live {
         let bin = crate::demo::build()?;
         step("live, against the simulated Turin 2P", || live::check(&dir, &work, &bin))?;
@@ -395,6 +408,22 @@ fn documented_metrics(doc: &str) -> Result<BTreeSet<String>> {
         .collect();
     ensure!(!names.is_empty(), "no families found in docs/metrics.md");
     Ok(names)
+}
+
+/// The ```yaml blocks of a document that are Prometheus configurations of their own: those that
+/// start (after comments) with `scrape_configs:` or `remote_write:`. Blocks that name rule files
+/// are left out: the files they name are the reader's.
+fn config_snippets(doc: &str) -> Vec<String> {
+    doc.split("```yaml\n")
+        .skip(1)
+        .filter_map(|block| block.split("\n```").next())
+        .filter(|block| {
+            let first = block.lines().map(str::trim).find(|l| !l.is_empty() && !l.starts_with('#'));
+            first.is_some_and(|l| l == "scrape_configs:" || l == "remote_write:")
+                && !block.contains("rule_files:")
+        })
+        .map(|block| format!("{block}\n"))
+        .collect()
 }
 
 /// Fails naming every metric that an expression uses and `known` lacks.
@@ -808,6 +837,18 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("Good: runbook_url"), "{err}");
+    }
+
+    #[test]
+    fn config_snippets_are_the_yaml_blocks_that_configure_prometheus() {
+        let doc = "text\n```yaml\n# comment\nscrape_configs:\n  - job_name: a\n```\n\
+                   ```yaml\nrule_files:\n  - x\n```\n```yaml\napiVersion: 1\n```\n\
+                   ```yaml\nremote_write:\n  - url: http://x\n```\n";
+        let snippets = config_snippets(doc);
+        assert_eq!(
+            snippets,
+            ["# comment\nscrape_configs:\n  - job_name: a\n", "remote_write:\n  - url: http://x\n"]
+        );
     }
 
     #[test]
