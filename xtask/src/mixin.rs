@@ -263,16 +263,19 @@ fn yaml_doc(value: &Value, indent: &str) -> String {
     }
 }
 
-/// A key bare when it is safe in YAML (as jsonnet decides with `quote_keys=false`), else quoted.
+/// A key bare when it is safe in YAML, as jsonnet 0.18 decides with `quote_keys=false`: only
+/// letters, digits and `_-./`, not a YAML 1.1 boolean or null in any case, not number-like.
 fn yaml_key(key: &str) -> String {
-    const RESERVED: &[&str] = &[
-        "y", "Y", "yes", "Yes", "YES", "n", "N", "no", "No", "NO", "true", "True", "TRUE", "false",
-        "False", "FALSE", "on", "On", "ON", "off", "Off", "OFF", "null", "Null", "NULL", "~",
-    ];
+    const RESERVED: &[&str] = &["true", "false", "yes", "no", "on", "off", "y", "n", "null", "~"];
+    let unsigned = key.strip_prefix(['-', '+']).unwrap_or(key);
+    let number_like = unsigned.chars().all(|c| c.is_ascii_digit() || c == '_' || c == '.')
+        || unsigned
+            .strip_prefix("0x")
+            .is_some_and(|hex| hex.chars().all(|c| c.is_ascii_hexdigit() || c == '_'));
     let bare = !key.is_empty()
         && key.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'))
-        && !key.starts_with(|c: char| c.is_ascii_digit() || c == '-' || c == '.')
-        && !RESERVED.contains(&key);
+        && !RESERVED.contains(&key.to_ascii_lowercase().as_str())
+        && !number_like;
     if bare { key.to_owned() } else { Value::String(key.to_owned()).to_string() }
 }
 
@@ -837,6 +840,26 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("Good: runbook_url"), "{err}");
+    }
+
+    /// The rule files are rendered here instead of by jsonnet's slow `std.manifestYamlDoc`; both
+    /// must write the same bytes, for the shapes a rule file has and the awkward ones.
+    #[test]
+    fn yaml_rendering_matches_jsonnet_manifest_yaml_doc() {
+        let value = json!({
+            "groups": [{"name": "g", "rules": [
+                {"alert": "A", "expr": "up{job=\"a\"} == 0\nand\n  x\n", "for": "5m",
+                 "labels": {"severity": "warning"}, "annotations": {}},
+                {"record": "a:b:c", "expr": "sum(x)", "keep_firing": true, "n": 3, "none": null},
+            ]}],
+            "nested": [[1, 2], [], {"k": []}, "text: with # and 'quotes' and \\", ""],
+            "odd keys": {"yes": 1, "On": 2, "2x": 3, "a-b.c/d": 4, "": 5, "-": 6, "-a": 7, ".a": 8,
+                         "0x1": 9, "1": 10, "1.5": 11, "1e3": 12, "_": 13, "a b": 14, "a:b": 15,
+                         "NULL": 16, "\u{e9}": 17},
+        });
+        let source = format!("std.manifestYamlDoc({value}, false, false)");
+        let jsonnet = run(Command::new("jsonnet").arg("-S").arg("-e").arg(&source)).unwrap();
+        assert_eq!(format!("{}\n", yaml_doc(&value, "")), jsonnet);
     }
 
     #[test]
