@@ -425,6 +425,14 @@ impl Exposition {
 }
 
 fn parse_response(raw: &[u8], elapsed: Duration) -> Result<Response> {
+    let (status, headers, body) = parse_raw_response(raw)?;
+    let body = String::from_utf8(body).context("body is not UTF-8")?;
+    Ok(Response { status, headers, body, elapsed })
+}
+
+/// A raw HTTP/1.1 response read to the end: status, headers (names lower-cased) and the body
+/// bytes, decoded from chunked transfer encoding if needed (not from a content encoding).
+pub fn parse_raw_response(raw: &[u8]) -> Result<(u16, Vec<(String, String)>, Vec<u8>)> {
     let split = raw.windows(4).position(|w| w == b"\r\n\r\n").context("no end of headers")?;
     let head = std::str::from_utf8(&raw[..split]).context("headers are not UTF-8")?;
     let mut lines = head.split("\r\n");
@@ -444,8 +452,7 @@ fn parse_response(raw: &[u8], elapsed: Duration) -> Result<Response> {
     if chunked {
         body = dechunk(&body)?;
     }
-    let body = String::from_utf8(body).context("body is not UTF-8")?;
-    Ok(Response { status, headers, body, elapsed })
+    Ok((status, headers, body))
 }
 
 fn dechunk(mut data: &[u8]) -> Result<Vec<u8>> {
