@@ -100,6 +100,19 @@ fn cargo_build(dir: &Path, what: &[&str]) -> Result<()> {
     if let Some(target) = dir.parent() {
         cmd.env("CARGO_TARGET_DIR", target);
     }
+    // The variables cargo sets for this test (CARGO_PKG_NAME, CARGO_MANIFEST_DIR, ...) would
+    // reach build scripts that declare rerun-if-env-changed on them (ring does), so every
+    // build from here and every plain cargo build after it would rebuild those crates.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        let per_crate = ["CARGO_PKG_", "CARGO_MANIFEST_", "CARGO_CRATE_", "CARGO_BIN_"];
+        if per_crate.iter().any(|p| name.starts_with(p))
+            || name == "CARGO_PRIMARY_PACKAGE"
+            || name == "CARGO_TARGET_TMPDIR"
+        {
+            cmd.env_remove(&*name);
+        }
+    }
     cmd.current_dir(env!("CARGO_MANIFEST_DIR"));
     let status = cmd.status().with_context(|| format!("cannot run {cmd:?}"))?;
     if !status.success() {
