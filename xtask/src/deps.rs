@@ -9,6 +9,8 @@ use std::process::Command;
 pub const PACKAGES: &[(&str, &str)] = &[
     ("fuse3", "fusermount3"),
     ("prometheus", "promtool"),
+    // The broker suite's ptrace attach of a running broker (tests/tests/broker.rs).
+    ("strace", "strace"),
     // The packaging checks (packaging.rs).
     ("systemd", "systemd-analyze"),
     ("rpm", "rpmbuild"),
@@ -20,6 +22,8 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("policycoreutils", "/usr/libexec/selinux/hll/pp"),
     ("secilc", "secilc"),
     ("setools", "sesearch"),
+    // The mixin checks (mixin.rs); promtool is above.
+    ("jsonnet", "jsonnet"),
 ];
 
 /// Cargo subcommands the suite uses: crate, pinned version (the packaging checks compare the

@@ -1,0 +1,131 @@
+// Alerts. Each has a summary, a description and a runbook_url pointing at its section of
+// runbook.md; mixin/tests/alerts_test.yaml makes every one fire on a bad series and stay quiet
+// on a healthy one.
+{
+  local c = $._config,
+  local deviceSelector = std.join(',', std.filter(function(s) s != '', [c.amdHsmpSelector, c.hsmpDeviceSelector])),
+
+  _amdHsmpAlerts:: [
+    {
+      alert: 'AmdHsmpExporterDown',
+      expr: |||
+        up{%(amdHsmpSelector)s} == 0
+      ||| % c,
+      'for': c.exporterDownFor,
+      labels: { severity: 'warning' },
+      annotations: {
+        summary: 'amd-hsmp-exporter cannot be scraped.',
+        description: 'Prometheus has failed to scrape amd-hsmp-exporter on {{ $labels.instance }} for %(exporterDownFor)s: no per-core energy, boost limit or PROCHOT from this node.' % c,
+      },
+    },
+    {
+      alert: 'AmdHsmpBrokerDown',
+      expr: |||
+        amd_hsmp_broker_up{%(amdHsmpSelector)s} == 0
+      ||| % c,
+      'for': c.brokerDownFor,
+      labels: { severity: 'warning' },
+      annotations: {
+        summary: 'amd-hsmp-exporter cannot reach amd-hsmp-broker.',
+        description: 'amd-hsmp-exporter on {{ $labels.instance }} has had no answer from amd-hsmp-broker for %(brokerDownFor)s: the scrape carries no telemetry.' % c,
+      },
+    },
+    {
+      alert: 'AmdHsmpDeviceDown',
+      expr: |||
+        amd_hsmp_up{%(deviceSelector)s} == 0
+        and
+        amd_hsmp_broker_up{%(deviceSelector)s} == 1
+      ||| % { deviceSelector: deviceSelector },
+      'for': c.deviceDownFor,
+      labels: { severity: 'warning' },
+      annotations: {
+        summary: 'The HSMP device of the node is missing or unusable.',
+        description: 'amd-hsmp-broker on {{ $labels.instance }} answers, but /dev/hsmp has been missing or unusable for %(deviceDownFor)s: no boost limit and PROCHOT, and no HSMP energy.' % c,
+      },
+    },
+    {
+      alert: 'AmdHsmpProchotAsserted',
+      expr: |||
+        amd_hsmp_prochot_active{%(amdHsmpSelector)s} == 1
+      ||| % c,
+      'for': c.prochotFor,
+      labels: { severity: c.criticalSeverity },
+      annotations: {
+        summary: 'A CPU socket has been throttled by PROCHOT for minutes.',
+        description: 'Socket {{ $labels.socket }} of {{ $labels.instance }} has had PROCHOT asserted for %(prochotFor)s: the processor is throttled hard, usually for heat or a power-delivery limit.' % c,
+      },
+    },
+    {
+      alert: 'AmdHsmpProchotFrequent',
+      expr: |||
+        avg_over_time(amd_hsmp_prochot_active{%(amdHsmpSelector)s}[1h]) > %(prochotShareThreshold)s
+      ||| % c,
+      labels: { severity: 'warning' },
+      annotations: {
+        summary: 'A CPU socket spends a large share of its time throttled by PROCHOT.',
+        description: 'Socket {{ $labels.socket }} of {{ $labels.instance }} had PROCHOT asserted for {{ $value | humanizePercentage }} of the last hour (threshold %(threshold)s).' % { threshold: '%d%%' % (c.prochotShareThreshold * 100) },
+      },
+    },
+    {
+      alert: 'AmdHsmpBoostLimitLow',
+      expr: |||
+        instance_socket:amd_hsmp_core_boost_limit_hertz:avg{%(amdHsmpSelector)s}
+        <
+        %(boostLimitRatio)s * max_over_time(instance_socket:amd_hsmp_core_boost_limit_hertz:avg{%(amdHsmpSelector)s}[%(boostLimitUsualWindow)s])
+      ||| % c,
+      'for': c.boostLimitLowFor,
+      labels: { severity: 'warning' },
+      annotations: {
+        summary: 'A CPU socket has been held below its usual boost limit.',
+        description: 'The average boost limit of socket {{ $labels.socket }} of {{ $labels.instance }} is {{ $value | humanize }}Hz, below %(ratio)s of its highest in the last %(boostLimitUsualWindow)s, and has been for %(boostLimitLowFor)s.' % (c { ratio: '%d%%' % (c.boostLimitRatio * 100) }),
+      },
+    },
+    {
+      alert: 'AmdHsmpScrapeErrors',
+      expr: |||
+        increase(amd_hsmp_scrape_errors_total{%(amdHsmpSelector)s}[5m]) > 0
+      ||| % c,
+      'for': c.scrapeErrorsFor,
+      labels: { severity: 'warning' },
+      annotations: {
+        summary: 'amd-hsmp-exporter keeps counting failed reads.',
+        description: 'amd-hsmp-exporter on {{ $labels.instance }} has counted failed reads of collector {{ $labels.collector }} for %(scrapeErrorsFor)s ({{ $value | humanize }} in the last 5 minutes): the affected series are missing from its scrapes.' % c,
+      },
+    },
+    {
+      alert: 'AmdHsmpEnergyCounterReset',
+      expr: |||
+        sum without (core) (resets(amd_hsmp_core_energy_joules_total{%(amdHsmpSelector)s}[%(energyResetWindow)s])) > 0
+      ||| % c,
+      labels: { severity: 'info' },
+      annotations: {
+        summary: 'Core energy counters of a CPU socket went back.',
+        description: '{{ $value }} core energy counter resets on socket {{ $labels.socket }} of {{ $labels.instance }} in the last %(energyResetWindow)s: the broker restarted (MSR source) or a counter was restarted after a possibly missed wrap.' % c,
+      },
+    },
+    {
+      alert: 'AmdHsmpSimulated',
+      expr: |||
+        amd_hsmp_simulated_info{%(amdHsmpSelector)s} == 1
+      ||| % c,
+      labels: { severity: 'warning' },
+      annotations: {
+        summary: 'amd-hsmp-broker serves simulated data.',
+        description: '{{ $labels.instance }} reports the simulator profile {{ $labels.profile }} instead of the machine: amd-hsmp-broker runs with --simulate.',
+      },
+    },
+  ],
+
+  prometheusAlerts+:: {
+    groups+: [
+      {
+        name: 'amd-hsmp',
+        rules: [
+          a { annotations+: { runbook_url: c.runbookURLPattern % std.asciiLower(a.alert) } }
+          for a in $._amdHsmpAlerts
+        ],
+      },
+    ],
+  },
+}

@@ -1,0 +1,42 @@
+// Settings of the amd-hsmp mixin. Override any of them in your own jsonnet:
+//   (import 'mixin.libsonnet') + { _config+:: { amdHsmpSelector: 'job="epyc"' } }
+{
+  _config+:: {
+    // Selects the exporter's targets in every alert, rule and dashboard query.
+    amdHsmpSelector: 'job="amd_hsmp"',
+    // Extra matchers for the hosts that are expected to have /dev/hsmp (AmdHsmpDeviceDown).
+    // Rome (family 17h) and non-EPYC hosts have none and always report amd_hsmp_up 0: exclude
+    // them here, e.g. 'cpu_family!="17h"' (a target label of your own), or leave it empty.
+    hsmpDeviceSelector: '',
+
+    // How long each condition must hold before its alert fires.
+    exporterDownFor: '5m',
+    brokerDownFor: '5m',
+    deviceDownFor: '10m',
+    prochotFor: '5m',
+    boostLimitLowFor: '15m',
+    scrapeErrorsFor: '15m',
+
+    // AmdHsmpProchotFrequent: share of the last hour a socket spent with PROCHOT asserted.
+    prochotShareThreshold: 0.25,
+    // AmdHsmpBoostLimitLow: the socket's average boost limit below this fraction of its highest
+    // average over boostLimitUsualWindow.
+    boostLimitRatio: 0.9,
+    boostLimitUsualWindow: '1d',
+    // AmdHsmpEnergyCounterReset: window in which a reset of a core's energy counter is reported.
+    energyResetWindow: '30m',
+
+    criticalSeverity: 'critical',
+
+    // Each alert's runbook_url: this pattern with the alert's name in lower case.
+    runbookURLPattern: 'https://github.com/amd-hsmp-exporter/amd-hsmp-exporter/blob/main/mixin/runbook.md#%s',
+
+    // Grafana.
+    dashboardNamePrefix: 'AMD HSMP / ',
+    dashboardTags: ['amd-hsmp-mixin'],
+    dashboardRefresh: '30s',
+    dashboardTimezone: 'utc',
+    // How many nodes the fleet dashboard's top/bottom panels list.
+    fleetTopK: 20,
+  },
+}

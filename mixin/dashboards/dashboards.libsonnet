@@ -1,0 +1,1 @@
+(import 'node.libsonnet') + (import 'fleet.libsonnet')

@@ -1,0 +1,79 @@
+// Per-node dashboard: status, power per socket and per core, boost limits, PROCHOT, scrape health.
+local g = import 'lib.libsonnet';
+
+{
+  grafanaDashboards+:: {
+    'amd-hsmp-node.json':
+      local c = $._config;
+      local sel = c.amdHsmpSelector + ',instance="$instance"';
+      local s = { sel: sel };
+      g.dashboard(
+        c,
+        'amd-hsmp-node',
+        'Node',
+        'Per-core power, boost limits and PROCHOT of one node, from amd-hsmp-exporter and the amd-hsmp recording rules.',
+        [
+          g.datasourceVariable,
+          g.queryVariable('instance', 'Instance', 'label_values(amd_hsmp_up{%(amdHsmpSelector)s}, instance)' % c),
+          g.queryVariable('socket', 'Socket', 'label_values(amd_hsmp_prochot_active{%(sel)s}, socket)' % s, multi=true),
+        ],
+        [
+          g.row('Status'),
+          g.stat('Exporter', 'Whether Prometheus scrapes amd-hsmp-exporter (up).', [g.target('up{%(sel)s}' % s)], mappings=g.upDown),
+          g.stat('Broker', 'Whether amd-hsmp-broker answered the last scrape (amd_hsmp_broker_up).', [g.target('amd_hsmp_broker_up{%(sel)s}' % s)], mappings=g.upDown),
+          g.stat('HSMP device', 'Whether /dev/hsmp opened and answered (amd_hsmp_up). 0 is expected on Rome and non-EPYC machines.', [g.target('amd_hsmp_up{%(sel)s}' % s)], mappings=g.upDown),
+          g.stat('HSMP protocol', 'HSMP protocol version of the firmware; RAPL energy needs 7 or later.', [g.target('amd_hsmp_protocol_version{%(sel)s}' % s)]),
+          g.stat('Energy source', 'Where per-core energy comes from: hsmp (firmware RAPL) or msr (the MSR fallback).', [g.target('amd_hsmp_core_energy_source_info{%(sel)s}' % s, '{{source}}')], textMode='name', noValue='none'),
+          g.stat('Simulated', 'The simulator profile when amd-hsmp-broker runs with --simulate; never on a production node.', [g.target('amd_hsmp_simulated_info{%(sel)s}' % s, '{{profile}}')], textMode='name', noValue='no', thresholds=g.thresholds([[null, 'orange']])),
+          g.stat('Node power', 'Sum of the per-core power of all sockets (instance:amd_hsmp_power_watts:sum_rate5m).', [g.target('instance:amd_hsmp_power_watts:sum_rate5m{%(sel)s}' % s)], 'watt', w=6),
+          g.stat('Sockets with PROCHOT', 'Sockets of the node with PROCHOT asserted now.', [g.target('instance:amd_hsmp_prochot_active:sum{%(sel)s}' % s)], w=6, thresholds=g.thresholds([[null, 'green'], [1, 'red']])),
+          g.stat('Lowest boost limit', 'The lowest boost limit of any core of the node.', [g.target('min without (socket) (instance_socket:amd_hsmp_core_boost_limit_hertz:min{%(sel)s})' % s)], 'hertz', w=6),
+          g.stat('Cores reporting', 'Physical cores whose boost limit was read in the last evaluation.', [g.target('sum without (socket) (instance_socket:amd_hsmp_core_boost_limit_hertz:count{%(sel)s})' % s)], w=6),
+
+          g.row('Power'),
+          g.timeseries('Power per socket', 'Sum of the per-core power of each socket (instance_socket:amd_hsmp_power_watts:sum_rate5m) and of the node.', [
+            g.target('instance_socket:amd_hsmp_power_watts:sum_rate5m{%(sel)s}' % s, 'socket {{socket}}'),
+            g.target('instance:amd_hsmp_power_watts:sum_rate5m{%(sel)s}' % s, 'node'),
+          ], 'watt'),
+          g.heatmap('Per-core power, socket $socket', 'Power of each physical core (rows: sysfs core_id), from the energy counter rate.', [
+            g.target('instance_socket_core:amd_hsmp_core_power_watts:rate5m{%(sel)s,socket=~"$socket"}' % s, '{{core}}'),
+          ], 'watt', w=12) { repeat: 'socket', repeatDirection: 'h', maxPerRow: 2 },
+
+          g.row('Boost limits'),
+          g.timeseries('Boost limit per socket', 'Lowest and average boost limit over the cores of each socket.', [
+            g.target('instance_socket:amd_hsmp_core_boost_limit_hertz:min{%(sel)s}' % s, 'socket {{socket}} min'),
+            g.target('instance_socket:amd_hsmp_core_boost_limit_hertz:avg{%(sel)s}' % s, 'socket {{socket}} avg'),
+          ], 'hertz', min=null),
+          g.heatmap('Per-core boost limit, socket $socket', 'Boost limit of each physical core (rows: sysfs core_id).', [
+            g.target('amd_hsmp_core_boost_limit_hertz{%(sel)s,socket=~"$socket"}' % s, '{{core}}'),
+          ], 'hertz', w=12, scheme='Blues') { repeat: 'socket', repeatDirection: 'h', maxPerRow: 2 },
+
+          g.row('PROCHOT'),
+          g.stateTimeline('PROCHOT', 'When each socket had PROCHOT asserted (the processor throttled hard).', [
+            g.target('amd_hsmp_prochot_active{%(sel)s}' % s, 'socket {{socket}}'),
+          ], g.valueMappings([[0, 'clear', 'green'], [1, 'PROCHOT', 'red']]), h=5),
+          g.timeseries('PROCHOT share', 'Share of the last 5 minutes each socket spent with PROCHOT asserted.', [
+            g.target('instance_socket:amd_hsmp_prochot_active:avg_over_time5m{%(sel)s}' % s, 'socket {{socket}}'),
+          ], 'percentunit', h=6),
+
+          g.row('Scrape health'),
+          g.timeseries('Failed reads by collector', 'Increase of amd_hsmp_scrape_errors_total per collector; a failed read leaves its series out of the scrape.', [
+            g.target('increase(amd_hsmp_scrape_errors_total{%(sel)s}[$__rate_interval])' % s, '{{collector}}'),
+          ], 'short', w=12),
+          g.timeseries('Scrape duration', "The exporter's collection time and the whole scrape as Prometheus measured it.", [
+            g.target('amd_hsmp_scrape_duration_seconds{%(sel)s}' % s, 'collection'),
+            g.target('scrape_duration_seconds{%(sel)s}' % s, 'scrape'),
+          ], 's', w=12),
+          g.timeseries('Energy counter resets', 'Core energy counters that went back, per socket, in the last hour: broker restarts with the MSR source, or counters restarted after a possibly missed wrap.', [
+            g.target('sum without (core) (resets(amd_hsmp_core_energy_joules_total{%(sel)s}[1h]))' % s, 'socket {{socket}}'),
+          ], 'short', w=12),
+          g.timeseries('Exporter memory', 'Resident memory of amd-hsmp-exporter.', [
+            g.target('process_resident_memory_bytes{%(sel)s}' % s, 'resident'),
+          ], 'bytes', w=6),
+          g.timeseries('Exporter CPU', 'CPU time of amd-hsmp-exporter per second.', [
+            g.target('rate(process_cpu_seconds_total{%(sel)s}[$__rate_interval])' % s, 'cpu'),
+          ], 'percentunit', w=6),
+        ],
+      ),
+  },
+}

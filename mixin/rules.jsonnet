@@ -1,0 +1,2 @@
+// `jsonnet -S rules.jsonnet > prometheus_rules.yaml`
+std.manifestYamlDoc((import 'mixin.libsonnet').prometheusRules, false, false)

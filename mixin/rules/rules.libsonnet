@@ -1,0 +1,71 @@
+// Recording rules. Names follow level:metric:operations. Every aggregation uses `without`, so
+// the target labels (job, instance, and any of your own such as cluster) are kept.
+//
+// The per-socket and per-node rules exist so that a fleet can keep them and drop the per-core
+// series at federation or remote-write (docs/install.md, "Cardinality at fleet scale").
+{
+  prometheusRules+:: {
+    groups+: [
+      {
+        name: 'amd-hsmp.rules',
+        rules: [
+          {
+            // Watts per physical core: the energy counter's rate. rate() handles the resets of
+            // a broker restart (MSR source) and of a restarted counter.
+            record: 'instance_socket_core:amd_hsmp_core_power_watts:rate5m',
+            expr: |||
+              rate(amd_hsmp_core_energy_joules_total{%(amdHsmpSelector)s}[5m])
+            ||| % $._config,
+          },
+          {
+            record: 'instance_socket:amd_hsmp_power_watts:sum_rate5m',
+            expr: |||
+              sum without (core) (instance_socket_core:amd_hsmp_core_power_watts:rate5m{%(amdHsmpSelector)s})
+            ||| % $._config,
+          },
+          {
+            record: 'instance:amd_hsmp_power_watts:sum_rate5m',
+            expr: |||
+              sum without (socket) (instance_socket:amd_hsmp_power_watts:sum_rate5m{%(amdHsmpSelector)s})
+            ||| % $._config,
+          },
+          {
+            // The lowest boost limit of any core of the socket, in hertz.
+            record: 'instance_socket:amd_hsmp_core_boost_limit_hertz:min',
+            expr: |||
+              min without (core) (amd_hsmp_core_boost_limit_hertz{%(amdHsmpSelector)s})
+            ||| % $._config,
+          },
+          {
+            // The average boost limit over the socket's cores, in hertz.
+            record: 'instance_socket:amd_hsmp_core_boost_limit_hertz:avg',
+            expr: |||
+              avg without (core) (amd_hsmp_core_boost_limit_hertz{%(amdHsmpSelector)s})
+            ||| % $._config,
+          },
+          {
+            // How many cores of the socket reported a boost limit in this evaluation.
+            record: 'instance_socket:amd_hsmp_core_boost_limit_hertz:count',
+            expr: |||
+              count without (core) (amd_hsmp_core_boost_limit_hertz{%(amdHsmpSelector)s})
+            ||| % $._config,
+          },
+          {
+            // Share of the last 5 minutes the socket spent with PROCHOT asserted (0 to 1).
+            record: 'instance_socket:amd_hsmp_prochot_active:avg_over_time5m',
+            expr: |||
+              avg_over_time(amd_hsmp_prochot_active{%(amdHsmpSelector)s}[5m])
+            ||| % $._config,
+          },
+          {
+            // Sockets of the node with PROCHOT asserted now.
+            record: 'instance:amd_hsmp_prochot_active:sum',
+            expr: |||
+              sum without (socket) (amd_hsmp_prochot_active{%(amdHsmpSelector)s})
+            ||| % $._config,
+          },
+        ],
+      },
+    ],
+  },
+}

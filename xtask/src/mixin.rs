@@ -1,0 +1,967 @@
+//! `cargo xtask mixin`: checks of the monitoring mixin in `mixin/`. The generated rule files and
+//! dashboards equal what jsonnet makes of the source; `promtool check rules` and `promtool test
+//! rules` pass; every alert has a test in which it fires and one in which it stays quiet, and a
+//! runbook section; every recording rule is tested; the dashboards have the fields Grafana needs,
+//! unique panel ids, and queries that parse (checked by promtool) and use only metrics that
+//! `docs/metrics.md` documents, that the recording rules make, or that Prometheus adds itself.
+//!
+//! With `--live` (and in `cargo xtask test`) it also runs the mixin against a real Prometheus
+//! scraping the simulated Turin 2P ([`live`]).
+//!
+//! The generated files are rewritten with `UPDATE_GOLDEN=1 cargo xtask mixin`, to be reviewed as
+//! a diff.
+
+mod live;
+
+use anyhow::{Context, Result, bail, ensure};
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+/// The rule files: the mixin's field, the jsonnet file that renders it, the file it generates.
+const RULE_FILES: [(&str, &str, &str); 2] = [
+    ("prometheusRules", "rules.jsonnet", "prometheus_rules.yaml"),
+    ("prometheusAlerts", "alerts.jsonnet", "prometheus_alerts.yaml"),
+];
+/// Jsonnet source of the dashboards (an object: file name to dashboard) and their directory.
+const DASHBOARDS_SOURCE: &str = "dashboards.jsonnet";
+const DASHBOARDS_OUT: &str = "dashboards_out";
+/// The promtool unit tests, in `mixin/`.
+const RULES_TEST: &str = "tests/rules_test.yaml";
+const ALERTS_TEST: &str = "tests/alerts_test.yaml";
+const RUNBOOK: &str = "runbook.md";
+
+/// Series Prometheus makes itself: per target (`up`, `scrape_*`) and for alerts (`ALERTS`).
+const PROMETHEUS_SERIES: &[&str] = &[
+    "up",
+    "scrape_duration_seconds",
+    "scrape_samples_scraped",
+    "scrape_samples_post_metric_relabeling",
+    "scrape_series_added",
+    "ALERTS",
+    "ALERTS_FOR_STATE",
+];
+
+/// Values of the Grafana variables: (name, value).
+type Values<'a> = &'a [(&'a str, &'a str)];
+
+/// Values that stand in for the Grafana variables when a dashboard's queries are parsed.
+const VARIABLE_VALUES: Values<'static> = &[
+    ("__rate_interval", "5m"),
+    ("__interval", "1m"),
+    ("__range", "1h"),
+    ("instance", "node-1:10054"),
+    ("socket", "0"),
+];
+
+/// Runs every mixin check, printing what each found; with `live`, also the live check on the
+/// binaries `cargo xtask demo` builds.
+pub fn check(root: &Path, live: bool) -> Result<()> {
+    let missing: Vec<&str> = ["jsonnet", "promtool", "prometheus"]
+        .into_iter()
+        .filter(|c| Command::new(c).arg("--version").output().is_err())
+        .collect();
+    ensure!(
+        missing.is_empty(),
+        "missing for the mixin checks: {} (run `cargo xtask deps`, as root)",
+        missing.join(" ")
+    );
+    let dir = root.join("mixin");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let work = target.join("mixin-check");
+    if work.exists() {
+        fs::remove_dir_all(&work).with_context(|| format!("cannot empty {}", work.display()))?;
+    }
+    fs::create_dir_all(&work).with_context(|| format!("cannot create {}", work.display()))?;
+    let started = Instant::now();
+
+    step("generated files", || generated_files(&dir, &work))?;
+    step("promtool check rules", || {
+        let files: Vec<&str> = RULE_FILES.iter().map(|(_, _, out)| *out).collect();
+        promtool(&dir, "check", &files).map(|_| format!("{} files", files.len()))
+    })?;
+    step("promtool test rules", || {
+        promtool(&dir, "test", &[RULES_TEST, ALERTS_TEST]).map(|_| "2 test files pass".into())
+    })?;
+
+    let alerts = rules_of(&eval_json(&dir, "(import 'mixin.libsonnet').prometheusAlerts")?)?;
+    let records = rules_of(&eval_json(&dir, "(import 'mixin.libsonnet').prometheusRules")?)?;
+    let mut known = documented_metrics(&read(&root.join("docs/metrics.md"))?)?;
+    known.extend(records.iter().filter_map(|r| r["record"].as_str().map(str::to_owned)));
+    known.extend(PROMETHEUS_SERIES.iter().map(|s| s.to_string()));
+
+    step("alerts", || {
+        let tests = alert_tests(&read(&dir.join(ALERTS_TEST))?);
+        let runbook = read(&dir.join(RUNBOOK))?;
+        check_alerts(&alerts, &tests, &runbook)?;
+        Ok(format!("{} alerts, each tested firing and quiet, each with a runbook", alerts.len()))
+    })?;
+    step("recording rules", || {
+        check_records(&records, &read(&dir.join(RULES_TEST))?)?;
+        Ok(format!("{} rules, each tested", records.len()))
+    })?;
+    step("rule metrics", || {
+        let exprs: Vec<String> = alerts
+            .iter()
+            .chain(&records)
+            .filter_map(|r| r["expr"].as_str().map(str::to_owned))
+            .collect();
+        unknown_metrics("the rules", &exprs, &known)?;
+        Ok(format!("{} expressions use only known metrics", exprs.len()))
+    })?;
+    step("dashboards", || dashboards(&dir, &work, &known))?;
+    step("Prometheus configuration in the docs", || {
+        let mut checked = 0;
+        for doc in ["docs/install.md", "mixin/README.md"] {
+            for (n, snippet) in config_snippets(&read(&root.join(doc))?).into_iter().enumerate() {
+                let file = work.join(format!("{}-{n}.yml", doc.replace('/', "-")));
+                fs::write(&file, snippet)?;
+                run(Command::new("promtool").arg("check").arg("config").arg(&file))
+                    .with_context(|| format!("a Prometheus configuration in {doc}"))?;
+                checked += 1;
+            }
+        }
+        Ok(format!("{checked} snippets pass promtool check config"))
+    })?;
+    if live {
+        let bin = crate::demo::build()?;
+        step("live, against the simulated Turin 2P", || live::check(&dir, &work, &bin))?;
+    }
+    println!("mixin: all checks passed in {:.1} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Runs one named check and prints its summary and duration.
+fn step(name: &str, f: impl FnOnce() -> Result<String>) -> Result<()> {
+    let started = Instant::now();
+    let summary = f().with_context(|| format!("mixin check failed: {name}"))?;
+    println!("mixin: {name}: {summary} ({:.1} s)", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Generated files
+
+/// Compares (or, with `UPDATE_GOLDEN=1`, rewrites) every generated file with what jsonnet makes of
+/// the source now; a dashboard file without a source is an error too. The rule files are rendered
+/// here as `std.manifestYamlDoc(..., false, false)` renders them (the same bytes as
+/// `jsonnet -S alerts.jsonnet`), because that function takes jsonnet 0.18 seconds per file.
+fn generated_files(dir: &Path, work: &Path) -> Result<String> {
+    let mut files: BTreeMap<String, String> = BTreeMap::new();
+    for (field, source, out) in RULE_FILES {
+        let render =
+            format!("std.manifestYamlDoc((import 'mixin.libsonnet').{field}, false, false)");
+        ensure!(read(&dir.join(source))?.contains(&render), "{source} does not say {render}");
+        let rules = eval_json(dir, &format!("(import 'mixin.libsonnet').{field}"))?;
+        files.insert(out.to_owned(), format!("{}\n", yaml_doc(&rules, "")));
+    }
+    let rendered = work.join(DASHBOARDS_OUT);
+    fs::create_dir_all(&rendered)?;
+    run(Command::new("jsonnet").arg("-m").arg(&rendered).arg(DASHBOARDS_SOURCE).current_dir(dir))?;
+    for entry in fs::read_dir(&rendered)? {
+        let entry = entry?;
+        let name = format!("{DASHBOARDS_OUT}/{}", entry.file_name().to_string_lossy());
+        files.insert(name, read(&entry.path())?);
+    }
+    let update = std::env::var_os("UPDATE_GOLDEN").is_some_and(|v| v == "1");
+    let out_dir = dir.join(DASHBOARDS_OUT);
+    let mut stale = Vec::new();
+    for entry in
+        fs::read_dir(&out_dir).with_context(|| format!("cannot list {}", out_dir.display()))?
+    {
+        let name = format!("{DASHBOARDS_OUT}/{}", entry?.file_name().to_string_lossy());
+        if !files.contains_key(&name) {
+            stale.push(name);
+        }
+    }
+    let mut differ = Vec::new();
+    for (name, text) in &files {
+        let path = dir.join(name);
+        if update {
+            fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        } else if fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
+            differ.push(name.clone());
+        }
+    }
+    if update {
+        for name in &stale {
+            fs::remove_file(dir.join(name)).with_context(|| format!("cannot remove {name}"))?;
+        }
+        return Ok(format!("rewrote {} files, removed {}", files.len(), stale.len()));
+    }
+    ensure!(
+        differ.is_empty() && stale.is_empty(),
+        "mixin/ files out of date with their jsonnet source: [{}], without a source: [{}]; \
+         regenerate with UPDATE_GOLDEN=1 cargo xtask mixin and review the diff",
+        differ.join(", "),
+        stale.join(", ")
+    );
+    Ok(format!("{} files equal their jsonnet source", files.len()))
+}
+
+/// YAML as jsonnet's `std.manifestYamlDoc(value, indent_array_in_object=false, quote_keys=false)`
+/// writes it: sorted keys, strings JSON-quoted unless they end in a newline (then a `|` block),
+/// arrays in an object not indented.
+fn yaml_doc(value: &Value, indent: &str) -> String {
+    match value {
+        Value::Null => "null".into(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) if s.is_empty() => "\"\"".into(),
+        Value::String(s) if s.ends_with('\n') => {
+            let lines: Vec<&str> = s[..s.len() - 1].split('\n').collect();
+            format!("|\n{indent}  {}", lines.join(&format!("\n{indent}  ")))
+        }
+        Value::String(s) => Value::String(s.clone()).to_string(),
+        Value::Array(items) if items.is_empty() => "[]".into(),
+        Value::Array(items) => {
+            let parts: Vec<String> = items
+                .iter()
+                .map(|item| {
+                    let inner = format!("{indent}  ");
+                    match item {
+                        Value::Array(a) if !a.is_empty() => {
+                            format!("-\n{inner}{}", yaml_doc(item, &inner))
+                        }
+                        Value::Object(o) if !o.is_empty() => {
+                            format!("- {}", yaml_doc(item, &inner))
+                        }
+                        _ => format!("- {}", yaml_doc(item, indent)),
+                    }
+                })
+                .collect();
+            parts.join(&format!("\n{indent}"))
+        }
+        Value::Object(map) if map.is_empty() => "{}".into(),
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            let lines: Vec<String> = keys
+                .into_iter()
+                .map(|key| {
+                    let item = &map[key];
+                    let key = yaml_key(key);
+                    let inner = format!("{indent}  ");
+                    match item {
+                        Value::Array(a) if !a.is_empty() => {
+                            format!("{key}:\n{indent}{}", yaml_doc(item, indent))
+                        }
+                        Value::Object(o) if !o.is_empty() => {
+                            format!("{key}:\n{inner}{}", yaml_doc(item, &inner))
+                        }
+                        _ => format!("{key}: {}", yaml_doc(item, indent)),
+                    }
+                })
+                .collect();
+            lines.join(&format!("\n{indent}"))
+        }
+    }
+}
+
+/// A key bare when it is safe in YAML, as jsonnet 0.18 decides with `quote_keys=false`: only
+/// letters, digits and `_-./`, not a YAML 1.1 boolean or null in any case, not number-like.
+fn yaml_key(key: &str) -> String {
+    const RESERVED: &[&str] = &["true", "false", "yes", "no", "on", "off", "y", "n", "null", "~"];
+    let unsigned = key.strip_prefix(['-', '+']).unwrap_or(key);
+    let number_like = unsigned.chars().all(|c| c.is_ascii_digit() || c == '_' || c == '.')
+        || unsigned
+            .strip_prefix("0x")
+            .is_some_and(|hex| hex.chars().all(|c| c.is_ascii_hexdigit() || c == '_'));
+    let bare = !key.is_empty()
+        && key.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'))
+        && !RESERVED.contains(&key.to_ascii_lowercase().as_str())
+        && !number_like;
+    if bare { key.to_owned() } else { Value::String(key.to_owned()).to_string() }
+}
+
+/// Evaluates a jsonnet expression in `dir` and parses the JSON it prints.
+fn eval_json(dir: &Path, expr: &str) -> Result<Value> {
+    let out = run(Command::new("jsonnet").arg("-e").arg(expr).current_dir(dir))?;
+    serde_json::from_str(&out).with_context(|| format!("jsonnet output of {expr} is not JSON"))
+}
+
+/// The rules of every group of a rule file's JSON form.
+fn rules_of(file: &Value) -> Result<Vec<Value>> {
+    let groups = file["groups"].as_array().context("no groups in the rule file")?;
+    let mut rules = Vec::new();
+    for group in groups {
+        rules.extend(group["rules"].as_array().context("a group without rules")?.iter().cloned());
+    }
+    Ok(rules)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Alerts and recording rules
+
+/// For each alert named in a promtool test file: whether a case expects it to fire and whether
+/// one expects it quiet (`exp_alerts: []`). Reads the file's lines: each `alertname:` is followed
+/// by its `exp_alerts:`.
+fn alert_tests(test_file: &str) -> BTreeMap<String, (bool, bool)> {
+    let mut tests: BTreeMap<String, (bool, bool)> = BTreeMap::new();
+    let mut current: Option<String> = None;
+    for line in test_file.lines().map(yaml_line) {
+        if let Some(name) = line.strip_prefix("alertname:") {
+            current = Some(name.trim().to_owned());
+        } else if let Some(expected) = line.strip_prefix("exp_alerts:")
+            && let Some(name) = current.take()
+        {
+            let entry = tests.entry(name).or_default();
+            if expected.trim() == "[]" {
+                entry.1 = true;
+            } else {
+                entry.0 = true;
+            }
+        }
+    }
+    tests
+}
+
+/// Every alert has a severity, a summary, a description and a runbook_url whose anchor is a
+/// section of the runbook, and tests in which it fires and stays quiet; no test names an alert
+/// that does not exist.
+fn check_alerts(
+    alerts: &[Value],
+    tests: &BTreeMap<String, (bool, bool)>,
+    runbook: &str,
+) -> Result<()> {
+    let headings: BTreeSet<String> = runbook
+        .lines()
+        .filter_map(|l| l.strip_prefix("## "))
+        .map(|h| h.trim().to_ascii_lowercase())
+        .collect();
+    let mut problems = Vec::new();
+    let mut names = BTreeSet::new();
+    for alert in alerts {
+        let name = alert["alert"].as_str().context("an alert rule without a name")?;
+        names.insert(name.to_owned());
+        if alert["labels"]["severity"].as_str().is_none_or(str::is_empty) {
+            problems.push(format!("{name}: no severity label"));
+        }
+        for key in ["summary", "description", "runbook_url"] {
+            if alert["annotations"][key].as_str().is_none_or(str::is_empty) {
+                problems.push(format!("{name}: no {key} annotation"));
+            }
+        }
+        let anchor = alert["annotations"]["runbook_url"].as_str().and_then(|u| u.rsplit_once('#'));
+        match anchor {
+            Some((_, a)) if a == name.to_ascii_lowercase() && headings.contains(a) => {}
+            _ => problems.push(format!(
+                "{name}: runbook_url is not {RUNBOOK}#{} with a `## {name}` section",
+                name.to_ascii_lowercase()
+            )),
+        }
+        match tests.get(name) {
+            Some((true, true)) => {}
+            Some((fires, _)) => problems.push(format!(
+                "{name}: no test in which it {}",
+                if *fires { "stays quiet (exp_alerts: [])" } else { "fires" }
+            )),
+            None => problems.push(format!("{name}: not tested in {ALERTS_TEST}")),
+        }
+    }
+    for name in tests.keys().filter(|t| !names.contains(*t)) {
+        problems.push(format!("{ALERTS_TEST} tests {name}, which is not an alert"));
+    }
+    ensure!(problems.is_empty(), "{}", problems.join("\n"));
+    Ok(())
+}
+
+/// Every recording rule is the `expr:` of a case in the recording rules' test file.
+fn check_records(records: &[Value], test_file: &str) -> Result<()> {
+    let tested: BTreeSet<&str> = test_file
+        .lines()
+        .map(yaml_line)
+        .filter_map(|l| l.strip_prefix("expr:"))
+        .map(str::trim)
+        .collect();
+    let untested: Vec<&str> = records
+        .iter()
+        .filter_map(|r| r["record"].as_str())
+        .filter(|name| !tested.contains(name))
+        .collect();
+    ensure!(
+        untested.is_empty(),
+        "recording rules not tested in {RULES_TEST}: {}",
+        untested.join(", ")
+    );
+    Ok(())
+}
+
+/// A line of a YAML block without its indentation and list marker: `key: value`.
+fn yaml_line(line: &str) -> &str {
+    let line = line.trim();
+    line.strip_prefix("- ").map_or(line, str::trim_start)
+}
+
+/// The family names of the table under "## Families" in `docs/metrics.md`.
+fn documented_metrics(doc: &str) -> Result<BTreeSet<String>> {
+    let section =
+        doc.split("\n## Families").nth(1).context("docs/metrics.md has no Families section")?;
+    let section = section.split("\n## ").next().unwrap_or_default();
+    let names: BTreeSet<String> = section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split('`').next())
+        .map(str::to_owned)
+        .collect();
+    ensure!(!names.is_empty(), "no families found in docs/metrics.md");
+    Ok(names)
+}
+
+/// The ```yaml blocks of a document that are Prometheus configurations of their own: those that
+/// start (after comments) with `scrape_configs:` or `remote_write:`. Blocks that name rule files
+/// are left out: the files they name are the reader's.
+fn config_snippets(doc: &str) -> Vec<String> {
+    doc.split("```yaml\n")
+        .skip(1)
+        .filter_map(|block| block.split("\n```").next())
+        .filter(|block| {
+            let first = block.lines().map(str::trim).find(|l| !l.is_empty() && !l.starts_with('#'));
+            first.is_some_and(|l| l == "scrape_configs:" || l == "remote_write:")
+                && !block.contains("rule_files:")
+        })
+        .map(|block| format!("{block}\n"))
+        .collect()
+}
+
+/// Fails naming every metric that an expression uses and `known` lacks.
+fn unknown_metrics(what: &str, exprs: &[String], known: &BTreeSet<String>) -> Result<()> {
+    let mut unknown = BTreeSet::new();
+    for expr in exprs {
+        unknown.extend(metric_names(expr).into_iter().filter(|m| !known.contains(m)));
+    }
+    ensure!(
+        unknown.is_empty(),
+        "{what} use metrics that are neither in docs/metrics.md, nor recorded by the mixin, nor \
+         made by Prometheus: {}",
+        unknown.into_iter().collect::<Vec<_>>().join(", ")
+    );
+    Ok(())
+}
+
+/// The metric names a PromQL expression selects: identifiers outside strings, label matchers,
+/// ranges and grouping clauses that are not followed by `(` (a function or an aggregation) and
+/// are not operators, keywords or aggregations (`sum without (core) (...)`).
+fn metric_names(expr: &str) -> BTreeSet<String> {
+    const KEYWORDS: &[&str] = &[
+        "and",
+        "or",
+        "unless",
+        "offset",
+        "bool",
+        "inf",
+        "nan",
+        "sum",
+        "min",
+        "max",
+        "avg",
+        "group",
+        "stddev",
+        "stdvar",
+        "count",
+        "count_values",
+        "bottomk",
+        "topk",
+        "quantile",
+    ];
+    const GROUPING: &[&str] = &["by", "without", "on", "ignoring", "group_left", "group_right"];
+    let chars: Vec<char> = expr.chars().collect();
+    let mut names = BTreeSet::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        if c == '"' || c == '\'' || c == '`' {
+            i = skip_string(&chars, i);
+        } else if c == '{' {
+            i = skip_until(&chars, i, '}');
+        } else if c == '[' {
+            i = skip_until(&chars, i, ']');
+        } else if c == '#' {
+            while i < chars.len() && chars[i] != '\n' {
+                i += 1;
+            }
+        } else if c.is_ascii_digit()
+            || (c == '.' && chars.get(i + 1).is_some_and(char::is_ascii_digit))
+        {
+            // A number or a duration: 3.7e9, 1e+9, 0x1F, 5m.
+            i += 1;
+            while i < chars.len()
+                && (chars[i].is_ascii_alphanumeric()
+                    || chars[i] == '.'
+                    || (matches!(chars[i], '+' | '-') && matches!(chars[i - 1], 'e' | 'E')))
+            {
+                i += 1;
+            }
+        } else if c.is_ascii_alphabetic() || c == '_' || c == ':' {
+            let start = i;
+            while i < chars.len()
+                && (chars[i].is_ascii_alphanumeric() || chars[i] == '_' || chars[i] == ':')
+            {
+                i += 1;
+            }
+            let word: String = chars[start..i].iter().collect();
+            let mut next = i;
+            while next < chars.len() && chars[next].is_whitespace() {
+                next += 1;
+            }
+            let call = chars.get(next) == Some(&'(');
+            if GROUPING.contains(&word.as_str()) {
+                if call {
+                    i = skip_until(&chars, next, ')');
+                }
+            } else if !call && !KEYWORDS.contains(&word.to_ascii_lowercase().as_str()) {
+                names.insert(word);
+            }
+        } else {
+            i += 1;
+        }
+    }
+    names
+}
+
+/// The index after the string literal that starts at `start` (backslash escapes, except in
+/// backquoted raw strings).
+fn skip_string(chars: &[char], start: usize) -> usize {
+    let quote = chars[start];
+    let mut i = start + 1;
+    while i < chars.len() && chars[i] != quote {
+        i += if chars[i] == '\\' && quote != '`' { 2 } else { 1 };
+    }
+    i + 1
+}
+
+/// The index after the first `close` from `start` on, skipping string literals.
+fn skip_until(chars: &[char], start: usize, close: char) -> usize {
+    let mut i = start + 1;
+    while i < chars.len() && chars[i] != close {
+        i = if matches!(chars[i], '"' | '\'' | '`') { skip_string(chars, i) } else { i + 1 };
+    }
+    i + 1
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dashboards
+
+/// One query of a dashboard: where it is, and its expression with the variables replaced.
+#[derive(Debug)]
+struct Query {
+    place: String,
+    expr: String,
+}
+
+/// Structure of every generated dashboard, then all their queries parsed by promtool (as the
+/// expressions of a scratch rule file) and checked for unknown metrics.
+fn dashboards(dir: &Path, work: &Path, known: &BTreeSet<String>) -> Result<String> {
+    let dashboards = load_dashboards(dir)?;
+    let mut queries = Vec::new();
+    let mut uids = BTreeSet::new();
+    for (file, dashboard) in &dashboards {
+        let found = dashboard_queries(file, dashboard, VARIABLE_VALUES)
+            .with_context(|| format!("in {file}"))?;
+        ensure!(uids.insert(dashboard["uid"].to_string()), "{file}: uid used by another dashboard");
+        queries.extend(found);
+    }
+    // Every query as a recording rule, so that promtool parses it.
+    let rules: Vec<Value> = queries
+        .iter()
+        .enumerate()
+        .map(|(n, q)| json!({"record": format!("dashboard_query_{n}"), "expr": q.expr}))
+        .collect();
+    let file = work.join("dashboard_queries.yaml");
+    let text =
+        serde_json::to_string_pretty(&json!({"groups": [{"name": "dashboards", "rules": rules}]}))?;
+    fs::write(&file, text).with_context(|| format!("cannot write {}", file.display()))?;
+    if let Err(e) = promtool(work, "check", &["dashboard_queries.yaml"]) {
+        let legend: Vec<String> = queries
+            .iter()
+            .enumerate()
+            .map(|(n, q)| format!("dashboard_query_{n}: {}: {}", q.place, q.expr))
+            .collect();
+        return Err(e.context(format!(
+            "a dashboard query does not parse; the queries:\n{}",
+            legend.join("\n")
+        )));
+    }
+    let exprs: Vec<String> = queries.iter().map(|q| q.expr.clone()).collect();
+    unknown_metrics("the dashboards", &exprs, known)?;
+    Ok(format!(
+        "{} dashboards, {} queries parse and use only known metrics",
+        dashboards.len(),
+        queries.len()
+    ))
+}
+
+/// The generated dashboards: (file name, parsed JSON), sorted by name.
+fn load_dashboards(dir: &Path) -> Result<Vec<(String, Value)>> {
+    let out_dir = dir.join(DASHBOARDS_OUT);
+    let mut paths: Vec<_> = fs::read_dir(&out_dir)
+        .with_context(|| format!("cannot list {}", out_dir.display()))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<std::io::Result<_>>()?;
+    paths.sort();
+    ensure!(!paths.is_empty(), "no dashboards in {}", out_dir.display());
+    let mut dashboards = Vec::new();
+    for path in paths {
+        let file = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
+        let dashboard: Value =
+            serde_json::from_str(&read(&path)?).with_context(|| format!("{file} is not JSON"))?;
+        dashboards.push((file, dashboard));
+    }
+    Ok(dashboards)
+}
+
+/// Checks one dashboard's structure and returns its queries (panel targets and query variables)
+/// with the variables replaced by `values`.
+fn dashboard_queries(file: &str, dashboard: &Value, values: Values<'_>) -> Result<Vec<Query>> {
+    for key in ["uid", "title"] {
+        ensure!(dashboard[key].as_str().is_some_and(|s| !s.is_empty()), "no {key}");
+    }
+    ensure!(dashboard["schemaVersion"].is_u64(), "no numeric schemaVersion");
+    let variables = dashboard["templating"]["list"].as_array().context("no templating.list")?;
+    let defined: BTreeSet<&str> = variables.iter().filter_map(|v| v["name"].as_str()).collect();
+    let mut queries = Vec::new();
+    for variable in variables.iter().filter(|v| v["type"] == "query") {
+        let name = variable["name"].as_str().unwrap_or_default();
+        let query =
+            variable["query"]["query"].as_str().or(variable["query"].as_str()).unwrap_or_default();
+        let inner = query
+            .strip_prefix("label_values(")
+            .and_then(|q| q.strip_suffix(')'))
+            .and_then(|q| q.rsplit_once(','))
+            .map(|(selector, _label)| selector)
+            .with_context(|| {
+                format!("variable {name}: not label_values(SELECTOR, LABEL): {query}")
+            })?;
+        let expr =
+            substitute(inner, &defined, values).with_context(|| format!("variable {name}"))?;
+        queries.push(Query { place: format!("{file} variable {name}"), expr });
+    }
+    let panels = dashboard["panels"].as_array().context("no panels")?;
+    ensure!(!panels.is_empty(), "no panels");
+    let mut ids = BTreeSet::new();
+    let mut all: Vec<&Value> = Vec::new();
+    for panel in panels {
+        all.push(panel);
+        all.extend(panel["panels"].as_array().into_iter().flatten());
+    }
+    for panel in all {
+        let title = panel["title"].as_str().unwrap_or_default();
+        let id =
+            panel["id"].as_u64().with_context(|| format!("panel {title:?} has no numeric id"))?;
+        ensure!(ids.insert(id), "panel id {id} ({title:?}) is used twice");
+        ensure!(!title.is_empty(), "panel {id} has no title");
+        ensure!(panel["gridPos"].is_object(), "panel {id} ({title:?}) has no gridPos");
+        if panel["type"] == "row" {
+            continue;
+        }
+        ensure!(panel["type"].is_string(), "panel {id} ({title:?}) has no type");
+        ensure!(panel["datasource"].is_object(), "panel {id} ({title:?}) has no datasource");
+        let targets = panel["targets"].as_array().filter(|t| !t.is_empty());
+        let targets = targets.with_context(|| format!("panel {id} ({title:?}) has no targets"))?;
+        let mut ref_ids = BTreeSet::new();
+        for target in targets {
+            let ref_id = target["refId"].as_str().unwrap_or_default();
+            ensure!(
+                ref_ids.insert(ref_id) && !ref_id.is_empty(),
+                "panel {id} ({title:?}): refId {ref_id:?} missing or repeated"
+            );
+            let expr = target["expr"].as_str().filter(|e| !e.trim().is_empty());
+            let expr =
+                expr.with_context(|| format!("panel {id} ({title:?}) target {ref_id}: no expr"))?;
+            let expr = substitute(expr, &defined, values)
+                .with_context(|| format!("panel {id} ({title:?})"))?;
+            queries.push(Query { place: format!("{file} panel {id} {title:?} {ref_id}"), expr });
+        }
+    }
+    Ok(queries)
+}
+
+/// Replaces `$name` and `${name}` with the stand-in values; a variable that is neither a Grafana
+/// built-in nor defined by the dashboard, or has no stand-in, is an error.
+fn substitute(expr: &str, defined: &BTreeSet<&str>, values: Values<'_>) -> Result<String> {
+    let mut out = String::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        let (name, len) = match after.strip_prefix('{') {
+            Some(braced) => {
+                let end = braced.find('}').context("unclosed ${")?;
+                (&braced[..end], end + 2)
+            }
+            None => {
+                let end = after
+                    .find(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+                    .unwrap_or(after.len());
+                (&after[..end], end)
+            }
+        };
+        ensure!(
+            name.starts_with("__") || defined.contains(name),
+            "variable ${name} is not defined by the dashboard"
+        );
+        let value =
+            values.iter().find(|(n, _)| *n == name).map(|(_, v)| *v).with_context(|| {
+                format!("no stand-in value for ${name} (add one to VARIABLE_VALUES)")
+            })?;
+        out.push_str(value);
+        rest = &after[len..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+/// `promtool check rules FILES` or `promtool test rules FILES` in `dir`.
+fn promtool(dir: &Path, verb: &str, files: &[&str]) -> Result<String> {
+    run(Command::new("promtool").args([verb, "rules"]).args(files).current_dir(dir))
+}
+
+/// Runs a command and returns its standard output; a failure shows everything it printed.
+fn run(cmd: &mut Command) -> Result<String> {
+    let out = cmd.output().with_context(|| format!("cannot run {:?}", cmd.get_program()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        bail!("{cmd:?} failed ({}):\n{stdout}{}", out.status, String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(stdout)
+}
+
+fn read(path: &Path) -> Result<String> {
+    fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(expr: &str) -> Vec<String> {
+        metric_names(expr).into_iter().collect()
+    }
+
+    #[test]
+    fn metric_names_skip_functions_matchers_ranges_and_grouping_labels() {
+        assert_eq!(
+            names(
+                r#"sum without (core) (rate(amd_hsmp_core_energy_joules_total{job="a",core=~"1|2"}[5m]))"#
+            ),
+            ["amd_hsmp_core_energy_joules_total"]
+        );
+        assert_eq!(
+            names("count by (version, revision) (amd_hsmp_build_info) or vector(0)"),
+            ["amd_hsmp_build_info"]
+        );
+        assert_eq!(
+            names(
+                "topk(20, instance:amd_hsmp_power_watts:sum_rate5m) > 1e+9 and on (instance) amd_hsmp_up offset 5m"
+            ),
+            ["amd_hsmp_up", "instance:amd_hsmp_power_watts:sum_rate5m"]
+        );
+    }
+
+    #[test]
+    fn metric_names_ignore_braces_and_words_inside_strings() {
+        assert_eq!(names(r#"ALERTS{alertname=~"AmdHsmp.*}", alertstate="firing"}"#), ["ALERTS"]);
+        assert_eq!(names(r#"up{job="a\"b"} == bool 0"#), ["up"]);
+    }
+
+    #[test]
+    fn a_metric_missing_from_the_docs_is_reported() {
+        let known: BTreeSet<String> = ["amd_hsmp_up".to_owned()].into();
+        let err =
+            unknown_metrics("x", &["amd_hsmp_up + amd_hsmp_power".into()], &known).unwrap_err();
+        assert!(err.to_string().contains("amd_hsmp_power"), "{err}");
+    }
+
+    #[test]
+    fn every_family_of_the_metrics_doc_is_found() {
+        let doc = read(&crate::root().join("docs/metrics.md")).unwrap();
+        let names = documented_metrics(&doc).unwrap();
+        for family in
+            ["amd_hsmp_core_energy_joules_total", "amd_hsmp_prochot_active", "process_open_fds"]
+        {
+            assert!(names.contains(family), "{family} not in {names:?}");
+        }
+        // The labels table below the families is not read as families.
+        assert!(!names.contains("core"), "{names:?}");
+    }
+
+    #[test]
+    fn alert_tests_tell_firing_cases_from_quiet_ones() {
+        let file = "
+      - eval_time: 5m
+        alertname: A
+        exp_alerts: []
+      - eval_time: 8m
+        alertname: A
+        exp_alerts:
+          - exp_labels: {}
+      - alertname: B
+        exp_alerts: []
+";
+        let tests = alert_tests(file);
+        assert_eq!(tests.get("A"), Some(&(true, true)));
+        assert_eq!(tests.get("B"), Some(&(false, true)));
+    }
+
+    fn alert(name: &str) -> Value {
+        json!({
+            "alert": name,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "s", "description": "d",
+                "runbook_url": format!("https://example.org/runbook.md#{}", name.to_ascii_lowercase()),
+            },
+        })
+    }
+
+    #[test]
+    fn an_alert_without_a_quiet_test_or_a_runbook_section_is_rejected() {
+        let tests: BTreeMap<String, (bool, bool)> =
+            [("Good".to_owned(), (true, true)), ("Loud".to_owned(), (true, false))].into();
+        let runbook = "# Runbook\n## Good\n## Loud\n";
+        check_alerts(&[alert("Good")], &[("Good".to_owned(), (true, true))].into(), runbook)
+            .unwrap();
+        let err = check_alerts(&[alert("Good"), alert("Loud")], &tests, runbook).unwrap_err();
+        assert!(err.to_string().contains("Loud: no test in which it stays quiet"), "{err}");
+        let err = check_alerts(&[alert("Good")], &tests, "## Good\n").unwrap_err();
+        assert!(err.to_string().contains("tests Loud, which is not an alert"), "{err}");
+        let err = check_alerts(
+            &[alert("Good")],
+            &[("Good".to_owned(), (true, true))].into(),
+            "## Other\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("Good: runbook_url"), "{err}");
+    }
+
+    /// The rule files are rendered here instead of by jsonnet's slow `std.manifestYamlDoc`; both
+    /// must write the same bytes, for the shapes a rule file has and the awkward ones.
+    #[test]
+    fn yaml_rendering_matches_jsonnet_manifest_yaml_doc() {
+        let value = json!({
+            "groups": [{"name": "g", "rules": [
+                {"alert": "A", "expr": "up{job=\"a\"} == 0\nand\n  x\n", "for": "5m",
+                 "labels": {"severity": "warning"}, "annotations": {}},
+                {"record": "a:b:c", "expr": "sum(x)", "keep_firing": true, "n": 3, "none": null},
+            ]}],
+            "nested": [[1, 2], [], {"k": []}, "text: with # and 'quotes' and \\", ""],
+            "odd keys": {"yes": 1, "On": 2, "2x": 3, "a-b.c/d": 4, "": 5, "-": 6, "-a": 7, ".a": 8,
+                         "0x1": 9, "1": 10, "1.5": 11, "1e3": 12, "_": 13, "a b": 14, "a:b": 15,
+                         "NULL": 16, "\u{e9}": 17},
+        });
+        let source = format!("std.manifestYamlDoc({value}, false, false)");
+        let jsonnet = run(Command::new("jsonnet").arg("-S").arg("-e").arg(&source)).unwrap();
+        assert_eq!(format!("{}\n", yaml_doc(&value, "")), jsonnet);
+    }
+
+    #[test]
+    fn config_snippets_are_the_yaml_blocks_that_configure_prometheus() {
+        let doc = "text\n```yaml\n# comment\nscrape_configs:\n  - job_name: a\n```\n\
+                   ```yaml\nrule_files:\n  - x\n```\n```yaml\napiVersion: 1\n```\n\
+                   ```yaml\nremote_write:\n  - url: http://x\n```\n";
+        let snippets = config_snippets(doc);
+        assert_eq!(
+            snippets,
+            ["# comment\nscrape_configs:\n  - job_name: a\n", "remote_write:\n  - url: http://x\n"]
+        );
+    }
+
+    #[test]
+    fn an_untested_recording_rule_is_rejected() {
+        let records = [json!({"record": "a:b:c"}), json!({"record": "d:e:f"})];
+        check_records(&records, "  - expr: a:b:c\n  - expr: d:e:f\n").unwrap();
+        let err = check_records(&records, "  - expr: a:b:c\n").unwrap_err();
+        assert!(err.to_string().contains("d:e:f"), "{err}");
+    }
+
+    #[test]
+    fn variables_are_replaced_and_undefined_ones_rejected() {
+        let defined: BTreeSet<&str> = ["instance"].into();
+        assert_eq!(
+            substitute(
+                r#"rate(x{instance="$instance"}[$__rate_interval])"#,
+                &defined,
+                VARIABLE_VALUES
+            )
+            .unwrap(),
+            r#"rate(x{instance="node-1:10054"}[5m])"#
+        );
+        assert_eq!(
+            substitute("x{i=\"${instance}\"}", &defined, VARIABLE_VALUES).unwrap(),
+            "x{i=\"node-1:10054\"}"
+        );
+        assert!(substitute("x{socket=\"$socket\"}", &defined, VARIABLE_VALUES).is_err());
+    }
+
+    fn dashboard(panels: Value) -> Value {
+        json!({"uid": "u", "title": "t", "schemaVersion": 39, "templating": {"list": []}, "panels": panels})
+    }
+
+    fn panel(id: u64, expr: &str) -> Value {
+        json!({"id": id, "title": format!("p{id}"), "type": "timeseries", "gridPos": {},
+               "datasource": {"uid": "x"}, "targets": [{"refId": "A", "expr": expr}]})
+    }
+
+    #[test]
+    fn dashboards_with_repeated_ids_or_panels_without_targets_are_rejected() {
+        let good = dashboard(
+            json!([{"id": 1, "title": "r", "type": "row", "gridPos": {}}, panel(2, "up")]),
+        );
+        assert_eq!(dashboard_queries("d", &good, VARIABLE_VALUES).unwrap().len(), 1);
+        let twice = dashboard(json!([panel(1, "up"), panel(1, "up")]));
+        assert!(
+            dashboard_queries("d", &twice, VARIABLE_VALUES)
+                .unwrap_err()
+                .to_string()
+                .contains("used twice")
+        );
+        let mut empty = panel(1, "up");
+        empty["targets"] = json!([]);
+        let err = dashboard_queries("d", &dashboard(json!([empty])), VARIABLE_VALUES).unwrap_err();
+        assert!(err.to_string().contains("no targets"), "{err}");
+        let mut no_uid = dashboard(json!([panel(1, "up")]));
+        no_uid["uid"] = json!("");
+        assert!(
+            dashboard_queries("d", &no_uid, VARIABLE_VALUES)
+                .unwrap_err()
+                .to_string()
+                .contains("no uid")
+        );
+    }
+
+    /// docs/install.md's cardinality table gives, per simulator profile, the series of the
+    /// healthy golden scrape plus the 5 Prometheus adds per target.
+    #[test]
+    fn the_cardinality_table_matches_the_golden_scrapes() {
+        let root = crate::root();
+        let doc = read(&root.join("docs/install.md")).unwrap();
+        let mut checked = 0;
+        for row in doc
+            .lines()
+            .filter(|l| l.starts_with("| `") && (l.contains("-1p`") || l.contains("-2p`")))
+        {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            let profile = cells[1].trim_matches('`');
+            let golden = root.join(format!("tests/golden/healthy-{profile}.metrics"));
+            let scrape = read(&golden).unwrap();
+            let series =
+                scrape.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()).count();
+            let documented: usize = cells[5]
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("{row}"));
+            assert_eq!(documented, series + 5, "{profile}: {row}");
+            checked += 1;
+        }
+        assert_eq!(checked, 6, "one row per simulator profile");
+    }
+}
