@@ -134,6 +134,16 @@ impl OpenDevice {
             && self.esu.iter().all(|e| *lock(e) == Some(Err(ItemError::Unsupported)))
     }
 
+    /// The energy units a later descriptor of the same machine can take over: the answers, and
+    /// "unsupported", not the failures.
+    fn lasting_units(&self) -> Vec<Option<Result<u8, ItemError>>> {
+        let lasting = |e: &Mutex<_>| match *lock(e) {
+            esu @ Some(Ok(_) | Err(ItemError::Unsupported)) => esu,
+            _ => None,
+        };
+        self.esu.iter().map(lasting).collect()
+    }
+
     /// Some socket's energy unit has not been asked yet (the device has just opened).
     fn esu_unknown(&self) -> bool {
         self.esu.iter().any(|e| lock(e).is_none())
@@ -178,6 +188,9 @@ struct Shared {
     opener: Box<dyn HsmpOpener>,
     msr: Option<Arc<MsrEnergy>>,
     device: Mutex<Device>,
+    /// The energy units of the last device closed, taken over when it is opened again, so a
+    /// reopened device reads energy from where it did before without waiting for its probes.
+    units: Mutex<Vec<Option<Result<u8, ItemError>>>>,
     unsupported: Unsupported,
     /// Failure classes already logged, so each is logged once and not on every request.
     logged: Mutex<Vec<(&'static str, ItemError)>>,
@@ -210,6 +223,7 @@ impl Sampler {
             opener: hsmp,
             msr,
             device: Mutex::new(Device::Closed(DeviceStatus::Absent)),
+            units: Mutex::new(Vec::new()),
             unsupported: Unsupported::default(),
             logged: Mutex::new(Vec::new()),
         };
@@ -294,8 +308,13 @@ impl Shared {
         if matches!(*device, Device::Closed(_)) && Instant::now() < deadline {
             let next = match self.opener.open() {
                 Ok(transport) => {
-                    let sockets = self.topology.sockets.len();
-                    Device::Open(Arc::new(OpenDevice::new(transport, sockets)))
+                    let open = OpenDevice::new(transport, self.topology.sockets.len());
+                    for (socket, esu) in lock(&self.units).iter().enumerate() {
+                        if let Some(esu) = *esu {
+                            open.set_esu(socket, esu);
+                        }
+                    }
+                    Device::Open(Arc::new(open))
                 }
                 Err(errno) => Device::Closed(open_status(errno)),
             };
@@ -370,6 +389,7 @@ impl Shared {
         let mut device = lock(&self.device);
         if matches!(&*device, Device::Open(d) if Arc::ptr_eq(d, open)) {
             tracing::warn!(error = %why, "HSMP device stopped answering; it is reopened on the next sample");
+            *lock(&self.units) = open.lasting_units();
             *device = Device::Closed(DeviceStatus::Failed(why));
         }
     }

@@ -602,6 +602,26 @@ fn a_device_gone_on_every_socket_is_reopened() {
     assert!(all_ok(&values(&sample.boost_limit)));
 }
 
+/// A reopened device keeps the energy units it had: with the MSR fallback on a part with
+/// RAPL, energy does not switch sources (a counter reset) while the new descriptor is probed.
+#[test]
+fn a_reopened_device_keeps_its_energy_source() {
+    let machine = turin(2);
+    let topo = machine.topology().clone();
+    let msr = Arc::new(MsrEnergy::open(&topo, &machine.msr_opener()).unwrap());
+    let opener = Opener::new(&machine);
+    let sampler = Sampler::new(topo, Box::new(opener.clone()), Some(msr));
+    assert_eq!(sampler.sample(Families::ALL, soon()).energy_source, Some(EnergySource::Hsmp));
+    opener.replace();
+    sampler.sample(Families::ALL, soon());
+    let before = opener.count_of(Message::GetRaplUnits);
+    let sample = sampler.sample(Families::ALL, soon());
+    assert_eq!(opener.opens(), 2);
+    assert_eq!(sample.energy_source, Some(EnergySource::Hsmp));
+    assert_eq!(values(&sample.energy), energy_of(&machine));
+    assert_eq!(opener.count_of(Message::GetRaplUnits), before, "units taken over");
+}
+
 #[test]
 fn one_socket_failing_as_gone_does_not_reopen_the_device() {
     let machine = turin(2);
