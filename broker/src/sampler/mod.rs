@@ -181,7 +181,7 @@ struct Plan {
     boost_limit: Result<Arc<OpenDevice>, Readings<u32>>,
 }
 
-/// What the requests and the socket workers share.
+/// What the requests share: the machine, the device and what has been learnt about it.
 #[derive(Debug)]
 struct Shared {
     topology: Topology,
@@ -198,11 +198,15 @@ struct Shared {
 
 /// Reads telemetry for the requests of every connection; shared by all connection threads.
 ///
+/// Requests that overlap share one reading (see the module documentation), so concurrent
+/// peers do not multiply the mailbox traffic and a short deadline does not cut a longer one's
+/// answer short.
+///
 /// The socket workers start with the first sample, not in [`Sampler::new`]: the broker creates
 /// the sampler before it drops its capabilities, which must happen while it is single-threaded.
 #[derive(Debug)]
 pub struct Sampler {
-    shared: Arc<Shared>,
+    shared: Shared,
     workers: Workers,
     /// The latest reading: requests that come while it runs join it.
     current: Mutex<Option<Arc<Reading>>>,
@@ -230,7 +234,7 @@ impl Sampler {
         let device = shared.open_and_probe();
         log_device(None, &device, shared.msr.is_some());
         *lock(&shared.device) = device;
-        Sampler { shared: Arc::new(shared), workers, current: Mutex::new(None) }
+        Sampler { shared, workers, current: Mutex::new(None) }
     }
 
     /// The machine this sampler reads.
