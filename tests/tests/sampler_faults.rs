@@ -7,7 +7,8 @@ use amd_hsmp_e2e::fake::{Node, NodeState};
 use amd_hsmp_e2e::harness::Exposition;
 use amd_hsmp_e2e::scenario::{self, Rig, Scrape};
 use amd_hsmp_proto::{
-    Families, ItemError, Message, PROTOCOL_VERSION, Readings, Reply, Request, Sample, Topology,
+    DeviceStatus, Families, ItemError, Message, PROTOCOL_VERSION, Readings, Reply, Request, Sample,
+    Topology,
 };
 use amd_hsmp_sim::Machine;
 use std::os::unix::net::UnixStream;
@@ -113,51 +114,56 @@ const SOCKET_1: [&str; 3] = [
 
 /// Regression (D7): each request started a thread per socket, and one stuck behind a wedged
 /// mailbox still sent its message once the mailbox freed, so threads and stale messages piled
-/// up, one per scrape.
+/// up, one per request.
 #[test]
 fn a_wedged_socket_keeps_the_healthy_socket_served_and_piles_nothing_up() {
     let mut rig = rig("turin-2p", "");
     let pid = rig.broker_pid().unwrap();
     let machine = Arc::clone(rig.machine());
-    // The first scrape starts the socket workers.
-    let m = scrape(&mut rig, &one_second());
-    assert!(SOCKET_1.iter().all(|s| m.value(s).is_some()), "{}", rig.logs());
+    let topology = machine.topology().clone();
+    let mut client = Client::connect(&rig);
+    // The first sample starts the socket workers.
+    assert!(values(&client.sample(5_000).energy).iter().all(Result::is_ok), "{}", rig.logs());
     let threads_before = threads(pid);
     let before = machine.mailbox(1);
 
     let held = Held::new(&machine, 1);
     let started = Instant::now();
-    let mut scrapes = 0;
-    while scrapes < 6 || started.elapsed() < Duration::from_secs(8) {
-        let m = scrape(&mut rig, &one_second());
-        for series in SOCKET_0 {
-            assert!(
-                m.value(series).is_some(),
-                "scrape {scrapes}: {series} missing\n{}",
-                rig.logs()
-            );
-        }
-        for series in SOCKET_1 {
-            assert_eq!(m.value(series), None, "scrape {scrapes}: {series}");
-        }
+    let mut samples = 0;
+    while samples < 6 || started.elapsed() < Duration::from_secs(8) {
+        let asked = Instant::now();
+        let sample = client.sample(1_000);
+        let took = asked.elapsed();
+        assert!(took < Duration::from_millis(1_500), "sample {samples} took {took:?}");
+        let healthy = energy_on(&topology, &sample, 0);
+        assert!(healthy.iter().all(Result::is_ok), "sample {samples}: {healthy:?}");
+        assert!(values(&sample.boost_limit).iter().take(192).all(Result::is_ok));
+        assert_eq!(values(&sample.prochot), [Ok(false), Err(ItemError::DeadlineExceeded)]);
+        let wedged = energy_on(&topology, &sample, 1);
+        assert!(wedged.iter().all(|e| *e == Err(ItemError::DeadlineExceeded)));
         let now = threads(pid);
-        assert!(
-            now <= threads_before + 1,
-            "scrape {scrapes}: {now} threads, {threads_before} before"
-        );
-        scrapes += 1;
+        assert!(now <= threads_before, "sample {samples}: {now} threads, {threads_before} before");
+        samples += 1;
     }
     let wedged = machine.mailbox(1);
+    eprintln!(
+        "{samples} samples in {:?} with socket 1 wedged: broker threads {} (before \
+         {threads_before}), messages into the wedged mailbox {}",
+        started.elapsed(),
+        threads(pid),
+        wedged.entered - before.entered
+    );
     assert_eq!(wedged.entered - before.entered, 1, "messages that reached the wedged mailbox");
     assert_eq!(wedged.pending, 1);
 
-    // The scrapes have stopped: the held message finishes, and the next scrape reads socket 1
+    // The requests have stopped: the held message finishes, and the next scrape reads socket 1
     // in full, with nothing stale before it.
+    drop(client);
     rig.take_traffic();
     drop(held);
     machine.wait_mailbox(1, PATIENCE, |b| b.pending == 0).unwrap();
     let m = scrape(&mut rig, &Scrape::default());
-    assert!(SOCKET_1.iter().all(|s| m.value(s).is_some()), "{}", rig.logs());
+    assert!(SOCKET_0.iter().chain(&SOCKET_1).all(|s| m.value(s).is_some()), "{}", rig.logs());
     let to_socket_1 = rig.take_traffic().messages.iter().filter(|m| m.sock_ind == 1).count();
     assert_eq!(to_socket_1, 1 + (2 * 192 + 1), "the held message, then one full sample");
     assert_eq!(machine.mailbox(1).max_pending, 1);
@@ -197,25 +203,27 @@ fn samples_whose_deadline_passes_mid_sample_never_panic() {
 }
 
 /// Regression (D6): a `/dev/hsmp` that appeared after start-up was probed under the device
-/// lock, with no deadline, so one wedged socket left every scrape without data.
+/// lock, with no deadline, so one wedged socket left every request without data.
 #[test]
 fn a_late_device_with_a_wedged_socket_serves_the_healthy_socket_in_time() {
     let mut rig = rig("turin-2p", "hsmp = \"absent\"\n");
+    let topology = rig.machine().topology().clone();
     let m = scrape(&mut rig, &one_second());
     assert_eq!(m.value("amd_hsmp_up"), Some(0.0));
     // The first socket is the one the start-up probe would have asked.
     let _held = Held::new(rig.machine(), 0);
     rig.device().set_hsmp_state(NodeState::Present);
+    let mut client = Client::connect(&rig);
     for round in 0..3 {
-        let started = Instant::now();
-        let m = scrape(&mut rig, &one_second());
-        let took = started.elapsed();
-        assert!(took < Duration::from_millis(1500), "round {round}: took {took:?}");
-        for series in SOCKET_1 {
-            assert!(m.value(series).is_some(), "round {round}: {series} missing\n{}", rig.logs());
-        }
-        assert_eq!(m.value("amd_hsmp_up"), Some(1.0), "round {round}");
-        assert_eq!(m.value(SOCKET_0[1]), None);
+        let asked = Instant::now();
+        let sample = client.sample(1_000);
+        let took = asked.elapsed();
+        assert!(took < Duration::from_millis(1_500), "round {round}: took {took:?}");
+        assert_eq!(sample.hsmp, DeviceStatus::Ready { protocol_version: 7 }, "round {round}");
+        let healthy = energy_on(&topology, &sample, 1);
+        assert!(healthy.iter().all(Result::is_ok), "round {round}: {healthy:?}\n{}", rig.logs());
+        assert!(values(&sample.boost_limit).iter().skip(192).all(Result::is_ok));
+        assert_eq!(values(&sample.prochot), [Err(ItemError::DeadlineExceeded), Ok(false)]);
     }
 }
 
