@@ -435,6 +435,7 @@ mod tests {
                 Err(ItemError::DeadlineExceeded),
             ]),
             prochot: Readings::Unavailable(Unavailable::Unsupported),
+            energy_resets: 0,
         }
     }
 
