@@ -84,12 +84,8 @@ impl Broker {
         std::fs::set_permissions(&self.socket, mode(0o666)).unwrap();
     }
 
-    fn pid(&self) -> Pid {
-        Pid::from_raw(self.proc.pid() as i32).unwrap()
-    }
-
     fn signal(&self, sig: Signal) {
-        rustix::process::kill_process(self.pid(), sig).unwrap();
+        self.proc.signal(sig.as_raw()).unwrap();
     }
 
     fn client(&self) -> Client {
@@ -576,6 +572,8 @@ impl WrapRig {
                 self.broker.log()
             );
         }
+        let what = Families { core_energy: true, ..Families::default() };
+        assert_eq!(self.broker.client().sample(what).energy_resets, 0, "no reset");
         let log = self.broker.log();
         assert!(!log.contains("panicked"), "{log}");
         assert!(!log.contains("restarted"), "{log}");
@@ -690,6 +688,13 @@ fn a_ptrace_attach_and_detach_loses_no_msr_wrap() {
 #[test]
 fn a_broker_stopped_longer_than_a_wrap_restarts_the_count_and_counts_the_reset() {
     let rig = WrapRig::start();
+    let (_exporter, addr) =
+        harness::start_exporter(&rig.broker.socket, &[], None, rig.broker.dir.path()).unwrap();
+    let core_energy_errors = || {
+        let scrape = harness::http_get(addr, "/metrics", &[], Duration::from_secs(10)).unwrap();
+        harness::Exposition::parse(&scrape.body).unwrap().errors("core-energy")
+    };
+    assert_eq!(core_energy_errors(), 0.0);
     rig.wait_for_wraps(1);
     let before = rig.broker.client().energy();
     rig.broker.signal(Signal::STOP);
@@ -700,7 +705,11 @@ fn a_broker_stopped_longer_than_a_wrap_restarts_the_count_and_counts_the_reset()
     rig.broker.signal(Signal::CONT);
     rig.wait_for_a_poll();
     rig.model.freeze();
-    let after = rig.broker.client().energy();
+    let mut client = rig.broker.client();
+    let after = client.energy();
+    let what = Families { core_energy: true, ..Families::default() };
+    assert_eq!(client.sample(what).energy_resets, rig.cpus.len() as u64, "one reset per core");
+    assert_eq!(core_energy_errors(), rig.cpus.len() as f64, "the exporter counts each reset");
     for (i, &cpu) in rig.cpus.iter().enumerate() {
         assert!(after[i] < before[i], "cpu {cpu}: {} then {}: no reset", before[i], after[i]);
         // The count restarted at a reading after the stop (or the one in flight when it came)
