@@ -346,6 +346,22 @@ fn the_seccomp_filter_kills_socket_refuses_writable_opens_and_resumes_a_stopped_
     assert_eq!(lines[..2], ["open-rw: errno 1\n", "open-ro: ok\n"], "EPERM for a writable open");
     assert_eq!(rest, "slept\n");
 
+    // The one file the filter lets the broker remove is its --listen socket.
+    let dir = tempfile::tempdir().unwrap();
+    let (socket, other) = (dir.path().join("broker.sock"), dir.path().join("other"));
+    std::fs::write(&socket, "").unwrap();
+    std::fs::write(&other, "").unwrap();
+    let out = Command::new(&example)
+        .arg("--socket-file")
+        .arg(&socket)
+        .arg("unlink")
+        .arg(&other)
+        .arg("remove-socket")
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "unlink: errno 1\nremove-socket: ok\n");
+    assert!(other.exists() && !socket.exists());
+
     let out = Command::new(&example).arg("socket").output().unwrap();
     assert_eq!(out.status.signal(), Some(libc::SIGSYS), "{:?}", out.status);
     assert!(out.stdout.is_empty(), "socket() returned: {}", String::from_utf8_lossy(&out.stdout));
@@ -376,6 +392,31 @@ fn sigterm_removes_the_listen_socket_file_and_exits_0() {
     let status = broker.proc.exited().unwrap();
     assert!(status.success(), "{status}: {}", broker.log());
     assert!(!broker.socket.exists(), "the socket file is left behind");
+}
+
+#[test]
+fn sigterm_leaves_a_socket_activated_socket_file_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("activated.sock");
+    let bins = harness::binaries().unwrap();
+    let args = vec![
+        "-l".to_string(),
+        path(&socket),
+        path(&bins.broker),
+        "--simulate".into(),
+        "milan-1p".into(),
+    ];
+    // From systemd, which `cargo xtask deps` installs for the packaging checks.
+    let activate = Path::new("systemd-socket-activate");
+    let mut proc = Proc::spawn("amd-hsmp-broker", activate, &args, dir.path().join("log")).unwrap();
+    harness::wait_until(&mut proc, "activation socket", || socket.exists()).unwrap();
+    // The first connection starts the broker on the passed socket.
+    Client::connect(&socket);
+    proc.signal(libc::SIGTERM).unwrap();
+    let status = proc.wait_exit(PATIENCE).unwrap();
+    assert!(status.success(), "{status}: {}", proc.log());
+    assert!(proc.log().contains("socket passed by systemd"), "{}", proc.log());
+    assert!(socket.exists(), "a socket the broker did not create is not its to remove");
 }
 
 // ---- PID namespaces ----
