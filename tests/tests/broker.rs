@@ -409,8 +409,10 @@ fn sigterm_leaves_a_socket_activated_socket_file_in_place() {
     // From systemd, which `cargo xtask deps` installs for the packaging checks.
     let activate = Path::new("systemd-socket-activate");
     let mut proc = Proc::spawn("amd-hsmp-broker", activate, &args, dir.path().join("log")).unwrap();
-    harness::wait_until(&mut proc, "activation socket", || socket.exists()).unwrap();
-    // The first connection starts the broker on the passed socket.
+    // The first connection starts the broker on the passed socket (the file exists a moment
+    // before it listens, so connect until it does).
+    harness::wait_until(&mut proc, "activation socket", || UnixStream::connect(&socket).is_ok())
+        .unwrap();
     Client::connect(&socket);
     proc.signal(libc::SIGTERM).unwrap();
     let status = proc.wait_exit(PATIENCE).unwrap();
