@@ -160,7 +160,16 @@ fn probe_as(uid: u32, socket: &Path) -> (bool, String) {
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let copy = dir.path().join("probe");
     std::fs::copy(probe, &copy).unwrap();
-    let out = Command::new(&copy).arg(socket).uid(uid).gid(uid).output().unwrap();
+    // A concurrent test's fork can briefly inherit the copy's write descriptor (ETXTBSY):
+    // that is a property of fork + exec in a multi-threaded test process, not of the broker.
+    let out = loop {
+        match Command::new(&copy).arg(socket).uid(uid).gid(uid).output() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            other => break other.unwrap(),
+        }
+    };
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
