@@ -550,7 +550,8 @@ fn respawn_at(socket: &Path, args: &[String], mut old: Broker) -> Broker {
 // ---- MSR energy under stops, freezes and ptrace ----
 
 /// The fake's counters: ESU 25 (2^32 units are 128 J) at 80 to 95 W a core wrap every 1.3 to
-/// 1.6 s. The broker's wrap window at its 100 W bound is 1.28 s, so it polls every 320 ms.
+/// 1.6 s. The broker's wrap window at its 100 W bound is 1.28 s; it polls every 100 ms, so a
+/// loaded machine has a second of slack before a late poll counts as a possible unseen wrap.
 const ESU: u8 = 25;
 const BASE_WATTS: f64 = 80.0;
 
@@ -582,7 +583,8 @@ impl WrapRig {
         .expect("mount the fake device (needs /dev/fuse and fusermount3 from fuse3)");
         let tree = fixtures::tree(&fixtures::fixtures_dir(), "rome-1p");
         let mut args = device.broker_args(&tree);
-        args.push("--collector.core-energy.msr-fallback".into());
+        args.extend(["--collector.core-energy.msr-fallback".into(), "--msr.poll-interval".into()]);
+        args.push("100ms".into());
         let broker = Broker::spawn_with(&[], &args, tempfile::tempdir().unwrap());
         let cpus = broker.client().topology().cores.iter().map(|c| c.cpu).collect();
         WrapRig { broker, _device: device, model, cpus }
