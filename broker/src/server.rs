@@ -547,6 +547,7 @@ mod tests {
                 energy: Readings::NotRequested,
                 boost_limit: Readings::NotRequested,
                 prochot: r(what.prochot),
+                energy_resets: 0,
             }
         }
     }

@@ -442,6 +442,7 @@ impl Shared {
                 Family::Prochot,
                 items.prochot,
             ),
+            energy_resets: self.msr.as_ref().map_or(0, |msr| msr.resets()),
         }
     }
 
