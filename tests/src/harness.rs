@@ -39,19 +39,54 @@ pub fn binaries() -> Result<&'static Binaries> {
         .map_err(|e| anyhow::anyhow!("cannot build amd-hsmp-broker and amd-hsmp-exporter: {e}"))
 }
 
-fn build_binaries() -> Result<Binaries> {
+/// The broker crate's example `name` (in `target/<profile>/examples/`), built once per test
+/// process like [`binaries`].
+pub fn broker_example(name: &'static str) -> Result<PathBuf> {
+    static EXAMPLES: OnceLock<std::sync::Mutex<Vec<(&'static str, PathBuf)>>> = OnceLock::new();
+    let examples = EXAMPLES.get_or_init(Default::default);
+    let mut built = examples.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, path)) = built.iter().find(|(n, _)| *n == name) {
+        return Ok(path.clone());
+    }
+    let dir = profile_dir()?;
+    cargo_build(&dir, &["-p", "amd-hsmp-broker", "--example", name])?;
+    let path = dir.join("examples").join(name);
+    if !path.is_file() {
+        bail!("{} does not exist after the build", path.display());
+    }
+    built.push((name, path.clone()));
+    Ok(path)
+}
+
+/// `target/<profile>/`, where the test executable's `deps/` is.
+fn profile_dir() -> Result<PathBuf> {
     let exe = std::env::current_exe().context("cannot locate the test executable")?;
     // target/<profile>/deps/e2e-<hash>
-    let dir = exe
+    Ok(exe
         .parent()
         .and_then(Path::parent)
         .context("test executable is not in target/<profile>/deps")?
-        .to_path_buf();
+        .to_path_buf())
+}
+
+fn build_binaries() -> Result<Binaries> {
+    let dir = profile_dir()?;
     let bins =
         Binaries { broker: dir.join("amd-hsmp-broker"), exporter: dir.join("amd-hsmp-exporter") };
+    cargo_build(&dir, &["-p", "amd-hsmp-broker", "-p", "amd-hsmp-exporter", "--bins"])?;
+    for bin in [&bins.broker, &bins.exporter] {
+        if !bin.is_file() {
+            bail!("{} does not exist after the build", bin.display());
+        }
+    }
+    Ok(bins)
+}
+
+/// `$CARGO build --quiet <what>` for the profile and target directory of `dir`.
+fn cargo_build(dir: &Path, what: &[&str]) -> Result<()> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.args(["build", "--quiet", "-p", "amd-hsmp-broker", "-p", "amd-hsmp-exporter", "--bins"]);
+    cmd.args(["build", "--quiet"]).args(what);
     match dir.file_name().and_then(|n| n.to_str()) {
         Some("debug") | None => {}
         Some("release") => {
@@ -70,12 +105,7 @@ fn build_binaries() -> Result<Binaries> {
     if !status.success() {
         bail!("{cmd:?} failed: {status}");
     }
-    for bin in [&bins.broker, &bins.exporter] {
-        if !bin.is_file() {
-            bail!("{} does not exist after the build", bin.display());
-        }
-    }
-    Ok(bins)
+    Ok(())
 }
 
 /// A child process that is killed and reaped when dropped. Its standard error goes to a log

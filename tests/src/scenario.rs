@@ -415,20 +415,9 @@ impl Rig {
         let socket = dir.path().join("broker.sock");
         let tree = fixtures::tree(&fixtures::fixtures_dir(), &scenario.machine);
         let broker = if scenario.broker {
-            let mut args: Vec<String> = vec![
-                "--listen".into(),
-                path(&socket),
-                "--hsmp.device".into(),
-                path(&device.hsmp_path()),
-                "--msr.device-root".into(),
-                path(&device.msr_root()),
-                "--path.procfs".into(),
-                path(&tree.join("proc")),
-                "--path.sysfs".into(),
-                path(&tree.join("sys")),
-                "--log.level".into(),
-                "debug".into(),
-            ];
+            let mut args: Vec<String> = vec!["--listen".into(), path(&socket)];
+            args.extend(device.broker_args(&tree));
+            args.extend(["--log.level".into(), "debug".into()]);
             args.extend(scenario.broker_flags.iter().cloned());
             let mut broker =
                 Proc::spawn("amd-hsmp-broker", &bins.broker, &args, dir.path().join("broker.log"))?;

@@ -255,7 +255,7 @@ fn exposure(sysroot: &Path, unit: &str) -> Result<f64> {
     parse_exposure(&stdout(&out), unit)
 }
 
-fn parse_exposure(report: &str, unit: &str) -> Result<f64> {
+pub(crate) fn parse_exposure(report: &str, unit: &str) -> Result<f64> {
     let marker = format!("Overall exposure level for {unit}:");
     let line = report
         .lines()
@@ -267,7 +267,7 @@ fn parse_exposure(report: &str, unit: &str) -> Result<f64> {
 }
 
 /// (section, key, value) of every assignment in a unit file.
-fn parse_unit(text: &str) -> Vec<(String, String, String)> {
+pub(crate) fn parse_unit(text: &str) -> Vec<(String, String, String)> {
     let mut section = String::new();
     let mut settings = Vec::new();
     for line in text.lines().map(str::trim) {
