@@ -231,6 +231,7 @@ impl Sampler {
             energy,
             boost_limit: self.readings(boost_limit, Family::BoostLimit, boost_values),
             prochot: self.readings(prochot, Family::Prochot, prochot_values),
+            energy_resets: self.msr.as_ref().map_or(0, |msr| msr.resets()),
         }
     }
 

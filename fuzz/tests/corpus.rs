@@ -164,6 +164,7 @@ fn replies() -> Vec<Reply> {
         ]),
         boost_limit: Readings::Values(vec![Ok(3700), Err(ItemError::DeadlineExceeded)]),
         prochot: Readings::Unavailable(Unavailable::Unsupported),
+        energy_resets: 3,
     };
     vec![
         Reply::Hello {

@@ -86,11 +86,21 @@ fn reply() -> impl Strategy<Value = Reply> {
             energy_source(),
             readings(energy),
             readings(any::<u32>()),
-            readings(any::<bool>())
+            readings(any::<bool>()),
+            any::<u64>()
         )
-            .prop_map(|(hsmp, energy_source, energy, boost_limit, prochot)| Reply::Sample(
-                Sample { hsmp, energy_source, energy, boost_limit, prochot }
-            )),
+            .prop_map(
+                |(hsmp, energy_source, energy, boost_limit, prochot, energy_resets)| {
+                    Reply::Sample(Sample {
+                        hsmp,
+                        energy_source,
+                        energy,
+                        boost_limit,
+                        prochot,
+                        energy_resets,
+                    })
+                }
+            ),
         (any::<u32>(), any::<u32>()).prop_map(|(broker, peer)| Reply::Error(
             RequestError::VersionMismatch { broker, peer }
         )),
