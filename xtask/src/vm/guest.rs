@@ -26,8 +26,10 @@ pub struct BootSpec {
     pub initrd: PathBuf,
     /// The compiled SSDTs, one per socket.
     pub ssdts: Vec<PathBuf>,
-    /// Sockets (one core each).
+    /// Sockets.
     pub sockets: u32,
+    /// Cores per socket (one thread each).
+    pub cores: u32,
     /// The guest RAM file (created by [`RamFile::create`]).
     pub ram: PathBuf,
     /// The run directory (console log, control socket).
@@ -142,7 +144,13 @@ impl Vm {
                 "memory-backend-file,id=ram,size={RAM_MIB}M,mem-path={},share=on",
                 spec.ram.display()
             ))
-            .args(["-smp", &format!("{0},sockets={0},cores=1,threads=1", spec.sockets)])
+            .arg("-smp")
+            .arg(format!(
+                "{},sockets={},cores={},threads=1",
+                spec.sockets * spec.cores,
+                spec.sockets,
+                spec.cores
+            ))
             .arg("-kernel")
             .arg(&spec.kernel)
             .arg("-initrd")
