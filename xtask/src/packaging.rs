@@ -56,6 +56,8 @@ const REQUIRED_SETTINGS: &[(&str, &str, &str, &str)] = &[
     ("amd-hsmp-exporter.service", "Service", "AmbientCapabilities", ""),
     ("amd-hsmp-exporter.service", "Service", "NoNewPrivileges", "yes"),
     ("amd-hsmp-exporter.service", "Service", "RestrictAddressFamilies", "AF_INET AF_INET6 AF_UNIX"),
+    // The exporter sizes its HTTP connection caps from this limit.
+    ("amd-hsmp-exporter.service", "Service", "LimitNOFILE", "1024"),
     (MSR_DROP_IN, "Service", "CapabilityBoundingSet", "CAP_SYS_RAWIO"),
     (MSR_DROP_IN, "Service", "AmbientCapabilities", "CAP_SYS_RAWIO"),
     (MSR_DROP_IN, "Service", "DeviceAllow", "char-cpu/msr r"),
