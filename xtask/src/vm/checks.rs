@@ -37,6 +37,8 @@ pub struct Verdict {
     pub pass: bool,
     /// The evidence, or what failed.
     pub detail: String,
+    /// Time since the previous verdict (or the start of the checks), seconds.
+    pub seconds: f64,
 }
 
 /// Builds one verdict from a list of (condition, evidence) items: it passes if all hold.
@@ -59,7 +61,7 @@ impl Evidence {
             .map(|(ok, what)| format!("{} {what}", if *ok { "ok  " } else { "FAIL" }))
             .collect::<Vec<_>>()
             .join("\n");
-        Verdict { id: id.into(), name: name.into(), pass, detail }
+        Verdict { id: id.into(), name: name.into(), pass, detail, seconds: 0.0 }
     }
 }
 
@@ -219,7 +221,10 @@ pub fn run_all(
     report: &mut dyn FnMut(&Verdict),
 ) -> Result<Vec<Verdict>> {
     let mut verdicts = Vec::new();
-    let mut emit = |v: Verdict, verdicts: &mut Vec<Verdict>| {
+    let mut since = std::time::Instant::now();
+    let mut emit = |mut v: Verdict, verdicts: &mut Vec<Verdict>| {
+        v.seconds = since.elapsed().as_secs_f64();
+        since = std::time::Instant::now();
         report(&v);
         verdicts.push(v);
     };

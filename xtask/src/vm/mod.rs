@@ -211,9 +211,10 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut table = String::from("checks:\n");
     for v in &verdicts {
         table.push_str(&format!(
-            "  {:<3} {}  {}\n",
+            "  {:<3} {}  {:>5.1} s  {}\n",
             v.id,
             if v.pass { "PASS" } else { "FAIL" },
+            v.seconds,
             v.name
         ));
     }
