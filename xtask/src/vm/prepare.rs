@@ -173,14 +173,26 @@ fn apt(conf: &Path) -> Command {
     cmd
 }
 
-/// Installs the missing host tools with `apt-get`. QEMU comes from the suite of an installed
+/// Installs the missing host tools: `cargo-deb` with `cargo install`, the Debian packages with
+/// `apt-get`. QEMU comes from the suite of an installed
 /// `qemu-utils`: mixing a bookworm `qemu-system-x86` with a backports `qemu-utils` would remove
 /// the latter.
 pub fn host_tools(cache: &Cache) -> Result<String> {
+    // cargo-deb builds the package, at the version the packaging check pins.
+    let mut installed = Vec::new();
+    for tool in crate::deps::missing_cargo_tools() {
+        let Some((krate, version)) = tool.split_once(' ') else { continue };
+        crate::cargo(&["install", "--locked", "--force", krate, "--version", version])?;
+        installed.push(tool);
+    }
     let missing: Vec<&str> =
         HOST_TOOLS.iter().filter(|(cmd, _)| !on_path(cmd)).map(|(_, pkg)| *pkg).collect();
     if missing.is_empty() {
-        return Ok("all present (cached)".into());
+        return Ok(if installed.is_empty() {
+            "all present (cached)".into()
+        } else {
+            format!("installed {}", installed.join(", "))
+        });
     }
     ensure!(
         rustix::process::geteuid().is_root(),
