@@ -135,7 +135,9 @@ impl Vm {
         let listener = UnixListener::bind(&ctl)
             .with_context(|| format!("cannot listen on {}", ctl.display()))?;
         let console = spec.run.join("console.log");
-        let mut qemu = Command::new("qemu-system-x86_64");
+        // setpriv: QEMU dies with this process even if it is killed before cleaning up.
+        let mut qemu = Command::new("setpriv");
+        qemu.args(["--pdeathsig", "KILL", "--", "qemu-system-x86_64"]);
         qemu.args(["-nodefaults", "-display", "none", "-no-reboot"])
             .args(["-machine", "q35,accel=tcg,memory-backend=ram"])
             .args(["-m", &format!("{RAM_MIB}M")])
@@ -171,7 +173,7 @@ impl Vm {
                 .stdout(log.try_clone()?)
                 .stderr(log)
                 .spawn()
-                .context("cannot start qemu-system-x86_64")?,
+                .context("cannot start qemu-system-x86_64 (through setpriv)")?,
         );
 
         let started = Instant::now();

@@ -103,6 +103,7 @@ pub fn run(args: &[String]) -> Result<()> {
     if logs.exists() {
         fs::remove_dir_all(&logs)?;
     }
+    fs::create_dir_all(&logs)?;
     fs::create_dir_all(&run_dir)?;
     eprintln!("vm-test: cache {} (logs in {})", cache.dir.display(), logs.display());
     let mut steps = Steps::default();
