@@ -53,6 +53,23 @@ impl Evidence {
         ok
     }
 
+    fn failed(&self) -> bool {
+        self.items.iter().any(|(ok, _)| !ok)
+    }
+
+    /// Adds what the units logged lately, as evidence for a failure.
+    fn journal(&mut self, vm: &mut Vm) -> Result<()> {
+        let log = vm.run(
+            "journalctl --no-pager -o short-monotonic -n 30 -u amd-hsmp-broker.service \
+             -u amd-hsmp-exporter.service",
+            COMMAND_TIMEOUT,
+        )?;
+        for line in log.text.lines() {
+            self.items.push((true, format!("journal: {line}")));
+        }
+        Ok(())
+    }
+
     fn verdict(self, id: &str, name: &str) -> Verdict {
         let pass = self.items.iter().all(|(ok, _)| *ok);
         let detail = self
@@ -473,6 +490,16 @@ pub fn run_all(
     let healed = scrape(vm, 10.0)?;
     let n = exact_values(&mut ev, &healed, &exp, |_| false);
     ev.check(true, format!("the first scrape after the faults are lifted: {n} series compared"));
+    let counters: Vec<String> = faulty
+        .samples
+        .iter()
+        .filter(|s| s.name == "amd_hsmp_scrape_errors_total" || s.name == "amd_hsmp_broker_up")
+        .map(|s| format!("{}{:?} {}", s.name, s.labels.values().collect::<Vec<_>>(), s.value))
+        .collect();
+    ev.check(true, format!("the faulty scrape's counters: {}", counters.join(", ")));
+    if ev.failed() {
+        ev.journal(vm)?;
+    }
     emit(ev.verdict("4", "failing core and wedged socket; short timeout header"), &mut verdicts);
 
     // 5. The sandbox under real systemd; freeze and thaw.
