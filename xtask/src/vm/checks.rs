@@ -295,6 +295,11 @@ pub fn run_all(
     let sysusers = super::repo_file("packaging/sysusers.d/amd-hsmp-exporter.conf")?;
     let users = sysusers.lines().filter(|l| l.starts_with("u ")).count();
     ev.check(users == 2, format!("{users} users in the sysusers file"));
+    let owner = sh(vm, "dpkg-query -S /usr/lib/sysusers.d/amd-hsmp-exporter.conf")?;
+    ev.check(
+        owner.ok() && owner.text.starts_with("amd-hsmp-exporter:"),
+        format!("sysusers file installed by {}", owner.text.trim()),
+    );
     for line in sysusers.lines().filter(|l| l.starts_with("u ")) {
         let fields: Vec<&str> = line.splitn(4, ' ').collect();
         let (Some(user), Some(gecos)) = (fields.get(1), fields.get(3)) else { continue };
