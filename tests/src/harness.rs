@@ -172,6 +172,39 @@ pub fn wait_until(proc: &mut Proc, what: &str, mut ready: impl FnMut() -> bool) 
     }
 }
 
+/// Starts `exe` (the exporter) with `flags` on a free loopback port, talking to the broker at
+/// `socket`, and waits until it answers HTTP; a port taken between picking and binding is
+/// retried with another. Its log is `<dir>/<name>.<attempt>.log`.
+pub fn start_exporter(
+    exe: &Path,
+    socket: &Path,
+    flags: &[String],
+    dir: &Path,
+    name: &str,
+) -> Result<(Proc, SocketAddr)> {
+    let mut last = None;
+    for attempt in 0..3 {
+        let addr: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
+        let mut args: Vec<String> = vec![
+            "--web.listen-address".into(),
+            addr.to_string(),
+            "--broker.socket".into(),
+            socket.to_string_lossy().into_owned(),
+        ];
+        args.extend(flags.iter().cloned());
+        let log = dir.join(format!("{name}.{attempt}.log"));
+        let mut exporter = Proc::spawn("amd-hsmp-exporter", exe, &args, log)?;
+        let up = wait_until(&mut exporter, "exporter", || {
+            http_get(addr, "/", &[], Duration::from_secs(2)).is_ok()
+        });
+        match up {
+            Ok(()) => return Ok((exporter, addr)),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("exporter did not start")))
+}
+
 /// A loopback port nobody listens on right now.
 pub fn free_port() -> Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0").context("cannot bind a loopback port")?;

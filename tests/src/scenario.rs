@@ -413,22 +413,9 @@ impl Rig {
         let bins = harness::binaries()?;
         let dir = tempfile::Builder::new().prefix("amd-hsmp-e2e-").tempdir()?;
         let socket = dir.path().join("broker.sock");
-        let tree = fixtures::tree(&fixtures::fixtures_dir(), &scenario.machine);
         let broker = if scenario.broker {
-            let mut args: Vec<String> = vec![
-                "--listen".into(),
-                path(&socket),
-                "--hsmp.device".into(),
-                path(&device.hsmp_path()),
-                "--msr.device-root".into(),
-                path(&device.msr_root()),
-                "--path.procfs".into(),
-                path(&tree.join("proc")),
-                "--path.sysfs".into(),
-                path(&tree.join("sys")),
-                "--log.level".into(),
-                "debug".into(),
-            ];
+            let mut args = broker_args(&device, &scenario.machine, &socket);
+            args.extend(["--log.level".into(), "debug".into()]);
             args.extend(scenario.broker_flags.iter().cloned());
             let mut broker =
                 Proc::spawn("amd-hsmp-broker", &bins.broker, &args, dir.path().join("broker.log"))?;
@@ -440,7 +427,10 @@ impl Rig {
             None
         };
 
-        let (exporter, addr) = start_exporter(&bins.exporter, &socket, scenario, dir.path())?;
+        let mut flags: Vec<String> = vec!["--log.level".into(), "debug".into()];
+        flags.extend(scenario.exporter_flags.iter().cloned());
+        let (exporter, addr) =
+            harness::start_exporter(&bins.exporter, &socket, &flags, dir.path(), "exporter")?;
         Ok(Rig { exporter, broker, device, machine, addr, marks: Marks::default(), dir })
     }
 
@@ -519,41 +509,26 @@ impl Rig {
     }
 }
 
-fn path(p: &Path) -> String {
-    p.to_string_lossy().into_owned()
+/// The broker's command line for fixture machine `machine` served by `device`, listening on
+/// `socket`.
+pub fn broker_args(device: &FakeDevice, machine: &str, socket: &Path) -> Vec<String> {
+    let tree = fixtures::tree(&fixtures::fixtures_dir(), machine);
+    vec![
+        "--listen".into(),
+        path(socket),
+        "--hsmp.device".into(),
+        path(&device.hsmp_path()),
+        "--msr.device-root".into(),
+        path(&device.msr_root()),
+        "--path.procfs".into(),
+        path(&tree.join("proc")),
+        "--path.sysfs".into(),
+        path(&tree.join("sys")),
+    ]
 }
 
-/// Starts the exporter on a free loopback port; a port taken between picking and binding is
-/// retried with another.
-fn start_exporter(
-    exe: &Path,
-    socket: &Path,
-    scenario: &Scenario,
-    dir: &Path,
-) -> Result<(Proc, SocketAddr)> {
-    let mut last = None;
-    for attempt in 0..3 {
-        let addr: SocketAddr = ([127, 0, 0, 1], harness::free_port()?).into();
-        let mut args: Vec<String> = vec![
-            "--web.listen-address".into(),
-            addr.to_string(),
-            "--broker.socket".into(),
-            path(socket),
-            "--log.level".into(),
-            "debug".into(),
-        ];
-        args.extend(scenario.exporter_flags.iter().cloned());
-        let log = dir.join(format!("exporter.{attempt}.log"));
-        let mut exporter = Proc::spawn("amd-hsmp-exporter", exe, &args, log)?;
-        let up = harness::wait_until(&mut exporter, "exporter", || {
-            harness::http_get(addr, "/", &[], Duration::from_secs(2)).is_ok()
-        });
-        match up {
-            Ok(()) => return Ok((exporter, addr)),
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(last.unwrap_or_else(|| anyhow::anyhow!("exporter did not start")))
+fn path(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
 }
 
 /// The golden file names of a scenario's scrapes.

@@ -2,8 +2,10 @@
 //!
 //! Tasks: `demo` (both processes on the simulated machine), `test` (the whole suite, installing
 //! the Debian packages it needs when run as root), `deps` (only the installs), `packaging` (the
-//! packaging checks alone), `mixin` (the monitoring mixin's checks alone).
+//! packaging checks alone), `mixin` (the monitoring mixin's checks alone), `bench` (the
+//! benchmark; not part of `test`).
 
+mod bench;
 mod demo;
 mod deps;
 mod mixin;
@@ -14,7 +16,7 @@ use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "usage: cargo xtask <demo|test|deps|packaging|mixin>";
+const USAGE: &str = "usage: cargo xtask <demo|test|deps|packaging|mixin|bench [--help]>";
 
 fn main() -> ExitCode {
     match run() {
@@ -30,6 +32,7 @@ fn run() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("demo") => demo::run(),
+        Some("bench") => bench::run(&args[1..]),
         Some("deps") => deps::install(),
         Some("packaging") => packaging::check(&root()),
         Some("mixin") => mixin::check(&root()),
