@@ -16,4 +16,5 @@ pub mod lockdown;
 pub mod msr;
 pub mod sampler;
 pub mod server;
+pub mod sleep;
 pub mod topology;

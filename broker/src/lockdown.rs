@@ -88,10 +88,48 @@ pub fn drop_privileges() -> Result<(), LockdownError> {
     rustix::thread::set_no_new_privs(true).map_err(|e| LockdownError::NoNewPrivs(e.into()))
 }
 
+/// The one file the broker may remove once locked down: the socket it created with `--listen`,
+/// named by a descriptor of its directory and a name that lives as long as the process.
+///
+/// The seccomp filter admits `unlinkat` only with exactly this descriptor, this name pointer and
+/// no flags, so no other file can be removed through it.
+#[derive(Debug)]
+pub struct SocketFile {
+    dir: std::os::fd::OwnedFd,
+    name: &'static std::ffi::CStr,
+}
+
+impl SocketFile {
+    /// Opens the directory of `path` (before the lock-down, which forbids opening for anything
+    /// but reading) and keeps its file name.
+    pub fn new(path: &std::path::Path) -> std::io::Result<SocketFile> {
+        use std::os::unix::ffi::OsStrExt;
+        let invalid = |what| std::io::Error::new(std::io::ErrorKind::InvalidInput, what);
+        let name = path.file_name().ok_or_else(|| invalid("the socket path has no file name"))?;
+        let name = std::ffi::CString::new(name.as_bytes())
+            .map_err(|_| invalid("the socket path contains a NUL byte"))?;
+        let dir = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => std::path::Path::new("."),
+        };
+        let flags = rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY;
+        let dir =
+            rustix::fs::open(dir, flags | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())?;
+        // Leaked on purpose: the filter names this address, so it must never move or be freed.
+        Ok(SocketFile { dir, name: Box::leak(name.into_boxed_c_str()) })
+    }
+
+    /// Removes the socket file (`unlinkat(dir, name, 0)`).
+    pub fn remove(&self) -> std::io::Result<()> {
+        rustix::fs::unlinkat(&self.dir, self.name, rustix::fs::AtFlags::empty()).map_err(Into::into)
+    }
+}
+
 /// Installs the allow-list on every thread of the process. Anything not listed fails with
 /// `EPERM`; `execve`, `socket`, `connect`, `bind` and friends kill the process outright.
-pub fn install_seccomp() -> Result<(), LockdownError> {
-    for program in programs()? {
+/// With `socket`, that one file may also be removed (on `SIGTERM`).
+pub fn install_seccomp(socket: Option<&SocketFile>) -> Result<(), LockdownError> {
+    for program in programs(socket)? {
         seccompiler::apply_filter_all_threads(&program).map_err(LockdownError::SeccompInstall)?;
     }
     Ok(())
@@ -175,6 +213,11 @@ const ALLOWED: &[i64] = &[
     libc::SYS_rt_sigprocmask,
     libc::SYS_rt_sigreturn,
     libc::SYS_sigaltstack,
+    // the signal thread waits for SIGTERM, SIGHUP, ... (main.rs)
+    libc::SYS_rt_sigtimedwait,
+    // a sleep, futex wait or poll interrupted by SIGSTOP/SIGCONT, a cgroup freeze or a ptrace
+    // attach is resumed through this; refused, std's sleep panics and the MSR poller dies
+    libc::SYS_restart_syscall,
     libc::SYS_nanosleep,
     libc::SYS_clock_nanosleep,
     libc::SYS_clock_gettime,
@@ -182,7 +225,7 @@ const ALLOWED: &[i64] = &[
 ];
 
 #[cfg(target_arch = "x86_64")]
-fn programs() -> Result<Vec<BpfProgram>, LockdownError> {
+fn programs(socket: Option<&SocketFile>) -> Result<Vec<BpfProgram>, LockdownError> {
     let cond = |arg, len, op, value| {
         SeccompCondition::new(arg, len, op, value).map_err(LockdownError::SeccompBuild)
     };
@@ -220,6 +263,20 @@ fn programs() -> Result<Vec<BpfProgram>, LockdownError> {
             libc::PR_SET_NAME as u64,
         )?])?],
     );
+    // unlinkat: only the --listen socket, on SIGTERM (SocketFile).
+    if let Some(socket) = socket {
+        use std::os::fd::AsRawFd;
+        // An owned descriptor is never negative; if it were, the rule would match nothing.
+        let dir = u64::try_from(socket.dir.as_raw_fd()).unwrap_or(u64::MAX);
+        rules.insert(
+            libc::SYS_unlinkat,
+            vec![rule(vec![
+                cond(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, dir)?,
+                cond(1, SeccompCmpArgLen::Qword, SeccompCmpOp::Eq, socket.name.as_ptr() as u64)?,
+                cond(2, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, 0)?,
+            ])?],
+        );
+    }
     let arch = seccompiler::TargetArch::x86_64;
     let allow = SeccompFilter::new(
         rules,
@@ -240,7 +297,7 @@ fn programs() -> Result<Vec<BpfProgram>, LockdownError> {
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn programs() -> Result<Vec<BpfProgram>, LockdownError> {
+fn programs(_socket: Option<&SocketFile>) -> Result<Vec<BpfProgram>, LockdownError> {
     Err(LockdownError::UnsupportedArch)
 }
 
@@ -250,7 +307,11 @@ mod tests {
 
     #[test]
     fn filters_compile() {
-        let programs = programs().unwrap();
+        let programs = programs(None).unwrap();
+        assert_eq!(programs.len(), 2);
+        let dir = tempfile::tempdir().unwrap();
+        let socket = SocketFile::new(&dir.path().join("s.sock")).unwrap();
+        let programs = super::programs(Some(&socket)).unwrap();
         assert_eq!(programs.len(), 2);
         assert!(programs.iter().all(|p| !p.is_empty()));
     }

@@ -1,7 +1,8 @@
 //! `amd-hsmp-broker`: start-up sequence and command line of the privileged half.
 //!
-//! Exit codes: 0 never (it serves until killed), 1 start-up failure (the message names the step),
-//! 2 bad command line.
+//! Exit codes: 0 after `SIGTERM` or `SIGINT` (the `--listen` socket file removed), 1 start-up
+//! failure (the message names the step), 2 bad command line. `SIGHUP`, `SIGUSR1` and `SIGUSR2`
+//! are ignored (logged once each).
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use amd_hsmp_broker::server::{self, Backend, Identity, ServerConfig};
@@ -10,6 +11,7 @@ use amd_hsmp_device::{HsmpDeviceOpener, HsmpOpener, MsrDeviceOpener, MsrOpener};
 use amd_hsmp_sim as sim;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, ValueEnum};
+use nix::sys::signal::{SigSet, Signal};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -56,11 +58,29 @@ struct Cli {
     #[arg(long = "msr.device-root", value_name = "PATH", default_value = "/dev/cpu")]
     msr_device_root: PathBuf,
 
-    /// How often the 32-bit MSR energy counters are read to extend them to 64 bits; must be
-    /// well below the wrap time (about 65536 J per core).
+    /// How often the 32-bit MSR energy counters are read to extend them to 64 bits. Shortened
+    /// to a quarter of the shortest wrap at 100 W a core (164 s at the usual ESU of 16); a core
+    /// not read for a whole wrap period restarts its count and the reset is counted.
     #[arg(long = "msr.poll-interval", value_name = "DURATION", default_value = "30s",
           value_parser = parse_poll_interval)]
     msr_poll_interval: Duration,
+
+    /// Connection slots each peer uid may hold at once. Each --allow-uid/--allow-user/
+    /// --allow-gid/--allow-group identity has this many slots kept for it alone, so the
+    /// exporter (which holds at most 2) always connects, whoever else squats.
+    #[arg(long = "connections.per-uid", value_name = "N", default_value_t = 2,
+          value_parser = clap::value_parser!(u16).range(2..=64))]
+    connections_per_uid: u16,
+
+    /// Connection slots shared by every allowed peer (root included), beyond the reserved ones.
+    #[arg(long = "connections.shared", value_name = "N", default_value_t = 4,
+          value_parser = clap::value_parser!(u16).range(1..=256))]
+    connections_shared: u16,
+
+    /// A connection with no request for this long is closed (the exporter reconnects).
+    #[arg(long = "connections.idle-timeout", value_name = "DURATION", default_value = "60s",
+          value_parser = parse_idle_timeout)]
+    idle_timeout: Duration,
 
     /// procfs mount point (for cpuinfo).
     #[arg(long = "path.procfs", value_name = "PATH", default_value = "/proc")]
@@ -101,6 +121,14 @@ fn parse_poll_interval(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
     if d < Duration::from_millis(10) || d > Duration::from_secs(600) {
         return Err("must be between 10ms and 10m (the counter wraps after ~65536 J)".into());
+    }
+    Ok(d)
+}
+
+fn parse_idle_timeout(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    if d < Duration::from_secs(1) || d > Duration::from_secs(240) {
+        return Err("must be between 1s and 4m".into());
     }
     Ok(d)
 }
@@ -189,7 +217,63 @@ fn allow_lists(cli: &Cli) -> Result<(Vec<u32>, Vec<u32>)> {
     Ok((uids, gids))
 }
 
+/// The signals the broker handles on its own thread instead of dying of them.
+fn handled_signals() -> SigSet {
+    let mut set = SigSet::empty();
+    for sig in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGUSR1, Signal::SIGUSR2] {
+        set.add(sig);
+    }
+    set
+}
+
+/// Waits for the handled signals for the life of the process: `SIGTERM`/`SIGINT` remove the
+/// socket file the broker created and exit 0; the others are ignored, logged the first time.
+fn spawn_signal_thread(set: SigSet, socket: Option<lockdown::SocketFile>) -> Result<()> {
+    let body = move || {
+        let mut logged: Vec<Signal> = Vec::new();
+        loop {
+            let sig = match set.wait() {
+                Ok(sig) => sig,
+                Err(e) => {
+                    // Without sigwait, let SIGTERM end the process the default way.
+                    tracing::error!(error = %e, "cannot wait for signals; SIGTERM will not remove the socket");
+                    let mut term = SigSet::empty();
+                    term.add(Signal::SIGTERM);
+                    term.add(Signal::SIGINT);
+                    let _ = term.thread_unblock();
+                    loop {
+                        std::thread::park();
+                    }
+                }
+            };
+            match sig {
+                Signal::SIGTERM | Signal::SIGINT => {
+                    if let Some(Err(e)) = socket.as_ref().map(lockdown::SocketFile::remove) {
+                        tracing::warn!(error = %e, "cannot remove the socket file");
+                    }
+                    tracing::info!(signal = %sig, "stopping");
+                    std::process::exit(0);
+                }
+                other if !logged.contains(&other) => {
+                    logged.push(other);
+                    tracing::info!(signal = %other, "signal ignored (logged once)");
+                }
+                _ => {}
+            }
+        }
+    };
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(body)
+        .context("cannot start the signal thread")?;
+    Ok(())
+}
+
 fn run(cli: Cli) -> Result<()> {
+    // Blocked before any thread exists, so every thread inherits the mask and only the signal
+    // thread's sigwait receives them.
+    let signals = handled_signals();
+    signals.thread_block().context("cannot block signals")?;
     let (allow_uids, allow_gids) = allow_lists(&cli)?;
     tracing::info!(uids = ?allow_uids, gids = ?allow_gids, "peers allowed besides root");
     let machine = machine(&cli)?;
@@ -216,13 +300,14 @@ fn run(cli: Cli) -> Result<()> {
     let sampler = Sampler::new(machine.topology.clone(), machine.hsmp, msr_energy.clone());
 
     lockdown::drop_privileges().context("cannot drop privileges")?;
-    let listener = listener(cli.listen.as_deref())?;
+    let (listener, socket_file) = listener(cli.listen.as_deref())?;
     // Not under systemd this is a no-op.
     if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
         tracing::warn!(error = %e, "cannot notify the service manager");
     }
-    lockdown::install_seccomp().context("cannot install the seccomp filter")?;
+    lockdown::install_seccomp(socket_file.as_ref()).context("cannot install the seccomp filter")?;
     tracing::info!("capabilities dropped, no-new-privs set, seccomp filter installed");
+    spawn_signal_thread(signals, socket_file)?;
 
     if let Some(energy) = msr_energy {
         msr::spawn_poller(energy, cli.msr_poll_interval).context("cannot start the MSR poller")?;
@@ -231,13 +316,21 @@ fn run(cli: Cli) -> Result<()> {
         instance: server::random_instance(),
         simulated: cli.simulate.map(|p| p.to_string()),
     };
-    let config = ServerConfig { allow_uids, allow_gids, ..ServerConfig::default() };
+    let config = ServerConfig {
+        allow_uids,
+        allow_gids,
+        per_uid: usize::from(cli.connections_per_uid),
+        shared: usize::from(cli.connections_shared),
+        idle_timeout: cli.idle_timeout,
+        ..ServerConfig::default()
+    };
     let backend: Arc<dyn Backend> = Arc::new(sampler);
     server::serve(listener, backend, identity, config).context("listening socket failed")
 }
 
-/// Creates the socket at `path` (replacing a stale one), or takes the one systemd passed.
-fn listener(path: Option<&Path>) -> Result<UnixListener> {
+/// Creates the socket at `path` (replacing a stale one), or takes the one systemd passed. A
+/// created socket comes with the handle that removes it on `SIGTERM`.
+fn listener(path: Option<&Path>) -> Result<(UnixListener, Option<lockdown::SocketFile>)> {
     let Some(path) = path else {
         let mut fds = listenfd::ListenFd::from_env();
         return match fds
@@ -246,7 +339,7 @@ fn listener(path: Option<&Path>) -> Result<UnixListener> {
         {
             Some(l) => {
                 tracing::info!("listening on the socket passed by systemd");
-                Ok(l)
+                Ok((l, None))
             }
             None => bail!(
                 "no socket to listen on: pass --listen PATH or start under systemd socket activation"
@@ -267,6 +360,8 @@ fn listener(path: Option<&Path>) -> Result<UnixListener> {
         UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
         .with_context(|| format!("cannot set mode 0660 on {}", path.display()))?;
+    let file = lockdown::SocketFile::new(path)
+        .with_context(|| format!("cannot open the directory of {}", path.display()))?;
     tracing::info!(path = %path.display(), "listening");
-    Ok(listener)
+    Ok((listener, Some(file)))
 }

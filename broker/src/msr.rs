@@ -1,17 +1,37 @@
 //! Per-core energy from the MSR driver (`/dev/cpu/<N>/msr`), for parts whose HSMP firmware has
 //! no RAPL messages: the 32-bit hardware counter extended to a monotonic 64-bit count by a
-//! background poll.
+//! supervised background poll.
+//!
+//! **Invariant:** the extended count is never silently short. A core's counter can wrap at most
+//! once in [`wrap_window`] (the wrap period at [`MAX_CORE_WATTS`]); if two successful readings of
+//! a core are further apart than that, a wrap may have gone unseen, so the core's count restarts
+//! from 0 (a counter reset, as Prometheus understands it) and the reset is counted
+//! ([`MsrEnergy::resets`]).
 
 use amd_hsmp_device::msr::{MSR_CORE_ENERGY_STAT, MSR_RAPL_PWR_UNIT, energy_status_unit};
 use amd_hsmp_device::{Errno, MsrOpener, MsrTransport};
 use amd_hsmp_proto::{Energy, ItemError, Topology};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Default period of the background poll. At ESU 16 the counter wraps every 65,536 J, over
 /// half an hour for a core drawing 30 W, so two wraps can never fit in one period.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(30);
+
+/// The most power one core is assumed able to draw, in watts, to bound how fast its counter can
+/// wrap. No EPYC core comes near it: the largest parts' package power (500 W) spread over their
+/// fewest cores (16) is 31 W a core, and a single core at full boost draws well under 20 W.
+pub const MAX_CORE_WATTS: f64 = 100.0;
+
+/// The shortest time in which a core's 32-bit counter of `2^-esu` J units can wrap:
+/// `2^32 × 2^-esu J / MAX_CORE_WATTS` (655 s at ESU 16). Two readings closer together than this
+/// are at most one wrap apart.
+pub fn wrap_window(esu: u8) -> Duration {
+    let joules = f64::from(u32::MAX) * 0.5f64.powi(i32::from(esu));
+    Duration::from_secs_f64(joules / MAX_CORE_WATTS)
+}
 
 /// Extends a wrapping 32-bit counter to a monotonic 64-bit count that starts at 0 on the first
 /// reading. Correct as long as the counter wraps at most once between two readings.
@@ -39,6 +59,12 @@ impl WrapCounter {
     /// The extended count after the last reading.
     pub fn total(&self) -> u64 {
         self.total
+    }
+
+    /// Starts over at `raw`: the count is 0 from this reading on (a counter reset).
+    pub fn restart(&mut self, raw: u32) -> u64 {
+        *self = WrapCounter { last: Some(raw), total: 0 };
+        0
     }
 }
 
@@ -75,23 +101,50 @@ fn hint(errno: Errno) -> &'static str {
     }
 }
 
+/// A core's extended counter and when its last successful reading started.
+#[derive(Debug)]
+struct CoreCount {
+    counter: WrapCounter,
+    last_ok: Instant,
+}
+
 /// One core's open device, its energy unit and its extended counter.
 #[derive(Debug)]
 struct MsrCore {
     device: Box<dyn MsrTransport>,
     esu: u8,
-    counter: Mutex<WrapCounter>,
+    window: Duration,
+    count: Mutex<CoreCount>,
+}
+
+/// The counter resets of every core: the total, and the cores not yet logged.
+#[derive(Debug, Default)]
+struct Resets {
+    total: AtomicU64,
+    unlogged: Mutex<Vec<usize>>,
 }
 
 impl MsrCore {
-    fn read(&self) -> Result<Energy, ItemError> {
+    fn read(&self, index: usize, resets: &Resets) -> Result<Energy, ItemError> {
         // The register is read while the lock is held: a reading older than the one already
         // taken would look like a wrap of almost 2^32 units.
-        let mut counter = self.counter.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut count = self.count.lock().unwrap_or_else(PoisonError::into_inner);
+        let started = Instant::now();
         let raw =
             self.device.read(MSR_CORE_ENERGY_STAT).map_err(|errno| ItemError::Io { errno })?;
+        // From the start of the last good reading to the end of this one: the widest span the
+        // two register values can be apart.
+        let gap = Instant::now().saturating_duration_since(count.last_ok);
+        count.last_ok = started;
         // Only bits 31:0 hold the counter.
-        let counter = counter.update(raw as u32);
+        let raw = raw as u32;
+        let counter = if gap > self.window {
+            resets.total.fetch_add(1, Ordering::Relaxed);
+            resets.unlogged.lock().unwrap_or_else(PoisonError::into_inner).push(index);
+            count.counter.restart(raw)
+        } else {
+            count.counter.update(raw)
+        };
         Ok(Energy { counter, esu: self.esu })
     }
 }
@@ -101,6 +154,8 @@ impl MsrCore {
 pub struct MsrEnergy {
     /// Aligned with [`Topology::cores`]; a core whose device failed keeps its error.
     cores: Vec<Result<MsrCore, ItemError>>,
+    resets: Resets,
+    poller_failures: AtomicU64,
 }
 
 impl MsrEnergy {
@@ -135,7 +190,39 @@ impl MsrEnergy {
         if cores.is_empty() {
             return Err(MsrOpenError::EmptyTopology);
         }
-        Ok(MsrEnergy { cores })
+        Ok(MsrEnergy { cores, resets: Resets::default(), poller_failures: AtomicU64::new(0) })
+    }
+
+    /// Counter resets since the broker started: readings of a core further apart than its
+    /// [`wrap_window`], after which its count restarted from 0.
+    pub fn resets(&self) -> u64 {
+        self.resets.total.load(Ordering::Relaxed)
+    }
+
+    /// Times the background poller stopped (a panic or a failed sleep) and was restarted.
+    pub fn poller_failures(&self) -> u64 {
+        self.poller_failures.load(Ordering::Relaxed)
+    }
+
+    /// The shortest [`wrap_window`] of the cores that work.
+    pub fn shortest_wrap(&self) -> Option<Duration> {
+        self.cores.iter().filter_map(|c| c.as_ref().ok()).map(|c| c.window).min()
+    }
+
+    /// Logs the resets not yet logged, as one line for all the cores they touched.
+    fn log_resets(&self) {
+        let cores = std::mem::take(
+            &mut *self.resets.unlogged.lock().unwrap_or_else(PoisonError::into_inner),
+        );
+        if let Some(first) = cores.first() {
+            tracing::warn!(
+                cores = cores.len(),
+                first_core_index = first,
+                total = self.resets(),
+                window = ?self.shortest_wrap(),
+                "energy counters restarted from 0: no reading for longer than a wrap can take"
+            );
+        }
     }
 
     /// Number of cores, as in the topology.
@@ -151,7 +238,7 @@ impl MsrEnergy {
     /// Reads core `index` (an index into [`Topology::cores`]) and returns its extended count.
     pub fn read(&self, index: usize) -> Result<Energy, ItemError> {
         match self.cores.get(index) {
-            Some(Ok(core)) => core.read(),
+            Some(Ok(core)) => core.read(index, &self.resets),
             Some(Err(e)) => Err(*e),
             // Like the MSR driver for a CPU it does not know.
             None => Err(ItemError::Io { errno: libc::ENXIO }),
@@ -159,13 +246,29 @@ impl MsrEnergy {
     }
 
     /// Reads every core once so no wrap goes unseen; failures are left for the next read.
+    /// Logs the resets found since the last poll, by this poll or by samples.
     pub fn poll_all(&self) {
         for (index, core) in self.cores.iter().enumerate() {
             let Ok(core) = core else { continue };
-            if let Err(error) = core.read() {
+            if let Err(error) = core.read(index, &self.resets) {
                 tracing::debug!(index, %error, "energy MSR poll failed");
             }
         }
+        self.log_resets();
+    }
+
+    /// The poll period to use for a requested `interval`: at most a quarter of the shortest
+    /// wrap window, so a poll is missed only when the poller or the process is stopped.
+    pub fn poll_interval(&self, interval: Duration) -> Duration {
+        let limit = self.shortest_wrap().map_or(interval, |w| w / 4);
+        if interval > limit {
+            tracing::info!(
+                requested = ?interval,
+                used = ?limit,
+                "MSR poll interval shortened to a quarter of the shortest wrap at maximum power"
+            );
+        }
+        interval.min(limit)
     }
 }
 
@@ -173,20 +276,49 @@ fn open_core(opener: &dyn MsrOpener, cpu: u32) -> Result<MsrCore, ItemError> {
     let io = |errno| ItemError::Io { errno };
     let device = opener.open(cpu).map_err(io)?;
     let esu = energy_status_unit(device.read(MSR_RAPL_PWR_UNIT).map_err(io)?);
-    let core = MsrCore { device, esu, counter: Mutex::new(WrapCounter::new()) };
-    core.read()?;
+    let count = Mutex::new(CoreCount { counter: WrapCounter::new(), last_ok: Instant::now() });
+    let core = MsrCore { device, esu, window: wrap_window(esu), count };
+    core.read(0, &Resets::default())?;
     Ok(core)
 }
 
-/// Starts the thread that calls [`MsrEnergy::poll_all`] every `interval`, for the life of the
-/// process.
+/// Starts the thread that calls [`MsrEnergy::poll_all`] every `interval` (shortened by
+/// [`MsrEnergy::poll_interval`]) for the life of the process. The thread supervises itself: a
+/// poll that panics or a sleep that fails is counted ([`MsrEnergy::poller_failures`]), logged
+/// the first time, and the polling starts again.
 pub fn spawn_poller(energy: Arc<MsrEnergy>, interval: Duration) -> std::io::Result<JoinHandle<()>> {
-    std::thread::Builder::new().name("msr-poll".into()).spawn(move || {
-        loop {
-            std::thread::sleep(interval);
-            energy.poll_all();
+    let interval = energy.poll_interval(interval);
+    std::thread::Builder::new().name("msr-poll".into()).spawn(move || supervise(&energy, interval))
+}
+
+fn supervise(energy: &MsrEnergy, interval: Duration) {
+    loop {
+        let stopped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            poll_until_failure(energy, interval)
+        }));
+        let why = match stopped {
+            Ok(e) => format!("cannot sleep: {e}"),
+            Err(_) => "a poll panicked".to_string(),
+        };
+        let failures = energy.poller_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if failures == 1 {
+            tracing::error!(%why, "MSR poller stopped; restarting it (later restarts are counted, not logged)");
+        } else {
+            tracing::debug!(%why, failures, "MSR poller restarted");
         }
-    })
+        // Not through the sleep that may have just failed: a futex wait instead.
+        let (_keep, wait) = std::sync::mpsc::channel::<()>();
+        let _ = wait.recv_timeout(interval);
+    }
+}
+
+fn poll_until_failure(energy: &MsrEnergy, interval: Duration) -> std::io::Error {
+    loop {
+        if let Err(e) = crate::sleep::sleep(interval) {
+            return e;
+        }
+        energy.poll_all();
+    }
 }
 
 #[cfg(test)]
@@ -215,6 +347,8 @@ mod tests {
     struct Regs {
         values: HashMap<u32, u64>,
         energy_reads: usize,
+        /// The next energy read panics, as a bug in a poll would.
+        panic_next: bool,
     }
 
     #[derive(Debug, Clone, Default)]
@@ -251,6 +385,10 @@ mod tests {
             let mut regs = self.0.lock().unwrap();
             if msr == MSR_CORE_ENERGY_STAT {
                 regs.energy_reads += 1;
+                if std::mem::take(&mut regs.panic_next) {
+                    drop(regs);
+                    panic!("injected poll panic");
+                }
             }
             regs.values.get(&msr).copied().ok_or(libc::EIO)
         }
@@ -336,6 +474,68 @@ mod tests {
         let e = energy.read(0).unwrap();
         assert_eq!(e.counter, 4 * u64::from(step));
         assert_eq!(e.joules(), 4.0 * 3e9 / 65_536.0);
+    }
+
+    #[test]
+    fn the_wrap_window_is_the_wrap_period_at_maximum_core_power() {
+        assert_eq!(wrap_window(16).as_secs(), 655);
+        assert!(wrap_window(31) < Duration::from_millis(25));
+    }
+
+    #[test]
+    fn a_core_unread_for_longer_than_a_wrap_can_take_restarts_from_zero_and_is_counted() {
+        // ESU 27: 2^32 units are 32 J, 320 ms at MAX_CORE_WATTS.
+        let cpu = FakeCpu::new(27, 0);
+        let energy = open(&[(0, cpu.clone())], &[0]).unwrap();
+        cpu.advance(1000);
+        assert_eq!(energy.read(0).unwrap().counter, 1000);
+        std::thread::sleep(wrap_window(27) + Duration::from_millis(10));
+        cpu.advance(500);
+        assert_eq!(energy.read(0).unwrap().counter, 0, "a new start, not 1500 nor a guess");
+        assert_eq!(energy.resets(), 1);
+        energy.poll_all();
+        assert_eq!(energy.resets.unlogged.lock().unwrap().len(), 0, "logged by the poll");
+    }
+
+    #[test]
+    fn readings_within_the_wrap_window_continue_the_count() {
+        let cpu = FakeCpu::new(16, 0);
+        let energy = open(&[(0, cpu.clone())], &[0]).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        cpu.advance(0xFFFF_FFF0);
+        cpu.advance(0x20);
+        energy.poll_all();
+        assert_eq!(energy.read(0).unwrap().counter, 0x10, "one wrap, seen as one");
+        assert_eq!(energy.resets(), 0);
+    }
+
+    #[test]
+    fn a_poller_that_panics_is_restarted_and_its_failure_counted() {
+        let cpu = FakeCpu::new(16, 7);
+        let energy = Arc::new(open(&[(3, cpu.clone())], &[3]).unwrap());
+        cpu.0.lock().unwrap().panic_next = true;
+        spawn_poller(Arc::clone(&energy), Duration::from_millis(1)).unwrap();
+        let until = Instant::now() + Duration::from_secs(10);
+        while energy.poller_failures() == 0 {
+            assert!(Instant::now() < until, "the poll never panicked");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let reads = cpu.advance(3_000_000_000);
+        while cpu.energy_reads() <= reads + 1 {
+            assert!(Instant::now() < until, "the poller was not restarted");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(energy.read(0).unwrap().counter, 3_000_000_000);
+        assert_eq!(energy.poller_failures(), 1);
+    }
+
+    #[test]
+    fn the_poll_interval_is_at_most_a_quarter_of_the_shortest_wrap() {
+        let energy = open(&[(0, FakeCpu::new(16, 0)), (1, FakeCpu::new(31, 0))], &[0, 1]).unwrap();
+        assert_eq!(energy.poll_interval(Duration::from_secs(30)), wrap_window(31) / 4);
+        let slow = open(&[(0, FakeCpu::new(16, 0))], &[0]).unwrap();
+        assert_eq!(slow.poll_interval(Duration::from_secs(30)), Duration::from_secs(30));
+        assert_eq!(slow.poll_interval(Duration::from_secs(600)), wrap_window(16) / 4);
     }
 
     #[test]

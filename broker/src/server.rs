@@ -1,16 +1,18 @@
 //! The Unix-socket server: peer checks, bounded connections, strict framing, the handshake.
 //!
-//! One thread per connection (at most [`ServerConfig::max_connections`]), one request at a time
-//! per connection. A peer that is not allowed, a malformed or oversized frame, a frame that does
-//! not arrive in time, or an idle connection closes that connection and nothing else.
+//! One thread per connection, one request at a time per connection. Connection slots are a
+//! shared pool plus a reserve per allowed identity, and no uid holds more than its share (see
+//! [`ServerConfig::per_uid`]). A peer that is not allowed, a malformed or oversized frame, a
+//! frame that does not arrive in time, or an idle connection closes that connection and nothing
+//! else; refusals are logged at a bounded rate.
 
 use amd_hsmp_proto::{
     self as proto, FrameError, Message, PROTOCOL_VERSION, Reply, Request, RequestError,
 };
+use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// What answers the requests: the sampler in production, a fake in tests.
@@ -37,14 +39,19 @@ pub struct ServerConfig {
     pub allow_uids: Vec<u32>,
     /// Peer gids (the peer's effective gid, as `SO_PEERCRED` reports it) served.
     pub allow_gids: Vec<u32>,
-    /// Connections served at once; more are closed at accept.
-    pub max_connections: usize,
+    /// Connections one peer uid may hold at once; also the slots kept for each allowed uid and
+    /// gid, which no other identity can take.
+    pub per_uid: usize,
+    /// Slots any allowed peer (root included) may take, beyond the reserved ones.
+    pub shared: usize,
     /// A connection with no request for this long is closed.
     pub idle_timeout: Duration,
     /// Once a frame has started, all of it must arrive within this.
     pub frame_timeout: Duration,
     /// Upper bound on a request's deadline.
     pub max_deadline: Duration,
+    /// Refusals of one uid are logged once, then summed and logged once per this interval.
+    pub log_interval: Duration,
 }
 
 impl Default for ServerConfig {
@@ -52,10 +59,12 @@ impl Default for ServerConfig {
         ServerConfig {
             allow_uids: Vec::new(),
             allow_gids: Vec::new(),
-            max_connections: 4,
-            idle_timeout: Duration::from_secs(300),
+            per_uid: 2,
+            shared: 4,
+            idle_timeout: Duration::from_secs(60),
             frame_timeout: Duration::from_secs(2),
             max_deadline: Duration::from_secs(60),
+            log_interval: Duration::from_secs(10),
         }
     }
 }
@@ -63,7 +72,8 @@ impl Default for ServerConfig {
 /// Credentials of a connected peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Peer {
-    /// Process id at connect time.
+    /// Process id at connect time, as seen from the broker's PID namespace: 0 for a peer in a
+    /// namespace the broker cannot see (a container, a `PrivatePIDs=yes` unit).
     pub pid: i32,
     /// Effective uid.
     pub uid: u32,
@@ -78,13 +88,183 @@ impl ServerConfig {
     }
 }
 
+/// The peer's credentials from `SO_PEERCRED`, read as a plain `ucred`: a pid of 0 (a peer in
+/// another PID namespace) is a value like any other, not an error.
 fn peer_of(stream: &UnixStream) -> io::Result<Peer> {
-    let cred = rustix::net::sockopt::socket_peercred(stream)?;
-    Ok(Peer {
-        pid: cred.pid.as_raw_nonzero().get(),
-        uid: cred.uid.as_raw(),
-        gid: cred.gid.as_raw(),
-    })
+    let cred = nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials)
+        .map_err(io::Error::from)?;
+    Ok(Peer { pid: cred.pid(), uid: cred.uid(), gid: cred.gid() })
+}
+
+/// An identity whose slots are kept for it: an allowed uid or gid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Reserve {
+    Uid(u32),
+    Gid(u32),
+}
+
+/// Where a connection's slot came from, to give it back there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Shared,
+    Reserved(Reserve),
+}
+
+/// Why a connection was closed at accept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Refusal {
+    NotAllowed,
+    PerUidLimit,
+    NoSlot,
+    Credentials,
+    Dropped,
+}
+
+impl Refusal {
+    fn message(self) -> &'static str {
+        match self {
+            Refusal::NotAllowed => "peer not allowed; closing",
+            Refusal::PerUidLimit => "peer uid holds its share of connections; closing",
+            Refusal::NoSlot => "no connection slot free; closing",
+            Refusal::Credentials => "cannot read peer credentials; closing",
+            Refusal::Dropped => "connection dropped",
+        }
+    }
+}
+
+/// The connection slots: a shared pool, a reserve per allowed identity, and each uid's count.
+///
+/// A peer takes its own uid's reserve first, then its gid's, then the shared pool, and never
+/// holds more than `per_uid` in all. So root or an allowed uid squatting every slot it can still
+/// leaves each other allowed identity its `per_uid` reserved slots.
+#[derive(Debug)]
+struct Slots {
+    per_uid: usize,
+    shared_free: usize,
+    reserved_free: HashMap<Reserve, usize>,
+    held: HashMap<u32, usize>,
+}
+
+impl Slots {
+    fn new(config: &ServerConfig) -> Slots {
+        let reserves = config.allow_uids.iter().map(|&u| Reserve::Uid(u));
+        let reserves = reserves.chain(config.allow_gids.iter().map(|&g| Reserve::Gid(g)));
+        Slots {
+            per_uid: config.per_uid,
+            shared_free: config.shared,
+            reserved_free: reserves.map(|r| (r, config.per_uid)).collect(),
+            held: HashMap::new(),
+        }
+    }
+
+    fn take(&mut self, peer: &Peer) -> Result<Slot, Refusal> {
+        let held = self.held.get(&peer.uid).copied().unwrap_or(0);
+        if held >= self.per_uid {
+            return Err(Refusal::PerUidLimit);
+        }
+        let slot = [Reserve::Uid(peer.uid), Reserve::Gid(peer.gid)]
+            .into_iter()
+            .find(|r| self.reserved_free.get(r).is_some_and(|&free| free > 0))
+            .map(Slot::Reserved)
+            .or((self.shared_free > 0).then_some(Slot::Shared))
+            .ok_or(Refusal::NoSlot)?;
+        match slot {
+            Slot::Shared => self.shared_free -= 1,
+            Slot::Reserved(r) => {
+                if let Some(free) = self.reserved_free.get_mut(&r) {
+                    *free -= 1;
+                }
+            }
+        }
+        self.held.insert(peer.uid, held + 1);
+        Ok(slot)
+    }
+
+    fn give_back(&mut self, uid: u32, slot: Slot) {
+        match slot {
+            Slot::Shared => self.shared_free += 1,
+            Slot::Reserved(r) => *self.reserved_free.entry(r).or_default() += 1,
+        }
+        if let Some(held) = self.held.get_mut(&uid) {
+            *held = held.saturating_sub(1);
+            if *held == 0 {
+                self.held.remove(&uid);
+            }
+        }
+    }
+}
+
+/// A slot held by one connection; given back when dropped, whatever ends the connection.
+#[derive(Debug)]
+struct SlotGuard {
+    slots: Arc<Mutex<Slots>>,
+    uid: u32,
+    slot: Slot,
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        lock(&self.slots).give_back(self.uid, self.slot);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Distinct (uid, reason) pairs tracked per interval; refusals beyond go into one bucket.
+const PEER_LOG_KEYS: usize = 64;
+
+/// Logs refusals at a bounded rate: the first of each uid and reason in an interval at once,
+/// the rest as one count per uid and reason when the interval is over. A peer looping on
+/// `connect()` costs at most two lines per interval.
+#[derive(Debug)]
+struct PeerLog {
+    interval: Duration,
+    window: Instant,
+    /// Refusals not yet logged, by uid (`None`: the overflow bucket) and reason.
+    suppressed: BTreeMap<(Option<u32>, Refusal), u64>,
+}
+
+impl PeerLog {
+    fn new(interval: Duration) -> PeerLog {
+        PeerLog { interval, window: Instant::now(), suppressed: BTreeMap::new() }
+    }
+
+    /// Logs the counts of the interval that ended, if it has.
+    fn tick(&mut self, now: Instant) {
+        if now.saturating_duration_since(self.window) < self.interval {
+            return;
+        }
+        for (&(uid, reason), &count) in &self.suppressed {
+            if count > 0 {
+                tracing::warn!(
+                    uid = uid.map_or_else(|| "other".to_string(), |u| u.to_string()),
+                    count,
+                    seconds = self.interval.as_secs(),
+                    "{} (repeated)",
+                    reason.message()
+                );
+            }
+        }
+        self.suppressed.clear();
+        self.window = now;
+    }
+
+    /// Records one refusal; returns whether the caller should log it in full now.
+    fn record(&mut self, uid: u32, reason: Refusal, now: Instant) -> bool {
+        self.tick(now);
+        if let Some(count) = self.suppressed.get_mut(&(Some(uid), reason)) {
+            *count += 1;
+            return false;
+        }
+        if self.suppressed.len() >= PEER_LOG_KEYS {
+            *self.suppressed.entry((None, reason)).or_default() += 1;
+            return false;
+        }
+        self.suppressed.insert((Some(uid), reason), 0);
+        true
+    }
 }
 
 /// Serves `listener` until it fails. Each accepted connection runs on its own thread.
@@ -94,9 +274,21 @@ pub fn serve(
     identity: Identity,
     config: ServerConfig,
 ) -> io::Result<()> {
-    let active = Arc::new(AtomicUsize::new(0));
+    let slots = Arc::new(Mutex::new(Slots::new(&config)));
+    let peer_log = Arc::new(Mutex::new(PeerLog::new(config.log_interval)));
     let identity = Arc::new(identity);
     let config = Arc::new(config);
+    let refuse = |peer: &Peer, reason: Refusal| {
+        if lock(&peer_log).record(peer.uid, reason, Instant::now()) {
+            tracing::warn!(
+                uid = peer.uid,
+                gid = peer.gid,
+                pid = peer.pid,
+                "{}; further refusals of this uid are counted",
+                reason.message()
+            );
+        }
+    };
     loop {
         let stream = match listener.accept() {
             Ok((stream, _)) => stream,
@@ -104,54 +296,61 @@ pub fn serve(
             // Out of descriptors or memory: back off instead of spinning.
             Err(e) if is_transient_accept_error(&e) => {
                 tracing::warn!(error = %e, "accept failed; retrying");
-                std::thread::sleep(Duration::from_millis(100));
+                if let Err(e) = crate::sleep::sleep(Duration::from_millis(100)) {
+                    tracing::warn!(error = %e, "cannot sleep before retrying accept");
+                }
                 continue;
             }
             Err(e) => return Err(e),
         };
+        lock(&peer_log).tick(Instant::now());
         let peer = match peer_of(&stream) {
             Ok(peer) => peer,
             Err(e) => {
-                tracing::warn!(error = %e, "cannot read peer credentials; closing");
+                let unknown = Peer { pid: 0, uid: u32::MAX, gid: u32::MAX };
+                if lock(&peer_log).record(unknown.uid, Refusal::Credentials, Instant::now()) {
+                    tracing::warn!(error = %e, "{}", Refusal::Credentials.message());
+                }
                 continue;
             }
         };
         if !config.allows(&peer) {
-            tracing::warn!(
-                uid = peer.uid,
-                gid = peer.gid,
-                pid = peer.pid,
-                "peer not allowed; closing"
-            );
+            refuse(&peer, Refusal::NotAllowed);
             continue;
         }
-        if active.fetch_add(1, Ordering::SeqCst) >= config.max_connections {
-            active.fetch_sub(1, Ordering::SeqCst);
-            tracing::warn!(
-                uid = peer.uid,
-                pid = peer.pid,
-                max = config.max_connections,
-                "too many connections; closing"
-            );
-            continue;
-        }
-        let (backend, identity, config, done) =
-            (backend.clone(), identity.clone(), config.clone(), active.clone());
-        let spawned = std::thread::Builder::new().name("conn".into()).spawn(move || {
-            tracing::debug!(uid = peer.uid, pid = peer.pid, "connection accepted");
-            match handle(stream, backend.as_ref(), &identity, &config) {
-                Ok(()) => tracing::debug!(uid = peer.uid, pid = peer.pid, "connection closed"),
-                Err(e) => tracing::warn!(
-                    uid = peer.uid,
-                    pid = peer.pid,
-                    error = %ErrorChain(&e),
-                    "connection dropped"
-                ),
+        let taken = lock(&slots).take(&peer);
+        let guard = match taken {
+            Ok(slot) => SlotGuard { slots: Arc::clone(&slots), uid: peer.uid, slot },
+            Err(reason) => {
+                refuse(&peer, reason);
+                continue;
             }
-            done.fetch_sub(1, Ordering::SeqCst);
+        };
+        let (backend, identity, config, peer_log) =
+            (backend.clone(), identity.clone(), config.clone(), peer_log.clone());
+        let spawned = std::thread::Builder::new().name("conn".into()).spawn(move || {
+            let mut stream = stream;
+            tracing::debug!(uid = peer.uid, pid = peer.pid, "connection accepted");
+            let served = handle(&mut stream, backend.as_ref(), &identity, &config);
+            // The slot is free before the peer sees the connection end, so a peer that
+            // reconnects at once finds it.
+            drop(guard);
+            drop(stream);
+            match served {
+                Ok(()) => tracing::debug!(uid = peer.uid, pid = peer.pid, "connection closed"),
+                Err(e) => {
+                    if lock(&peer_log).record(peer.uid, Refusal::Dropped, Instant::now()) {
+                        tracing::warn!(
+                            uid = peer.uid,
+                            pid = peer.pid,
+                            error = %ErrorChain(&e),
+                            "connection dropped; further drops of this uid are counted"
+                        );
+                    }
+                }
+            }
         });
         if let Err(e) = spawned {
-            active.fetch_sub(1, Ordering::SeqCst);
             tracing::warn!(error = %e, "cannot start a connection thread; closing");
         }
     }
@@ -262,7 +461,7 @@ fn send(stream: &mut UnixStream, reply: &Reply) -> Result<(), ConnectionError> {
 
 /// Serves one connection until the peer closes it, it idles out, or it misbehaves.
 pub fn handle(
-    mut stream: UnixStream,
+    stream: &mut UnixStream,
     backend: &dyn Backend,
     identity: &Identity,
     config: &ServerConfig,
@@ -273,7 +472,7 @@ pub fn handle(
         .map_err(|e| ConnectionError::Reply(FrameError::Io(e)))?;
     let mut greeted = false;
     loop {
-        let request = match read_request(&mut stream, config)? {
+        let request = match read_request(stream, config)? {
             Next::Request(request) => request,
             Next::Idle => {
                 tracing::debug!("idle connection closed");
@@ -284,7 +483,7 @@ pub fn handle(
         let reply = match request {
             Request::Hello { protocol_version } if protocol_version != PROTOCOL_VERSION => {
                 send(
-                    &mut stream,
+                    stream,
                     &Reply::Error(RequestError::VersionMismatch {
                         broker: PROTOCOL_VERSION,
                         peer: protocol_version,
@@ -308,7 +507,7 @@ pub fn handle(
                 Reply::Sample(backend.sample(what, Instant::now() + budget))
             }
         };
-        send(&mut stream, &reply)?;
+        send(stream, &reply)?;
     }
 }
 
@@ -377,9 +576,10 @@ mod tests {
         backend: Arc<Fake>,
         config: ServerConfig,
     ) -> (UnixStream, std::thread::JoinHandle<Result<(), ConnectionError>>) {
-        let (client, server) = UnixStream::pair().unwrap();
+        let (client, mut server) = UnixStream::pair().unwrap();
         let identity = Identity { instance: 42, simulated: Some("turin-2p".into()) };
-        let t = std::thread::spawn(move || handle(server, backend.as_ref(), &identity, &config));
+        let t =
+            std::thread::spawn(move || handle(&mut server, backend.as_ref(), &identity, &config));
         client.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         (client, t)
     }
@@ -499,6 +699,59 @@ mod tests {
         let peer = peer_of(&a).unwrap();
         assert_eq!(peer.pid as u32, std::process::id());
         assert_eq!(peer.uid, rustix::process::geteuid().as_raw());
+    }
+
+    fn peer(uid: u32, gid: u32) -> Peer {
+        Peer { pid: 0, uid, gid }
+    }
+
+    #[test]
+    fn root_squatting_every_slot_it_can_leaves_the_allowed_uid_its_two() {
+        let cfg = ServerConfig { allow_uids: vec![990], ..config() };
+        let mut slots = Slots::new(&cfg);
+        let root = peer(0, 0);
+        let taken: Vec<_> = (0..10).map(|_| slots.take(&root)).collect();
+        assert_eq!(taken.iter().filter(|t| t.is_ok()).count(), 2, "{taken:?}");
+        assert_eq!(taken[2], Err(Refusal::PerUidLimit));
+        let exporter = peer(990, 990);
+        assert_eq!(slots.take(&exporter), Ok(Slot::Reserved(Reserve::Uid(990))));
+        assert_eq!(slots.take(&exporter), Ok(Slot::Reserved(Reserve::Uid(990))));
+        assert_eq!(slots.take(&exporter), Err(Refusal::PerUidLimit));
+    }
+
+    #[test]
+    fn many_uids_fill_the_shared_pool_but_not_the_reserves() {
+        let cfg = ServerConfig { allow_gids: vec![990], shared: 3, ..config() };
+        let mut slots = Slots::new(&cfg);
+        for uid in 1..=3 {
+            assert_eq!(slots.take(&peer(uid, 990)).map(|_| ()), Ok(()));
+        }
+        // uids 1 and 2 took the group's reserve, uid 3 a shared slot; two shared slots are left.
+        assert_eq!(slots.take(&peer(0, 0)), Ok(Slot::Shared));
+        assert_eq!(slots.take(&peer(0, 0)), Ok(Slot::Shared));
+        assert_eq!(slots.take(&peer(7, 7)), Err(Refusal::NoSlot));
+        slots.give_back(0, Slot::Shared);
+        assert_eq!(slots.take(&peer(7, 7)), Ok(Slot::Shared));
+        slots.give_back(1, Slot::Reserved(Reserve::Gid(990)));
+        assert_eq!(slots.take(&peer(4, 990)), Ok(Slot::Reserved(Reserve::Gid(990))));
+    }
+
+    #[test]
+    fn a_refusing_loop_logs_one_line_then_one_count_per_interval() {
+        let mut log = PeerLog::new(Duration::from_secs(10));
+        let t0 = Instant::now();
+        assert!(log.record(5, Refusal::NotAllowed, t0));
+        for i in 0..1000 {
+            assert!(!log.record(5, Refusal::NotAllowed, t0 + Duration::from_millis(i)));
+        }
+        assert!(log.record(6, Refusal::NotAllowed, t0), "another uid is logged on its own");
+        assert_eq!(log.suppressed[&(Some(5), Refusal::NotAllowed)], 1000);
+        assert!(log.record(5, Refusal::NotAllowed, t0 + Duration::from_secs(11)));
+        assert_eq!(log.suppressed.len(), 1, "the counts were logged and cleared");
+        for uid in 100..100 + PEER_LOG_KEYS as u32 * 2 {
+            log.record(uid, Refusal::NotAllowed, t0 + Duration::from_secs(11));
+        }
+        assert_eq!(log.suppressed.len(), PEER_LOG_KEYS + 1, "bounded, with one overflow bucket");
     }
 
     #[test]

@@ -1,14 +1,28 @@
-//! Client side of the broker protocol: one Unix-socket connection, reused across scrapes,
-//! dropped when it breaks and re-established (Hello, then Topology) on the next request.
+//! Client side of the broker protocol: a small pool of Unix-socket connections (at most
+//! [`MAX_CONNECTIONS`] at once), reused across scrapes, each dropped only when it fails and
+//! re-established (Hello, then Topology) on the next request.
 
 use amd_hsmp_proto::{
     FrameError, Message, PROTOCOL_VERSION, Reply, Request, RequestError, Sample, Topology,
 };
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::net::UnixStream;
-use tokio::sync::Mutex;
+use tokio::sync::Semaphore;
+use tokio::time::{Instant, timeout_at};
+
+/// Most broker connections open at once. Two let a scrape with a long deadline proceed while
+/// one with a short deadline is in flight; the broker shares one mailbox reading among
+/// concurrent samples, so this does not multiply mailbox traffic. The broker reserves two
+/// slots for the exporter's identity.
+pub const MAX_CONNECTIONS: usize = 2;
+
+/// How long past a sample's deadline its reply is awaited. The broker answers at the deadline
+/// with what it has read, so a reply later than this means the connection is stuck: only then
+/// is it given up.
+pub const REPLY_GRACE: Duration = Duration::from_secs(2);
 
 /// Why a request to the broker failed.
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +63,17 @@ pub enum BrokerError {
         #[source]
         source: RequestError,
     },
+    /// Every connection was busy until the sample's deadline; nothing was sent.
+    #[error("no broker connection became free before the deadline")]
+    Busy,
+    /// No reply arrived by the deadline plus [`REPLY_GRACE`]; the connection was dropped.
+    #[error("no reply to {request} within {grace:?} after its deadline")]
+    NoReply {
+        /// The request's name.
+        request: &'static str,
+        /// The grace waited past the deadline.
+        grace: Duration,
+    },
     /// The broker answered with a reply of the wrong kind.
     #[error("the broker answered {request} with an unexpected {reply} reply")]
     Unexpected {
@@ -60,22 +85,22 @@ pub enum BrokerError {
 }
 
 impl BrokerError {
-    /// True when the error says the peer went away, as happens to a reused connection that the
-    /// broker closed while idle or when it restarted; a fresh connection may then succeed.
+    /// True when the request failed before any reply byte because the peer had gone away, as
+    /// happens to a reused connection that the broker closed while idle or when it restarted;
+    /// the same request on a fresh connection may then succeed.
     fn is_connection_lost(&self) -> bool {
-        let frame = match self {
-            BrokerError::Send { source, .. } | BrokerError::Receive { source, .. } => source,
-            _ => return false,
-        };
-        match frame {
-            FrameError::Closed | FrameError::Truncated => true,
-            FrameError::Io(e) => matches!(
+        let lost = |e: &io::Error| {
+            matches!(
                 e.kind(),
                 io::ErrorKind::BrokenPipe
                     | io::ErrorKind::ConnectionReset
                     | io::ErrorKind::ConnectionAborted
-                    | io::ErrorKind::UnexpectedEof
-            ),
+            )
+        };
+        match self {
+            BrokerError::Send { source: FrameError::Io(e), .. } => lost(e),
+            BrokerError::Receive { source: FrameError::Closed, .. } => true,
+            BrokerError::Receive { source: FrameError::Io(e), .. } => lost(e),
             _ => false,
         }
     }
@@ -111,12 +136,15 @@ struct Connection {
     topology: Arc<Topology>,
 }
 
-/// The client: a socket path and at most one live connection.
+/// The client: a socket path and a pool of at most [`MAX_CONNECTIONS`] connections.
 #[derive(Debug)]
 pub struct BrokerClient {
     path: PathBuf,
-    connection: Mutex<Option<Connection>>,
-    last_instance: std::sync::Mutex<Option<u64>>,
+    /// One permit per connection that may be open and in use.
+    permits: Semaphore,
+    /// Connections not in use, ready for the next request.
+    idle: Mutex<Vec<Connection>>,
+    last_instance: Mutex<Option<u64>>,
 }
 
 impl BrokerClient {
@@ -125,8 +153,9 @@ impl BrokerClient {
     pub fn new(path: impl Into<PathBuf>) -> Self {
         BrokerClient {
             path: path.into(),
-            connection: Mutex::new(None),
-            last_instance: std::sync::Mutex::new(None),
+            permits: Semaphore::new(MAX_CONNECTIONS),
+            idle: Mutex::new(Vec::new()),
+            last_instance: Mutex::new(None),
         }
     }
 
@@ -135,29 +164,37 @@ impl BrokerClient {
         &self.path
     }
 
-    /// Reads the requested families once. Reuses the open connection, or connects first. A
-    /// reused connection found closed by the broker is replaced once, within the same call.
+    /// Reads the requested families once, asking the broker to answer by `deadline`.
     ///
-    /// Cancel-safe in the sense that matters here: a call dropped mid-request (a timeout)
-    /// drops its connection, so no later call reads a stale reply.
+    /// Waits for a free connection until `deadline` ([`BrokerError::Busy`] after it), then
+    /// reuses an idle connection or connects. A reused connection found closed by the broker
+    /// before any reply byte is replaced once, within the same call. The reply is awaited
+    /// until `deadline` + [`REPLY_GRACE`]; only a connection that fails or misses that is
+    /// dropped, so a sample that runs out of time keeps its connection.
+    ///
+    /// Cancel-safe in the sense that matters here: a call dropped mid-request drops its
+    /// connection, so no later call reads a stale reply.
     pub async fn sample(
         &self,
         what: amd_hsmp_proto::Families,
-        deadline_ms: u32,
+        deadline: Instant,
     ) -> Result<Snapshot, BrokerError> {
-        let mut slot = self.connection.lock().await;
-        // Taken out of the slot for the duration of the request: if this future is dropped
-        // mid-exchange, the connection goes with it.
-        let (mut conn, reused) = match slot.take() {
-            Some(conn) => (conn, true),
-            None => (self.connect().await?, false),
+        let _permit = match timeout_at(deadline, self.permits.acquire()).await {
+            Ok(Ok(permit)) => permit,
+            // Timed out, or closed (never: the semaphore is not closed).
+            _ => return Err(BrokerError::Busy),
         };
-        let request = Request::Sample { what, deadline_ms };
-        let result = match conn.exchange(&request, "Sample").await {
+        let reply_by = deadline + REPLY_GRACE;
+        let pooled = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let (mut conn, reused) = match pooled {
+            Some(conn) => (conn, true),
+            None => (self.connect_by(reply_by).await?, false),
+        };
+        let result = match conn.sample(what, deadline, reply_by).await {
             Err(e) if reused && e.is_connection_lost() => {
                 tracing::debug!(error = %chain(&e), "broker connection lost, reconnecting");
-                conn = self.connect().await?;
-                conn.exchange(&request, "Sample").await
+                conn = self.connect_by(reply_by).await?;
+                conn.sample(what, deadline, reply_by).await
             }
             other => other,
         };
@@ -170,8 +207,15 @@ impl BrokerClient {
         };
         let snapshot =
             Snapshot { info: conn.info.clone(), topology: conn.topology.clone(), sample };
-        *slot = Some(conn);
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(conn);
         Ok(snapshot)
+    }
+
+    /// Connects and handshakes, giving up at `by`.
+    async fn connect_by(&self, by: Instant) -> Result<Connection, BrokerError> {
+        timeout_at(by, self.connect())
+            .await
+            .unwrap_or(Err(BrokerError::NoReply { request: "Hello", grace: REPLY_GRACE }))
     }
 
     async fn connect(&self) -> Result<Connection, BrokerError> {
@@ -230,6 +274,20 @@ impl BrokerClient {
 }
 
 impl Connection {
+    /// One Sample exchange; the reply is awaited until `reply_by`.
+    async fn sample(
+        &mut self,
+        what: amd_hsmp_proto::Families,
+        deadline: Instant,
+        reply_by: Instant,
+    ) -> Result<Reply, BrokerError> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let request = Request::Sample { what, deadline_ms: crate::budget::deadline_ms(left) };
+        timeout_at(reply_by, self.exchange(&request, "Sample"))
+            .await
+            .unwrap_or(Err(BrokerError::NoReply { request: "Sample", grace: REPLY_GRACE }))
+    }
+
     async fn exchange(
         &mut self,
         request: &Request,

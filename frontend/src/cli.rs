@@ -1,6 +1,7 @@
 //! Command-line flags, following the node_exporter conventions (`--web.*`, `--collector.NAME`,
 //! `--no-collector.NAME`, `--log.*`).
 
+use crate::server::{Limits, RESERVED_FDS, connection_room};
 use amd_hsmp_proto::Families;
 use clap::{Parser, ValueEnum};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -38,6 +39,31 @@ pub struct Args {
     #[arg(long = "web.max-scrape-timeout", value_name = "DURATION", default_value = "10s",
           value_parser = parse_duration)]
     pub max_scrape_timeout: Duration,
+
+    /// Most scrapes handled at once; more are answered 503 at once. 0 means no limit.
+    #[arg(long = "web.max-requests", value_name = "N", default_value_t = 40)]
+    pub max_requests: usize,
+
+    /// Most HTTP connections open at once; more are closed at once [default: 512, lowered to
+    /// what RLIMIT_NOFILE leaves room for].
+    #[arg(long = "web.max-connections", value_name = "N", value_parser = parse_positive)]
+    pub max_connections: Option<usize>,
+
+    /// Most HTTP connections open at once from one client address (IPv6: one /64)
+    /// [default: 32, at most --web.max-connections].
+    #[arg(long = "web.max-connections-per-client", value_name = "N", value_parser = parse_positive)]
+    pub max_connections_per_client: Option<usize>,
+
+    /// Time a client has from the first byte of a request to the end of its headers.
+    #[arg(long = "web.header-read-timeout", value_name = "DURATION", default_value = "10s",
+          value_parser = parse_duration)]
+    pub header_read_timeout: Duration,
+
+    /// A connection that handles no request and moves no byte for this long is closed
+    /// (idle keep-alive, a client that does not read its answer).
+    #[arg(long = "web.idle-timeout", value_name = "DURATION", default_value = "60s",
+          value_parser = parse_duration)]
+    pub idle_timeout: Duration,
 
     /// Unix socket of amd-hsmp-broker.
     #[arg(
@@ -77,7 +103,62 @@ pub struct Args {
     pub log_format: LogFormat,
 }
 
+/// Default of `--web.max-connections`.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+/// Default of `--web.max-connections-per-client`.
+pub const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: usize = 32;
+
 impl Args {
+    /// The connection limits, sized within the file-descriptor limit `fd_limit`
+    /// (`RLIMIT_NOFILE`, `None` = unlimited). A default is lowered to fit (the second value
+    /// says so); a flag that does not fit is an error naming the limit.
+    pub fn limits(&self, fd_limit: Option<u64>) -> Result<(Limits, Option<String>), String> {
+        let room = connection_room(fd_limit);
+        let limit = fd_limit.map_or_else(|| "unlimited".to_owned(), |n| n.to_string());
+        if room < 2 {
+            return Err(format!(
+                "RLIMIT_NOFILE ({limit}) leaves no room for HTTP connections ({RESERVED_FDS} \
+                 descriptors are reserved); raise it (LimitNOFILE= in the unit, ulimit -n)"
+            ));
+        }
+        let mut note = None;
+        let max_connections = match self.max_connections {
+            Some(n) if n > room => {
+                return Err(format!(
+                    "--web.max-connections {n} does not fit RLIMIT_NOFILE ({limit}): at most \
+                     {room} ({RESERVED_FDS} descriptors are reserved); raise the limit \
+                     (LimitNOFILE= in the unit, ulimit -n) or lower the flag"
+                ));
+            }
+            Some(n) => n,
+            None if DEFAULT_MAX_CONNECTIONS > room => {
+                note = Some(format!(
+                    "--web.max-connections lowered from {DEFAULT_MAX_CONNECTIONS} to {room} to \
+                     fit RLIMIT_NOFILE ({limit})"
+                ));
+                room
+            }
+            None => DEFAULT_MAX_CONNECTIONS,
+        };
+        let max_per_client = match self.max_connections_per_client {
+            Some(n) if n > max_connections => {
+                return Err(format!(
+                    "--web.max-connections-per-client {n} exceeds --web.max-connections \
+                     {max_connections}"
+                ));
+            }
+            Some(n) => n,
+            None => DEFAULT_MAX_CONNECTIONS_PER_CLIENT.min(max_connections),
+        };
+        let limits = Limits {
+            max_connections,
+            max_per_client,
+            header_read_timeout: self.header_read_timeout,
+            idle_timeout: self.idle_timeout,
+        };
+        Ok((limits, note))
+    }
+
     /// The families the enabled collectors ask the broker for.
     pub fn families(&self) -> Families {
         Families {
@@ -181,6 +262,13 @@ fn parse_telemetry_path(text: &str) -> Result<String, String> {
     Ok(text.to_owned())
 }
 
+fn parse_positive(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("{text:?} is not a whole number above 0")),
+    }
+}
+
 /// Parses a Prometheus-style duration: `500ms`, `10s`, `1m`, or a bare number of seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let (number, scale) = if let Some(n) = text.strip_suffix("ms") {
@@ -280,6 +368,38 @@ mod tests {
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("-1s").is_err());
         assert!(parse_duration("ten").is_err());
+    }
+
+    #[test]
+    fn connection_limits_default_within_the_fd_limit() {
+        let args = parse(&[]).unwrap();
+        assert_eq!(args.max_requests, 40);
+        let (limits, note) = args.limits(Some(1024)).unwrap();
+        assert_eq!(limits.max_connections, 512);
+        assert_eq!(limits.max_per_client, 32);
+        assert_eq!(limits.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(limits.idle_timeout, Duration::from_secs(60));
+        assert_eq!(note, None);
+        let (limits, note) = args.limits(Some(256)).unwrap();
+        assert_eq!(limits.max_connections, 192);
+        assert!(note.unwrap().contains("lowered from 512 to 192"));
+        assert_eq!(args.limits(None).unwrap().0.max_connections, 512);
+        let (limits, _) = args.limits(Some(80)).unwrap();
+        assert_eq!((limits.max_connections, limits.max_per_client), (16, 16));
+    }
+
+    #[test]
+    fn connection_flags_beyond_the_fd_limit_refuse_to_start() {
+        let args = parse(&["--web.max-connections", "2000"]).unwrap();
+        let err = args.limits(Some(1024)).unwrap_err();
+        assert!(err.contains("at most 960") && err.contains("LimitNOFILE"), "{err}");
+        assert_eq!(args.limits(Some(4096)).unwrap().0.max_connections, 2000);
+        let args =
+            parse(&["--web.max-connections", "10", "--web.max-connections-per-client", "11"])
+                .unwrap();
+        assert!(args.limits(Some(1024)).unwrap_err().contains("exceeds --web.max-connections"));
+        assert!(parse(&[]).unwrap().limits(Some(65)).unwrap_err().contains("no room"));
+        assert!(parse(&["--web.max-connections", "0"]).is_err());
     }
 
     #[test]

@@ -43,7 +43,12 @@ async fn telemetry(
     State(exporter): State<Arc<Exporter>>,
     headers: HeaderMap,
 ) -> Result<Response, AppError> {
-    let timeout = headers.get(SCRAPE_TIMEOUT_HEADER).and_then(|v| v.to_str().ok());
+    let Some(_permit) = exporter.admit_scrape() else {
+        let limit = exporter.config().max_requests;
+        let body = format!("Limit of concurrent requests reached ({limit}), try again later.\n");
+        return Ok((StatusCode::SERVICE_UNAVAILABLE, body).into_response());
+    };
+    let timeout = headers.get(SCRAPE_TIMEOUT_HEADER).map(|v| v.as_bytes());
     let budget = Budget::new(timeout, exporter.config().max_scrape_timeout);
     let format = negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
     let report = Arc::new(exporter.scrape(budget).await);

@@ -7,11 +7,15 @@
 #![forbid(unsafe_code)]
 
 pub mod broker;
+pub mod budget;
 pub mod cli;
+pub mod flight;
 pub mod http;
 pub mod metrics;
 pub mod process;
+pub mod ratelimit;
 pub mod scrape;
+pub mod server;
 
 pub use http::app;
 pub use scrape::{Config, Exporter};

@@ -1,17 +1,19 @@
 //! `amd-hsmp-exporter`: parses the flags, sets up logging, binds the listen addresses and
-//! serves until SIGTERM or SIGINT.
+//! serves until SIGTERM or SIGINT. SIGHUP, SIGUSR1 and SIGUSR2 are logged and ignored.
 //!
 //! Exit codes: 0 after a clean shutdown, 1 when start-up fails (e.g. an address cannot be
 //! bound), 2 for invalid flags. A missing broker or device is never a reason to exit.
 #![forbid(unsafe_code)]
 
 use amd_hsmp_exporter::cli::{Args, LogFormat};
+use amd_hsmp_exporter::server::{self, Admission};
 use amd_hsmp_exporter::{Config, Exporter, app};
 use anyhow::Context as _;
 use clap::Parser as _;
 use std::io::IsTerminal as _;
 use std::process::ExitCode;
 use tokio::net::TcpListener;
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::watch;
 
 fn main() -> ExitCode {
@@ -42,11 +44,19 @@ fn init_logging(args: &Args) {
 
 #[tokio::main]
 async fn run(args: Args) -> anyhow::Result<()> {
+    // First, so that a SIGHUP during start-up does not end the process either.
+    let signals = Signals::install()?;
     let families = args.families();
+    let fd_limit = server::fd_limit();
+    let (limits, lowered) = args.limits(fd_limit).map_err(anyhow::Error::msg)?;
+    if let Some(lowered) = lowered {
+        tracing::info!("{lowered}");
+    }
     let exporter = Exporter::new(Config {
         broker_socket: args.broker_socket.clone(),
         families,
         max_scrape_timeout: args.max_scrape_timeout,
+        max_requests: args.max_requests,
         telemetry_path: args.telemetry_path.clone(),
         procfs: "/proc".into(),
     });
@@ -63,27 +73,28 @@ async fn run(args: Args) -> anyhow::Result<()> {
         core_energy = families.core_energy,
         boost_limit = families.boost_limit,
         prochot = families.prochot,
+        fd_limit = fd_limit.map_or_else(|| "unlimited".to_owned(), |n| n.to_string()),
+        max_connections = limits.max_connections,
+        max_connections_per_client = limits.max_per_client,
+        max_requests = args.max_requests,
         "amd-hsmp-exporter started"
     );
 
     let (stop_tx, stop_rx) = watch::channel(false);
+    // One admission over all listeners: the caps are about this process's descriptors.
+    let admission = Admission::new(limits);
     let mut servers = tokio::task::JoinSet::new();
     for listener in listeners {
         let local = listener.local_addr().context("cannot read a bound address")?;
         tracing::info!(address = %local, "listening");
-        let mut stop = stop_rx.clone();
-        let server = axum::serve(listener, router.clone()).with_graceful_shutdown(async move {
-            // Err means the sender is gone, which also means stop.
-            let _ = stop.wait_for(|stop| *stop).await;
-        });
-        servers.spawn(async move { server.await.with_context(|| format!("serving on {local}")) });
+        servers.spawn(server::serve(listener, router.clone(), admission.clone(), stop_rx.clone()));
     }
 
-    shutdown_signal().await?;
+    signals.until_shutdown().await;
     tracing::info!("shutting down");
     stop_tx.send_replace(true);
     while let Some(result) = servers.join_next().await {
-        result.context("server task failed")??;
+        result.context("server task failed")?;
     }
     Ok(())
 }
@@ -101,14 +112,51 @@ async fn bind(address: amd_hsmp_exporter::cli::ListenAddress) -> anyhow::Result<
     Err(error).with_context(|| format!("cannot listen on {address}"))
 }
 
-/// Resolves on the first SIGTERM or SIGINT.
-async fn shutdown_signal() -> anyhow::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+/// The signals the exporter handles. SIGTERM and SIGINT shut it down; SIGHUP, SIGUSR1 and
+/// SIGUSR2, whose default action would end it (and which systemd counts as a clean exit), are
+/// ignored: there is no configuration file to re-read yet. Each is logged the first time.
+struct Signals {
+    term: Signal,
+    int: Signal,
+    hup: Signal,
+    usr1: Signal,
+    usr2: Signal,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Signals> {
+        let install = |kind: SignalKind, name: &str| {
+            signal(kind).with_context(|| format!("cannot install the {name} handler"))
+        };
+        Ok(Signals {
+            term: install(SignalKind::terminate(), "SIGTERM")?,
+            int: install(SignalKind::interrupt(), "SIGINT")?,
+            hup: install(SignalKind::hangup(), "SIGHUP")?,
+            usr1: install(SignalKind::user_defined1(), "SIGUSR1")?,
+            usr2: install(SignalKind::user_defined2(), "SIGUSR2")?,
+        })
     }
-    Ok(())
+
+    /// Resolves on the first SIGTERM or SIGINT.
+    async fn until_shutdown(mut self) {
+        let mut logged = [false; 3];
+        loop {
+            let (index, name) = tokio::select! {
+                _ = self.term.recv() => return,
+                _ = self.int.recv() => return,
+                _ = self.hup.recv() => (0, "SIGHUP"),
+                _ = self.usr1.recv() => (1, "SIGUSR1"),
+                _ = self.usr2.recv() => (2, "SIGUSR2"),
+            };
+            if std::mem::replace(&mut logged[index], true) {
+                tracing::debug!(signal = name, "signal ignored");
+            } else {
+                tracing::info!(
+                    signal = name,
+                    "signal ignored: amd-hsmp-exporter has no configuration file to re-read \
+                     (further ones are logged at debug level)"
+                );
+            }
+        }
+    }
 }

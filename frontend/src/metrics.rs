@@ -116,9 +116,9 @@ impl Collector for ReportCollector {
         family(
             &mut e,
             "amd_hsmp_broker_up",
-            "1 if amd-hsmp-broker answered this scrape",
+            "1 if amd-hsmp-broker answered this scrape, or was reachable and merely ran out of time",
             None,
-            one(i64::from(telemetry.is_some())),
+            one(i64::from(report.broker_up)),
         )?;
         family(
             &mut e,
@@ -253,6 +253,7 @@ mod tests {
 
     fn report(telemetry: Option<Telemetry>) -> Arc<ScrapeReport> {
         Arc::new(ScrapeReport {
+            broker_up: telemetry.is_some(),
             telemetry: telemetry.map(Arc::new),
             errors: ErrorSource::ALL.map(|s| (s, 0)),
             duration: Duration::from_millis(12),

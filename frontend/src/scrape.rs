@@ -1,20 +1,36 @@
-//! One scrape: the time budget from Prometheus' timeout header, the single-flight broker
-//! request shared by concurrent scrapes, and the translation of a broker sample into the
-//! series to export (absent, never a sentinel) plus the cumulative error counters.
+//! One scrape: its own deadline from the time budget, the broker request it flies on (shared
+//! with concurrent scrapes only when that costs none of them data, see [`crate::flight`]), and
+//! the translation of a broker sample into the series to export (absent, never a sentinel)
+//! plus the cumulative error counters.
 
-use crate::broker::{BrokerClient, BrokerInfo, chain};
+use crate::broker::{BrokerClient, BrokerError, BrokerInfo, chain};
+pub use crate::budget::Budget;
+use crate::flight::{Flights, Landing};
 use crate::process::{self, ProcessStats};
+use crate::ratelimit::RateLimit;
 use amd_hsmp_proto::{
     Core, DeviceStatus, EnergySource, Families, ItemError, Readings, Sample, Topology,
 };
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-use tokio::sync::watch;
+use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
-/// Largest margin kept between Prometheus' timeout and the deadline given to the broker.
-const MAX_MARGIN: Duration = Duration::from_millis(250);
+/// A scrape joins a flight whose deadline is at most this fraction of its own budget earlier
+/// than its own (and never later).
+const JOIN_TOLERANCE_DIVISOR: u32 = 10;
+
+/// A scrape whose joined flight came back partial asks again only with at least this much of
+/// its own broker deadline left.
+const MIN_RETRY: Duration = Duration::from_millis(50);
+
+/// Flights one scrape takes at most: its first, and retries after partial joined answers.
+const MAX_FLIGHTS_PER_SCRAPE: usize = 3;
+
+/// At most one "timed out" warning per this interval; the others are counted in the next.
+const TIMEOUT_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The `collector` label values of `amd_hsmp_scrape_errors_total`, all present from the first
 /// scrape.
@@ -61,51 +77,43 @@ impl ErrorSource {
     }
 }
 
-/// Error counts since the process started.
+/// Error counts since the process started, one field per [`ErrorSource`].
 #[derive(Debug, Default)]
-pub struct ErrorCounters([AtomicU64; 6]);
+pub struct ErrorCounters {
+    hsmp: AtomicU64,
+    core_energy: AtomicU64,
+    boost_limit: AtomicU64,
+    prochot: AtomicU64,
+    scrape: AtomicU64,
+    broker: AtomicU64,
+}
 
 impl ErrorCounters {
+    fn counter(&self, source: ErrorSource) -> &AtomicU64 {
+        match source {
+            ErrorSource::Hsmp => &self.hsmp,
+            ErrorSource::CoreEnergy => &self.core_energy,
+            ErrorSource::BoostLimit => &self.boost_limit,
+            ErrorSource::Prochot => &self.prochot,
+            ErrorSource::Scrape => &self.scrape,
+            ErrorSource::Broker => &self.broker,
+        }
+    }
+
     fn add(&self, source: ErrorSource, n: u64) {
         if n > 0 {
-            self.0[source as usize].fetch_add(n, Ordering::Relaxed);
+            self.counter(source).fetch_add(n, Ordering::Relaxed);
         }
+    }
+
+    /// The count of one source.
+    pub fn get(&self, source: ErrorSource) -> u64 {
+        self.counter(source).load(Ordering::Relaxed)
     }
 
     /// The current counts, in the order of [`ErrorSource::ALL`].
     pub fn snapshot(&self) -> [(ErrorSource, u64); 6] {
-        ErrorSource::ALL.map(|s| (s, self.0[s as usize].load(Ordering::Relaxed)))
-    }
-}
-
-/// How long one scrape may take.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Budget {
-    /// Given to the broker as `deadline_ms`: past it, it reads nothing more.
-    pub broker_deadline: Duration,
-    /// How long the frontend waits for the broker's reply before giving up on it.
-    pub wait: Duration,
-}
-
-impl Budget {
-    /// The budget for a scrape whose `X-Prometheus-Scrape-Timeout-Seconds` header says
-    /// `header` (absent or unusable: `max`). The timeout is capped at `max`; the broker gets
-    /// it minus a margin of 10 % (at most 250 ms), and the frontend waits until half of that
-    /// margin is left, keeping the rest for encoding and sending the answer.
-    pub fn new(header: Option<&str>, max: Duration) -> Budget {
-        let requested = header
-            .and_then(|h| h.trim().parse::<f64>().ok())
-            .filter(|s| s.is_finite() && *s > 0.0)
-            .map(Duration::from_secs_f64)
-            .unwrap_or(max);
-        let total = requested.min(max);
-        let margin = (total / 10).min(MAX_MARGIN);
-        Budget { broker_deadline: total - margin, wait: total - margin / 2 }
-    }
-
-    /// The broker deadline in whole milliseconds, at least 1.
-    pub fn deadline_ms(&self) -> u32 {
-        u32::try_from(self.broker_deadline.as_millis()).unwrap_or(u32::MAX).max(1)
+        ErrorSource::ALL.map(|s| (s, self.get(s)))
     }
 }
 
@@ -118,6 +126,8 @@ pub struct Config {
     pub families: Families,
     /// Cap on the scrape timeout.
     pub max_scrape_timeout: Duration,
+    /// Most scrapes handled at once (`--web.max-requests`); 0 means no limit.
+    pub max_requests: usize,
     /// Path the metrics are served under.
     pub telemetry_path: String,
     /// procfs root for the `process_*` metrics.
@@ -161,8 +171,12 @@ pub struct Telemetry {
 /// How one flight (one broker request) ended.
 #[derive(Debug, Clone)]
 enum Outcome {
+    /// The broker answered (possibly with items its deadline left unread).
     Answered(Arc<Telemetry>),
+    /// The broker could not be reached or answered something unusable (counted by the flight).
     BrokerFailed,
+    /// No answer in time: no connection was free before the deadline, or the reply had not
+    /// come when the scrape had to answer. Not a sign that the broker is down.
     TimedOut,
 }
 
@@ -171,6 +185,9 @@ enum Outcome {
 pub struct ScrapeReport {
     /// The broker's telemetry; `None` when the broker did not answer in time.
     pub telemetry: Option<Arc<Telemetry>>,
+    /// `amd_hsmp_broker_up`: the broker answered, or the scrape merely ran out of time while
+    /// the broker was reachable.
+    pub broker_up: bool,
     /// Error counts, including this scrape's.
     pub errors: [(ErrorSource, u64); 6],
     /// Time this scrape spent collecting.
@@ -179,7 +196,11 @@ pub struct ScrapeReport {
     pub process: ProcessStats,
 }
 
-type Flight = watch::Receiver<Option<Outcome>>;
+/// A running scrape's place within `--web.max-requests`.
+#[derive(Debug)]
+pub struct ScrapePermit {
+    _held: Option<OwnedSemaphorePermit>,
+}
 
 /// Shared state of the HTTP handlers.
 #[derive(Debug)]
@@ -187,8 +208,12 @@ pub struct Exporter {
     config: Config,
     broker: BrokerClient,
     errors: ErrorCounters,
-    in_flight: Mutex<Option<Flight>>,
+    flights: Arc<Flights<Outcome>>,
     broker_reachable: AtomicBool,
+    timeout_log: RateLimit,
+    /// One permit per scrape that may run at once; `None` without a limit.
+    scrape_permits: Option<Arc<Semaphore>>,
+    refusal_log: RateLimit,
 }
 
 impl Exporter {
@@ -196,11 +221,15 @@ impl Exporter {
     pub fn new(config: Config) -> Arc<Self> {
         Arc::new(Exporter {
             broker: BrokerClient::new(config.broker_socket.clone()),
-            config,
             errors: ErrorCounters::default(),
-            in_flight: Mutex::new(None),
+            flights: Arc::default(),
             // Assume reachable so that the first failure is logged as a warning.
             broker_reachable: AtomicBool::new(true),
+            timeout_log: RateLimit::new(TIMEOUT_LOG_INTERVAL),
+            scrape_permits: (config.max_requests > 0)
+                .then(|| Arc::new(Semaphore::new(config.max_requests))),
+            refusal_log: RateLimit::new(TIMEOUT_LOG_INTERVAL),
+            config,
         })
     }
 
@@ -209,73 +238,125 @@ impl Exporter {
         &self.config
     }
 
-    /// Collects one scrape. Joins the broker request already in flight, if any, else starts
-    /// one; waits for it at most `budget.wait`. Never fails: what could not be read is absent
-    /// and counted.
+    /// A place for one more scrape within `--web.max-requests`, held until dropped; `None` when
+    /// that many scrapes are running (logged at a bounded rate).
+    pub fn admit_scrape(&self) -> Option<ScrapePermit> {
+        let Some(permits) = &self.scrape_permits else { return Some(ScrapePermit { _held: None }) };
+        match Arc::clone(permits).try_acquire_owned() {
+            Ok(permit) => Some(ScrapePermit { _held: Some(permit) }),
+            Err(_) => {
+                if let Some(suppressed) = self.refusal_log.check() {
+                    tracing::warn!(
+                        max_requests = self.config.max_requests,
+                        suppressed,
+                        "scrape refused with 503: --web.max-requests scrapes are running"
+                    );
+                }
+                None
+            }
+        }
+    }
+
+    /// Broker requests in flight now (including those waiting for a connection).
+    pub fn flying(&self) -> usize {
+        self.flights.flying()
+    }
+
+    /// How many scrapes joined a broker request another scrape had started, since the start.
+    pub fn joins(&self) -> u64 {
+        self.flights.joins()
+    }
+
+    /// Collects one scrape within `budget`, never failing: what could not be read is absent
+    /// and counted. The scrape keeps its own deadline: it joins a broker request in flight
+    /// only if that request's deadline is within a tenth of its budget before its own and not
+    /// after it, and else sends its own.
     pub async fn scrape(self: &Arc<Self>, budget: Budget) -> ScrapeReport {
         let started = Instant::now();
-        let (mut flight, own) = self.join_or_start(budget);
-        let landed = flight.wait_for(Option::is_some);
-        // The flight this scrape started is bounded by this scrape's budget already, and
-        // waiting for it (rather than racing its timeout) means the slot is free again when
-        // this scrape answers. A joined flight may outlast this scrape's budget: bound it.
-        let outcome = if own {
-            Ok(landed.await.map(|v| v.clone()))
-        } else {
-            tokio::time::timeout(budget.wait, landed).await.map(|r| r.map(|v| v.clone()))
-        };
-        let telemetry = match outcome {
-            Ok(Ok(Some(Outcome::Answered(t)))) => {
+        let deadline = started + budget.broker_deadline;
+        let answer_by = started + budget.wait;
+        let tolerance = budget.broker_deadline / JOIN_TOLERANCE_DIVISOR;
+        let (telemetry, broker_up) = match self.collect(deadline, answer_by, tolerance).await {
+            Outcome::Answered(t) => {
                 if t.deadline_exceeded {
                     self.errors.add(ErrorSource::Scrape, 1);
                 }
-                Some(t)
+                (Some(t), true)
             }
-            Ok(Ok(Some(Outcome::TimedOut))) | Err(_) => {
-                tracing::warn!(
-                    timeout_ms = budget.wait.as_millis() as u64,
-                    "scrape timed out waiting for the broker; telemetry left out"
-                );
+            Outcome::TimedOut => {
+                if let Some(suppressed) = self.timeout_log.check() {
+                    tracing::warn!(
+                        timeout_ms = budget.wait.as_millis() as u64,
+                        suppressed,
+                        "scrape timed out waiting for the broker; telemetry left out"
+                    );
+                }
                 self.errors.add(ErrorSource::Scrape, 1);
-                None
+                (None, self.broker_reachable.load(Ordering::Relaxed))
             }
-            // Broker failure (counted by the flight), or the flight task died.
-            Ok(Ok(_)) | Ok(Err(_)) => None,
+            Outcome::BrokerFailed => (None, false),
         };
         ScrapeReport {
             telemetry,
+            broker_up,
             errors: self.errors.snapshot(),
             duration: started.elapsed(),
             process: process::read_own(&self.config.procfs),
         }
     }
 
-    /// The flight to wait for, and whether this call started it.
-    fn join_or_start(self: &Arc<Self>, budget: Budget) -> (Flight, bool) {
-        let mut slot = self.in_flight.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(flight) = slot.as_ref() {
-            return (flight.clone(), false);
+    /// The answer for a scrape with broker deadline `deadline` that must answer by
+    /// `answer_by`. A joined flight that comes back partial (its shorter deadline left items
+    /// unread) is followed by another flight with the time left, if there is enough.
+    async fn collect(
+        self: &Arc<Self>,
+        deadline: Instant,
+        answer_by: Instant,
+        tolerance: Duration,
+    ) -> Outcome {
+        let mut partial = None;
+        for _ in 0..MAX_FLIGHTS_PER_SCRAPE {
+            let this = Arc::clone(self);
+            let ticket = self.flights.join_or_start(deadline, tolerance, move || async move {
+                this.fly(deadline).await
+            });
+            let joined = ticket.joined;
+            let outcome = match ticket.land_by(answer_by).await {
+                Landing::Landed(outcome) => outcome,
+                Landing::Late => Outcome::TimedOut,
+                // The flight task died; nothing was counted for it.
+                Landing::Lost => Outcome::BrokerFailed,
+            };
+            match outcome {
+                Outcome::Answered(t)
+                    if t.deadline_exceeded
+                        && joined
+                        && deadline.saturating_duration_since(Instant::now()) >= MIN_RETRY =>
+                {
+                    partial = Some(t);
+                }
+                Outcome::Answered(t) => return Outcome::Answered(t),
+                other => return partial.map_or(other, Outcome::Answered),
+            }
         }
-        let (tx, rx) = watch::channel(None);
-        *slot = Some(rx.clone());
-        drop(slot);
-        // Spawned, so that a scraper that hangs up does not cancel the request the others
-        // wait for.
-        let this = Arc::clone(self);
-        tokio::spawn(async move {
-            let guard = FlightGuard(&this);
-            let outcome = this.fly(budget).await;
-            drop(guard);
-            tx.send_replace(Some(outcome));
-        });
-        (rx, true)
+        partial.map_or(Outcome::TimedOut, Outcome::Answered)
     }
 
-    async fn fly(&self, budget: Budget) -> Outcome {
-        let request = self.broker.sample(self.config.families, budget.deadline_ms());
-        match tokio::time::timeout(budget.wait, request).await {
-            Err(_) => Outcome::TimedOut,
-            Ok(Err(e)) => {
+    /// One broker request with `deadline`; runs in its own task, to the end, whether or not
+    /// the scrapes on it still wait.
+    async fn fly(&self, deadline: Instant) -> Outcome {
+        match self.broker.sample(self.config.families, deadline).await {
+            Ok(snapshot) => {
+                if !self.broker_reachable.swap(true, Ordering::Relaxed) {
+                    tracing::info!(socket = %self.broker.path().display(), "broker reachable again");
+                }
+                let telemetry =
+                    translate(&snapshot.info, &snapshot.topology, &snapshot.sample, &self.errors);
+                Outcome::Answered(Arc::new(telemetry))
+            }
+            // Every connection was busy with other flights until the deadline.
+            Err(BrokerError::Busy) => Outcome::TimedOut,
+            Err(e) => {
                 self.errors.add(ErrorSource::Broker, 1);
                 if self.broker_reachable.swap(false, Ordering::Relaxed) {
                     tracing::warn!(
@@ -288,26 +369,7 @@ impl Exporter {
                 }
                 Outcome::BrokerFailed
             }
-            Ok(Ok(snapshot)) => {
-                if !self.broker_reachable.swap(true, Ordering::Relaxed) {
-                    tracing::info!(socket = %self.broker.path().display(), "broker reachable again");
-                }
-                let telemetry =
-                    translate(&snapshot.info, &snapshot.topology, &snapshot.sample, &self.errors);
-                Outcome::Answered(Arc::new(telemetry))
-            }
         }
-    }
-}
-
-/// Clears the in-flight slot when the flight task ends, even by panic, so the next scrape
-/// starts a new request instead of joining a dead one.
-struct FlightGuard<'a>(&'a Exporter);
-
-impl Drop for FlightGuard<'_> {
-    fn drop(&mut self) {
-        let mut slot = self.0.in_flight.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        *slot = None;
     }
 }
 
@@ -439,7 +501,7 @@ mod tests {
     }
 
     fn count(errors: &ErrorCounters, source: ErrorSource) -> u64 {
-        errors.snapshot()[source as usize].1
+        errors.get(source)
     }
 
     #[test]
@@ -513,27 +575,5 @@ mod tests {
         let t = translate(&info(), &topology(), &s, &errors);
         assert!(t.energy_joules.is_empty());
         assert_eq!(t.energy_source, None);
-    }
-
-    #[test]
-    fn budget_follows_the_prometheus_header_with_a_margin() {
-        let max = Duration::from_secs(10);
-        let b = Budget::new(Some("1"), max);
-        assert_eq!(b.broker_deadline, Duration::from_millis(900));
-        assert_eq!(b.wait, Duration::from_millis(950));
-        let b = Budget::new(Some("5.5"), max);
-        assert_eq!(b.broker_deadline, Duration::from_millis(5250));
-        assert_eq!(b.wait, Duration::from_millis(5375));
-        assert_eq!(b.deadline_ms(), 5250);
-    }
-
-    #[test]
-    fn budget_is_capped_by_the_flag_and_ignores_bad_headers() {
-        let max = Duration::from_secs(2);
-        assert_eq!(Budget::new(Some("120"), max), Budget::new(None, max));
-        assert_eq!(Budget::new(Some("-3"), max), Budget::new(None, max));
-        assert_eq!(Budget::new(Some("soon"), max), Budget::new(None, max));
-        assert_eq!(Budget::new(None, max).broker_deadline, Duration::from_millis(1800));
-        assert_eq!(Budget::new(Some("0.0001"), max).deadline_ms(), 1);
     }
 }

@@ -531,6 +531,22 @@ impl FakeDevice {
         self.mountpoint.join("cpu")
     }
 
+    /// The broker flags that point it at this device and at the fixture tree `tree` (with its
+    /// `proc/` and `sys/`).
+    pub fn broker_args(&self, tree: &Path) -> Vec<String> {
+        let path = |p: PathBuf| p.to_string_lossy().into_owned();
+        vec![
+            "--hsmp.device".into(),
+            path(self.hsmp_path()),
+            "--msr.device-root".into(),
+            path(self.msr_root()),
+            "--path.procfs".into(),
+            path(tree.join("proc")),
+            "--path.sysfs".into(),
+            path(tree.join("sys")),
+        ]
+    }
+
     /// Makes the `hsmp` node appear, vanish or refuse opens, from now on.
     pub fn set_hsmp_state(&self, state: NodeState) {
         *lock(&self.shared.hsmp_state) = state;

@@ -1,15 +1,17 @@
 //! Runs the real `amd-hsmp-broker` and `amd-hsmp-exporter` binaries for a test: locating (and
-//! if needed building) them, starting them with kill-on-drop guards, waiting until they serve,
-//! and scraping over plain HTTP/1.1.
+//! if needed building) them, starting them with kill-on-drop guards (optionally under a lower
+//! file-descriptor limit), waiting until they serve, scraping over plain HTTP/1.1 from any
+//! loopback address, parsing what they export, and reading their fds and memory from `/proc`.
 //!
 //! Every child is killed and reaped when its guard drops, including while a failed test
 //! unwinds; children also get `PR_SET_PDEATHSIG` (through `setpriv`) so that not even a test
 //! process killed outright leaves one behind.
 
 use anyhow::{Context, Result, bail};
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -37,19 +39,54 @@ pub fn binaries() -> Result<&'static Binaries> {
         .map_err(|e| anyhow::anyhow!("cannot build amd-hsmp-broker and amd-hsmp-exporter: {e}"))
 }
 
-fn build_binaries() -> Result<Binaries> {
+/// The broker crate's example `name` (in `target/<profile>/examples/`), built once per test
+/// process like [`binaries`].
+pub fn broker_example(name: &'static str) -> Result<PathBuf> {
+    static EXAMPLES: OnceLock<std::sync::Mutex<Vec<(&'static str, PathBuf)>>> = OnceLock::new();
+    let examples = EXAMPLES.get_or_init(Default::default);
+    let mut built = examples.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, path)) = built.iter().find(|(n, _)| *n == name) {
+        return Ok(path.clone());
+    }
+    let dir = profile_dir()?;
+    cargo_build(&dir, &["-p", "amd-hsmp-broker", "--example", name])?;
+    let path = dir.join("examples").join(name);
+    if !path.is_file() {
+        bail!("{} does not exist after the build", path.display());
+    }
+    built.push((name, path.clone()));
+    Ok(path)
+}
+
+/// `target/<profile>/`, where the test executable's `deps/` is.
+fn profile_dir() -> Result<PathBuf> {
     let exe = std::env::current_exe().context("cannot locate the test executable")?;
     // target/<profile>/deps/e2e-<hash>
-    let dir = exe
+    Ok(exe
         .parent()
         .and_then(Path::parent)
         .context("test executable is not in target/<profile>/deps")?
-        .to_path_buf();
+        .to_path_buf())
+}
+
+fn build_binaries() -> Result<Binaries> {
+    let dir = profile_dir()?;
     let bins =
         Binaries { broker: dir.join("amd-hsmp-broker"), exporter: dir.join("amd-hsmp-exporter") };
+    cargo_build(&dir, &["-p", "amd-hsmp-broker", "-p", "amd-hsmp-exporter", "--bins"])?;
+    for bin in [&bins.broker, &bins.exporter] {
+        if !bin.is_file() {
+            bail!("{} does not exist after the build", bin.display());
+        }
+    }
+    Ok(bins)
+}
+
+/// `$CARGO build --quiet <what>` for the profile and target directory of `dir`.
+fn cargo_build(dir: &Path, what: &[&str]) -> Result<()> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.args(["build", "--quiet", "-p", "amd-hsmp-broker", "-p", "amd-hsmp-exporter", "--bins"]);
+    cmd.args(["build", "--quiet"]).args(what);
     match dir.file_name().and_then(|n| n.to_str()) {
         Some("debug") | None => {}
         Some("release") => {
@@ -68,12 +105,7 @@ fn build_binaries() -> Result<Binaries> {
     if !status.success() {
         bail!("{cmd:?} failed: {status}");
     }
-    for bin in [&bins.broker, &bins.exporter] {
-        if !bin.is_file() {
-            bail!("{} does not exist after the build", bin.display());
-        }
-    }
-    Ok(bins)
+    Ok(())
 }
 
 /// A child process that is killed and reaped when dropped. Its standard error goes to a log
@@ -93,24 +125,75 @@ impl Proc {
         args: &[String],
         log: PathBuf,
     ) -> Result<Proc> {
+        Proc::spawn_with_fd_limit(name, program, args, log, None)
+    }
+
+    /// Starts `program args` with `RLIMIT_NOFILE` set to `nofile` (soft and hard) if given,
+    /// through util-linux `prlimit`, logging to `log`.
+    pub fn spawn_with_fd_limit(
+        name: &'static str,
+        program: &Path,
+        args: &[String],
+        log: PathBuf,
+        nofile: Option<u64>,
+    ) -> Result<Proc> {
         let err = File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
-        let mut cmd = match setpriv() {
-            // The death signal survives the exec: if this process dies, so does the child.
-            Some(setpriv) => {
-                let mut cmd = Command::new(setpriv);
-                cmd.args(["--pdeathsig", "KILL", "--"]).arg(program);
-                cmd
-            }
-            None => Command::new(program),
-        };
+        let mut line: Vec<std::ffi::OsString> = Vec::new();
+        if let Some(n) = nofile {
+            line.extend(["prlimit".into(), format!("--nofile={n}:{n}").into(), "--".into()]);
+        }
+        // The death signal survives the exec: if this process dies, so does the child.
+        if let Some(setpriv) = setpriv() {
+            line.extend([setpriv.into(), "--pdeathsig".into(), "KILL".into(), "--".into()]);
+        }
+        line.push(program.into());
+        let mut cmd = Command::new(&line[0]);
+        cmd.args(&line[1..]);
         cmd.args(args).stdin(Stdio::null()).stdout(err.try_clone()?).stderr(err);
         let child = cmd.spawn().with_context(|| format!("cannot start {}", program.display()))?;
         Ok(Proc { name, child, log })
     }
 
-    /// The process id.
+    /// The process id (wrappers exec the program, so it is the program's).
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Sends `signal` (e.g. `libc::SIGHUP`) to the process.
+    pub fn signal(&self, signal: i32) -> Result<()> {
+        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).context("no pid")?;
+        let signal = rustix::process::Signal::from_named_raw(signal).context("unknown signal")?;
+        rustix::process::kill_process(pid, signal).context("kill")?;
+        Ok(())
+    }
+
+    /// Waits up to `limit` for the process to exit.
+    pub fn wait_exit(&mut self, limit: Duration) -> Result<std::process::ExitStatus> {
+        let until = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.exited() {
+                return Ok(status);
+            }
+            if Instant::now() > until {
+                bail!("{} still running {limit:?} later; its log:\n{}", self.name, self.log());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Open file descriptors, from `/proc/PID/fd`.
+    pub fn open_fds(&self) -> Result<usize> {
+        Ok(std::fs::read_dir(format!("/proc/{}/fd", self.pid()))?.count())
+    }
+
+    /// Resident set size in KiB, from `/proc/PID/status`.
+    pub fn rss_kib(&self) -> Result<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .context("no VmRSS in /proc/PID/status")
     }
 
     /// What the process wrote to standard error (and output) so far.
@@ -172,13 +255,45 @@ pub fn wait_until(proc: &mut Proc, what: &str, mut ready: impl FnMut() -> bool) 
     }
 }
 
-/// Starts `exe` (the exporter) with `flags` on a free loopback port, talking to the broker at
-/// `socket`, and waits until it answers HTTP; a port taken between picking and binding is
-/// retried with another. Its log is `<dir>/<name>.<attempt>.log`.
+/// `amd-hsmp-broker --simulate PROFILE --listen SOCKET` (with `extra` flags), started and
+/// waited for until its socket exists. A stale socket file is removed first.
+pub fn start_simulated_broker(
+    profile: &str,
+    socket: &Path,
+    extra: &[&str],
+    log: PathBuf,
+) -> Result<Proc> {
+    let _ = std::fs::remove_file(socket);
+    let mut args: Vec<String> =
+        vec!["--simulate".into(), profile.into(), "--listen".into(), socket.display().to_string()];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let mut broker = Proc::spawn("amd-hsmp-broker", &binaries()?.broker, &args, log)?;
+    wait_until(&mut broker, "broker socket", || socket.exists())?;
+    Ok(broker)
+}
+
+/// `amd-hsmp-exporter` for the broker on `socket`, on a free 127.0.0.1 port, with `extra`
+/// flags and (if given) `RLIMIT_NOFILE` set to `nofile`; waits until it serves `/`. A port
+/// taken between picking and binding is retried with another. Logs go to
+/// `dir/exporter.<attempt>.log`.
 pub fn start_exporter(
+    socket: &Path,
+    extra: &[String],
+    nofile: Option<u64>,
+    dir: &Path,
+) -> Result<(Proc, SocketAddr)> {
+    let mut flags: Vec<String> = vec!["--log.level".into(), "debug".into()];
+    flags.extend(extra.iter().cloned());
+    start_exporter_from(&binaries()?.exporter, socket, &flags, nofile, dir, "exporter")
+}
+
+/// [`start_exporter`] for the exporter binary `exe`, with exactly `flags` besides the address
+/// and the socket; logs go to `dir/<name>.<attempt>.log`.
+pub fn start_exporter_from(
     exe: &Path,
     socket: &Path,
     flags: &[String],
+    nofile: Option<u64>,
     dir: &Path,
     name: &str,
 ) -> Result<(Proc, SocketAddr)> {
@@ -189,11 +304,11 @@ pub fn start_exporter(
             "--web.listen-address".into(),
             addr.to_string(),
             "--broker.socket".into(),
-            socket.to_string_lossy().into_owned(),
+            socket.display().to_string(),
         ];
         args.extend(flags.iter().cloned());
         let log = dir.join(format!("{name}.{attempt}.log"));
-        let mut exporter = Proc::spawn("amd-hsmp-exporter", exe, &args, log)?;
+        let mut exporter = Proc::spawn_with_fd_limit("amd-hsmp-exporter", exe, &args, log, nofile)?;
         let up = wait_until(&mut exporter, "exporter", || {
             http_get(addr, "/", &[], Duration::from_secs(2)).is_ok()
         });
@@ -238,20 +353,87 @@ pub fn http_get(
     headers: &[(&str, &str)],
     timeout: Duration,
 ) -> Result<Response> {
-    let started = Instant::now();
-    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
     let mut request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
     for (name, value) in headers {
         request.push_str(&format!("{name}: {value}\r\n"));
     }
     request.push_str("\r\n");
-    stream.write_all(request.as_bytes())?;
+    http_exchange(None, addr, request.as_bytes(), timeout)
+}
+
+/// A TCP connection to `to` from the local address `from` (e.g. `127.0.0.2`, to act as a
+/// distinct client on loopback), or from the default address.
+pub fn connect_from(from: Option<IpAddr>, to: SocketAddr, timeout: Duration) -> Result<TcpStream> {
+    let Some(from) = from else { return Ok(TcpStream::connect_timeout(&to, timeout)?) };
+    use rustix::net::{AddressFamily, SocketType, ipproto};
+    let family = if from.is_ipv4() { AddressFamily::INET } else { AddressFamily::INET6 };
+    let socket = rustix::net::socket(family, SocketType::STREAM, Some(ipproto::TCP))?;
+    rustix::net::bind(&socket, &SocketAddr::new(from, 0))
+        .with_context(|| format!("cannot bind {from}"))?;
+    rustix::net::connect(&socket, &to).with_context(|| format!("cannot connect to {to}"))?;
+    let stream = TcpStream::from(socket);
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    Ok(stream)
+}
+
+/// Sends the raw `request` bytes (which should ask for `Connection: close`) from `from` to
+/// `addr` and reads the response to the end.
+pub fn http_exchange(
+    from: Option<IpAddr>,
+    addr: SocketAddr,
+    request: &[u8],
+    timeout: Duration,
+) -> Result<Response> {
+    let started = Instant::now();
+    let mut stream = connect_from(from, addr, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    stream.write_all(request)?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).context("reading the HTTP response")?;
     let elapsed = started.elapsed();
     parse_response(&raw, elapsed)
+}
+
+/// The samples of an exposition (either format): `name{labels}` exactly as printed → value.
+#[derive(Debug, Clone)]
+pub struct Exposition {
+    /// The text as served.
+    pub text: String,
+    /// Every sample.
+    pub samples: BTreeMap<String, f64>,
+}
+
+impl Exposition {
+    /// Parses `text`; fails on a line that is not `series value` or a repeated series.
+    pub fn parse(text: &str) -> Result<Exposition> {
+        let mut samples = BTreeMap::new();
+        for line in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+            let (series, value) = line.rsplit_once(' ').with_context(|| format!("{line:?}"))?;
+            let value = value.parse().with_context(|| format!("bad value in {line:?}"))?;
+            if samples.insert(series.to_owned(), value).is_some() {
+                bail!("duplicate series {series}");
+            }
+        }
+        Ok(Exposition { text: text.to_owned(), samples })
+    }
+
+    /// The value of one series, e.g. `amd_hsmp_up` or `amd_hsmp_prochot_active{socket="1"}`.
+    pub fn value(&self, series: &str) -> Option<f64> {
+        self.samples.get(series).copied()
+    }
+
+    /// Number of series of metric `name`.
+    pub fn count(&self, name: &str) -> usize {
+        self.samples.keys().filter(|k| k.split('{').next() == Some(name)).count()
+    }
+
+    /// `amd_hsmp_scrape_errors_total{collector="..."}`, 0 if absent.
+    pub fn errors(&self, collector: &str) -> f64 {
+        self.value(&format!("amd_hsmp_scrape_errors_total{{collector=\"{collector}\"}}"))
+            .unwrap_or(0.0)
+    }
 }
 
 fn parse_response(raw: &[u8], elapsed: Duration) -> Result<Response> {

@@ -1,9 +1,10 @@
 //! The end-to-end suite's machinery: the FUSE fake device, fixture machines, scenarios, the
 //! harness that runs the real broker and exporter binaries, and golden-file comparison.
 //!
-//! The suite itself is `tests/e2e.rs`; `tests/README.md` says how to add a machine or a
-//! scenario and how to refresh the golden files.
+//! The suites are `tests/e2e.rs` (scenarios) and `tests/broker.rs` (the broker binary alone);
+//! `tests/README.md` says how to add a machine or a scenario and how to refresh the golden files.
 
+pub mod energy;
 pub mod fake;
 pub mod fixtures;
 pub mod golden;

@@ -413,8 +413,10 @@ impl Rig {
         let bins = harness::binaries()?;
         let dir = tempfile::Builder::new().prefix("amd-hsmp-e2e-").tempdir()?;
         let socket = dir.path().join("broker.sock");
+        let tree = fixtures::tree(&fixtures::fixtures_dir(), &scenario.machine);
         let broker = if scenario.broker {
-            let mut args = broker_args(&device, &scenario.machine, &socket);
+            let mut args: Vec<String> = vec!["--listen".into(), path(&socket)];
+            args.extend(device.broker_args(&tree));
             args.extend(["--log.level".into(), "debug".into()]);
             args.extend(scenario.broker_flags.iter().cloned());
             let mut broker =
@@ -427,10 +429,8 @@ impl Rig {
             None
         };
 
-        let mut flags: Vec<String> = vec!["--log.level".into(), "debug".into()];
-        flags.extend(scenario.exporter_flags.iter().cloned());
         let (exporter, addr) =
-            harness::start_exporter(&bins.exporter, &socket, &flags, dir.path(), "exporter")?;
+            harness::start_exporter(&socket, &scenario.exporter_flags, None, dir.path())?;
         Ok(Rig { exporter, broker, device, machine, addr, marks: Marks::default(), dir })
     }
 
@@ -507,24 +507,6 @@ impl Rig {
             broker.kill();
         }
     }
-}
-
-/// The broker's command line for fixture machine `machine` served by `device`, listening on
-/// `socket`.
-pub fn broker_args(device: &FakeDevice, machine: &str, socket: &Path) -> Vec<String> {
-    let tree = fixtures::tree(&fixtures::fixtures_dir(), machine);
-    vec![
-        "--listen".into(),
-        path(socket),
-        "--hsmp.device".into(),
-        path(&device.hsmp_path()),
-        "--msr.device-root".into(),
-        path(&device.msr_root()),
-        "--path.procfs".into(),
-        path(&tree.join("proc")),
-        "--path.sysfs".into(),
-        path(&tree.join("sys")),
-    ]
 }
 
 fn path(p: &Path) -> String {

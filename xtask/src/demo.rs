@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result, bail};
 use rustix::process::{Pid, Signal, kill_process};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,6 +34,16 @@ impl Drop for Guard {
 
 /// Builds both binaries, starts them and waits for Ctrl-C (or for either to exit).
 pub fn run() -> Result<()> {
+    let bin = build()?;
+    let dir = std::env::temp_dir().join(format!("amd-hsmp-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let result = serve(&bin, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+/// Builds the broker and the exporter (debug); returns the directory that holds them.
+pub fn build() -> Result<PathBuf> {
     crate::cargo(&[
         "build",
         "--quiet",
@@ -43,12 +53,7 @@ pub fn run() -> Result<()> {
         "amd-hsmp-exporter",
         "--bins",
     ])?;
-    let bin = crate::root().join("target/debug");
-    let dir = std::env::temp_dir().join(format!("amd-hsmp-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let result = serve(&bin, &dir);
-    let _ = std::fs::remove_dir_all(&dir);
-    result
+    Ok(crate::root().join("target/debug"))
 }
 
 fn serve(bin: &Path, dir: &Path) -> Result<()> {

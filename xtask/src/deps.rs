@@ -9,6 +9,8 @@ use std::process::Command;
 pub const PACKAGES: &[(&str, &str)] = &[
     ("fuse3", "fusermount3"),
     ("prometheus", "promtool"),
+    // The broker suite's ptrace attach of a running broker (tests/tests/broker.rs).
+    ("strace", "strace"),
     // The packaging checks (packaging.rs).
     ("systemd", "systemd-analyze"),
     ("rpm", "rpmbuild"),

@@ -2,8 +2,12 @@
 //!
 //! Tasks: `demo` (both processes on the simulated machine), `test` (the whole suite, installing
 //! the Debian packages it needs when run as root), `deps` (only the installs), `packaging` (the
-//! packaging checks alone), `mixin` (the monitoring mixin's checks alone), `bench` (the
-//! benchmark; not part of `test`).
+//! packaging checks alone), `mixin [--live]` (the monitoring mixin's checks alone; `--live` adds
+//! a real Prometheus scraping the simulated machine, which `test` always runs), `vm-test` (the
+//! real driver and the package under systemd in a QEMU guest whose SMU is the simulator; see
+//! `vm/mod.rs`), `bench` (the benchmark of a scrape's cost; not part of `test`).
+
+#![forbid(unsafe_code)]
 
 mod bench;
 mod demo;
@@ -11,12 +15,14 @@ mod deps;
 mod mixin;
 mod packaging;
 mod tidy;
+mod vm;
 
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "usage: cargo xtask <demo|test|deps|packaging|mixin|bench [--help]>";
+const USAGE: &str =
+    "usage: cargo xtask <demo|test|deps|packaging|mixin [--live]|vm-test|bench [--help]>";
 
 fn main() -> ExitCode {
     match run() {
@@ -35,12 +41,13 @@ fn run() -> Result<()> {
         Some("bench") => bench::run(&args[1..]),
         Some("deps") => deps::install(),
         Some("packaging") => packaging::check(&root()),
-        Some("mixin") => mixin::check(&root()),
+        Some("mixin") => mixin::check(&root(), args.get(1).is_some_and(|a| a == "--live")),
+        Some("vm-test") => vm::run(&args[1..]),
         Some("test") => {
             deps::install()?;
             cargo(&["test", "--workspace", "--all-targets"])?;
             packaging::check(&root())?;
-            mixin::check(&root())
+            mixin::check(&root(), true)
         }
         Some(other) => bail!("unknown task {other:?}\n{USAGE}"),
         None => bail!("{USAGE}"),

@@ -5,8 +5,13 @@
 //! unique panel ids, and queries that parse (checked by promtool) and use only metrics that
 //! `docs/metrics.md` documents, that the recording rules make, or that Prometheus adds itself.
 //!
+//! With `--live` (and in `cargo xtask test`) it also runs the mixin against a real Prometheus
+//! scraping the simulated Turin 2P ([`live`]).
+//!
 //! The generated files are rewritten with `UPDATE_GOLDEN=1 cargo xtask mixin`, to be reviewed as
 //! a diff.
+
+mod live;
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
@@ -40,8 +45,11 @@ const PROMETHEUS_SERIES: &[&str] = &[
     "ALERTS_FOR_STATE",
 ];
 
+/// Values of the Grafana variables: (name, value).
+type Values<'a> = &'a [(&'a str, &'a str)];
+
 /// Values that stand in for the Grafana variables when a dashboard's queries are parsed.
-const VARIABLE_VALUES: &[(&str, &str)] = &[
+const VARIABLE_VALUES: Values<'static> = &[
     ("__rate_interval", "5m"),
     ("__interval", "1m"),
     ("__range", "1h"),
@@ -49,9 +57,10 @@ const VARIABLE_VALUES: &[(&str, &str)] = &[
     ("socket", "0"),
 ];
 
-/// Runs every mixin check, printing what each found.
-pub fn check(root: &Path) -> Result<()> {
-    let missing: Vec<&str> = ["jsonnet", "promtool"]
+/// Runs every mixin check, printing what each found; with `live`, also the live check on the
+/// binaries `cargo xtask demo` builds.
+pub fn check(root: &Path, live: bool) -> Result<()> {
+    let missing: Vec<&str> = ["jsonnet", "promtool", "prometheus"]
         .into_iter()
         .filter(|c| Command::new(c).arg("--version").output().is_err())
         .collect();
@@ -106,6 +115,23 @@ pub fn check(root: &Path) -> Result<()> {
         Ok(format!("{} expressions use only known metrics", exprs.len()))
     })?;
     step("dashboards", || dashboards(&dir, &work, &known))?;
+    step("Prometheus configuration in the docs", || {
+        let mut checked = 0;
+        for doc in ["docs/install.md", "mixin/README.md"] {
+            for (n, snippet) in config_snippets(&read(&root.join(doc))?).into_iter().enumerate() {
+                let file = work.join(format!("{}-{n}.yml", doc.replace('/', "-")));
+                fs::write(&file, snippet)?;
+                run(Command::new("promtool").arg("check").arg("config").arg(&file))
+                    .with_context(|| format!("a Prometheus configuration in {doc}"))?;
+                checked += 1;
+            }
+        }
+        Ok(format!("{checked} snippets pass promtool check config"))
+    })?;
+    if live {
+        let bin = crate::demo::build()?;
+        step("live, against the simulated Turin 2P", || live::check(&dir, &work, &bin))?;
+    }
     println!("mixin: all checks passed in {:.1} s", started.elapsed().as_secs_f64());
     Ok(())
 }
@@ -237,16 +263,19 @@ fn yaml_doc(value: &Value, indent: &str) -> String {
     }
 }
 
-/// A key bare when it is safe in YAML (as jsonnet decides with `quote_keys=false`), else quoted.
+/// A key bare when it is safe in YAML, as jsonnet 0.18 decides with `quote_keys=false`: only
+/// letters, digits and `_-./`, not a YAML 1.1 boolean or null in any case, not number-like.
 fn yaml_key(key: &str) -> String {
-    const RESERVED: &[&str] = &[
-        "y", "Y", "yes", "Yes", "YES", "n", "N", "no", "No", "NO", "true", "True", "TRUE", "false",
-        "False", "FALSE", "on", "On", "ON", "off", "Off", "OFF", "null", "Null", "NULL", "~",
-    ];
+    const RESERVED: &[&str] = &["true", "false", "yes", "no", "on", "off", "y", "n", "null", "~"];
+    let unsigned = key.strip_prefix(['-', '+']).unwrap_or(key);
+    let number_like = unsigned.chars().all(|c| c.is_ascii_digit() || c == '_' || c == '.')
+        || unsigned
+            .strip_prefix("0x")
+            .is_some_and(|hex| hex.chars().all(|c| c.is_ascii_hexdigit() || c == '_'));
     let bare = !key.is_empty()
         && key.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'))
-        && !key.starts_with(|c: char| c.is_ascii_digit() || c == '-' || c == '.')
-        && !RESERVED.contains(&key);
+        && !RESERVED.contains(&key.to_ascii_lowercase().as_str())
+        && !number_like;
     if bare { key.to_owned() } else { Value::String(key.to_owned()).to_string() }
 }
 
@@ -384,6 +413,22 @@ fn documented_metrics(doc: &str) -> Result<BTreeSet<String>> {
     Ok(names)
 }
 
+/// The ```yaml blocks of a document that are Prometheus configurations of their own: those that
+/// start (after comments) with `scrape_configs:` or `remote_write:`. Blocks that name rule files
+/// are left out: the files they name are the reader's.
+fn config_snippets(doc: &str) -> Vec<String> {
+    doc.split("```yaml\n")
+        .skip(1)
+        .filter_map(|block| block.split("\n```").next())
+        .filter(|block| {
+            let first = block.lines().map(str::trim).find(|l| !l.is_empty() && !l.starts_with('#'));
+            first.is_some_and(|l| l == "scrape_configs:" || l == "remote_write:")
+                && !block.contains("rule_files:")
+        })
+        .map(|block| format!("{block}\n"))
+        .collect()
+}
+
 /// Fails naming every metric that an expression uses and `known` lacks.
 fn unknown_metrics(what: &str, exprs: &[String], known: &BTreeSet<String>) -> Result<()> {
     let mut unknown = BTreeSet::new();
@@ -512,20 +557,12 @@ struct Query {
 /// Structure of every generated dashboard, then all their queries parsed by promtool (as the
 /// expressions of a scratch rule file) and checked for unknown metrics.
 fn dashboards(dir: &Path, work: &Path, known: &BTreeSet<String>) -> Result<String> {
-    let out_dir = dir.join(DASHBOARDS_OUT);
-    let mut names: Vec<_> = fs::read_dir(&out_dir)
-        .with_context(|| format!("cannot list {}", out_dir.display()))?
-        .map(|e| e.map(|e| e.path()))
-        .collect::<std::io::Result<_>>()?;
-    names.sort();
-    ensure!(!names.is_empty(), "no dashboards in {}", out_dir.display());
+    let dashboards = load_dashboards(dir)?;
     let mut queries = Vec::new();
     let mut uids = BTreeSet::new();
-    for path in &names {
-        let file = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
-        let dashboard: Value =
-            serde_json::from_str(&read(path)?).with_context(|| format!("{file} is not JSON"))?;
-        let found = dashboard_queries(&file, &dashboard).with_context(|| format!("in {file}"))?;
+    for (file, dashboard) in &dashboards {
+        let found = dashboard_queries(file, dashboard, VARIABLE_VALUES)
+            .with_context(|| format!("in {file}"))?;
         ensure!(uids.insert(dashboard["uid"].to_string()), "{file}: uid used by another dashboard");
         queries.extend(found);
     }
@@ -554,14 +591,33 @@ fn dashboards(dir: &Path, work: &Path, known: &BTreeSet<String>) -> Result<Strin
     unknown_metrics("the dashboards", &exprs, known)?;
     Ok(format!(
         "{} dashboards, {} queries parse and use only known metrics",
-        names.len(),
+        dashboards.len(),
         queries.len()
     ))
 }
 
+/// The generated dashboards: (file name, parsed JSON), sorted by name.
+fn load_dashboards(dir: &Path) -> Result<Vec<(String, Value)>> {
+    let out_dir = dir.join(DASHBOARDS_OUT);
+    let mut paths: Vec<_> = fs::read_dir(&out_dir)
+        .with_context(|| format!("cannot list {}", out_dir.display()))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<std::io::Result<_>>()?;
+    paths.sort();
+    ensure!(!paths.is_empty(), "no dashboards in {}", out_dir.display());
+    let mut dashboards = Vec::new();
+    for path in paths {
+        let file = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
+        let dashboard: Value =
+            serde_json::from_str(&read(&path)?).with_context(|| format!("{file} is not JSON"))?;
+        dashboards.push((file, dashboard));
+    }
+    Ok(dashboards)
+}
+
 /// Checks one dashboard's structure and returns its queries (panel targets and query variables)
-/// with the variables replaced by [`VARIABLE_VALUES`].
-fn dashboard_queries(file: &str, dashboard: &Value) -> Result<Vec<Query>> {
+/// with the variables replaced by `values`.
+fn dashboard_queries(file: &str, dashboard: &Value, values: Values<'_>) -> Result<Vec<Query>> {
     for key in ["uid", "title"] {
         ensure!(dashboard[key].as_str().is_some_and(|s| !s.is_empty()), "no {key}");
     }
@@ -581,7 +637,8 @@ fn dashboard_queries(file: &str, dashboard: &Value) -> Result<Vec<Query>> {
             .with_context(|| {
                 format!("variable {name}: not label_values(SELECTOR, LABEL): {query}")
             })?;
-        let expr = substitute(inner, &defined).with_context(|| format!("variable {name}"))?;
+        let expr =
+            substitute(inner, &defined, values).with_context(|| format!("variable {name}"))?;
         queries.push(Query { place: format!("{file} variable {name}"), expr });
     }
     let panels = dashboard["panels"].as_array().context("no panels")?;
@@ -616,8 +673,8 @@ fn dashboard_queries(file: &str, dashboard: &Value) -> Result<Vec<Query>> {
             let expr = target["expr"].as_str().filter(|e| !e.trim().is_empty());
             let expr =
                 expr.with_context(|| format!("panel {id} ({title:?}) target {ref_id}: no expr"))?;
-            let expr =
-                substitute(expr, &defined).with_context(|| format!("panel {id} ({title:?})"))?;
+            let expr = substitute(expr, &defined, values)
+                .with_context(|| format!("panel {id} ({title:?})"))?;
             queries.push(Query { place: format!("{file} panel {id} {title:?} {ref_id}"), expr });
         }
     }
@@ -626,7 +683,7 @@ fn dashboard_queries(file: &str, dashboard: &Value) -> Result<Vec<Query>> {
 
 /// Replaces `$name` and `${name}` with the stand-in values; a variable that is neither a Grafana
 /// built-in nor defined by the dashboard, or has no stand-in, is an error.
-fn substitute(expr: &str, defined: &BTreeSet<&str>) -> Result<String> {
+fn substitute(expr: &str, defined: &BTreeSet<&str>, values: Values<'_>) -> Result<String> {
     let mut out = String::new();
     let mut rest = expr;
     while let Some(at) = rest.find('$') {
@@ -649,9 +706,9 @@ fn substitute(expr: &str, defined: &BTreeSet<&str>) -> Result<String> {
             "variable ${name} is not defined by the dashboard"
         );
         let value =
-            VARIABLE_VALUES.iter().find(|(n, _)| *n == name).map(|(_, v)| *v).with_context(
-                || format!("no stand-in value for ${name} (add one to VARIABLE_VALUES)"),
-            )?;
+            values.iter().find(|(n, _)| *n == name).map(|(_, v)| *v).with_context(|| {
+                format!("no stand-in value for ${name} (add one to VARIABLE_VALUES)")
+            })?;
         out.push_str(value);
         rest = &after[len..];
     }
@@ -785,6 +842,38 @@ mod tests {
         assert!(err.to_string().contains("Good: runbook_url"), "{err}");
     }
 
+    /// The rule files are rendered here instead of by jsonnet's slow `std.manifestYamlDoc`; both
+    /// must write the same bytes, for the shapes a rule file has and the awkward ones.
+    #[test]
+    fn yaml_rendering_matches_jsonnet_manifest_yaml_doc() {
+        let value = json!({
+            "groups": [{"name": "g", "rules": [
+                {"alert": "A", "expr": "up{job=\"a\"} == 0\nand\n  x\n", "for": "5m",
+                 "labels": {"severity": "warning"}, "annotations": {}},
+                {"record": "a:b:c", "expr": "sum(x)", "keep_firing": true, "n": 3, "none": null},
+            ]}],
+            "nested": [[1, 2], [], {"k": []}, "text: with # and 'quotes' and \\", ""],
+            "odd keys": {"yes": 1, "On": 2, "2x": 3, "a-b.c/d": 4, "": 5, "-": 6, "-a": 7, ".a": 8,
+                         "0x1": 9, "1": 10, "1.5": 11, "1e3": 12, "_": 13, "a b": 14, "a:b": 15,
+                         "NULL": 16, "\u{e9}": 17},
+        });
+        let source = format!("std.manifestYamlDoc({value}, false, false)");
+        let jsonnet = run(Command::new("jsonnet").arg("-S").arg("-e").arg(&source)).unwrap();
+        assert_eq!(format!("{}\n", yaml_doc(&value, "")), jsonnet);
+    }
+
+    #[test]
+    fn config_snippets_are_the_yaml_blocks_that_configure_prometheus() {
+        let doc = "text\n```yaml\n# comment\nscrape_configs:\n  - job_name: a\n```\n\
+                   ```yaml\nrule_files:\n  - x\n```\n```yaml\napiVersion: 1\n```\n\
+                   ```yaml\nremote_write:\n  - url: http://x\n```\n";
+        let snippets = config_snippets(doc);
+        assert_eq!(
+            snippets,
+            ["# comment\nscrape_configs:\n  - job_name: a\n", "remote_write:\n  - url: http://x\n"]
+        );
+    }
+
     #[test]
     fn an_untested_recording_rule_is_rejected() {
         let records = [json!({"record": "a:b:c"}), json!({"record": "d:e:f"})];
@@ -797,11 +886,19 @@ mod tests {
     fn variables_are_replaced_and_undefined_ones_rejected() {
         let defined: BTreeSet<&str> = ["instance"].into();
         assert_eq!(
-            substitute(r#"rate(x{instance="$instance"}[$__rate_interval])"#, &defined).unwrap(),
+            substitute(
+                r#"rate(x{instance="$instance"}[$__rate_interval])"#,
+                &defined,
+                VARIABLE_VALUES
+            )
+            .unwrap(),
             r#"rate(x{instance="node-1:10054"}[5m])"#
         );
-        assert_eq!(substitute("x{i=\"${instance}\"}", &defined).unwrap(), "x{i=\"node-1:10054\"}");
-        assert!(substitute("x{socket=\"$socket\"}", &defined).is_err());
+        assert_eq!(
+            substitute("x{i=\"${instance}\"}", &defined, VARIABLE_VALUES).unwrap(),
+            "x{i=\"node-1:10054\"}"
+        );
+        assert!(substitute("x{socket=\"$socket\"}", &defined, VARIABLE_VALUES).is_err());
     }
 
     fn dashboard(panels: Value) -> Value {
@@ -818,16 +915,26 @@ mod tests {
         let good = dashboard(
             json!([{"id": 1, "title": "r", "type": "row", "gridPos": {}}, panel(2, "up")]),
         );
-        assert_eq!(dashboard_queries("d", &good).unwrap().len(), 1);
+        assert_eq!(dashboard_queries("d", &good, VARIABLE_VALUES).unwrap().len(), 1);
         let twice = dashboard(json!([panel(1, "up"), panel(1, "up")]));
-        assert!(dashboard_queries("d", &twice).unwrap_err().to_string().contains("used twice"));
+        assert!(
+            dashboard_queries("d", &twice, VARIABLE_VALUES)
+                .unwrap_err()
+                .to_string()
+                .contains("used twice")
+        );
         let mut empty = panel(1, "up");
         empty["targets"] = json!([]);
-        let err = dashboard_queries("d", &dashboard(json!([empty]))).unwrap_err();
+        let err = dashboard_queries("d", &dashboard(json!([empty])), VARIABLE_VALUES).unwrap_err();
         assert!(err.to_string().contains("no targets"), "{err}");
         let mut no_uid = dashboard(json!([panel(1, "up")]));
         no_uid["uid"] = json!("");
-        assert!(dashboard_queries("d", &no_uid).unwrap_err().to_string().contains("no uid"));
+        assert!(
+            dashboard_queries("d", &no_uid, VARIABLE_VALUES)
+                .unwrap_err()
+                .to_string()
+                .contains("no uid")
+        );
     }
 
     /// docs/install.md's cardinality table gives, per simulator profile, the series of the

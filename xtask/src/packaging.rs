@@ -56,6 +56,8 @@ const REQUIRED_SETTINGS: &[(&str, &str, &str, &str)] = &[
     ("amd-hsmp-exporter.service", "Service", "AmbientCapabilities", ""),
     ("amd-hsmp-exporter.service", "Service", "NoNewPrivileges", "yes"),
     ("amd-hsmp-exporter.service", "Service", "RestrictAddressFamilies", "AF_INET AF_INET6 AF_UNIX"),
+    // The exporter sizes its HTTP connection caps from this limit.
+    ("amd-hsmp-exporter.service", "Service", "LimitNOFILE", "1024"),
     (MSR_DROP_IN, "Service", "CapabilityBoundingSet", "CAP_SYS_RAWIO"),
     (MSR_DROP_IN, "Service", "AmbientCapabilities", "CAP_SYS_RAWIO"),
     (MSR_DROP_IN, "Service", "DeviceAllow", "char-cpu/msr r"),
@@ -253,7 +255,7 @@ fn exposure(sysroot: &Path, unit: &str) -> Result<f64> {
     parse_exposure(&stdout(&out), unit)
 }
 
-fn parse_exposure(report: &str, unit: &str) -> Result<f64> {
+pub(crate) fn parse_exposure(report: &str, unit: &str) -> Result<f64> {
     let marker = format!("Overall exposure level for {unit}:");
     let line = report
         .lines()
@@ -265,7 +267,7 @@ fn parse_exposure(report: &str, unit: &str) -> Result<f64> {
 }
 
 /// (section, key, value) of every assignment in a unit file.
-fn parse_unit(text: &str) -> Vec<(String, String, String)> {
+pub(crate) fn parse_unit(text: &str) -> Vec<(String, String, String)> {
     let mut section = String::new();
     let mut settings = Vec::new();
     for line in text.lines().map(str::trim) {

@@ -5,7 +5,8 @@ use crate::support::*;
 use amd_hsmp_proto::{DeviceStatus, Families, ItemError, Readings, RequestError, Unavailable};
 use axum::http::StatusCode;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::sync::Semaphore;
 
 #[tokio::test]
 async fn healthy_broker_exports_one_series_per_core_and_socket() {
@@ -184,52 +185,6 @@ async fn connection_is_reused_across_scrapes() {
 }
 
 #[tokio::test]
-async fn concurrent_scrapes_share_one_broker_request() {
-    let dir = socket_dir();
-    let behaviour = Behaviour { delay: Duration::from_millis(400), ..Behaviour::healthy() };
-    let broker = MockBroker::start(&dir.path, behaviour);
-    let router = router(config(&dir.path));
-
-    let (a, b) = tokio::join!(scrape(&router), async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        scrape(&router).await
-    });
-    assert_eq!(broker.samples(), 1, "two concurrent scrapes must share one Sample request");
-    for m in [&a, &b] {
-        assert_eq!(m.value("amd_hsmp_broker_up"), Some(1.0));
-        assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 8);
-    }
-
-    // Once the flight has landed, the next scrape asks again.
-    scrape(&router).await;
-    assert_eq!(broker.samples(), 2);
-}
-
-#[tokio::test]
-async fn scrape_timeout_shorter_than_the_sample_time_answers_first_without_telemetry() {
-    let dir = socket_dir();
-    let behaviour = Behaviour { delay: Duration::from_secs(3), ..Behaviour::healthy() };
-    let broker = MockBroker::start(&dir.path, behaviour);
-    let router = router(config(&dir.path));
-
-    let started = Instant::now();
-    let answer = get(&router, "/metrics", None, Some("0.5")).await;
-    let elapsed = started.elapsed();
-    assert_eq!(answer.status, StatusCode::OK);
-    // The budget arithmetic (0.475 s here) is unit-tested; on a loaded machine only the
-    // order matters: the scrape answers long before the 3 s sample would.
-    assert!(elapsed < Duration::from_secs(2), "answered after {elapsed:?}");
-    let m = Exposition::parse(&answer.body);
-    assert_eq!(m.value("amd_hsmp_broker_up"), Some(0.0));
-    assert_eq!(m.value("amd_hsmp_up"), Some(0.0));
-    assert!(!m.mentions("amd_hsmp_core_energy"), "{}", m.text);
-    assert_eq!(m.errors("scrape"), 1.0);
-    assert_eq!(m.errors("broker"), 0.0);
-    // 0.5 s minus a 10 % margin.
-    assert_eq!(*broker.seen.deadlines_ms.lock().unwrap(), vec![450]);
-}
-
-#[tokio::test]
 async fn timeout_header_is_capped_by_the_max_scrape_timeout_flag() {
     let dir = socket_dir();
     let broker = MockBroker::start(&dir.path, Behaviour::healthy());
@@ -237,23 +192,7 @@ async fn timeout_header_is_capped_by_the_max_scrape_timeout_flag() {
     config.max_scrape_timeout = Duration::from_secs(2);
     let answer = get(&router(config), "/metrics", None, Some("60")).await;
     assert_eq!(answer.status, StatusCode::OK);
-    assert_eq!(*broker.seen.deadlines_ms.lock().unwrap(), vec![1800]);
-}
-
-#[tokio::test]
-async fn connection_abandoned_by_a_timeout_is_not_reused() {
-    let dir = socket_dir();
-    let slow = Behaviour { delay: Duration::from_millis(800), ..Behaviour::healthy() };
-    let broker = MockBroker::start(&dir.path, slow);
-    let router = router(config(&dir.path));
-    let m = Exposition::parse(&get(&router, "/metrics", None, Some("0.3")).await.body);
-    assert_eq!(m.value("amd_hsmp_broker_up"), Some(0.0));
-
-    // The late reply to the abandoned request must not be taken for the next one's.
-    let m = Exposition::parse(&get(&router, "/metrics", None, Some("5")).await.body);
-    assert_eq!(m.value("amd_hsmp_broker_up"), Some(1.0), "{}", m.text);
-    assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 8);
-    assert_eq!(broker.hellos(), 2, "a new connection was expected");
+    broker.assert_deadlines(1800, 1);
 }
 
 #[tokio::test]
@@ -374,16 +313,226 @@ async fn landing_page_links_the_telemetry_path_and_other_paths_are_404() {
 }
 
 #[tokio::test]
-async fn joiner_that_gives_up_leaves_the_shared_request_running() {
+async fn timeout_header_of_1e300_gets_a_full_answer_not_a_dropped_connection() {
+    // Regression: `1e300` panicked the request task, which dropped the connection unanswered.
     let dir = socket_dir();
-    let behaviour = Behaviour { delay: Duration::from_millis(600), ..Behaviour::healthy() };
+    let broker = MockBroker::start(&dir.path, Behaviour::healthy());
+    let router = router(config(&dir.path));
+    for header in ["1e300", "inf", "NaN", "-1", "0", "garbage"] {
+        let answer = get(&router, "/metrics", None, Some(header)).await;
+        assert_eq!(answer.status, StatusCode::OK, "{header}");
+        let m = Exposition::parse(&answer.body);
+        assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 8, "{header}");
+    }
+    // Each of them fell back to the cap: 10 s minus the 250 ms margin.
+    broker.assert_deadlines(9750, 6);
+}
+
+#[tokio::test]
+async fn timeout_header_below_the_minimum_is_raised_to_it() {
+    let dir = socket_dir();
+    let broker = MockBroker::start(&dir.path, Behaviour::healthy());
+    let router = router(config(&dir.path));
+    let answer = get(&router, "/metrics", None, Some("0.001")).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(Exposition::parse(&answer.body).count("amd_hsmp_core_energy_joules_total"), 8);
+    // 0.1 s minus a 10 % margin.
+    broker.assert_deadlines(90, 1);
+}
+
+/// A broker that cannot finish in a short deadline: below `ms` milliseconds, every second
+/// core's energy and boost limit are left unread.
+fn partial_below(ms: u32) -> Responder {
+    Arc::new(move |t, what, deadline_ms| {
+        let mut s = healthy(t, what, deadline_ms);
+        if deadline_ms < ms {
+            for i in (1..t.cores.len()).step_by(2) {
+                fail_item(&mut s.energy, i, ItemError::DeadlineExceeded);
+                fail_item(&mut s.boost_limit, i, ItemError::DeadlineExceeded);
+            }
+        }
+        s
+    })
+}
+
+fn held(respond: Responder) -> (Behaviour, Arc<Semaphore>) {
+    let gate = Arc::new(Semaphore::new(0));
+    (Behaviour { respond, hold: Some(gate.clone()), ..Behaviour::healthy() }, gate)
+}
+
+#[tokio::test]
+async fn concurrent_scrapes_with_the_same_timeout_share_one_broker_request() {
+    let dir = socket_dir();
+    let (behaviour, gate) = held(Arc::new(healthy));
     let broker = MockBroker::start(&dir.path, behaviour);
-    let router = Arc::new(router(config(&dir.path)));
-    let (patient, hasty) = tokio::join!(get(&router, "/metrics", None, Some("5")), async {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        get(&router, "/metrics", None, Some("0.2")).await
+    let (exporter, router) = exporter_and_router(config(&dir.path));
+
+    let first = spawn_scrape(&router, "10");
+    until("the first scrape's Sample reached the broker", || broker.samples() == 1).await;
+    let second = spawn_scrape(&router, "10");
+    // Hold the reply until the second scrape has joined the first one's flight.
+    until("the second scrape joined", || exporter.joins() == 1).await;
+    gate.add_permits(1);
+    for answer in [first.await.unwrap(), second.await.unwrap()] {
+        let m = Exposition::parse(&answer.body);
+        assert_eq!(m.value("amd_hsmp_broker_up"), Some(1.0));
+        assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 8);
+    }
+    assert_eq!(broker.samples(), 1, "two concurrent scrapes must share one Sample request");
+
+    // Once the flight has landed, the next scrape asks again.
+    gate.add_permits(1);
+    scrape(&router).await;
+    assert_eq!(broker.samples(), 2);
+}
+
+#[tokio::test]
+async fn a_scrape_never_joins_a_flight_with_a_shorter_timeout() {
+    // D2: a client sending a 1 ms timeout header must not cost Prometheus' scrape any data.
+    let dir = socket_dir();
+    let (behaviour, gate) = held(partial_below(500));
+    let broker = MockBroker::start(&dir.path, behaviour);
+    let (exporter, router) = exporter_and_router(config(&dir.path));
+
+    let hasty = spawn_scrape(&router, "0.001");
+    until("the hasty Sample reached the broker", || broker.samples() == 1).await;
+    let patient = spawn_scrape(&router, "10");
+    until("the patient scrape sent its own Sample", || broker.samples() == 2).await;
+    gate.add_permits(2);
+    let patient = Exposition::parse(&patient.await.unwrap().body);
+    assert_eq!(patient.count("amd_hsmp_core_energy_joules_total"), 8, "{}", patient.text);
+    assert_eq!(patient.count("amd_hsmp_core_boost_limit_hertz"), 8);
+    assert_eq!(patient.value("amd_hsmp_broker_up"), Some(1.0));
+    assert_eq!(hasty.await.unwrap().status, StatusCode::OK);
+    assert_eq!(exporter.joins(), 0);
+    let deadlines = broker.seen.deadlines_ms.lock().unwrap().clone();
+    assert!(deadlines[0] <= 90 && deadlines[1] > 9000, "{deadlines:?}");
+}
+
+#[tokio::test]
+async fn a_short_scrape_never_joins_a_longer_flight_and_is_answered_in_time() {
+    let dir = socket_dir();
+    let (behaviour, gate) = held(Arc::new(healthy));
+    let broker = MockBroker::start(&dir.path, behaviour);
+    let (exporter, router) = exporter_and_router(config(&dir.path));
+
+    let patient = spawn_scrape(&router, "10");
+    until("the patient Sample reached the broker", || broker.samples() == 1).await;
+    let hasty = spawn_scrape(&router, "2");
+    until("the hasty scrape sent its own Sample", || broker.samples() == 2).await;
+    gate.add_permits(2);
+    let hasty = Exposition::parse(&hasty.await.unwrap().body);
+    assert_eq!(hasty.count("amd_hsmp_core_energy_joules_total"), 8, "{}", hasty.text);
+    let patient = Exposition::parse(&patient.await.unwrap().body);
+    assert_eq!(patient.count("amd_hsmp_core_energy_joules_total"), 8);
+    assert_eq!(exporter.joins(), 0);
+}
+
+#[tokio::test]
+async fn a_joiner_whose_flight_came_back_partial_asks_again_with_its_own_deadline() {
+    let dir = socket_dir();
+    // The first Sample comes back with half its items unread; later ones are complete.
+    let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let respond: Responder = Arc::new(move |t, what, d| {
+        let partial = first.swap(false, std::sync::atomic::Ordering::SeqCst);
+        partial_below(if partial { u32::MAX } else { 0 })(t, what, d)
     });
-    assert_eq!(Exposition::parse(&hasty.body).value("amd_hsmp_broker_up"), Some(0.0));
-    assert_eq!(Exposition::parse(&patient.body).value("amd_hsmp_broker_up"), Some(1.0));
-    assert_eq!(broker.samples(), 1);
+    let (behaviour, gate) = held(respond);
+    let broker = MockBroker::start(&dir.path, behaviour);
+    let (exporter, router) = exporter_and_router(config(&dir.path));
+
+    let starter = spawn_scrape(&router, "10");
+    until("the first Sample reached the broker", || broker.samples() == 1).await;
+    let joiner = spawn_scrape(&router, "10");
+    until("the second scrape joined", || exporter.joins() == 1).await;
+    gate.add_permits(2);
+    let starter = Exposition::parse(&starter.await.unwrap().body);
+    let joiner = Exposition::parse(&joiner.await.unwrap().body);
+    // The starter had its own full deadline: what it got is what there was.
+    assert_eq!(starter.count("amd_hsmp_core_energy_joules_total"), 4);
+    // The joiner had time left and asked again.
+    assert_eq!(joiner.count("amd_hsmp_core_energy_joules_total"), 8, "{}", joiner.text);
+    assert_eq!(broker.samples(), 2);
+}
+
+#[tokio::test]
+async fn scrape_that_times_out_answers_in_time_and_keeps_broker_up() {
+    // D13: running out of time is not the broker being down.
+    let dir = socket_dir();
+    let (behaviour, gate) = held(Arc::new(healthy));
+    let broker = MockBroker::start(&dir.path, behaviour);
+    let router = router(config(&dir.path));
+
+    let answer = get(&router, "/metrics", None, Some("0.5")).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    let m = Exposition::parse(&answer.body);
+    assert_eq!(m.value("amd_hsmp_broker_up"), Some(1.0), "{}", m.text);
+    assert_eq!(m.value("amd_hsmp_up"), Some(0.0));
+    assert!(!m.mentions("amd_hsmp_core_energy"), "{}", m.text);
+    assert_eq!(m.errors("scrape"), 1.0);
+    assert_eq!(m.errors("broker"), 0.0);
+    // 0.5 s minus a 10 % margin.
+    broker.assert_deadlines(450, 1);
+    gate.add_permits(1);
+}
+
+#[tokio::test]
+async fn flight_that_runs_out_of_time_keeps_its_broker_connection() {
+    // The broker answers at its deadline; a late reply within the grace is read and the
+    // connection goes back to the pool instead of being dropped (D2).
+    let dir = socket_dir();
+    let (behaviour, gate) = held(Arc::new(healthy));
+    let broker = MockBroker::start(&dir.path, behaviour);
+    let router = router(config(&dir.path));
+    let m = Exposition::parse(&get(&router, "/metrics", None, Some("0.3")).await.body);
+    assert_eq!(m.errors("scrape"), 1.0);
+    // The reply comes after the scrape gave up, within the grace.
+    gate.add_permits(1);
+    until("the late reply was written", || broker.replies() == 1).await;
+
+    gate.add_permits(1);
+    let m = Exposition::parse(&get(&router, "/metrics", None, Some("5")).await.body);
+    assert_eq!(m.value("amd_hsmp_broker_up"), Some(1.0), "{}", m.text);
+    assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 8);
+    assert_eq!(m.errors("broker"), 0.0);
+    assert_eq!(broker.hellos(), 1, "the connection was dropped");
+}
+
+#[tokio::test]
+async fn connection_without_a_reply_past_the_grace_is_dropped_and_replaced() {
+    let dir = socket_dir();
+    let (behaviour, gate) = held(Arc::new(healthy));
+    let broker = MockBroker::start(&dir.path, behaviour);
+    let (exporter, router) = exporter_and_router(config(&dir.path));
+    let m = Exposition::parse(&get(&router, "/metrics", None, Some("0.2")).await.body);
+    assert_eq!(m.errors("scrape"), 1.0);
+    // Never answered: after deadline + grace the flight gives the connection up.
+    until("the stuck flight was given up", || exporter.flying() == 0).await;
+    gate.add_permits(2);
+    let m = Exposition::parse(&get(&router, "/metrics", None, Some("5")).await.body);
+    assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 8, "{}", m.text);
+    assert_eq!(broker.hellos(), 2, "a new connection was expected");
+    // The stuck request's late reply went to the dropped connection, not to this scrape.
+    assert!(m.errors("broker") >= 1.0);
+}
+
+#[tokio::test]
+async fn at_most_two_broker_connections_whatever_the_number_of_distinct_deadlines() {
+    let dir = socket_dir();
+    let (behaviour, gate) = held(Arc::new(healthy));
+    let broker = MockBroker::start(&dir.path, behaviour);
+    let (exporter, router) = exporter_and_router(config(&dir.path));
+    // Deadlines far enough apart that none suits another.
+    let scrapes: Vec<_> =
+        ["1", "3", "9"].into_iter().map(|timeout| spawn_scrape(&router, timeout)).collect();
+    until("two Samples in flight", || broker.samples() == 2).await;
+    until("three flights in the air", || exporter.flying() == 3).await;
+    gate.add_permits(3);
+    for scrape in scrapes {
+        let m = Exposition::parse(&scrape.await.unwrap().body);
+        assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 8, "{}", m.text);
+    }
+    assert_eq!(broker.samples(), 3);
+    assert_eq!(broker.connections(), 2, "the third scrape waited for a pooled connection");
+    assert_eq!(exporter.joins(), 0);
 }

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tower::ServiceExt as _;
 
@@ -33,11 +34,12 @@ pub struct Behaviour {
     pub topology: Topology,
     pub instance: u64,
     pub simulated: Option<String>,
-    /// Slept before answering each Sample, whatever the deadline.
-    pub delay: Duration,
     pub respond: Responder,
     /// Answer Hello with this error instead.
     pub refuse_hello: Option<amd_hsmp_proto::RequestError>,
+    /// When set, each Sample reply waits for one permit of this gate so a
+    /// test decides when a request in flight lands.
+    pub hold: Option<Arc<Semaphore>>,
 }
 
 /// What the mock saw.
@@ -46,6 +48,8 @@ pub struct Seen {
     pub connections: AtomicUsize,
     pub hellos: AtomicUsize,
     pub samples: AtomicUsize,
+    /// Sample replies written.
+    pub replies: AtomicUsize,
     pub families: Mutex<Vec<Families>>,
     pub deadlines_ms: Mutex<Vec<u32>>,
 }
@@ -81,6 +85,23 @@ impl MockBroker {
     pub fn hellos(&self) -> usize {
         self.seen.hellos.load(Ordering::SeqCst)
     }
+
+    pub fn replies(&self) -> usize {
+        self.seen.replies.load(Ordering::SeqCst)
+    }
+
+    /// Asserts that `n` Samples were asked, each with a deadline of `ms` less at most the few
+    /// milliseconds the exporter spent before sending it (the deadline is absolute: time spent
+    /// connecting counts against it).
+    pub fn assert_deadlines(&self, ms: u32, n: usize) {
+        let seen = self.seen.deadlines_ms.lock().unwrap().clone();
+        assert_eq!(seen.len(), n, "{seen:?}");
+        assert!(seen.iter().all(|d| (ms.saturating_sub(50)..=ms).contains(d)), "{seen:?} vs {ms}");
+    }
+
+    pub fn connections(&self) -> usize {
+        self.seen.connections.load(Ordering::SeqCst)
+    }
 }
 
 impl Drop for MockBroker {
@@ -111,12 +132,19 @@ async fn serve(mut stream: UnixStream, behaviour: Arc<Behaviour>, seen: Arc<Seen
                 seen.samples.fetch_add(1, Ordering::SeqCst);
                 seen.families.lock().unwrap().push(what);
                 seen.deadlines_ms.lock().unwrap().push(deadline_ms);
-                tokio::time::sleep(behaviour.delay).await;
+                if let Some(hold) = &behaviour.hold {
+                    let Ok(permit) = hold.acquire().await else { return };
+                    permit.forget();
+                }
                 Reply::Sample((behaviour.respond)(&behaviour.topology, what, deadline_ms))
             }
         };
+        let is_sample = matches!(reply, Reply::Sample(_));
         if reply.write_async(&mut stream).await.is_err() {
             return;
+        }
+        if is_sample {
+            seen.replies.fetch_add(1, Ordering::SeqCst);
         }
     }
 }
@@ -167,9 +195,9 @@ impl Behaviour {
             topology: topology(2, 4),
             instance: 1,
             simulated: None,
-            delay: Duration::ZERO,
             respond: Arc::new(healthy),
             refuse_hello: None,
+            hold: None,
         }
     }
 
@@ -210,6 +238,7 @@ pub fn config(socket: &Path) -> Config {
         broker_socket: socket.to_owned(),
         families: Families::ALL,
         max_scrape_timeout: Duration::from_secs(10),
+        max_requests: 40,
         telemetry_path: "/metrics".into(),
         procfs: "/proc".into(),
     }
@@ -217,6 +246,22 @@ pub fn config(socket: &Path) -> Config {
 
 pub fn router(config: Config) -> Router {
     app(Exporter::new(config))
+}
+
+/// The exporter and its router, for tests that watch the exporter's flights.
+pub fn exporter_and_router(config: Config) -> (Arc<Exporter>, Router) {
+    let exporter = Exporter::new(config);
+    (exporter.clone(), app(exporter))
+}
+
+/// Waits (yielding to the runtime) until `ready` holds; panics after 20 s, which only a
+/// deadlocked test reaches.
+pub async fn until(what: &str, mut ready: impl FnMut() -> bool) {
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !ready() {
+        assert!(tokio::time::Instant::now() < give_up, "never happened: {what}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
 
 /// One HTTP answer.
@@ -250,6 +295,12 @@ pub async fn get(
         .unwrap_or_default();
     let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
     Answer { status, content_type, body: String::from_utf8(bytes.to_vec()).unwrap() }
+}
+
+/// Starts a text-format scrape with a timeout header in its own task.
+pub fn spawn_scrape(router: &Router, timeout: &'static str) -> JoinHandle<Answer> {
+    let router = router.clone();
+    tokio::spawn(async move { get(&router, "/metrics", None, Some(timeout)).await })
 }
 
 /// Scrapes `/metrics` in the text format.

@@ -10,7 +10,7 @@ use amd_hsmp_device::{DevHsmp, HsmpMessage, HsmpTransport, Message};
 use amd_hsmp_e2e::fake::{FakeConfig, FakeDevice, NodeState, WireMessage};
 use amd_hsmp_e2e::fixtures;
 use amd_hsmp_e2e::harness::{self, Binaries, Proc};
-use amd_hsmp_e2e::scenario::{DEFAULT_SCRAPE_TIMEOUT, PROMETHEUS_ACCEPT, broker_args};
+use amd_hsmp_e2e::scenario::{DEFAULT_SCRAPE_TIMEOUT, PROMETHEUS_ACCEPT};
 use amd_hsmp_sim::{FirmwareConfig, Machine, MachineSpec, Mode};
 use anyhow::{Context, Result, bail};
 use std::collections::BTreeMap;
@@ -76,6 +76,14 @@ fn mount(spec: MachineSpec) -> Result<(Arc<Machine>, FakeDevice)> {
     Ok((machine, device))
 }
 
+/// The broker's command line for fixture machine `name` served by `device`, on `socket`.
+fn broker_args(device: &FakeDevice, name: &str, socket: &Path) -> Vec<String> {
+    let tree = fixtures::tree(&fixtures::fixtures_dir(), name);
+    let mut args = vec!["--listen".into(), socket.display().to_string()];
+    args.extend(device.broker_args(&tree));
+    args
+}
+
 /// The fake device, the broker and two exporters (one with every collector, one without
 /// [`DISABLED_FLAG`]). Field order is drop order: processes before the mount.
 struct Rig {
@@ -98,11 +106,12 @@ impl Rig {
         let mut broker =
             Proc::spawn("amd-hsmp-broker", &bins.broker, &args, dir.path().join("broker.log"))?;
         harness::wait_until(&mut broker, "broker socket", || UnixStream::connect(&socket).is_ok())?;
+        let exe = &bins.exporter;
         let (exporter, addr) =
-            harness::start_exporter(&bins.exporter, &socket, &[], dir.path(), "exporter")?;
+            harness::start_exporter_from(exe, &socket, &[], None, dir.path(), "exporter")?;
         let off = [DISABLED_FLAG.to_owned()];
         let (exporter_off, addr_off) =
-            harness::start_exporter(&bins.exporter, &socket, &off, dir.path(), "exporter-off")?;
+            harness::start_exporter_from(exe, &socket, &off, None, dir.path(), "exporter-off")?;
         Ok(Rig { exporter, exporter_off, broker, addr, addr_off, device, machine, _dir: dir })
     }
 

@@ -1,0 +1,468 @@
+//! The bounded HTTP server: an accept loop over tokio's `TcpListener` that admits a connection
+//! only within a global cap and a per-client-address share (both below the file-descriptor
+//! limit), serves each admitted connection with hyper's HTTP/1 server and a timer, and closes a
+//! connection that is idle too long or too slow to send its request head. Refusals are logged
+//! at a bounded rate. Excess connections are closed at once, never queued.
+
+use crate::ratelimit::RateLimit;
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinSet;
+use tokio::time::{Instant, sleep_until};
+use tower::ServiceExt as _;
+
+/// File descriptors kept free of HTTP connections: standard streams, the listeners, the
+/// broker connections, `/proc` reads, the runtime's own (epoll, eventfd) and some slack.
+pub const RESERVED_FDS: u64 = 64;
+
+/// At most one "refused" (or "accept failed") warning per this interval.
+const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Sent to a refused connection before it is closed, if the socket takes it at once.
+const REFUSED_RESPONSE: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\n\
+Content-Type: text/plain; charset=utf-8\r\nContent-Length: 25\r\n\r\ntoo many open connections";
+
+/// How long a shutdown waits for open connections to finish their request.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
+
+/// The connection bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections open at once, over all listeners.
+    pub max_connections: usize,
+    /// Connections open at once from one client address (IPv6: one /64).
+    pub max_per_client: usize,
+    /// From the moment a request's first byte arrives until its head is complete.
+    pub header_read_timeout: Duration,
+    /// A connection that is not handling a request and moves no byte for this long is closed.
+    pub idle_timeout: Duration,
+}
+
+/// The file-descriptor soft limit of this process (`RLIMIT_NOFILE`), `None` if unlimited.
+pub fn fd_limit() -> Option<u64> {
+    rustix::process::getrlimit(rustix::process::Resource::Nofile).current
+}
+
+/// Connections the fd limit leaves room for.
+pub fn connection_room(fd_limit: Option<u64>) -> usize {
+    match fd_limit {
+        None => usize::MAX,
+        Some(n) => usize::try_from(n.saturating_sub(RESERVED_FDS)).unwrap_or(usize::MAX),
+    }
+}
+
+/// Counts connections, overall and per client address.
+#[derive(Debug)]
+pub struct Admission {
+    limits: Limits,
+    open: Mutex<Open>,
+    refusals: RateLimit,
+}
+
+#[derive(Debug, Default)]
+struct Open {
+    total: usize,
+    per_client: HashMap<IpAddr, usize>,
+}
+
+/// An admitted connection's place; given back on drop.
+#[derive(Debug)]
+pub struct Slot {
+    admission: Arc<Admission>,
+    client: IpAddr,
+}
+
+/// Why a connection was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// `max_connections` are open.
+    Full,
+    /// This client address holds `max_per_client` connections.
+    ClientShare,
+}
+
+impl Admission {
+    /// Admission within `limits`.
+    pub fn new(limits: Limits) -> Arc<Admission> {
+        Arc::new(Admission {
+            limits,
+            open: Mutex::new(Open::default()),
+            refusals: RateLimit::new(REFUSAL_LOG_INTERVAL),
+        })
+    }
+
+    /// A slot for a connection from `peer`, or why there is none.
+    pub fn admit(self: &Arc<Self>, peer: IpAddr) -> Result<Slot, Refusal> {
+        let client = client_key(peer);
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if open.total >= self.limits.max_connections {
+            return Err(Refusal::Full);
+        }
+        let held = open.per_client.entry(client).or_insert(0);
+        if *held >= self.limits.max_per_client {
+            return Err(Refusal::ClientShare);
+        }
+        *held += 1;
+        open.total += 1;
+        Ok(Slot { admission: Arc::clone(self), client })
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> usize {
+        self.open.lock().unwrap_or_else(|p| p.into_inner()).total
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut open = self.admission.open.lock().unwrap_or_else(|p| p.into_inner());
+        open.total = open.total.saturating_sub(1);
+        if let Some(held) = open.per_client.get_mut(&self.client) {
+            *held -= 1;
+            if *held == 0 {
+                open.per_client.remove(&self.client);
+            }
+        }
+    }
+}
+
+/// The address a per-client share is counted under: IPv4 as is (also when IPv4-mapped), IPv6
+/// by its /64 prefix, since one host commonly holds a whole /64.
+pub fn client_key(peer: IpAddr) -> IpAddr {
+    match peer {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+    }
+}
+
+/// Serves `router` on `listener` within `admission`'s limits until `stop` turns true, then
+/// stops accepting, lets open requests finish (at most [`SHUTDOWN_GRACE`]) and returns.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    admission: Arc<Admission>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut connections = JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.wait_for(|stop| *stop) => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                if let Some(suppressed) = admission.refusals.check() {
+                    tracing::warn!(error = %e, suppressed, "cannot accept an HTTP connection");
+                }
+                // Out of descriptors (or another transient failure): let connections close
+                // rather than spin.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        match admission.admit(peer.ip()) {
+            Ok(slot) => {
+                let router = router.clone();
+                let stop = stop.clone();
+                let limits = admission.limits;
+                connections.spawn(async move {
+                    serve_connection(stream, peer, router, limits, stop).await;
+                    drop(slot);
+                });
+            }
+            Err(refusal) => refuse(stream, peer, refusal, &admission),
+        }
+    }
+    drop(listener);
+    let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while connections.join_next().await.is_some() {}
+    });
+    if drained.await.is_err() {
+        tracing::warn!(open = connections.len(), "connections still open after the shutdown grace");
+    }
+}
+
+fn refuse(stream: TcpStream, peer: SocketAddr, refusal: Refusal, admission: &Admission) {
+    // Best effort, never waiting: a client that does not read simply gets the close.
+    let _ = stream.try_write(REFUSED_RESPONSE);
+    drop(stream);
+    if let Some(suppressed) = admission.refusals.check() {
+        let limits = admission.limits;
+        match refusal {
+            Refusal::Full => tracing::warn!(
+                client = %peer.ip(),
+                max_connections = limits.max_connections,
+                suppressed,
+                "HTTP connection refused: --web.max-connections reached"
+            ),
+            Refusal::ClientShare => tracing::warn!(
+                client = %peer.ip(),
+                max_per_client = limits.max_per_client,
+                suppressed,
+                "HTTP connection refused: this client holds --web.max-connections-per-client"
+            ),
+        }
+    }
+}
+
+/// What a connection is doing, for its watchdog.
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    /// Waiting for a request; the last byte moved at `since`.
+    Idle { since: Instant },
+    /// A request's first byte arrived at `since`; its head is not complete yet.
+    Head { since: Instant },
+    /// A request is being handled (bounded by the scrape budget).
+    Busy,
+}
+
+/// A connection's phase, shared by its stream, its service and its watchdog, which is woken
+/// when a request's first byte arrives (its deadline moves closer).
+#[derive(Debug)]
+struct Watch {
+    phase: Mutex<Phase>,
+    head_started: Notify,
+}
+
+type Shared = Arc<Watch>;
+
+fn set(watch: &Shared, to: Phase) {
+    *watch.phase.lock().unwrap_or_else(|p| p.into_inner()) = to;
+}
+
+fn get(watch: &Shared) -> Phase {
+    *watch.phase.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    router: Router,
+    limits: Limits,
+    mut stop: watch::Receiver<bool>,
+) {
+    let phase: Shared = Arc::new(Watch {
+        phase: Mutex::new(Phase::Idle { since: Instant::now() }),
+        head_started: Notify::new(),
+    });
+    let io = TokioIo::new(Watched { io: stream, phase: Arc::clone(&phase) });
+    let service_phase = Arc::clone(&phase);
+    let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+        let busy = BusyGuard::new(Arc::clone(&service_phase));
+        let response = router.clone().oneshot(request);
+        async move {
+            let response = response.await;
+            drop(busy);
+            response
+        }
+    });
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        // Hyper's own head timer runs from when the connection waits for a request, so it
+        // also bounds idle keep-alive time; it backs up the watchdog below.
+        .header_read_timeout(limits.idle_timeout + limits.header_read_timeout);
+    let connection = http.serve_connection(io, service);
+    tokio::pin!(connection);
+    let mut stopping = false;
+    loop {
+        let check = match get(&phase) {
+            Phase::Idle { since } => since + limits.idle_timeout,
+            Phase::Head { since } => since + limits.header_read_timeout,
+            Phase::Busy => Instant::now() + limits.idle_timeout,
+        };
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!(client = %peer, error = %e, "HTTP connection ended with an error");
+                }
+                return;
+            }
+            _ = sleep_until(check) => {
+                let now = Instant::now();
+                let expired = match get(&phase) {
+                    Phase::Idle { since } => now >= since + limits.idle_timeout,
+                    Phase::Head { since } => now >= since + limits.header_read_timeout,
+                    Phase::Busy => false,
+                };
+                if expired {
+                    tracing::debug!(client = %peer, "HTTP connection closed: idle or request head too slow");
+                    return;
+                }
+            }
+            _ = phase.head_started.notified() => {}
+            _ = stop.wait_for(|stop| *stop), if !stopping => {
+                stopping = true;
+                connection.as_mut().graceful_shutdown();
+            }
+        }
+    }
+}
+
+/// Marks the connection busy while a request is handled, idle again when it is done (also
+/// when the handler is cancelled).
+struct BusyGuard(Shared);
+
+impl BusyGuard {
+    fn new(phase: Shared) -> BusyGuard {
+        set(&phase, Phase::Busy);
+        BusyGuard(phase)
+    }
+}
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        set(&self.0, Phase::Idle { since: Instant::now() });
+    }
+}
+
+/// A stream that tells its connection's watchdog when bytes move.
+struct Watched {
+    io: TcpStream,
+    phase: Shared,
+}
+
+impl Watched {
+    fn moved(&self, read: bool) {
+        let mut phase = self.phase.phase.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        match *phase {
+            Phase::Idle { .. } if read => {
+                *phase = Phase::Head { since: now };
+                self.phase.head_started.notify_one();
+            }
+            Phase::Idle { .. } => *phase = Phase::Idle { since: now },
+            Phase::Head { .. } | Phase::Busy => {}
+        }
+    }
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let result = Pin::new(&mut self.io).poll_read(cx, buf);
+        if matches!(result, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.moved(true);
+        }
+        result
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(&mut self.io).poll_write(cx, data);
+        if matches!(result, Poll::Ready(Ok(n)) if n > 0) {
+            self.moved(false);
+        }
+        result
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        if matches!(result, Poll::Ready(Ok(n)) if n > 0) {
+            self.moved(false);
+        }
+        result
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    fn limits(max: usize, per_client: usize) -> Limits {
+        Limits {
+            max_connections: max,
+            max_per_client: per_client,
+            header_read_timeout: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(1),
+        }
+    }
+
+    fn ip(last: u8) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::new(127, 0, 0, last))
+    }
+
+    #[test]
+    fn one_client_cannot_take_more_than_its_share() {
+        let admission = Admission::new(limits(10, 3));
+        let held: Vec<Slot> = (0..3).map(|_| admission.admit(ip(2)).unwrap()).collect();
+        assert_eq!(admission.admit(ip(2)).unwrap_err(), Refusal::ClientShare);
+        let other = admission.admit(ip(3)).unwrap();
+        drop(held);
+        assert_eq!(admission.open(), 1);
+        assert!(admission.admit(ip(2)).is_ok());
+        drop(other);
+    }
+
+    #[test]
+    fn the_global_cap_holds_over_all_clients_and_frees_on_drop() {
+        let admission = Admission::new(limits(4, 4));
+        let held: Vec<Slot> = (1..=4).map(|i| admission.admit(ip(i)).unwrap()).collect();
+        assert_eq!(admission.admit(ip(9)).unwrap_err(), Refusal::Full);
+        drop(held);
+        assert_eq!(admission.open(), 0);
+        assert!(admission.open.lock().unwrap().per_client.is_empty());
+    }
+
+    #[test]
+    fn ipv6_clients_share_by_slash_64_and_mapped_ipv4_is_ipv4() {
+        let a: IpAddr = "2001:db8:1:2::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:ffff::9".parse().unwrap();
+        let c: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_eq!(client_key(a), client_key(b));
+        assert_ne!(client_key(a), client_key(c));
+        let mapped: IpAddr = "::ffff:127.0.0.2".parse().unwrap();
+        assert_eq!(client_key(mapped), ip(2));
+    }
+
+    #[test]
+    fn connection_room_keeps_reserved_descriptors() {
+        assert_eq!(connection_room(Some(1024)), 960);
+        assert_eq!(connection_room(Some(10)), 0);
+        assert_eq!(connection_room(None), usize::MAX);
+    }
+}

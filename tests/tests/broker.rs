@@ -1,0 +1,720 @@
+//! The real `amd-hsmp-broker` binary on its own, spoken to over its socket: the sample, bad
+//! frames, the peer allow-list, the lock-down and its seccomp filter, signals, PID namespaces,
+//! connection squatters, and the MSR energy count under stops, freezes and ptrace, checked to
+//! the unit against the fake's fast-wrapping counters.
+
+use amd_hsmp_e2e::energy::{UNITS_PER_WRAP, WrappingEnergy};
+use amd_hsmp_e2e::fake::{FakeConfig, FakeDevice, NodeState};
+use amd_hsmp_e2e::fixtures;
+use amd_hsmp_e2e::harness::{self, Proc};
+use amd_hsmp_proto::{
+    self as proto, Families, Message, PROTOCOL_VERSION, Readings, Reply, Request, Topology,
+};
+use rustix::process::{Pid, Signal};
+use std::io::{BufRead, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long any awaited condition may take.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// Polls `ready` until it holds; panics with `what` after [`PATIENCE`].
+fn until(what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !ready() {
+        assert!(Instant::now() < deadline, "{what}: not after {PATIENCE:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn path(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+/// A broker child process serving a socket in its own temporary directory.
+struct Broker {
+    proc: Proc,
+    socket: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl Broker {
+    /// Runs `prefix... amd-hsmp-broker --listen <socket> args...` and waits until it listens.
+    fn spawn_with(prefix: &[&str], args: &[String], dir: tempfile::TempDir) -> Broker {
+        let bins = harness::binaries().unwrap();
+        let socket = dir.path().join("broker.sock");
+        let mut argv: Vec<String> = prefix.iter().skip(1).map(|s| s.to_string()).collect();
+        if !prefix.is_empty() {
+            argv.push(path(&bins.broker));
+        }
+        argv.extend(["--listen".to_string(), path(&socket)]);
+        argv.extend(args.iter().cloned());
+        let program = prefix.first().map_or(bins.broker.clone(), PathBuf::from);
+        let log = dir.path().join("broker.log");
+        let mut proc = Proc::spawn("amd-hsmp-broker", &program, &argv, log).unwrap();
+        harness::wait_until(&mut proc, "broker socket", || UnixStream::connect(&socket).is_ok())
+            .unwrap();
+        Broker { proc, socket, dir }
+    }
+
+    /// A broker on the simulated `profile` with `extra` flags.
+    fn simulated(profile: &str, extra: &[&str]) -> Broker {
+        let mut args: Vec<String> =
+            ["--simulate", profile, "--log.level", "info", "--log.format", "json"]
+                .map(String::from)
+                .to_vec();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Broker::spawn_with(&[], &args, tempfile::tempdir().unwrap())
+    }
+
+    /// Makes the socket reachable by any uid, so that the broker's own peer check decides.
+    fn open_to_all(&self) {
+        assert!(
+            rustix::process::geteuid().is_root(),
+            "this test switches uid and must run as root"
+        );
+        let mode = |m| std::fs::Permissions::from_mode(m);
+        std::fs::set_permissions(self.dir.path(), mode(0o755)).unwrap();
+        std::fs::set_permissions(&self.socket, mode(0o666)).unwrap();
+    }
+
+    fn pid(&self) -> Pid {
+        Pid::from_raw(self.proc.pid() as i32).unwrap()
+    }
+
+    fn signal(&self, sig: Signal) {
+        rustix::process::kill_process(self.pid(), sig).unwrap();
+    }
+
+    fn client(&self) -> Client {
+        Client::connect(&self.socket)
+    }
+
+    fn log(&self) -> String {
+        self.proc.log()
+    }
+}
+
+/// A protocol client.
+struct Client(UnixStream);
+
+impl Client {
+    fn connect(socket: &Path) -> Client {
+        let s = UnixStream::connect(socket).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut c = Client(s);
+        match c.call(&Request::Hello { protocol_version: PROTOCOL_VERSION }) {
+            Reply::Hello { .. } => c,
+            other => panic!("expected Hello, got {other:?}"),
+        }
+    }
+
+    fn call(&mut self, req: &Request) -> Reply {
+        req.write(&mut self.0).unwrap();
+        Reply::read(&mut self.0).unwrap()
+    }
+
+    fn topology(&mut self) -> Topology {
+        match self.call(&Request::Topology) {
+            Reply::Topology(t) => t,
+            other => panic!("expected Topology, got {other:?}"),
+        }
+    }
+
+    fn sample(&mut self, what: Families) -> proto::Sample {
+        match self.call(&Request::Sample { what, deadline_ms: 10_000 }) {
+            Reply::Sample(s) => s,
+            other => panic!("expected Sample, got {other:?}"),
+        }
+    }
+
+    /// Every core's extended energy count, in units; panics on a failed core.
+    fn energy(&mut self) -> Vec<u64> {
+        let what = Families { core_energy: true, ..Families::default() };
+        values(self.sample(what).energy)
+            .into_iter()
+            .map(|e| e.unwrap_or_else(|e| panic!("core energy failed: {e:?}")).counter)
+            .collect()
+    }
+}
+
+fn values<T: std::fmt::Debug>(r: Readings<T>) -> Vec<Result<T, proto::ItemError>> {
+    match r {
+        Readings::Values(values) => values,
+        other => panic!("expected values, got {other:?}"),
+    }
+}
+
+/// True if the broker closed `s` (EOF on read).
+fn closed(s: &mut UnixStream) -> bool {
+    let mut b = [0u8; 1];
+    matches!(s.read(&mut b), Ok(0))
+}
+
+/// The `probe` example, copied where uid `uid` can run it, run against `socket` as `uid`.
+fn probe_as(uid: u32, socket: &Path) -> (bool, String) {
+    let probe = harness::broker_example("probe").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let copy = dir.path().join("probe");
+    std::fs::copy(probe, &copy).unwrap();
+    let out = Command::new(&copy).arg(socket).uid(uid).gid(uid).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The scheduler state letter of process `pid` (`R`, `S`, `T` stopped, `t` traced, ...).
+fn state(pid: u32) -> char {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next()).unwrap_or('?')
+}
+
+/// Whether process `pid`'s main thread is blocked in one of the system calls `nrs`.
+fn in_syscall(pid: u32, nrs: &[i64]) -> bool {
+    let syscall = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
+    let nr = syscall.split(' ').next().and_then(|n| n.trim().parse::<i64>().ok());
+    nr.is_some_and(|nr| nrs.contains(&nr))
+}
+
+#[test]
+fn full_sample_of_a_simulated_turin_2p() {
+    let broker = Broker::simulated("turin-2p", &[]);
+    let mut c = broker.client();
+    let topology = c.topology();
+    assert_eq!(topology.sockets, vec![0, 1]);
+    assert_eq!(topology.cores.len(), 384);
+    // EPYC numbering: thread-0 siblings of both sockets first, so APIC ids are not CPU numbers.
+    assert!(topology.cores.iter().any(|c| c.apic_id != c.cpu));
+
+    let sample = c.sample(Families::ALL);
+    assert_eq!(sample.hsmp, proto::DeviceStatus::Ready { protocol_version: 7 });
+    assert_eq!(sample.energy_source, Some(proto::EnergySource::Hsmp));
+    let energy = values(sample.energy);
+    let boost = values(sample.boost_limit);
+    let prochot = values(sample.prochot);
+    assert_eq!(energy.len() + boost.len(), 768);
+    assert_eq!(prochot.len(), 2);
+    assert!(energy.iter().all(Result::is_ok), "{energy:?}");
+    assert!(prochot.iter().all(Result::is_ok), "{prochot:?}");
+    assert!(boost.iter().all(|b| matches!(b, Ok(mhz) if (1000..=6000).contains(mhz))));
+}
+
+#[test]
+fn disabled_families_are_not_read() {
+    let broker = Broker::simulated("turin-2p", &[]);
+    let what = Families { prochot: true, ..Families::default() };
+    let sample = broker.client().sample(what);
+    assert_eq!(sample.energy, Readings::NotRequested);
+    assert_eq!(sample.boost_limit, Readings::NotRequested);
+    assert_eq!(values(sample.prochot).len(), 2);
+}
+
+#[test]
+fn bad_frames_close_only_their_connection() {
+    let broker = Broker::simulated("turin-2p", &[]);
+    let mut good = broker.client();
+    let raw = || {
+        let s = UnixStream::connect(&broker.socket).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s
+    };
+
+    let mut garbage = raw();
+    garbage.write_all(&[5, 0, 0, 0, 0xde, 0xad, 0xbe, 0xef, 0xff]).unwrap();
+    assert!(closed(&mut garbage), "garbage payload must close the connection");
+
+    let mut oversized = raw();
+    oversized.write_all(&u32::MAX.to_le_bytes()).unwrap();
+    assert!(closed(&mut oversized), "oversized length must close the connection");
+
+    let mut truncated = raw();
+    truncated.write_all(&[10, 0, 0, 0, 0]).unwrap();
+    truncated.shutdown(std::net::Shutdown::Write).unwrap();
+    assert!(closed(&mut truncated), "truncated frame must close the connection");
+
+    let mut trailing = raw();
+    trailing.write_all(&[3, 0, 0, 0, 0, 1, 0]).unwrap();
+    assert!(closed(&mut trailing), "trailing bytes must close the connection");
+
+    // The first connection and the broker are unharmed.
+    assert_eq!(good.topology().cores.len(), 384);
+    broker.client();
+}
+
+#[test]
+fn lockdown_is_visible_in_proc_status() {
+    let broker = Broker::simulated("turin-2p", &["--collector.core-energy.msr-fallback"]);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", broker.proc.pid())).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
+            .unwrap_or_else(|| panic!("{name} missing from /proc/<pid>/status"))
+    };
+    for cap in ["CapEff:", "CapPrm:", "CapBnd:", "CapInh:", "CapAmb:"] {
+        assert_eq!(field(cap), "0000000000000000", "{cap}");
+    }
+    assert_eq!(field("NoNewPrivs:"), "1");
+    assert_eq!(field("Seccomp:"), "2");
+    // Still serves after the lock-down, MSR fallback included.
+    broker.client().sample(Families::ALL);
+}
+
+#[test]
+fn peers_not_on_the_allow_list_are_refused() {
+    let broker = Broker::simulated("turin-2p", &["--allow-uid", "65533"]);
+    broker.open_to_all();
+
+    let (ok, out) = probe_as(65534, &broker.socket);
+    assert!(!ok, "uid 65534 must be refused, got: {out}");
+    assert!(out.starts_with("error:") && !out.contains("topology"), "{out}");
+    let log = broker.log();
+    assert!(log.contains("peer not allowed") && log.contains("\"uid\":65534"), "{log}");
+
+    let (ok, out) = probe_as(65533, &broker.socket);
+    assert!(ok, "uid 65533 is allowed: {out}");
+    assert!(out.contains("384 cores"), "{out}");
+}
+
+#[test]
+fn groups_are_allowed_by_name() {
+    let broker = Broker::simulated("turin-2p", &["--allow-group", "nogroup"]);
+    broker.open_to_all();
+    // probe_as runs with gid = uid; gid 65534 is nogroup on Debian.
+    let (ok, out) = probe_as(65534, &broker.socket);
+    assert!(ok, "gid 65534 (nogroup) is allowed: {out}");
+    let (ok, out) = probe_as(65533, &broker.socket);
+    assert!(!ok, "gid 65533 must be refused, got: {out}");
+}
+
+#[test]
+fn an_unknown_group_name_stops_the_start_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(&harness::binaries().unwrap().broker)
+        .args(["--simulate", "milan-1p", "--allow-group", "no-such-group-here", "--listen"])
+        .arg(dir.path().join("s.sock"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--allow-group \"no-such-group-here\": no such group"), "{err}");
+    assert!(!dir.path().join("s.sock").exists(), "no socket may be created");
+}
+
+#[test]
+fn unknown_flags_are_usage_errors() {
+    let out =
+        Command::new(&harness::binaries().unwrap().broker).arg("--no-such-flag").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--no-such-flag"));
+}
+
+// ---- The seccomp filter, observed ----
+
+#[test]
+fn the_seccomp_filter_kills_socket_refuses_writable_opens_and_resumes_a_stopped_sleep() {
+    let example = harness::broker_example("seccomp").unwrap();
+    let mut child = Command::new(&example)
+        .args(["open-rw", "/dev/null", "open-ro", "/dev/null", "sleep", "1500"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut lines = Vec::new();
+    while lines.last().is_none_or(|l: &String| l.trim() != "sleeping") {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).unwrap() > 0, "ended before sleeping: {lines:?}");
+        lines.push(line);
+    }
+    // Stopped and continued inside nanosleep: the kernel resumes it through restart_syscall.
+    until("the example sleeps in the kernel", || {
+        in_syscall(pid, &[libc::SYS_nanosleep, libc::SYS_clock_nanosleep])
+    });
+    let pid_ = Pid::from_raw(pid as i32).unwrap();
+    rustix::process::kill_process(pid_, Signal::STOP).unwrap();
+    until("the example is stopped", || state(pid) == 'T');
+    rustix::process::kill_process(pid_, Signal::CONT).unwrap();
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(status.success(), "{status}: {err}");
+    assert_eq!(lines[..2], ["open-rw: errno 1\n", "open-ro: ok\n"], "EPERM for a writable open");
+    assert_eq!(rest, "slept\n");
+
+    let out = Command::new(&example).arg("socket").output().unwrap();
+    assert_eq!(out.status.signal(), Some(libc::SIGSYS), "{:?}", out.status);
+    assert!(out.stdout.is_empty(), "socket() returned: {}", String::from_utf8_lossy(&out.stdout));
+}
+
+// ---- Signals ----
+
+#[test]
+fn sighup_and_sigusr_do_not_stop_the_broker_and_are_logged_once() {
+    let broker = Broker::simulated("milan-1p", &[]);
+    for sig in [Signal::HUP, Signal::HUP, Signal::USR1, Signal::USR2, Signal::HUP] {
+        broker.signal(sig);
+    }
+    let mut c = broker.client();
+    until("all three signals logged", || broker.log().matches("signal ignored").count() == 3);
+    assert_eq!(c.topology().cores.len(), 64);
+    broker.client().sample(Families::ALL);
+    let log = broker.log();
+    assert_eq!(log.matches("SIGHUP").count(), 1, "{log}");
+}
+
+#[test]
+fn sigterm_removes_the_listen_socket_file_and_exits_0() {
+    let mut broker = Broker::simulated("milan-1p", &[]);
+    assert!(broker.socket.exists());
+    broker.signal(Signal::TERM);
+    until("the broker exits", || broker.proc.exited().is_some());
+    let status = broker.proc.exited().unwrap();
+    assert!(status.success(), "{status}: {}", broker.log());
+    assert!(!broker.socket.exists(), "the socket file is left behind");
+}
+
+// ---- PID namespaces ----
+
+#[test]
+fn a_broker_in_its_own_pid_namespace_serves_a_peer_outside_it() {
+    let args = ["--simulate", "milan-1p", "--log.format", "json"].map(String::from);
+    let unshare = ["unshare", "--pid", "--fork", "--kill-child", "--"];
+    let broker = Broker::spawn_with(&unshare, &args, tempfile::tempdir().unwrap());
+    // The broker sees this process's pid as 0: it is outside the broker's namespace.
+    let mut c = broker.client();
+    assert_eq!(c.topology().cores.len(), 64);
+    assert!(values(c.sample(Families::ALL).prochot).iter().all(Result::is_ok));
+    let log = broker.log();
+    assert!(!log.contains("credentials"), "{log}");
+}
+
+// ---- Connection squatters ----
+
+/// Root connections in a tight reconnect loop: each holds its connection until the broker
+/// closes it, then connects again. Counts the connections the broker closed.
+struct Squatters {
+    stop: Arc<AtomicBool>,
+    closed: Arc<AtomicU64>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Squatters {
+    fn start(socket: &Path, n: usize) -> Squatters {
+        let stop = Arc::new(AtomicBool::new(false));
+        let closed = Arc::new(AtomicU64::new(0));
+        let threads = (0..n)
+            .map(|_| {
+                let (socket, stop, closed) = (socket.to_owned(), stop.clone(), closed.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        let Ok(mut s) = UnixStream::connect(&socket) else {
+                            std::thread::sleep(Duration::from_millis(1));
+                            continue;
+                        };
+                        s.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+                        let mut b = [0u8; 1];
+                        while !stop.load(Ordering::Relaxed) {
+                            match s.read(&mut b) {
+                                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                                _ => break,
+                            }
+                        }
+                        closed.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        Squatters { stop, closed, threads }
+    }
+}
+
+impl Drop for Squatters {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+#[test]
+fn a_root_squatter_across_a_restart_never_locks_out_the_allowed_exporter_uid() {
+    let flags = ["--allow-uid", "65533"];
+    let mut broker = Broker::simulated("milan-1p", &flags);
+    broker.open_to_all();
+    let squatters = Squatters::start(&broker.socket, 6);
+    let mut log_lines = 0;
+    for round in 0..2 {
+        until("the squatters are refused", || squatters.closed.load(Ordering::Relaxed) > 50);
+        for _ in 0..3 {
+            let (ok, out) = probe_as(65533, &broker.socket);
+            assert!(ok, "round {round}: the exporter uid was refused: {out}\n{}", broker.log());
+            assert!(out.contains("64 cores"), "{out}");
+        }
+        let log = broker.log();
+        assert!(log.contains("holds its share"), "{log}");
+        log_lines += log.lines().count();
+        if round == 0 {
+            // A restart: the squatters race the exporter for the new broker's slots.
+            let socket = broker.socket.clone();
+            let args: Vec<String> =
+                ["--simulate", "milan-1p", "--log.level", "info", "--log.format", "json"]
+                    .iter()
+                    .chain(&flags)
+                    .map(|s| s.to_string())
+                    .collect();
+            broker = respawn_at(&socket, &args, broker);
+            broker.open_to_all();
+            squatters.closed.store(0, Ordering::Relaxed);
+        }
+    }
+    let refused = squatters.closed.load(Ordering::Relaxed);
+    drop(squatters);
+    assert!(log_lines < 60, "{log_lines} log lines for {refused}+ refused connections");
+}
+
+/// A new broker on the socket path of `old` (which is killed), in `old`'s directory.
+fn respawn_at(socket: &Path, args: &[String], mut old: Broker) -> Broker {
+    old.proc.kill();
+    let bins = harness::binaries().unwrap();
+    let mut argv = vec!["--listen".to_string(), path(socket)];
+    argv.extend(args.iter().cloned());
+    let log = socket.with_extension("restarted.log");
+    let mut proc = Proc::spawn("amd-hsmp-broker", &bins.broker, &argv, log).unwrap();
+    harness::wait_until(&mut proc, "restarted broker", || {
+        // Listening again once a connection is accepted by the new process (the old socket
+        // file refuses connections).
+        std::fs::metadata(socket).is_ok() && UnixStream::connect(socket).is_ok()
+    })
+    .unwrap();
+    Broker { proc, socket: socket.to_owned(), dir: old.dir }
+}
+
+// ---- MSR energy under stops, freezes and ptrace ----
+
+/// The fake's counters: ESU 25 (2^32 units are 128 J) at 80 to 95 W a core wrap every 1.3 to
+/// 1.6 s. The broker's wrap window at its 100 W bound is 1.28 s, so it polls every 320 ms.
+const ESU: u8 = 25;
+const BASE_WATTS: f64 = 80.0;
+
+/// A broker reading Rome 1P's energy through the MSR fallback from the fast-wrapping fake.
+struct WrapRig {
+    // Drop order: the broker before the mount it holds open.
+    broker: Broker,
+    _device: FakeDevice,
+    model: WrappingEnergy,
+    cpus: Vec<u32>,
+}
+
+impl WrapRig {
+    fn start() -> WrapRig {
+        let spec = fixtures::machine("rome-1p").unwrap();
+        let cpus: Vec<u32> = spec.cpus().iter().filter(|c| c.online).map(|c| c.cpu).collect();
+        let model = WrappingEnergy::new(ESU, BASE_WATTS);
+        let machine = amd_hsmp_sim::Machine::new(
+            spec,
+            amd_hsmp_sim::FirmwareConfig::new(amd_hsmp_sim::Mode::Static),
+        );
+        let device = FakeDevice::mount(FakeConfig {
+            hsmp: Arc::new(machine),
+            msr: Arc::new(model.clone()),
+            cpus,
+            hsmp_state: NodeState::Absent,
+            msr_state: NodeState::Present,
+        })
+        .expect("mount the fake device (needs /dev/fuse and fusermount3 from fuse3)");
+        let tree = fixtures::tree(&fixtures::fixtures_dir(), "rome-1p");
+        let mut args = device.broker_args(&tree);
+        args.push("--collector.core-energy.msr-fallback".into());
+        let broker = Broker::spawn_with(&[], &args, tempfile::tempdir().unwrap());
+        let cpus = broker.client().topology().cores.iter().map(|c| c.cpu).collect();
+        WrapRig { broker, _device: device, model, cpus }
+    }
+
+    /// Waits until every core's counter has wrapped `wraps` more times from now on.
+    fn wait_for_wraps(&self, wraps: u64) {
+        let from: Vec<u64> = self.cpus.iter().map(|&c| self.model.units(c)).collect();
+        until("the counters wrap", || {
+            self.cpus
+                .iter()
+                .zip(&from)
+                .all(|(&c, &f)| self.model.units(c) / UNITS_PER_WRAP >= f / UNITS_PER_WRAP + wraps)
+        });
+    }
+
+    /// Waits until the broker has read every core again (a poll after whatever happened).
+    fn wait_for_a_poll(&self) {
+        let before: Vec<usize> = self.cpus.iter().map(|&c| self.model.readings(c).len()).collect();
+        until("a poll", || {
+            self.cpus.iter().zip(&before).all(|(&c, &n)| self.model.readings(c).len() > n)
+        });
+    }
+
+    /// Freezes the fake's counters and checks the broker's count of every core against the
+    /// exact energy since its first reading: not one wrap lost, nothing reset.
+    fn check_exact(&self) {
+        self.model.freeze();
+        let counts = self.broker.client().energy();
+        for (&cpu, &count) in self.cpus.iter().zip(&counts) {
+            let readings = self.model.readings(cpu);
+            let exact = self.model.units(cpu) - readings[0];
+            assert!(exact >= 2 * UNITS_PER_WRAP, "cpu {cpu}: only {exact} units");
+            assert_eq!(
+                count,
+                exact,
+                "cpu {cpu}: {} wraps lost\n{}",
+                (exact as i128 - count as i128) / i128::from(UNITS_PER_WRAP),
+                self.broker.log()
+            );
+        }
+        let log = self.broker.log();
+        assert!(!log.contains("panicked"), "{log}");
+        assert!(!log.contains("restarted"), "{log}");
+    }
+}
+
+#[test]
+fn a_stopped_and_continued_broker_loses_no_msr_wrap() {
+    let rig = WrapRig::start();
+    rig.wait_for_wraps(1);
+    rig.broker.signal(Signal::STOP);
+    until("the broker is stopped", || state(rig.broker.proc.pid()) == 'T');
+    std::thread::sleep(Duration::from_millis(200));
+    rig.broker.signal(Signal::CONT);
+    rig.wait_for_wraps(2);
+    rig.check_exact();
+}
+
+/// A child of the cgroup v2 hierarchy holding one process, removed on drop.
+struct FrozenCgroup {
+    dir: PathBuf,
+    pid: u32,
+}
+
+impl FrozenCgroup {
+    /// The cgroup v2 mount: `/sys/fs/cgroup` on a unified system, else its hybrid mount.
+    fn mount() -> PathBuf {
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+        mounts
+            .lines()
+            .map(|l| l.split(' ').collect::<Vec<_>>())
+            .find(|f| f.len() > 2 && f[2] == "cgroup2")
+            .map(|f| PathBuf::from(f[1]))
+            .expect("a cgroup v2 hierarchy is mounted")
+    }
+
+    fn new(pid: u32) -> FrozenCgroup {
+        let dir = Self::mount().join(format!("amd-hsmp-e2e-{}-{pid}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("cgroup.procs"), pid.to_string()).unwrap();
+        FrozenCgroup { dir, pid }
+    }
+
+    fn set_frozen(&self, frozen: bool) {
+        std::fs::write(self.dir.join("cgroup.freeze"), if frozen { "1" } else { "0" }).unwrap();
+        let want = if frozen { "frozen 1" } else { "frozen 0" };
+        until(want, || {
+            std::fs::read_to_string(self.dir.join("cgroup.events")).unwrap().contains(want)
+        });
+    }
+}
+
+impl Drop for FrozenCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.dir.join("cgroup.freeze"), "0");
+        let parent = Self::mount().join("cgroup.procs");
+        let _ = std::fs::write(parent, self.pid.to_string());
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+#[test]
+fn a_frozen_and_thawed_broker_loses_no_msr_wrap() {
+    let rig = WrapRig::start();
+    let cgroup = FrozenCgroup::new(rig.broker.proc.pid());
+    rig.wait_for_wraps(1);
+    cgroup.set_frozen(true);
+    std::thread::sleep(Duration::from_millis(200));
+    cgroup.set_frozen(false);
+    rig.wait_for_wraps(2);
+    rig.check_exact();
+}
+
+/// The tracer of every thread of `pid` (0: none), or `None` while they differ.
+fn tracer(pid: u32) -> Option<u32> {
+    let mut tracers = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .map(|t| {
+            let status = std::fs::read_to_string(t.unwrap().path().join("status")).unwrap();
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("TracerPid:"))
+                .and_then(|v| v.trim().parse::<u32>().ok())
+                .unwrap_or(0)
+        })
+        .collect::<Vec<_>>();
+    tracers.dedup();
+    (tracers.len() == 1).then(|| tracers[0])
+}
+
+#[test]
+fn a_ptrace_attach_and_detach_loses_no_msr_wrap() {
+    let rig = WrapRig::start();
+    let pid = rig.broker.proc.pid();
+    rig.wait_for_wraps(1);
+    let mut strace = Command::new("strace")
+        .args(["-f", "-qq", "-o", "/dev/null", "-p", &pid.to_string()])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("strace is installed (cargo xtask deps)");
+    until("strace has attached to every thread", || tracer(pid) == Some(strace.id()));
+    rig.wait_for_a_poll();
+    // strace detaches from every thread on SIGTERM.
+    rustix::process::kill_process(Pid::from_raw(strace.id() as i32).unwrap(), Signal::TERM)
+        .unwrap();
+    strace.wait().unwrap();
+    until("strace has detached", || tracer(pid) == Some(0));
+    rig.wait_for_wraps(2);
+    rig.check_exact();
+}
+
+#[test]
+fn a_broker_stopped_longer_than_a_wrap_restarts_the_count_and_counts_the_reset() {
+    let rig = WrapRig::start();
+    rig.wait_for_wraps(1);
+    let before = rig.broker.client().energy();
+    rig.broker.signal(Signal::STOP);
+    until("the broker is stopped", || state(rig.broker.proc.pid()) == 'T');
+    // Longer than the broker's 1.28 s window: a wrap may have been missed.
+    std::thread::sleep(Duration::from_millis(2000));
+    let seen: Vec<usize> = rig.cpus.iter().map(|&c| rig.model.readings(c).len()).collect();
+    rig.broker.signal(Signal::CONT);
+    rig.wait_for_a_poll();
+    rig.model.freeze();
+    let after = rig.broker.client().energy();
+    for (i, &cpu) in rig.cpus.iter().enumerate() {
+        assert!(after[i] < before[i], "cpu {cpu}: {} then {}: no reset", before[i], after[i]);
+        // The count restarted at a reading after the stop (or the one in flight when it came)
+        // and is exact from there: reset, never silently short.
+        let readings = rig.model.readings(cpu);
+        let frozen = rig.model.units(cpu);
+        assert!(
+            readings[seen[i].saturating_sub(1)..].iter().any(|&r| frozen - r == after[i]),
+            "cpu {cpu}: {} is not the energy since any reading after the stop",
+            after[i]
+        );
+    }
+    let log = rig.broker.log();
+    assert!(!log.contains("panicked"), "{log}");
+    let lines = log.matches("energy counters restarted").count();
+    assert!((1..=2).contains(&lines), "logged once per event, not per core: {lines}\n{log}");
+}

@@ -1,0 +1,163 @@
+//! The exporter binary end to end, on the e2e harness (so the broker it talks to is always
+//! built from the current tree): `amd-hsmp-broker --simulate turin-2p` on a temporary socket
+//! and `amd-hsmp-exporter` on a free loopback port, scraped over HTTP; flags, exit codes,
+//! signals and the file-descriptor limit check.
+
+use amd_hsmp_e2e::harness::{self, Exposition, Proc, Response};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+const PROMETHEUS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+const TEXT_004: &str = "text/plain; version=0.0.4; charset=utf-8";
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+fn broker(dir: &Path, socket: &Path, run: u32) -> Proc {
+    harness::start_simulated_broker("turin-2p", socket, &[], dir.join(format!("broker-{run}.log")))
+        .unwrap()
+}
+
+fn exporter(dir: &Path, socket: &Path, flags: &[&str]) -> (Proc, SocketAddr) {
+    let flags: Vec<String> = flags.iter().map(|f| f.to_string()).collect();
+    harness::start_exporter(socket, &flags, None, dir).unwrap()
+}
+
+fn scrape(addr: SocketAddr, accept: Option<&str>) -> (Response, Exposition) {
+    let headers: Vec<(&str, &str)> = accept.map(|a| ("Accept", a)).into_iter().collect();
+    let response = harness::http_get(addr, "/metrics", &headers, TIMEOUT).unwrap();
+    assert_eq!(response.status, 200, "{}", response.body);
+    let parsed = Exposition::parse(&response.body).unwrap();
+    (response, parsed)
+}
+
+#[test]
+fn real_broker_and_exporter_serve_turin_2p_and_survive_a_broker_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("broker.sock");
+    let mut broker1 = broker(dir.path(), &socket, 1);
+    let (mut exporter, addr) = exporter(dir.path(), &socket, &[]);
+
+    // Healthy, text format.
+    let (response, m) = scrape(addr, None);
+    assert_eq!(response.header("content-type"), Some(TEXT_004));
+    assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 384, "{}", exporter.log());
+    assert_eq!(m.count("amd_hsmp_core_boost_limit_hertz"), 384);
+    assert_eq!(m.count("amd_hsmp_prochot_active"), 2);
+    assert_eq!(m.value("amd_hsmp_up"), Some(1.0));
+    assert_eq!(m.value("amd_hsmp_broker_up"), Some(1.0));
+    assert_eq!(m.value(r#"amd_hsmp_simulated_info{profile="turin-2p"}"#), Some(1.0));
+    for collector in ["hsmp", "core-energy", "boost-limit", "prochot", "scrape", "broker"] {
+        assert_eq!(m.errors(collector), 0.0, "{collector}\n{}", exporter.log());
+    }
+
+    // Healthy, OpenMetrics.
+    let (response, m) = scrape(addr, Some(PROMETHEUS_ACCEPT));
+    assert_eq!(response.header("content-type"), Some(OPENMETRICS));
+    assert!(response.body.ends_with("# EOF\n"));
+    assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 384);
+    assert_eq!(m.count("amd_hsmp_core_boost_limit_hertz"), 384);
+
+    // Broker killed: still 200, meta metrics only.
+    broker1.kill();
+    let (_, m) = scrape(addr, None);
+    assert_eq!(m.value("amd_hsmp_broker_up"), Some(0.0), "{}", m.text);
+    assert_eq!(m.value("amd_hsmp_up"), Some(0.0));
+    assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 0);
+    assert_eq!(m.count("amd_hsmp_prochot_active"), 0);
+    assert!(m.errors("broker") >= 1.0);
+    exporter.check_running().unwrap();
+
+    // Broker back: the same exporter reconnects on the next scrape.
+    let _broker2 = broker(dir.path(), &socket, 2);
+    let (_, m) = scrape(addr, None);
+    assert_eq!(m.value("amd_hsmp_broker_up"), Some(1.0), "{}", exporter.log());
+    assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 384);
+    assert_eq!(m.value("amd_hsmp_up"), Some(1.0));
+    exporter.check_running().unwrap();
+
+    assert_eq!(harness::http_get(addr, "/nothing-here", &[], TIMEOUT).unwrap().status, 404);
+    exporter.signal(libc::SIGTERM).unwrap();
+    let status = exporter.wait_exit(Duration::from_secs(10)).unwrap();
+    assert!(status.success(), "exit after SIGTERM: {status:?}\n{}", exporter.log());
+}
+
+#[test]
+fn exporter_without_broker_serves_and_unknown_flags_exit_2() {
+    let exe = &harness::binaries().unwrap().exporter;
+    let bad = Command::new(exe).arg("--collector.nonexistent").output().unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--collector.nonexistent"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-broker.sock");
+    let (mut exporter, addr) = exporter(dir.path(), &missing, &["--no-collector.prochot"]);
+    let (_, m) = scrape(addr, None);
+    assert_eq!(m.value("amd_hsmp_broker_up"), Some(0.0));
+    assert_eq!(m.errors("broker"), 1.0);
+    exporter.check_running().unwrap();
+    assert!(exporter.log().contains("broker unreachable"), "{}", exporter.log());
+}
+
+#[test]
+fn sighup_sigusr1_and_sigusr2_do_not_end_the_exporter() {
+    // Regression: their default action ended the process, which systemd counts as clean.
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("broker.sock");
+    let _broker = broker(dir.path(), &socket, 1);
+    let (mut exporter, addr) = exporter(dir.path(), &socket, &[]);
+    for signal in [libc::SIGHUP, libc::SIGUSR1, libc::SIGUSR2, libc::SIGHUP] {
+        exporter.signal(signal).unwrap();
+        // The scrape after each signal is the gate: it is answered only once the signal has
+        // been delivered to a process that is still running.
+        let (_, m) = scrape(addr, None);
+        assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 384);
+        exporter.check_running().unwrap();
+    }
+    // The log lines are written by the signal task: wait for them.
+    let until = std::time::Instant::now() + TIMEOUT;
+    while exporter.log().matches("signal ignored").count() < 3 {
+        assert!(std::time::Instant::now() < until, "not logged:\n{}", exporter.log());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    exporter.check_running().unwrap();
+    let log = exporter.log();
+    for name in ["SIGHUP", "SIGUSR1", "SIGUSR2"] {
+        assert!(log.contains(name), "{name} not logged:\n{log}");
+    }
+}
+
+#[test]
+fn max_connections_beyond_the_fd_limit_refuses_to_start_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = &harness::binaries().unwrap().exporter;
+    let args: Vec<String> = ["--web.listen-address", "127.0.0.1:0", "--web.max-connections", "500"]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    let mut exporter = Proc::spawn_with_fd_limit(
+        "amd-hsmp-exporter",
+        exe,
+        &args,
+        dir.path().join("exporter.log"),
+        Some(256),
+    )
+    .unwrap();
+    let status = exporter.wait_exit(TIMEOUT).unwrap();
+    assert_eq!(status.code(), Some(1), "{}", exporter.log());
+    let log = exporter.log();
+    assert!(log.contains("--web.max-connections 500 does not fit RLIMIT_NOFILE (256)"), "{log}");
+    assert!(log.contains("at most 192"), "{log}");
+}
+
+#[test]
+fn default_max_connections_is_lowered_to_fit_the_fd_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("broker.sock");
+    let flags: Vec<String> = Vec::new();
+    let (exporter, _) = harness::start_exporter(&socket, &flags, Some(256), dir.path()).unwrap();
+    let log = exporter.log();
+    assert!(log.contains("lowered from 512 to 192 to fit RLIMIT_NOFILE (256)"), "{log}");
+    assert!(log.contains("max_connections=192"), "{log}");
+}

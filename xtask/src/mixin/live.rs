@@ -1,0 +1,323 @@
+//! The live half of the mixin check (`cargo xtask mixin --live`, and `cargo xtask test`): a real
+//! Prometheus loads the mixin's rules and scrapes the real exporter and broker on the simulated
+//! Turin 2P; every dashboard query must return data, the recording rules must produce the
+//! per-socket and per-node series, and AmdHsmpSimulated must fire. Then the set-up is broken
+//! step by step (broker stopped, a machine without HSMP, a broker restart with the MSR energy
+//! source, exporter stopped) and each alert that must fire is waited for.
+
+use super::{Query, Values, dashboard_queries, load_dashboards};
+use anyhow::{Context, Result, bail, ensure};
+use serde_json::{Value, json};
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The simulated machine.
+const PROFILE: &str = "turin-2p";
+/// Scrape and rule evaluation interval: short, so that rates exist after a few seconds.
+const INTERVAL: &str = "2s";
+/// How long the rules and the first alert may take to appear.
+const READY_WITHIN: Duration = Duration::from_secs(90);
+/// How long each later alert may take to fire.
+const ALERT_WITHIN: Duration = Duration::from_secs(60);
+/// Dashboard panels whose queries may be empty on a healthy simulated machine, with why.
+const MAY_BE_EMPTY: &[(&str, &str)] =
+    &[("Sockets with the most PROCHOT", "lists only sockets that had PROCHOT in the last hour")];
+
+/// A child process killed when dropped, so that an early error leaves nothing running.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Alert settings for the live run: the shipped expressions, without their `for:` durations and
+/// with a short reset window, so that each alert fires within a few evaluations.
+const FAST_ALERTS: &str = "exporterDownFor: '0s', brokerDownFor: '0s', deviceDownFor: '0s', \
+     scrapeErrorsFor: '0s', energyResetWindow: '2m'";
+
+/// The broker, restartable with another profile on the same socket path.
+struct Broker<'a> {
+    bin: &'a Path,
+    socket: PathBuf,
+    work: &'a Path,
+    uid: String,
+}
+
+impl Broker<'_> {
+    /// Starts a broker on `profile` (plus `flags`) and waits for its socket.
+    fn start(&self, profile: &str, flags: &[&str], log: &str) -> Result<Running> {
+        let _ = fs::remove_file(&self.socket);
+        let running = spawn(
+            Command::new(self.bin.join("amd-hsmp-broker"))
+                .args(["--simulate", profile, "--allow-uid", &self.uid])
+                .args(flags)
+                .arg("--listen")
+                .arg(&self.socket),
+            &self.work.join(log),
+        )?;
+        wait_for(Duration::from_secs(20), "the broker's socket", || Ok(self.socket.exists()))
+            .with_context(|| format!("see {}", self.work.join(log).display()))?;
+        Ok(running)
+    }
+}
+
+/// Starts broker, exporter and Prometheus in `work`, waits for the rules, runs every dashboard
+/// query, then breaks the set-up step by step and waits for each alert that should fire. `bin`
+/// holds the two binaries.
+pub fn check(dir: &Path, work: &Path, bin: &Path) -> Result<String> {
+    let work = work.join("live");
+    fs::create_dir_all(&work).with_context(|| format!("cannot create {}", work.display()))?;
+    let broker = Broker {
+        bin,
+        socket: work.join("broker.sock"),
+        work: &work,
+        uid: rustix::process::getuid().as_raw().to_string(),
+    };
+    let mut running_broker = broker.start(PROFILE, &[], "broker-turin-2p.log")?;
+    let exporter_port = free_port()?;
+    let target = format!("127.0.0.1:{exporter_port}");
+    let exporter = spawn(
+        Command::new(bin.join("amd-hsmp-exporter"))
+            .args(["--web.listen-address", &target, "--broker.socket"])
+            .arg(&broker.socket),
+        &work.join("exporter.log"),
+    )?;
+    let alerts = super::eval_json(
+        dir,
+        &format!(
+            "((import 'mixin.libsonnet') + {{ _config+:: {{ {FAST_ALERTS} }} }}).prometheusAlerts"
+        ),
+    )?;
+    let alerts_file = work.join("alerts.yaml");
+    fs::write(&alerts_file, alerts.to_string())?;
+    let prometheus_port = free_port()?;
+    let config = json!({
+        "global": {"scrape_interval": INTERVAL, "scrape_timeout": INTERVAL, "evaluation_interval": INTERVAL},
+        "rule_files": [dir.join("prometheus_rules.yaml"), alerts_file],
+        "scrape_configs": [{"job_name": "amd_hsmp", "static_configs": [{"targets": [target]}]}],
+    });
+    let config_file = work.join("prometheus.yml");
+    fs::write(&config_file, serde_json::to_string_pretty(&config)?)?;
+    let _prometheus = spawn(
+        Command::new("prometheus")
+            .arg(format!("--config.file={}", config_file.display()))
+            .arg(format!("--storage.tsdb.path={}", work.join("data").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{prometheus_port}")),
+        &work.join("prometheus.log"),
+    )?;
+    let prometheus = Prometheus(prometheus_port);
+    let logs = || format!("logs in {}", work.display());
+
+    let started = Instant::now();
+    let ready = wait_for(READY_WITHIN, "the recording rules and AmdHsmpSimulated", || {
+        Ok(prometheus.has("instance:amd_hsmp_power_watts:sum_rate5m")
+            && prometheus.firing("AmdHsmpSimulated", ""))
+    });
+    if let Err(e) = ready {
+        let up = prometheus.query("up").map(|r| Value::Array(r).to_string()).unwrap_or_default();
+        let broker_up = prometheus
+            .query("amd_hsmp_broker_up")
+            .map(|r| Value::Array(r).to_string())
+            .unwrap_or_default();
+        bail!(
+            "{e:#}; up: {up}; amd_hsmp_broker_up: {broker_up} (a broker that refuses this uid \
+             gives 0); {}",
+            logs()
+        );
+    }
+    let warm = started.elapsed();
+
+    let values: Values<'_> = &[
+        ("__rate_interval", "1m"),
+        ("__interval", INTERVAL),
+        ("__range", "1h"),
+        ("instance", &target),
+        ("socket", "0"),
+    ];
+    let mut queries: Vec<Query> = Vec::new();
+    for (file, dashboard) in load_dashboards(dir)? {
+        queries.extend(dashboard_queries(&file, &dashboard, values)?);
+    }
+    let mut empty = Vec::new();
+    for q in &queries {
+        let result =
+            prometheus.query(&q.expr).with_context(|| format!("{}: {}", q.place, q.expr))?;
+        if result.is_empty()
+            && !MAY_BE_EMPTY.iter().any(|(title, _)| q.place.contains(&format!("{title:?}")))
+        {
+            empty.push(format!("{}: {}", q.place, q.expr));
+        }
+    }
+    ensure!(
+        empty.is_empty(),
+        "dashboard queries without data against the simulated {PROFILE}:\n{}\n{}",
+        empty.join("\n"),
+        logs()
+    );
+    // On the healthy machine nothing but the simulation is reported.
+    let firing: Vec<String> = prometheus
+        .query(r#"ALERTS{alertstate="firing"}"#)?
+        .iter()
+        .filter_map(|a| a["metric"]["alertname"].as_str().map(str::to_owned))
+        .collect();
+    ensure!(
+        firing.iter().all(|a| a == "AmdHsmpSimulated"),
+        "alerts firing on the healthy simulated {PROFILE}: {firing:?}; {}",
+        logs()
+    );
+
+    // Each step breaks something and waits for the alerts it must fire.
+    let mut seen = vec!["AmdHsmpSimulated"];
+    let mut expect = |what: &str, alerts: &[(&'static str, &str)]| -> Result<()> {
+        for (alert, matchers) in alerts {
+            wait_for(ALERT_WITHIN, &format!("{alert} to fire after {what}"), || {
+                Ok(prometheus.firing(alert, matchers))
+            })
+            .with_context(logs)?;
+            seen.push(alert);
+        }
+        Ok(())
+    };
+    drop(running_broker);
+    expect(
+        "stopping the broker",
+        &[("AmdHsmpBrokerDown", ""), ("AmdHsmpScrapeErrors", r#"collector="broker""#)],
+    )?;
+    running_broker = broker.start("rome-1p", &[], "broker-rome-1p.log")?;
+    expect("a broker on a machine without HSMP", &[("AmdHsmpDeviceDown", "")])?;
+    drop(running_broker);
+    let msr = ["--collector.core-energy.msr-fallback"];
+    running_broker = broker.start("genoa-2p", &msr, "broker-genoa-2p.log")?;
+    wait_for(ALERT_WITHIN, "two scrapes of MSR energy", || {
+        Ok(prometheus.has("count_over_time(amd_hsmp_core_energy_joules_total[1m]) >= 2"))
+    })
+    .with_context(logs)?;
+    drop(running_broker);
+    running_broker = broker.start("genoa-2p", &msr, "broker-genoa-2p-restarted.log")?;
+    expect("restarting a broker with the MSR source", &[("AmdHsmpEnergyCounterReset", "")])?;
+    drop(exporter);
+    expect("stopping the exporter", &[("AmdHsmpExporterDown", "")])?;
+    drop(running_broker);
+
+    Ok(format!(
+        "rules ready after {:.0} s; {} dashboard queries return data; seen firing: {}",
+        warm.as_secs_f64(),
+        queries.len(),
+        seen.join(", ")
+    ))
+}
+
+/// The HTTP API of the Prometheus on this port of 127.0.0.1.
+struct Prometheus(u16);
+
+impl Prometheus {
+    /// Whether the instant query returns anything (false while Prometheus is not up yet).
+    fn has(&self, expr: &str) -> bool {
+        self.query(expr).is_ok_and(|r| !r.is_empty())
+    }
+
+    /// Whether the alert fires now, on series matching `matchers` (e.g. `collector="broker"`).
+    fn firing(&self, alert: &str, matchers: &str) -> bool {
+        let sep = if matchers.is_empty() { "" } else { "," };
+        self.has(&format!(r#"ALERTS{{alertname="{alert}",alertstate="firing"{sep}{matchers}}}"#))
+    }
+
+    /// The result vector of an instant query now.
+    fn query(&self, expr: &str) -> Result<Vec<Value>> {
+        let body = http_get(self.0, &format!("/api/v1/query?query={}", percent_encode(expr)))?;
+        let reply: Value = serde_json::from_str(&body).context("the query API answered no JSON")?;
+        ensure!(reply["status"] == "success", "query failed: {body}");
+        match &reply["data"]["result"] {
+            Value::Array(series) => Ok(series.clone()),
+            // A scalar or string result (e.g. `vector(0)` is a vector; `1` would be a scalar).
+            other => Ok(vec![other.clone()]),
+        }
+    }
+}
+
+/// GET over HTTP/1.0 (the server closes the connection after the reply); the body of a 200.
+fn http_get(port: u16, path: &str) -> Result<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n")?;
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply)?;
+    let (head, body) = reply.split_once("\r\n\r\n").context("no end of the HTTP header")?;
+    let status = head.split_whitespace().nth(1).unwrap_or_default();
+    ensure!(status == "200", "GET {path}: HTTP {status}: {body}");
+    Ok(body.to_owned())
+}
+
+/// Percent-encodes everything but the unreserved characters of RFC 3986.
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A port of 127.0.0.1 that was free a moment ago.
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Starts a command with its output in `log`.
+fn spawn(cmd: &mut Command, log: &Path) -> Result<Running> {
+    let out = File::create(log).with_context(|| format!("cannot create {}", log.display()))?;
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()
+        .with_context(|| format!("cannot start {:?}", cmd.get_program()))?;
+    Ok(Running(child))
+}
+
+/// Polls `ready` every 200 ms until it is true; past `within` an error naming `what`.
+fn wait_for(within: Duration, what: &str, mut ready: impl FnMut() -> Result<bool>) -> Result<()> {
+    let started = Instant::now();
+    while !ready()? {
+        ensure!(
+            started.elapsed() < within,
+            "timed out after {} s waiting for {what}",
+            within.as_secs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_are_percent_encoded() {
+        assert_eq!(percent_encode(r#"up{job="a b"}[5m]"#), "up%7Bjob%3D%22a%20b%22%7D%5B5m%5D");
+    }
+
+    #[test]
+    fn the_panels_that_may_be_empty_exist() {
+        let dir = crate::root().join("mixin");
+        let titles: Vec<String> = load_dashboards(&dir)
+            .unwrap()
+            .iter()
+            .flat_map(|(_, d)| d["panels"].as_array().cloned().unwrap_or_default())
+            .filter_map(|p| p["title"].as_str().map(str::to_owned))
+            .collect();
+        for (title, _) in MAY_BE_EMPTY {
+            assert!(titles.iter().any(|t| t == title), "{title} is not a panel");
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! `cargo xtask vm-test`: the real `amd_hsmp` driver in a QEMU (TCG) guest whose SMU mailbox
+//! is answered on the host by the project's simulator, with the project's `.deb` installed in
+//! the guest and run by real systemd; then the checks of [`checks`].
+//!
+//! Usage: `cargo xtask vm-test [--cache-dir DIR]`; the cache defaults to
+//! `$AMD_HSMP_VM_CACHE`, else `$XDG_CACHE_HOME/amd-hsmp-exporter/vm`, else
+//! `~/.cache/amd-hsmp-exporter/vm`. Needs root (debootstrap, chroot, mount) on Debian 12.
+
+mod checks;
+mod guest;
+mod mailbox;
+mod prepare;
+mod responder;
+mod sim;
+
+use anyhow::{Context, Result, bail};
+use prepare::Cache;
+use responder::{GuestTopology, Responder};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Sockets of the guest (one core each): two ACPI devices, one `/dev/hsmp`.
+const SOCKETS: u32 = 2;
+/// How long the guest may take from QEMU's start to its agent's `READY`.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(240);
+
+/// A file of the checkout, as text.
+pub fn repo_file(rel: &str) -> Result<String> {
+    let path = crate::root().join(rel);
+    fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))
+}
+
+/// The cache directory from the flag, the environment or the default.
+fn cache_dir(args: &[String]) -> Result<PathBuf> {
+    match args {
+        [] => {}
+        [flag, dir] if flag == "--cache-dir" => return Ok(PathBuf::from(dir)),
+        [flag] if flag.starts_with("--cache-dir=") => {
+            return Ok(PathBuf::from(&flag["--cache-dir=".len()..]));
+        }
+        other => bail!("unknown vm-test arguments {other:?} (usage: vm-test [--cache-dir DIR])"),
+    }
+    if let Some(dir) = std::env::var_os("AMD_HSMP_VM_CACHE") {
+        return Ok(PathBuf::from(dir));
+    }
+    let base = match std::env::var_os("XDG_CACHE_HOME") {
+        Some(xdg) => PathBuf::from(xdg),
+        None => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?).join(".cache"),
+    };
+    Ok(base.join("amd-hsmp-exporter/vm"))
+}
+
+/// Steps with their timings, printed as they run and summed up at the end.
+#[derive(Debug, Default)]
+struct Steps {
+    done: Vec<(String, Duration, String)>,
+}
+
+impl Steps {
+    fn run<T>(&mut self, name: &str, f: impl FnOnce() -> Result<(T, String)>) -> Result<T> {
+        eprintln!("vm-test: {name} ...");
+        let started = Instant::now();
+        let (value, detail) = f().with_context(|| format!("step \"{name}\" failed"))?;
+        let took = started.elapsed();
+        eprintln!("vm-test: {name}: {detail} ({:.1} s)", took.as_secs_f64());
+        self.done.push((name.to_string(), took, detail));
+        Ok(value)
+    }
+
+    fn summary(&self) -> String {
+        let mut out = String::from("step timings:\n");
+        for (name, took, detail) in &self.done {
+            let state = if detail.contains("cached") { "cached" } else { "ran" };
+            out.push_str(&format!("  {:>7.1} s  {state:<6}  {name}\n", took.as_secs_f64()));
+        }
+        let total: Duration = self.done.iter().map(|(_, t, _)| *t).sum();
+        out.push_str(&format!("  {:>7.1} s  total\n", total.as_secs_f64()));
+        out
+    }
+}
+
+fn cached_word(cached: bool) -> &'static str {
+    if cached { "cached" } else { "built" }
+}
+
+/// Runs the whole VM test.
+pub fn run(args: &[String]) -> Result<()> {
+    let cache = Cache { dir: cache_dir(args)? };
+    fs::create_dir_all(&cache.dir)
+        .with_context(|| format!("cannot create the cache {}", cache.dir.display()))?;
+    let _lock = lock(&cache.dir)?;
+    remove_stale_ram();
+    let run_dir = cache.dir.join("run");
+    if run_dir.exists() {
+        fs::remove_dir_all(&run_dir)
+            .with_context(|| format!("cannot empty {}", run_dir.display()))?;
+    }
+    let logs = cache.dir.join("logs");
+    if logs.exists() {
+        fs::remove_dir_all(&logs)?;
+    }
+    fs::create_dir_all(&run_dir)?;
+    eprintln!("vm-test: cache {} (logs in {})", cache.dir.display(), logs.display());
+    let mut steps = Steps::default();
+
+    steps.run("host tools", || Ok(((), prepare::host_tools(&cache)?)))?;
+    let choice = steps.run("kernel version", || {
+        let c = prepare::choose_kernel(&cache)?;
+        let detail = format!("linux {} ({}) from trixie-backports", c.abi, c.version);
+        Ok((c, detail))
+    })?;
+    let chroot = steps.run("build chroot (trixie buildd)", || {
+        let (root, cached) = prepare::build_chroot(&cache)?;
+        Ok((
+            root,
+            format!("{} {}", root_display(&cache.dir.join("build-chroot")), cached_word(cached)),
+        ))
+    })?;
+    let kernel = steps.run("kernel and amd_hsmp modules", || {
+        let (k, cached) = prepare::kernel(&cache, &chroot, &choice)?;
+        Ok((k, format!("hsmp_common.ko, hsmp_acpi.ko for {} {}", choice.abi, cached_word(cached))))
+    })?;
+    let deb = steps.run("project .deb", || {
+        let deb = prepare::deb(&cache)?;
+        let detail = format!("{} built", root_display(&deb));
+        Ok((deb, detail))
+    })?;
+    let rootfs = steps.run("guest root (bookworm, systemd)", || {
+        let depends = prepare::deb_depends(&deb)?;
+        let (cpio, cached) = prepare::rootfs(&cache, &kernel, &depends)?;
+        let size = fs::metadata(&cpio)?.len() >> 20;
+        Ok((cpio, format!("{size} MiB initramfs {}", cached_word(cached))))
+    })?;
+    let initrd = steps.run("initramfs with the package and the agent", || {
+        let initrd = overlay(&cache, &run_dir, &rootfs, &deb)?;
+        Ok((initrd, "built".to_string()))
+    })?;
+    let ssdts = steps.run("SSDT (one AMDI0097 device per socket)", || {
+        let ssdts = guest::ssdts(&run_dir, SOCKETS, &cache.log("iasl"))?;
+        Ok((ssdts, format!("{SOCKETS} tables compiled")))
+    })?;
+
+    let ram = guest::RamFile(PathBuf::from(format!("/dev/shm/amd-hsmp-vm-{}", std::process::id())));
+    let topology = GuestTopology { sockets: SOCKETS, cores: 1 };
+    let responder = steps.run("SMU responder", || {
+        ram.create()?;
+        let responder = Responder::start(&ram.0, topology, 7)?;
+        let fw = responder.machine();
+        // Values the checks recognise: distinct boost limits, PROCHOT on socket 1.
+        fw.firmware().set_boost_limit(0, 0, 3100)?;
+        fw.firmware().set_boost_limit(1, 0, 3300)?;
+        fw.firmware().set_prochot(1, true)?;
+        Ok((responder, format!("{SOCKETS} mailboxes in {}, protocol 7", ram.0.display())))
+    })?;
+    let spec = guest::BootSpec {
+        kernel: kernel.dir.join("vmlinuz"),
+        initrd,
+        ssdts,
+        sockets: SOCKETS,
+        ram: ram.0.clone(),
+        run: run_dir.clone(),
+    };
+    let mut vm = steps.run("boot (TCG) to the agent", || {
+        let vm = guest::Vm::boot(&spec, BOOT_TIMEOUT)?;
+        Ok((vm, format!("console in {}", run_dir.join("console.log").display())))
+    })?;
+    let verdicts = steps.run("checks", || {
+        let verdicts = checks::run_all(&mut vm, &responder, &mut |v| {
+            eprintln!(
+                "vm-test: check {} {}: {}",
+                v.id,
+                if v.pass { "PASS" } else { "FAIL" },
+                v.name
+            );
+            for line in v.detail.lines() {
+                eprintln!("vm-test:     {line}");
+            }
+        });
+        match verdicts {
+            Ok(v) => {
+                let passed = v.iter().filter(|v| v.pass).count();
+                let detail = format!("{passed} of {} passed", v.len());
+                Ok((v, detail))
+            }
+            Err(e) => Err(e.context(format!("guest console:\n{}", vm.console_tail(30)))),
+        }
+    })?;
+    steps.run("power off", || {
+        vm.power_off(Duration::from_secs(60))?;
+        Ok(((), "guest stopped".to_string()))
+    })?;
+    drop(responder);
+    drop(ram);
+
+    let summary = steps.summary();
+    eprint!("vm-test: {summary}");
+    let mut table = String::from("checks:\n");
+    for v in &verdicts {
+        table.push_str(&format!(
+            "  {:<3} {}  {}\n",
+            v.id,
+            if v.pass { "PASS" } else { "FAIL" },
+            v.name
+        ));
+    }
+    eprint!("vm-test: {table}");
+    fs::write(run_dir.join("summary.txt"), format!("{summary}{table}"))?;
+    let failed: Vec<&str> = verdicts.iter().filter(|v| !v.pass).map(|v| v.id.as_str()).collect();
+    let passed = verdicts.len() - failed.len();
+    println!("vm-test: {passed} passed, {} failed", failed.len());
+    if !failed.is_empty() {
+        bail!("VM checks failed: {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+/// Holds an exclusive lock on the cache for the whole run: two runs would share `run/`.
+fn lock(dir: &Path) -> Result<fs::File> {
+    let file = fs::File::create(dir.join("lock"))?;
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).map_err(
+        |e| anyhow::anyhow!("another vm-test is using the cache {} ({e})", dir.display()),
+    )?;
+    Ok(file)
+}
+
+/// Removes the guest RAM files of runs whose process is gone (killed before cleaning up).
+fn remove_stale_ram() {
+    let Ok(entries) = fs::read_dir("/dev/shm") else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix("amd-hsmp-vm-")) else {
+            continue;
+        };
+        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+}
+
+fn root_display(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// The per-run initramfs: the cached root, then a second archive with the package, the timing
+/// loop and the agent with its unit enabled.
+fn overlay(cache: &Cache, run: &Path, rootfs: &Path, deb: &Path) -> Result<PathBuf> {
+    use std::os::unix::fs::{PermissionsExt, symlink};
+    let stage = run.join("overlay");
+    let set_mode = |p: &Path, mode: u32| fs::set_permissions(p, fs::Permissions::from_mode(mode));
+    for dir in ["root/vm", "usr/local/sbin", "etc/systemd/system/multi-user.target.wants"] {
+        fs::create_dir_all(stage.join(dir))?;
+    }
+    set_mode(&stage.join("root"), 0o700)?;
+    fs::copy(deb, stage.join("root/vm/amd-hsmp-exporter.deb"))?;
+    fs::write(stage.join("root/vm/hsmp-time.pl"), repo_file("tests/vm/hsmp-time.pl")?)?;
+    let agent = stage.join("usr/local/sbin/vm-agent");
+    fs::write(&agent, repo_file("tests/vm/vm-agent")?)?;
+    set_mode(&agent, 0o755)?;
+    fs::write(
+        stage.join("etc/systemd/system/vm-agent.service"),
+        repo_file("tests/vm/vm-agent.service")?,
+    )?;
+    symlink(
+        "/etc/systemd/system/vm-agent.service",
+        stage.join("etc/systemd/system/multi-user.target.wants/vm-agent.service"),
+    )?;
+    let overlay = run.join("overlay.cpio");
+    prepare::cpio_dir(&stage, &overlay, &cache.log("overlay"))?;
+    let initrd = run.join("initrd.cpio");
+    fs::copy(rootfs, &initrd)?;
+    let mut out = fs::OpenOptions::new().append(true).open(&initrd)?;
+    std::io::copy(&mut fs::File::open(&overlay)?, &mut out)?;
+    Ok(initrd)
+}
