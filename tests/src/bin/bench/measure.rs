@@ -54,9 +54,21 @@ pub fn run(cli: &Cli, bins: &Binaries) -> Result<Report> {
     Ok(Report::new(host(), command_line(), cli.scrapes, fixtures_out, startup))
 }
 
+/// The command that reran this benchmark: its arguments without the `--bin-dir` that
+/// `cargo xtask bench` adds.
 fn command_line() -> String {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    format!("cargo xtask bench {}", args.join(" ")).trim_end().to_owned()
+    let mut args = std::env::args().skip(1);
+    let mut kept = Vec::new();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--bin-dir" => {
+                args.next();
+            }
+            a if a.starts_with("--bin-dir=") => {}
+            _ => kept.push(arg),
+        }
+    }
+    format!("cargo xtask bench {}", kept.join(" ")).trim_end().to_owned()
 }
 
 /// The fake device for `spec`, with static firmware values and no faults.
@@ -116,7 +128,7 @@ impl Rig {
     }
 
     /// Scrapes `addr` as Prometheus does; fails unless the answer is complete and healthy.
-    fn scrape(&mut self, addr: SocketAddr) -> Result<Duration> {
+    fn scrape(&mut self, addr: SocketAddr) -> Result<Scraped> {
         let response = scrape(addr)?;
         self.broker.check_running()?;
         self.exporter.check_running()?;
@@ -129,7 +141,17 @@ impl Rig {
     }
 }
 
-fn scrape(addr: SocketAddr) -> Result<Duration> {
+/// One scrape's times.
+#[derive(Debug, Clone, Copy)]
+struct Scraped {
+    /// From sending the request to the end of the body.
+    wall: Duration,
+    /// The exporter's own `amd_hsmp_scrape_duration_seconds`: the broker request and the
+    /// metric families, without HTTP and the encoding of the body.
+    collect: Duration,
+}
+
+fn scrape(addr: SocketAddr) -> Result<Scraped> {
     let headers = [
         ("Accept", PROMETHEUS_ACCEPT),
         ("X-Prometheus-Scrape-Timeout-Seconds", DEFAULT_SCRAPE_TIMEOUT),
@@ -143,7 +165,14 @@ fn scrape(addr: SocketAddr) -> Result<Duration> {
             bail!("scrape lacks {line:?}:\n{}", response.body);
         }
     }
-    Ok(response.elapsed)
+    let collect = response
+        .body
+        .lines()
+        .find_map(|l| l.strip_prefix("amd_hsmp_scrape_duration_seconds "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .context("scrape lacks amd_hsmp_scrape_duration_seconds")?;
+    Ok(Scraped { wall: response.elapsed, collect: Duration::from_secs_f64(collect) })
 }
 
 /// HSMP messages expected in one steady scrape with every collector on: boost limit and energy
@@ -217,6 +246,8 @@ fn series(rig: &mut Rig, floor: &Floor, scrapes: usize, latency_us: u64) -> Resu
     }
     let (broker0, exporter0) = (cpu_time(rig.broker.pid())?, cpu_time(rig.exporter.pid())?);
     let mut scrape_walls = Vec::with_capacity(scrapes);
+    let mut collects = Vec::with_capacity(scrapes);
+    let mut collect_ratios = Vec::with_capacity(scrapes);
     let mut floor_walls = Vec::with_capacity(scrapes);
     let mut ratios = Vec::with_capacity(scrapes);
     let mut floor_cpu = Duration::ZERO;
@@ -228,7 +259,7 @@ fn series(rig: &mut Rig, floor: &Floor, scrapes: usize, latency_us: u64) -> Resu
     for _ in 0..scrapes {
         let before = rig.messages();
         between += before - mark;
-        let wall = rig.scrape(rig.addr)?;
+        let scraped = rig.scrape(rig.addr)?;
         let sent = rig.device.messages_from(before);
         let counts = count_by_type(&sent);
         identical &= by_type.as_ref().is_none_or(|c| *c == counts);
@@ -241,9 +272,12 @@ fn series(rig: &mut Rig, floor: &Floor, scrapes: usize, latency_us: u64) -> Resu
         between += rig.messages() - after_scrape - sent.len();
         mark = rig.messages();
 
-        scrape_walls.push(wall);
+        let floor_s = run.wall.as_secs_f64().max(1e-9);
+        scrape_walls.push(scraped.wall);
+        collects.push(scraped.collect);
         floor_walls.push(run.wall);
-        ratios.push(wall.as_secs_f64() / run.wall.as_secs_f64().max(1e-9));
+        ratios.push(scraped.wall.as_secs_f64() / floor_s);
+        collect_ratios.push(scraped.collect.as_secs_f64() / floor_s);
         floor_cpu += run.cpu;
     }
     let broker = cpu_time(rig.broker.pid())?.saturating_sub(broker0);
@@ -256,6 +290,8 @@ fn series(rig: &mut Rig, floor: &Floor, scrapes: usize, latency_us: u64) -> Resu
         scrape_ms: Percentiles::of(&scrape_walls),
         floor_ms: Percentiles::of(&floor_walls),
         ratio_median: median(&mut ratios),
+        collect_ms: Percentiles::of(&collects),
+        collect_ratio_median: median(&mut collect_ratios),
         cpu_ms_per_scrape: Cpu {
             broker,
             exporter,
@@ -279,7 +315,7 @@ fn concurrent(rig: &mut Rig, rounds: usize, latency_us: u64) -> Result<Concurren
     let mut answered = 0;
     for _ in 0..rounds {
         let barrier = Barrier::new(2);
-        let results: Vec<Result<Duration>> = std::thread::scope(|s| {
+        let results: Vec<Result<Scraped>> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..2)
                 .map(|_| {
                     s.spawn(|| {

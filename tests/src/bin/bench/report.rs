@@ -88,6 +88,11 @@ pub struct LatencyReport {
     pub floor_ms: Percentiles,
     /// Median of the per-scrape ratios scrape / floor.
     pub ratio_median: f64,
+    /// The exporter's collection time (`amd_hsmp_scrape_duration_seconds`: the broker request
+    /// and the families, without HTTP and encoding), ms.
+    pub collect_ms: Percentiles,
+    /// Median of the per-scrape ratios collection / floor.
+    pub collect_ratio_median: f64,
     /// CPU time per scrape, ms.
     pub cpu_ms_per_scrape: Cpu,
     /// HSMP messages of one scrape, by message.
@@ -327,25 +332,22 @@ fn fixture_table(out: &mut String, f: &FixtureReport) {
     );
     let _ = writeln!(
         out,
-        "  {:>7} {:>8} {:>8} {:>8} {:>8} {:>7} | {:>7} {:>8} {:>7} {:>7} {:>6} | {:>5} {:>7}",
+        "  {:>6} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6} {:>6} | {:>6} {:>6} {:>6} {:>6} {:>5} | {:>4} {:>3}",
         "µs/msg",
-        "p50 ms",
-        "p99 ms",
+        "p50",
+        "p99",
+        "collect",
         "floor50",
         "floor99",
         "ratio",
+        "c/f",
         "broker",
-        "exporter",
+        "export",
         "both",
         "floor",
         "ratio",
         "msgs",
-        "between"
-    );
-    let _ = writeln!(
-        out,
-        "  {:>57} | {:^46} |",
-        "scrape wall time (ratio: median of per-scrape scrape / floor)", "CPU ms per scrape"
+        "btw"
     );
     for s in &f.latencies {
         let c = &s.cpu_ms_per_scrape;
@@ -356,13 +358,15 @@ fn fixture_table(out: &mut String, f: &FixtureReport) {
         };
         let _ = writeln!(
             out,
-            "  {:>7} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>7.3} | {:>7.2} {:>8.2} {:>7.2} {:>7.2} {:>6.2} | {:>5} {:>7}",
+            "  {:>6} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>6.3} {:>6.3} | {:>6.2} {:>6.2} {:>6.2} {:>6.2} {:>5.2} | {:>4} {:>3}",
             s.latency_us,
             s.scrape_ms.p50,
             s.scrape_ms.p99,
+            s.collect_ms.p50,
             s.floor_ms.p50,
             s.floor_ms.p99,
             s.ratio_median,
+            s.collect_ratio_median,
             c.broker,
             c.exporter,
             c.both,
@@ -372,6 +376,13 @@ fn fixture_table(out: &mut String, f: &FixtureReport) {
             s.messages_between
         );
     }
+    let _ = writeln!(
+        out,
+        "  (wall ms: the scrape over HTTP (p50, p99), the exporter's own collection time (p50),\n   \
+         the floor client for the same messages (p50, p99); ratio and c/f: medians of per-scrape\n   \
+         scrape / floor and collection / floor. CPU ms per scrape. msgs: HSMP messages per\n   \
+         scrape; btw: messages between scrapes)"
+    );
     if let Some(s) = f.latencies.last() {
         let by_type: Vec<String> =
             s.messages_per_scrape.iter().map(|(k, v)| format!("{k} {v}")).collect();
