@@ -19,6 +19,7 @@ pub mod scrape;
 pub mod server;
 pub mod tls;
 pub mod web_config;
+pub mod translate;
 
 pub use http::app;
 pub use scrape::{Config, Exporter};
