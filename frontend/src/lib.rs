@@ -18,8 +18,8 @@ pub mod ratelimit;
 pub mod scrape;
 pub mod server;
 pub mod tls;
-pub mod web_config;
 pub mod translate;
+pub mod web_config;
 
 pub use http::app;
 pub use scrape::{Config, Exporter};

@@ -69,7 +69,10 @@ enum Version {
 /// Identity of the TLS files at one moment (device, inode, size, mtime of each), to notice a
 /// rotation without reading them.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Stamps(Vec<Option<(u64, u64, u64, i64, i64)>>);
+pub struct Stamps(Vec<Option<Stamp>>);
+
+/// One file's device, inode, size and modification time (seconds, nanoseconds).
+type Stamp = (u64, u64, u64, i64, i64);
 
 impl TlsFiles {
     /// The PEM sources and settings of `section`, relative paths taken from `dir`; `None` when

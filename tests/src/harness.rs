@@ -455,9 +455,12 @@ fn parse_response(raw: &[u8], elapsed: Duration) -> Result<Response> {
     Ok(Response { status, headers, body, elapsed })
 }
 
+/// Response headers: names lower-cased, in the order received.
+pub type Headers = Vec<(String, String)>;
+
 /// A raw HTTP/1.1 response read to the end: status, headers (names lower-cased) and the body
 /// bytes, decoded from chunked transfer encoding if needed (not from a content encoding).
-pub fn parse_raw_response(raw: &[u8]) -> Result<(u16, Vec<(String, String)>, Vec<u8>)> {
+pub fn parse_raw_response(raw: &[u8]) -> Result<(u16, Headers, Vec<u8>)> {
     let split = raw.windows(4).position(|w| w == b"\r\n\r\n").context("no end of headers")?;
     let head = std::str::from_utf8(&raw[..split]).context("headers are not UTF-8")?;
     let mut lines = head.split("\r\n");
