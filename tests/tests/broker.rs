@@ -17,12 +17,21 @@ use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 /// How long any awaited condition may take.
 const PATIENCE: Duration = Duration::from_secs(20);
+
+/// Held by the tests whose claim rests on the broker keeping time (the MSR wrap window) and by
+/// the one that loads the machine (the squatters' connect loops), so that they run one at a
+/// time and none of them slows another's broker past its wrap window.
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static TIMED: Mutex<()> = Mutex::new(());
+    // A failed test poisons the lock; the next one still runs alone.
+    TIMED.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// Polls `ready` until it holds; panics with `what` after [`PATIENCE`].
 fn until(what: &str, mut ready: impl FnMut() -> bool) {
@@ -506,6 +515,7 @@ impl Drop for Squatters {
 
 #[test]
 fn a_root_squatter_across_a_restart_never_locks_out_the_allowed_exporter_uid() {
+    let _alone = one_at_a_time();
     let flags = ["--allow-uid", "65533"];
     let mut broker = Broker::simulated("milan-1p", &flags);
     broker.open_to_all();
@@ -567,15 +577,17 @@ const BASE_WATTS: f64 = 80.0;
 
 /// A broker reading Rome 1P's energy through the MSR fallback from the fast-wrapping fake.
 struct WrapRig {
-    // Drop order: the broker before the mount it holds open.
+    // Drop order: the broker before the mount it holds open, both before the next timed test.
     broker: Broker,
     _device: FakeDevice,
     model: WrappingEnergy,
     cpus: Vec<u32>,
+    _alone: MutexGuard<'static, ()>,
 }
 
 impl WrapRig {
     fn start() -> WrapRig {
+        let alone = one_at_a_time();
         let spec = fixtures::machine("rome-1p").unwrap();
         let cpus: Vec<u32> = spec.cpus().iter().filter(|c| c.online).map(|c| c.cpu).collect();
         let model = WrappingEnergy::new(ESU, BASE_WATTS);
@@ -597,7 +609,7 @@ impl WrapRig {
         args.push("100ms".into());
         let broker = Broker::spawn_with(&[], &args, tempfile::tempdir().unwrap());
         let cpus = broker.client().topology().cores.iter().map(|c| c.cpu).collect();
-        WrapRig { broker, _device: device, model, cpus }
+        WrapRig { broker, _device: device, model, cpus, _alone: alone }
     }
 
     /// Waits until every core's counter has wrapped `wraps` more times from now on.
