@@ -7,11 +7,15 @@
 //! unwinds; children also get `PR_SET_PDEATHSIG` (through `setpriv`) so that not even a test
 //! process killed outright leaves one behind.
 
+use amd_hsmp_proto::{
+    Families, ItemError, Message, PROTOCOL_VERSION, Readings, Reply, Request, Sample, Topology,
+};
 use anyhow::{Context, Result, bail};
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -318,6 +322,54 @@ pub fn start_exporter_from(
         }
     }
     Err(last.unwrap_or_else(|| anyhow::anyhow!("exporter did not start")))
+}
+
+/// A protocol client of the broker, past the handshake. Tests speak to the broker directly
+/// through it; any I/O or protocol error panics, naming what was expected.
+#[derive(Debug)]
+pub struct BrokerClient(UnixStream);
+
+impl BrokerClient {
+    /// Connects to `socket` and shakes hands; each reply is awaited up to `patience`.
+    pub fn connect(socket: &Path, patience: Duration) -> BrokerClient {
+        let stream = UnixStream::connect(socket).unwrap();
+        stream.set_read_timeout(Some(patience)).unwrap();
+        let mut client = BrokerClient(stream);
+        match client.call(&Request::Hello { protocol_version: PROTOCOL_VERSION }) {
+            Reply::Hello { .. } => client,
+            other => panic!("expected Hello, got {other:?}"),
+        }
+    }
+
+    /// One request and its reply.
+    pub fn call(&mut self, request: &Request) -> Reply {
+        request.write(&mut self.0).unwrap();
+        Reply::read(&mut self.0).unwrap()
+    }
+
+    /// The broker's topology.
+    pub fn topology(&mut self) -> Topology {
+        match self.call(&Request::Topology) {
+            Reply::Topology(t) => t,
+            other => panic!("expected Topology, got {other:?}"),
+        }
+    }
+
+    /// A sample of `what` with a deadline `deadline_ms` from now.
+    pub fn sample(&mut self, what: Families, deadline_ms: u32) -> Sample {
+        match self.call(&Request::Sample { what, deadline_ms }) {
+            Reply::Sample(sample) => sample,
+            other => panic!("expected Sample, got {other:?}"),
+        }
+    }
+}
+
+/// The items of `readings`; panics if the family was not read at all.
+pub fn values<T: Clone + std::fmt::Debug>(readings: &Readings<T>) -> Vec<Result<T, ItemError>> {
+    match readings {
+        Readings::Values(values) => values.clone(),
+        other => panic!("expected values, got {other:?}"),
+    }
 }
 
 /// A loopback port nobody listens on right now.

@@ -46,6 +46,8 @@ fn run() -> Result<()> {
         Some("test") => {
             deps::install()?;
             cargo(&["test", "--workspace", "--all-targets"])?;
+            // `--all-targets` leaves the doctests out.
+            cargo(&["test", "--workspace", "--doc"])?;
             packaging::check(&root())?;
             mixin::check(&root(), true)
         }
@@ -63,6 +65,21 @@ pub fn root() -> PathBuf {
 pub fn cargo(args: &[&str]) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     run_cmd(Command::new(cargo).args(args).current_dir(root()))
+}
+
+/// Builds the release binaries of the two daemons, as the packages ship them: what the
+/// packaging check and the VM test's `.deb` are made from.
+pub fn build_release_daemons() -> Result<()> {
+    cargo(&[
+        "build",
+        "--release",
+        "--locked",
+        "--package",
+        "amd-hsmp-broker",
+        "--package",
+        "amd-hsmp-exporter",
+        "--bins",
+    ])
 }
 
 /// Runs a command to completion; a non-zero exit is an error naming the command.
