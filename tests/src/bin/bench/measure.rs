@@ -191,6 +191,9 @@ fn fixture(cli: &Cli, bins: &Binaries, name: &str) -> Result<FixtureReport> {
     let topology = spec.topology();
     let (cores, sockets) = (topology.cores.len(), topology.sockets.len());
     let expected = expected_messages(&spec, cores, sockets);
+    if spec.hsmp_protocol.is_none() {
+        bail!("{name} has no HSMP device: no mailbox message to time against the floor");
+    }
     let mut rig = Rig::start(bins, name, spec)?;
     let result = measure_fixture(cli, &mut rig, name, cores, sockets, expected);
     result.with_context(|| format!("logs:\n{}\n{}", rig.broker.log(), rig.exporter.log()))

@@ -273,7 +273,7 @@ pub fn targets(f: &FixtureReport) -> Vec<Target> {
         let worst =
             if s.messages_min == f.expected_messages { s.messages_max } else { s.messages_min };
         out.push(exactly(
-            format!("messages per steady scrape at {} µs (2 × cores + sockets)", s.latency_us),
+            format!("messages per steady scrape at {} µs", s.latency_us),
             worst as f64,
             f.expected_messages as f64,
         ));
