@@ -225,6 +225,8 @@ fn measure_fixture(
         broker_steady_kib: status_kib(rig.broker.pid(), "VmRSS")?,
         exporter_peak_kib: status_kib(rig.exporter.pid(), "VmHWM")?,
         exporter_steady_kib: status_kib(rig.exporter.pid(), "VmRSS")?,
+        broker_anon_kib: status_kib(rig.broker.pid(), "RssAnon")?,
+        exporter_anon_kib: status_kib(rig.exporter.pid(), "RssAnon")?,
     };
     Ok(FixtureReport {
         fixture: name.to_owned(),
