@@ -24,6 +24,15 @@ pub fn app(exporter: Arc<Exporter>) -> Router {
         .with_state(exporter)
 }
 
+/// The router as served: [`app`] behind the `--web.config.file` authentication and headers
+/// (every path, the landing page too), with responses gzipped when the client accepts it
+/// (`Accept-Encoding: gzip`, which Prometheus sends).
+pub fn service(exporter: Arc<Exporter>, web: Arc<crate::web_config::WebState>) -> Router {
+    app(exporter)
+        .layer(axum::middleware::from_fn_with_state(web, crate::auth::middleware))
+        .layer(tower_http::compression::CompressionLayer::new())
+}
+
 /// What can go wrong answering a request. The response never shows internals; the log does.
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {

@@ -104,6 +104,19 @@ fn cargo_build(dir: &Path, what: &[&str]) -> Result<()> {
     if let Some(target) = dir.parent() {
         cmd.env("CARGO_TARGET_DIR", target);
     }
+    // The variables cargo sets for this test (CARGO_PKG_NAME, CARGO_MANIFEST_DIR, ...) would
+    // reach build scripts that declare rerun-if-env-changed on them (ring does), so every
+    // build from here and every plain cargo build after it would rebuild those crates.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        let per_crate = ["CARGO_PKG_", "CARGO_MANIFEST_", "CARGO_CRATE_", "CARGO_BIN_"];
+        if per_crate.iter().any(|p| name.starts_with(p))
+            || name == "CARGO_PRIMARY_PACKAGE"
+            || name == "CARGO_TARGET_TMPDIR"
+        {
+            cmd.env_remove(&*name);
+        }
+    }
     cmd.current_dir(env!("CARGO_MANIFEST_DIR"));
     let status = cmd.status().with_context(|| format!("cannot run {cmd:?}"))?;
     if !status.success() {
@@ -489,6 +502,17 @@ impl Exposition {
 }
 
 fn parse_response(raw: &[u8], elapsed: Duration) -> Result<Response> {
+    let (status, headers, body) = parse_raw_response(raw)?;
+    let body = String::from_utf8(body).context("body is not UTF-8")?;
+    Ok(Response { status, headers, body, elapsed })
+}
+
+/// Response headers: names lower-cased, in the order received.
+pub type Headers = Vec<(String, String)>;
+
+/// A raw HTTP/1.1 response read to the end: status, headers (names lower-cased) and the body
+/// bytes, decoded from chunked transfer encoding if needed (not from a content encoding).
+pub fn parse_raw_response(raw: &[u8]) -> Result<(u16, Headers, Vec<u8>)> {
     let split = raw.windows(4).position(|w| w == b"\r\n\r\n").context("no end of headers")?;
     let head = std::str::from_utf8(&raw[..split]).context("headers are not UTF-8")?;
     let mut lines = head.split("\r\n");
@@ -508,8 +532,7 @@ fn parse_response(raw: &[u8], elapsed: Duration) -> Result<Response> {
     if chunked {
         body = dechunk(&body)?;
     }
-    let body = String::from_utf8(body).context("body is not UTF-8")?;
-    Ok(Response { status, headers, body, elapsed })
+    Ok((status, headers, body))
 }
 
 fn dechunk(mut data: &[u8]) -> Result<Vec<u8>> {
