@@ -11,6 +11,7 @@ pub mod budget;
 pub mod cli;
 pub mod flight;
 pub mod http;
+pub mod landing;
 pub mod metrics;
 pub mod process;
 pub mod ratelimit;

@@ -20,7 +20,8 @@ use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "usage: cargo xtask <demo|test|deps|packaging|mixin [--live]|vm-test>";
+const USAGE: &str =
+    "usage: cargo xtask <demo [--scenario NAME]|test|deps|packaging|mixin [--live]|vm-test>";
 
 fn main() -> ExitCode {
     match run() {
@@ -35,7 +36,7 @@ fn main() -> ExitCode {
 fn run() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
-        Some("demo") => demo::run(),
+        Some("demo") => demo::run(&args[1..]),
         Some("deps") => deps::install(),
         Some("packaging") => packaging::check(&root()),
         Some("mixin") => mixin::check(&root(), args.get(1).is_some_and(|a| a == "--live")),
