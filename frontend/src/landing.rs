@@ -133,10 +133,10 @@ pub fn render(report: &ScrapeReport, power: Option<&Power>, telemetry_path: &str
          <h1>AMD HSMP Exporter</h1>\n"
     );
     if let Some(profile) = simulated {
-        let _ = write!(
+        let _ = writeln!(
             html,
             "<p id=\"simulated\" class=\"banner\">SIMULATED: the broker serves its built-in \
-             simulator (profile <b>{}</b>), not this machine's devices.</p>\n",
+             simulator (profile <b>{}</b>), not this machine's devices.</p>",
             escape_html(profile)
         );
     }
@@ -243,13 +243,16 @@ fn sockets(html: &mut String, t: &Telemetry, power: Option<&Power>) {
         html.push_str("<p>No per-core values were read.</p>\n");
         return;
     }
-    let note = match power {
-        Some(p) => format!("over the last {:.1} s", p.interval.as_secs_f64()),
-        None => "appears from the second sample: reload the page".to_owned(),
-    };
     // One colour scale for every socket, so that sockets compare at a glance.
     let all = || by_socket.values().flat_map(|cores| cores.values());
     let max_w = all().filter_map(|c| c.watts).fold(0.0f64, f64::max);
+    let min_w = all().filter_map(|c| c.watts).fold(f64::MAX, f64::min).min(max_w);
+    let note = match power {
+        Some(p) => {
+            format!("{min_w:.2} to {max_w:.2} W over the last {:.1} s", p.interval.as_secs_f64())
+        }
+        None => "appears from the second sample: reload the page".to_owned(),
+    };
     let max_mhz = all().filter_map(|c| c.mhz).fold(0.0f64, f64::max);
     let min_mhz = all().filter_map(|c| c.mhz).fold(f64::MAX, f64::min);
     for (socket, cores) in &by_socket {
@@ -273,7 +276,13 @@ fn sockets(html: &mut String, t: &Telemetry, power: Option<&Power>) {
                 _ => "",
             },
         );
-        heatmap(html, *socket, cores, Map::Power { max_w }, &format!("Power per core ({note})"));
+        heatmap(
+            html,
+            *socket,
+            cores,
+            Map::Power { min_w, max_w },
+            &format!("Power per core ({note})"),
+        );
         heatmap(
             html,
             *socket,
@@ -288,8 +297,8 @@ fn sockets(html: &mut String, t: &Telemetry, power: Option<&Power>) {
 /// Which value a heatmap shows, with its colour scale.
 #[derive(Debug, Clone, Copy)]
 enum Map {
-    /// Watts from 0 (pale) to `max_w` (dark red).
-    Power { max_w: f64 },
+    /// Watts from `min_w` (pale) to `max_w` (dark red).
+    Power { min_w: f64, max_w: f64 },
     /// MHz: `max_mhz` green, `min_mhz` (when lower) red.
     Boost { min_mhz: f64, max_mhz: f64 },
 }
@@ -320,8 +329,8 @@ fn heatmap(
         let x = (n % COLUMNS) * (CELL + GAP);
         let y = (n / COLUMNS) * (CELL + GAP);
         let (value, text, fill) = match map {
-            Map::Power { max_w } => match cell.watts {
-                Some(w) => (format!("{w:.3}"), format!("{w:.2} W"), power_colour(w, max_w)),
+            Map::Power { min_w, max_w } => match cell.watts {
+                Some(w) => (format!("{w:.3}"), format!("{w:.2} W"), power_colour(w, min_w, max_w)),
                 None => (String::new(), "not known".to_owned(), NO_VALUE.to_owned()),
             },
             Map::Boost { min_mhz, max_mhz } => match cell.mhz {
@@ -344,9 +353,9 @@ fn heatmap(
 /// The fill of a cell without a value.
 const NO_VALUE: &str = "#d4d4d4";
 
-/// Pale yellow at 0 W to dark red at `max_w`.
-fn power_colour(watts: f64, max_w: f64) -> String {
-    let f = if max_w > 0.0 { (watts / max_w).clamp(0.0, 1.0) } else { 0.0 };
+/// Pale yellow at `min_w` to dark red at `max_w`.
+fn power_colour(watts: f64, min_w: f64, max_w: f64) -> String {
+    let f = if max_w > min_w { ((watts - min_w) / (max_w - min_w)).clamp(0.0, 1.0) } else { 0.0 };
     blend((255, 247, 188), (153, 27, 30), f)
 }
 
@@ -478,8 +487,9 @@ mod tests {
 
     #[test]
     fn colours_run_from_cool_to_hot() {
-        assert_eq!(power_colour(0.0, 2.0), "#fff7bc");
-        assert_eq!(power_colour(2.0, 2.0), "#991b1e");
+        assert_eq!(power_colour(0.5, 0.5, 2.0), "#fff7bc");
+        assert_eq!(power_colour(2.0, 0.5, 2.0), "#991b1e");
+        assert_eq!(power_colour(1.0, 1.0, 1.0), "#fff7bc");
         assert_eq!(boost_colour(3700.0, 2200.0, 3700.0), "#16a34a");
         assert_eq!(boost_colour(2200.0, 2200.0, 3700.0), "#dc2626");
         assert_eq!(boost_colour(3700.0, 3700.0, 3700.0), "#16a34a");
