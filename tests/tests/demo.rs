@@ -185,7 +185,7 @@ fn landing_page_renders_in_chromium_with_a_cell_per_core_prochot_and_the_simulat
     assert!(dom.contains("HSMP protocol 7"));
 
     let png = dir.path().join("landing.png");
-    let what = [format!("--screenshot={}", png.display()), "--window-size=960,700".into()];
+    let what = [format!("--screenshot={}", png.display()), "--window-size=960,620".into()];
     chromium(&what, &url);
     let bytes = std::fs::read(&png).unwrap();
     assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n") && bytes.len() > 10_000, "{}", bytes.len());
