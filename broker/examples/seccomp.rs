@@ -4,6 +4,9 @@
 //! - `open-rw PATH`, `open-ro PATH`: open PATH, print `open-rw: ok` or `open-rw: errno N`;
 //! - `sleep MS`: print `sleeping`, sleep with `std::thread::sleep` (which panics if resuming
 //!   after a stop is refused), print `slept`;
+//! - `unlink PATH`: remove PATH, print `unlink: ok` or `unlink: errno N`;
+//! - `remove-socket`: remove the file named by `--socket-file PATH` (which must come first)
+//!   through the broker's one admitted `unlinkat`, print `remove-socket: ok` or `... errno N`;
 //! - `socket`: make a UDP socket (the filter kills the process), print `socket: made`.
 //!
 //! `cargo run --example seccomp -- open-rw /dev/null sleep 2000 socket`
@@ -14,41 +17,69 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let socket_file = match args.first().map(String::as_str) {
+        Some("--socket-file") if args.len() > 1 => {
+            let path = args.remove(1);
+            args.remove(0);
+            match lockdown::SocketFile::new(std::path::Path::new(&path)) {
+                Ok(file) => Some(file),
+                Err(e) => {
+                    eprintln!("cannot open the directory of {path}: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        _ => None,
+    };
     if let Err(e) = rustix::thread::set_no_new_privs(true) {
         eprintln!("cannot set no-new-privs: {e}");
         return ExitCode::FAILURE;
     }
-    if let Err(e) = lockdown::install_seccomp(None) {
+    if let Err(e) = lockdown::install_seccomp(socket_file.as_ref()) {
         eprintln!("cannot install the filter: {e}");
         return ExitCode::FAILURE;
     }
-    let mut args = args.iter();
+    let mut args = args.into_iter();
     while let Some(action) = args.next() {
-        match (action.as_str(), args.next()) {
-            (what @ ("open-rw" | "open-ro"), Some(path)) => {
+        let errno = |e: std::io::Error| format!("errno {}", e.raw_os_error().unwrap_or(0));
+        let outcome = match action.as_str() {
+            what @ ("open-rw" | "open-ro") => {
+                let Some(path) = args.next() else { return ExitCode::from(2) };
                 let opened =
                     std::fs::OpenOptions::new().read(true).write(what == "open-rw").open(path);
-                match opened {
-                    Ok(_) => println!("{what}: ok"),
-                    Err(e) => println!("{what}: errno {}", e.raw_os_error().unwrap_or(0)),
-                }
+                opened.map(drop).map_err(errno)
             }
-            ("sleep", Some(ms)) => {
-                let Ok(ms) = ms.parse() else { return ExitCode::from(2) };
+            "sleep" => {
+                let Some(Ok(ms)) = args.next().map(|ms| ms.parse()) else {
+                    return ExitCode::from(2);
+                };
                 println!("sleeping");
                 std::thread::sleep(Duration::from_millis(ms));
                 println!("slept");
+                continue;
             }
-            ("socket", _) => {
+            "unlink" => {
+                let Some(path) = args.next() else { return ExitCode::from(2) };
+                std::fs::remove_file(path).map_err(errno)
+            }
+            "remove-socket" => match &socket_file {
+                Some(file) => file.remove().map_err(errno),
+                None => Err("no --socket-file".to_string()),
+            },
+            "socket" => {
                 let made = std::net::UdpSocket::bind("127.0.0.1:0").is_ok();
                 println!("socket: {}", if made { "made" } else { "refused" });
-                break;
+                continue;
             }
             _ => {
                 eprintln!("unknown action {action:?}");
                 return ExitCode::from(2);
             }
+        };
+        match outcome {
+            Ok(()) => println!("{action}: ok"),
+            Err(why) => println!("{action}: {why}"),
         }
     }
     ExitCode::SUCCESS

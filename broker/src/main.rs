@@ -3,7 +3,8 @@
 //! Exit codes: 0 after `SIGTERM` or `SIGINT` (the `--listen` socket file removed), 1 start-up
 //! failure (the message names the step), 2 bad command line. `SIGHUP`, `SIGUSR1` and `SIGUSR2`
 //! are ignored (logged once each).
-#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![forbid(unsafe_code)]
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 
 use amd_hsmp_broker::server::{self, Backend, Identity, ServerConfig};
 use amd_hsmp_broker::{lockdown, msr, sampler::Sampler, topology};

@@ -441,7 +441,7 @@ fn read_until(
             .map_err(|e| ConnectionError::Frame(FrameError::Io(e)))?;
         match stream.read(buf) {
             Ok(0) => return Err(ConnectionError::Frame(FrameError::Truncated)),
-            Ok(n) => buf = &mut buf[n..],
+            Ok(n) => buf = std::mem::take(&mut buf).get_mut(n..).unwrap_or_default(),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) if is_timeout(&e) => return Err(ConnectionError::FrameTimeout(limit)),
             Err(e) => return Err(ConnectionError::Frame(FrameError::Io(e))),
@@ -547,6 +547,7 @@ mod tests {
                 energy: Readings::NotRequested,
                 boost_limit: Readings::NotRequested,
                 prochot: r(what.prochot),
+                energy_resets: 0,
             }
         }
     }

@@ -58,6 +58,19 @@ pub enum TopologyError {
         /// The processor number.
         processor: u32,
     },
+    /// Two processors claim the same APIC id, which HSMP addresses a core by: reading them
+    /// would read one core twice under two labels.
+    #[error("{}: processors {first} and {second} both have apicid {apic_id}", .path.display())]
+    CpuinfoDuplicateApicId {
+        /// The cpuinfo file.
+        path: PathBuf,
+        /// The shared APIC id.
+        apic_id: u32,
+        /// The lower-numbered processor.
+        first: u32,
+        /// The other processor.
+        second: u32,
+    },
     /// A processor block lacks a field this discovery needs.
     #[error("{}:{line}: processor {processor} has no `{field}` line", .path.display())]
     CpuinfoMissing {
@@ -131,6 +144,17 @@ pub fn discover(procfs: &Path, sysfs: &Path) -> Result<Topology, TopologyError> 
         .map_err(|source| TopologyError::Read { path: cpuinfo_path.clone(), source })?;
     let mut processors = parse_cpuinfo(&cpuinfo_path, &cpuinfo)?;
     processors.sort_by_key(|p| p.processor);
+    let mut apic_ids: BTreeMap<u32, u32> = BTreeMap::new();
+    for p in &processors {
+        if let Some(first) = apic_ids.insert(p.apicid, p.processor) {
+            return Err(TopologyError::CpuinfoDuplicateApicId {
+                path: cpuinfo_path,
+                apic_id: p.apicid,
+                first,
+                second: p.processor,
+            });
+        }
+    }
 
     let cpu_dir = sysfs.join("devices/system/cpu");
     let online = read_online(&cpu_dir.join("online"))?;
@@ -554,6 +578,23 @@ mod tests {
         let dir = tree(&cpus);
         let err = run(&dir).unwrap_err();
         assert!(matches!(err, TopologyError::CpuinfoDuplicate { processor: 3, .. }), "{err:?}");
+    }
+
+    #[test]
+    fn two_processors_with_one_apic_id_are_an_error() {
+        // Found with the topology fuzz property "APIC ids are unique": processors sharing an
+        // APIC id were accepted, so two cores could be read as one under two labels.
+        let mut cpus = two_socket_smt();
+        cpus[5].apic = 0x02;
+        let dir = tree(&cpus);
+        let err = run(&dir).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                TopologyError::CpuinfoDuplicateApicId { apic_id: 0x02, first: 1, second: 5, .. }
+            ),
+            "{err:?}"
+        );
     }
 
     #[test]

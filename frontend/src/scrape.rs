@@ -86,6 +86,8 @@ pub struct ErrorCounters {
     prochot: AtomicU64,
     scrape: AtomicU64,
     broker: AtomicU64,
+    /// The broker instance last answered and its cumulative `Sample::energy_resets` then.
+    energy_resets_seen: std::sync::Mutex<Option<(u64, u64)>>,
 }
 
 impl ErrorCounters {
@@ -104,6 +106,21 @@ impl ErrorCounters {
         if n > 0 {
             self.counter(source).fetch_add(n, Ordering::Relaxed);
         }
+    }
+
+    /// Adds the energy counter resets broker `instance` reports (`total` since it started) that
+    /// were not counted yet: the increase over its last report, or all of them for an instance
+    /// not seen before (a restarted broker counts from 0 again).
+    fn add_energy_resets(&self, instance: u64, total: u64) {
+        let mut seen = self.energy_resets_seen.lock().unwrap_or_else(|p| p.into_inner());
+        let new = match *seen {
+            Some((last_instance, last)) if last_instance == instance => total.saturating_sub(last),
+            _ => total,
+        };
+        self.add(ErrorSource::CoreEnergy, new);
+        // An older reply that arrives late never lowers the mark.
+        let last = seen.filter(|&(i, _)| i == instance).map_or(0, |(_, last)| last);
+        *seen = Some((instance, total.max(last)));
     }
 
     /// The count of one source.
@@ -405,6 +422,7 @@ pub fn translate(
         }
         DeviceStatus::Absent => {}
     }
+    errors.add_energy_resets(info.instance, sample.energy_resets);
 
     let cores: Vec<CoreLabel> = topology.cores.iter().map(CoreLabel::from).collect();
     let mut read = Collector { errors, deadline_exceeded: false };
@@ -507,6 +525,7 @@ mod tests {
                 Err(ItemError::DeadlineExceeded),
             ]),
             prochot: Readings::Unavailable(Unavailable::Unsupported),
+            energy_resets: 0,
         }
     }
 
@@ -525,6 +544,24 @@ mod tests {
         assert_eq!(count(&errors, ErrorSource::CoreEnergy), 1);
         assert_eq!(t.energy_source, Some(EnergySource::Hsmp));
         assert_eq!(t.hsmp_protocol_version, Some(7));
+    }
+
+    #[test]
+    fn energy_counter_resets_count_as_core_energy_errors_once_per_broker_instance() {
+        let errors = ErrorCounters::default();
+        let at = |instance, energy_resets| {
+            let info = BrokerInfo { instance, ..info() };
+            let s = Sample { energy_resets, energy: Readings::NotRequested, ..sample() };
+            translate(&info, &topology(), &s, &errors);
+            count(&errors, ErrorSource::CoreEnergy)
+        };
+        assert_eq!(at(7, 0), 0);
+        assert_eq!(at(7, 3), 3, "three resets since the broker started");
+        assert_eq!(at(7, 3), 3, "the same three, not counted again");
+        assert_eq!(at(7, 5), 5);
+        assert_eq!(at(7, 4), 5, "a late older reply adds nothing");
+        assert_eq!(at(7, 6), 6);
+        assert_eq!(at(8, 2), 8, "a restarted broker's resets all count");
     }
 
     #[test]

@@ -170,6 +170,10 @@ pub struct Sample {
     pub boost_limit: Readings<u32>,
     /// Per-socket PROCHOT (true = asserted), aligned with [`Topology::sockets`].
     pub prochot: Readings<bool>,
+    /// Since [`version::V1`]. Energy counter resets since this broker instance started: each
+    /// time a core's count restarted from 0 because a wrap of its 32-bit MSR counter may have
+    /// gone unseen. Cumulative, so a lost reply loses no reset; 0 without the MSR fallback.
+    pub energy_resets: u64,
 }
 
 /// State of the HSMP device.

@@ -86,11 +86,21 @@ fn reply() -> impl Strategy<Value = Reply> {
             energy_source(),
             readings(energy),
             readings(any::<u32>()),
-            readings(any::<bool>())
+            readings(any::<bool>()),
+            any::<u64>()
         )
-            .prop_map(|(hsmp, energy_source, energy, boost_limit, prochot)| Reply::Sample(
-                Sample { hsmp, energy_source, energy, boost_limit, prochot }
-            )),
+            .prop_map(
+                |(hsmp, energy_source, energy, boost_limit, prochot, energy_resets)| {
+                    Reply::Sample(Sample {
+                        hsmp,
+                        energy_source,
+                        energy,
+                        boost_limit,
+                        prochot,
+                        energy_resets,
+                    })
+                }
+            ),
         (any::<u32>(), any::<u32>()).prop_map(|(broker, peer)| Reply::Error(
             RequestError::VersionMismatch { broker, peer }
         )),
@@ -165,6 +175,18 @@ fn oversized_length_is_refused_before_allocation() {
         }
         other => panic!("expected TooLarge, got {other:?}"),
     }
+}
+
+#[test]
+fn overlong_varint_is_refused_so_each_value_has_one_encoding() {
+    // Found by the frame_request fuzz target: [0x96, 0x00] is an overlong varint for 22, which
+    // postcard accepts; a Sample's deadline_ms decoded from it re-encoded as [22].
+    let canonical = [2, 1, 1, 1, 22];
+    assert!(Request::decode(&canonical).is_ok());
+    let overlong = [2, 1, 1, 1, 0x96, 0x00];
+    assert!(matches!(Request::decode(&overlong), Err(FrameError::NotCanonical)));
+    let frame = [6, 0, 0, 0, 2, 1, 1, 1, 0x96, 0x00];
+    assert!(matches!(Request::read(&mut Cursor::new(&frame[..])), Err(FrameError::NotCanonical)));
 }
 
 #[test]

@@ -465,6 +465,16 @@ impl Rig {
         self.addr
     }
 
+    /// The broker's socket, for tests that speak to the broker directly.
+    pub fn broker_socket(&self) -> PathBuf {
+        self.dir.path().join("broker.sock")
+    }
+
+    /// What the broker has written to its stderr so far.
+    pub fn broker_log(&self) -> String {
+        self.broker.as_ref().map_or_else(String::new, Proc::log)
+    }
+
     /// Both processes' logs, for a failure message.
     pub fn logs(&self) -> String {
         let broker = self.broker.as_ref().map_or_else(|| "(not started)".into(), Proc::log);

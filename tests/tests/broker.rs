@@ -84,12 +84,8 @@ impl Broker {
         std::fs::set_permissions(&self.socket, mode(0o666)).unwrap();
     }
 
-    fn pid(&self) -> Pid {
-        Pid::from_raw(self.proc.pid() as i32).unwrap()
-    }
-
     fn signal(&self, sig: Signal) {
-        rustix::process::kill_process(self.pid(), sig).unwrap();
+        self.proc.signal(sig.as_raw()).unwrap();
     }
 
     fn client(&self) -> Client {
@@ -359,6 +355,22 @@ fn the_seccomp_filter_kills_socket_refuses_writable_opens_and_resumes_a_stopped_
     assert_eq!(lines[..2], ["open-rw: errno 1\n", "open-ro: ok\n"], "EPERM for a writable open");
     assert_eq!(rest, "slept\n");
 
+    // The one file the filter lets the broker remove is its --listen socket.
+    let dir = tempfile::tempdir().unwrap();
+    let (socket, other) = (dir.path().join("broker.sock"), dir.path().join("other"));
+    std::fs::write(&socket, "").unwrap();
+    std::fs::write(&other, "").unwrap();
+    let out = Command::new(&example)
+        .arg("--socket-file")
+        .arg(&socket)
+        .arg("unlink")
+        .arg(&other)
+        .arg("remove-socket")
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "unlink: errno 1\nremove-socket: ok\n");
+    assert!(other.exists() && !socket.exists());
+
     let out = Command::new(&example).arg("socket").output().unwrap();
     assert_eq!(out.status.signal(), Some(libc::SIGSYS), "{:?}", out.status);
     assert!(out.stdout.is_empty(), "socket() returned: {}", String::from_utf8_lossy(&out.stdout));
@@ -389,6 +401,33 @@ fn sigterm_removes_the_listen_socket_file_and_exits_0() {
     let status = broker.proc.exited().unwrap();
     assert!(status.success(), "{status}: {}", broker.log());
     assert!(!broker.socket.exists(), "the socket file is left behind");
+}
+
+#[test]
+fn sigterm_leaves_a_socket_activated_socket_file_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("activated.sock");
+    let bins = harness::binaries().unwrap();
+    let args = vec![
+        "-l".to_string(),
+        path(&socket),
+        path(&bins.broker),
+        "--simulate".into(),
+        "milan-1p".into(),
+    ];
+    // From systemd, which `cargo xtask deps` installs for the packaging checks.
+    let activate = Path::new("systemd-socket-activate");
+    let mut proc = Proc::spawn("amd-hsmp-broker", activate, &args, dir.path().join("log")).unwrap();
+    // The first connection starts the broker on the passed socket (the file exists a moment
+    // before it listens, so connect until it does).
+    harness::wait_until(&mut proc, "activation socket", || UnixStream::connect(&socket).is_ok())
+        .unwrap();
+    Client::connect(&socket);
+    proc.signal(libc::SIGTERM).unwrap();
+    let status = proc.wait_exit(PATIENCE).unwrap();
+    assert!(status.success(), "{status}: {}", proc.log());
+    assert!(proc.log().contains("socket passed by systemd"), "{}", proc.log());
+    assert!(socket.exists(), "a socket the broker did not create is not its to remove");
 }
 
 // ---- PID namespaces ----
@@ -511,7 +550,8 @@ fn respawn_at(socket: &Path, args: &[String], mut old: Broker) -> Broker {
 // ---- MSR energy under stops, freezes and ptrace ----
 
 /// The fake's counters: ESU 25 (2^32 units are 128 J) at 80 to 95 W a core wrap every 1.3 to
-/// 1.6 s. The broker's wrap window at its 100 W bound is 1.28 s, so it polls every 320 ms.
+/// 1.6 s. The broker's wrap window at its 100 W bound is 1.28 s; it polls every 100 ms, so a
+/// loaded machine has a second of slack before a late poll counts as a possible unseen wrap.
 const ESU: u8 = 25;
 const BASE_WATTS: f64 = 80.0;
 
@@ -543,7 +583,8 @@ impl WrapRig {
         .expect("mount the fake device (needs /dev/fuse and fusermount3 from fuse3)");
         let tree = fixtures::tree(&fixtures::fixtures_dir(), "rome-1p");
         let mut args = device.broker_args(&tree);
-        args.push("--collector.core-energy.msr-fallback".into());
+        args.extend(["--collector.core-energy.msr-fallback".into(), "--msr.poll-interval".into()]);
+        args.push("100ms".into());
         let broker = Broker::spawn_with(&[], &args, tempfile::tempdir().unwrap());
         let cpus = broker.client().topology().cores.iter().map(|c| c.cpu).collect();
         WrapRig { broker, _device: device, model, cpus }
@@ -585,9 +626,12 @@ impl WrapRig {
                 self.broker.log()
             );
         }
+        let what = Families { core_energy: true, ..Families::default() };
+        assert_eq!(self.broker.client().sample(what).energy_resets, 0, "no reset");
         let log = self.broker.log();
         assert!(!log.contains("panicked"), "{log}");
-        assert!(!log.contains("restarted"), "{log}");
+        assert!(!log.contains("MSR poller stopped"), "the poller's sleep failed: {log}");
+        assert!(!log.contains("energy counters restarted"), "{log}");
     }
 }
 
@@ -699,6 +743,13 @@ fn a_ptrace_attach_and_detach_loses_no_msr_wrap() {
 #[test]
 fn a_broker_stopped_longer_than_a_wrap_restarts_the_count_and_counts_the_reset() {
     let rig = WrapRig::start();
+    let (_exporter, addr) =
+        harness::start_exporter(&rig.broker.socket, &[], None, rig.broker.dir.path()).unwrap();
+    let core_energy_errors = || {
+        let scrape = harness::http_get(addr, "/metrics", &[], Duration::from_secs(10)).unwrap();
+        harness::Exposition::parse(&scrape.body).unwrap().errors("core-energy")
+    };
+    assert_eq!(core_energy_errors(), 0.0);
     rig.wait_for_wraps(1);
     let before = rig.broker.client().energy();
     rig.broker.signal(Signal::STOP);
@@ -709,7 +760,11 @@ fn a_broker_stopped_longer_than_a_wrap_restarts_the_count_and_counts_the_reset()
     rig.broker.signal(Signal::CONT);
     rig.wait_for_a_poll();
     rig.model.freeze();
-    let after = rig.broker.client().energy();
+    let mut client = rig.broker.client();
+    let after = client.energy();
+    let what = Families { core_energy: true, ..Families::default() };
+    assert_eq!(client.sample(what).energy_resets, rig.cpus.len() as u64, "one reset per core");
+    assert_eq!(core_energy_errors(), rig.cpus.len() as f64, "the exporter counts each reset");
     for (i, &cpu) in rig.cpus.iter().enumerate() {
         assert!(after[i] < before[i], "cpu {cpu}: {} then {}: no reset", before[i], after[i]);
         // The count restarted at a reading after the stop (or the one in flight when it came)

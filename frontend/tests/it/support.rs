@@ -185,6 +185,7 @@ pub fn healthy(topology: &Topology, what: Families, _deadline_ms: u32) -> Sample
         } else {
             Readings::NotRequested
         },
+        energy_resets: 0,
     }
 }
 
