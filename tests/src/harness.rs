@@ -290,7 +290,7 @@ pub fn start_simulated_broker(
 }
 
 /// `amd-hsmp-exporter` for the broker on `socket`, on a free 127.0.0.1 port, with `extra`
-/// flags and (if given) `RLIMIT_NOFILE` set to `nofile`; waits until it serves `/`. A port
+/// flags and (if given) `RLIMIT_NOFILE` set to `nofile`; waits until it answers HTTP. A port
 /// taken between picking and binding is retried with another. Logs go to
 /// `dir/exporter.<attempt>.log`.
 pub fn start_exporter(
@@ -327,7 +327,8 @@ pub fn start_exporter_from(
         let log = dir.join(format!("{name}.{attempt}.log"));
         let mut exporter = Proc::spawn_with_fd_limit("amd-hsmp-exporter", exe, &args, log, nofile)?;
         let up = wait_until(&mut exporter, "exporter", || {
-            http_get(addr, "/", &[], Duration::from_secs(2)).is_ok()
+            // Any answer will do; a path that is not served costs no sample (`/` takes one).
+            http_get(addr, NOT_SERVED, &[], Duration::from_secs(2)).is_ok()
         });
         match up {
             Ok(()) => return Ok((exporter, addr)),
@@ -384,6 +385,9 @@ pub fn values<T: Clone + std::fmt::Debug>(readings: &Readings<T>) -> Vec<Result<
         other => panic!("expected values, got {other:?}"),
     }
 }
+
+/// A path the exporter answers 404 at once, without asking the broker.
+pub const NOT_SERVED: &str = "/not-served";
 
 /// A loopback port nobody listens on right now.
 pub fn free_port() -> Result<u16> {
