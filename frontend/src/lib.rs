@@ -12,6 +12,7 @@ pub mod budget;
 pub mod cli;
 pub mod flight;
 pub mod http;
+pub mod landing;
 pub mod metrics;
 pub mod process;
 pub mod ratelimit;

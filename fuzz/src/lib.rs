@@ -3,6 +3,8 @@
 //! libFuzzer binaries in `cargo-fuzz/` call them; `tests/corpus.rs` replays the committed
 //! corpora through them on every `cargo test`. See docs/testing.md.
 
+#![forbid(unsafe_code)]
+
 use amd_hsmp_exporter::budget::{Budget, MIN_SCRAPE_TIMEOUT, requested_timeout};
 use amd_hsmp_exporter::http::negotiate;
 use amd_hsmp_exporter::metrics::Format;

@@ -7,11 +7,15 @@
 //! unwinds; children also get `PR_SET_PDEATHSIG` (through `setpriv`) so that not even a test
 //! process killed outright leaves one behind.
 
+use amd_hsmp_proto::{
+    Families, ItemError, Message, PROTOCOL_VERSION, Readings, Reply, Request, Sample, Topology,
+};
 use anyhow::{Context, Result, bail};
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -286,7 +290,7 @@ pub fn start_simulated_broker(
 }
 
 /// `amd-hsmp-exporter` for the broker on `socket`, on a free 127.0.0.1 port, with `extra`
-/// flags and (if given) `RLIMIT_NOFILE` set to `nofile`; waits until it serves `/`. A port
+/// flags and (if given) `RLIMIT_NOFILE` set to `nofile`; waits until it answers HTTP. A port
 /// taken between picking and binding is retried with another. Logs go to
 /// `dir/exporter.<attempt>.log`.
 pub fn start_exporter(
@@ -323,7 +327,8 @@ pub fn start_exporter_from(
         let log = dir.join(format!("{name}.{attempt}.log"));
         let mut exporter = Proc::spawn_with_fd_limit("amd-hsmp-exporter", exe, &args, log, nofile)?;
         let up = wait_until(&mut exporter, "exporter", || {
-            http_get(addr, "/", &[], Duration::from_secs(2)).is_ok()
+            // Any answer will do; a path that is not served costs no sample (`/` takes one).
+            http_get(addr, NOT_SERVED, &[], Duration::from_secs(2)).is_ok()
         });
         match up {
             Ok(()) => return Ok((exporter, addr)),
@@ -332,6 +337,57 @@ pub fn start_exporter_from(
     }
     Err(last.unwrap_or_else(|| anyhow::anyhow!("exporter did not start")))
 }
+
+/// A protocol client of the broker, past the handshake. Tests speak to the broker directly
+/// through it; any I/O or protocol error panics, naming what was expected.
+#[derive(Debug)]
+pub struct BrokerClient(UnixStream);
+
+impl BrokerClient {
+    /// Connects to `socket` and shakes hands; each reply is awaited up to `patience`.
+    pub fn connect(socket: &Path, patience: Duration) -> BrokerClient {
+        let stream = UnixStream::connect(socket).unwrap();
+        stream.set_read_timeout(Some(patience)).unwrap();
+        let mut client = BrokerClient(stream);
+        match client.call(&Request::Hello { protocol_version: PROTOCOL_VERSION }) {
+            Reply::Hello { .. } => client,
+            other => panic!("expected Hello, got {other:?}"),
+        }
+    }
+
+    /// One request and its reply.
+    pub fn call(&mut self, request: &Request) -> Reply {
+        request.write(&mut self.0).unwrap();
+        Reply::read(&mut self.0).unwrap()
+    }
+
+    /// The broker's topology.
+    pub fn topology(&mut self) -> Topology {
+        match self.call(&Request::Topology) {
+            Reply::Topology(t) => t,
+            other => panic!("expected Topology, got {other:?}"),
+        }
+    }
+
+    /// A sample of `what` with a deadline `deadline_ms` from now.
+    pub fn sample(&mut self, what: Families, deadline_ms: u32) -> Sample {
+        match self.call(&Request::Sample { what, deadline_ms }) {
+            Reply::Sample(sample) => sample,
+            other => panic!("expected Sample, got {other:?}"),
+        }
+    }
+}
+
+/// The items of `readings`; panics if the family was not read at all.
+pub fn values<T: Clone + std::fmt::Debug>(readings: &Readings<T>) -> Vec<Result<T, ItemError>> {
+    match readings {
+        Readings::Values(values) => values.clone(),
+        other => panic!("expected values, got {other:?}"),
+    }
+}
+
+/// A path the exporter answers 404 at once, without asking the broker.
+pub const NOT_SERVED: &str = "/not-served";
 
 /// A loopback port nobody listens on right now.
 pub fn free_port() -> Result<u16> {

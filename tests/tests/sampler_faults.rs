@@ -4,14 +4,10 @@
 //! ordered with the simulator's mailbox gates; wall time is asserted only where it is the claim.
 
 use amd_hsmp_e2e::fake::{Node, NodeState};
-use amd_hsmp_e2e::harness::Exposition;
+use amd_hsmp_e2e::harness::{BrokerClient, Exposition, values};
 use amd_hsmp_e2e::scenario::{self, Rig, Scrape};
-use amd_hsmp_proto::{
-    DeviceStatus, Families, ItemError, Message, PROTOCOL_VERSION, Readings, Reply, Request, Sample,
-    Topology,
-};
+use amd_hsmp_proto::{DeviceStatus, Families, ItemError, Sample, Topology};
 use amd_hsmp_sim::Machine;
-use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -55,37 +51,16 @@ impl Drop for Held {
     }
 }
 
-/// A connection to the broker, past the handshake.
-struct Client(UnixStream);
+/// A connection to the rig's broker, past the handshake, asking for every family.
+struct Client(BrokerClient);
 
 impl Client {
     fn connect(rig: &Rig) -> Client {
-        let stream = UnixStream::connect(rig.broker_socket()).unwrap();
-        stream.set_read_timeout(Some(PATIENCE)).unwrap();
-        let mut client = Client(stream);
-        match client.call(&Request::Hello { protocol_version: PROTOCOL_VERSION }) {
-            Reply::Hello { .. } => client,
-            other => panic!("expected Hello, got {other:?}"),
-        }
-    }
-
-    fn call(&mut self, request: &Request) -> Reply {
-        request.write(&mut self.0).unwrap();
-        Reply::read(&mut self.0).unwrap()
+        Client(BrokerClient::connect(&rig.broker_socket(), PATIENCE))
     }
 
     fn sample(&mut self, deadline_ms: u32) -> Sample {
-        match self.call(&Request::Sample { what: Families::ALL, deadline_ms }) {
-            Reply::Sample(sample) => sample,
-            other => panic!("expected Sample, got {other:?}"),
-        }
-    }
-}
-
-fn values<T: Clone + std::fmt::Debug>(readings: &Readings<T>) -> Vec<Result<T, ItemError>> {
-    match readings {
-        Readings::Values(values) => values.clone(),
-        other => panic!("expected values, got {other:?}"),
+        self.0.sample(Families::ALL, deadline_ms)
     }
 }
 

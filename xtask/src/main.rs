@@ -21,8 +21,7 @@ use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-const USAGE: &str =
-    "usage: cargo xtask <demo|test|deps|packaging|mixin [--live]|vm-test|bench [--help]>";
+const USAGE: &str = "usage: cargo xtask <demo [--scenario NAME]|test|deps|packaging|mixin [--live]|vm-test|bench [--help]>";
 
 fn main() -> ExitCode {
     match run() {
@@ -37,7 +36,7 @@ fn main() -> ExitCode {
 fn run() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
-        Some("demo") => demo::run(),
+        Some("demo") => demo::run(&args[1..]),
         Some("bench") => bench::run(&args[1..]),
         Some("deps") => deps::install(),
         Some("packaging") => packaging::check(&root()),
@@ -46,6 +45,8 @@ fn run() -> Result<()> {
         Some("test") => {
             deps::install()?;
             cargo(&["test", "--workspace", "--all-targets"])?;
+            // `--all-targets` leaves the doctests out.
+            cargo(&["test", "--workspace", "--doc"])?;
             packaging::check(&root())?;
             mixin::check(&root(), true)
         }
@@ -63,6 +64,21 @@ pub fn root() -> PathBuf {
 pub fn cargo(args: &[&str]) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     run_cmd(Command::new(cargo).args(args).current_dir(root()))
+}
+
+/// Builds the release binaries of the two daemons, as the packages ship them: what the
+/// packaging check and the VM test's `.deb` are made from.
+pub fn build_release_daemons() -> Result<()> {
+    cargo(&[
+        "build",
+        "--release",
+        "--locked",
+        "--package",
+        "amd-hsmp-broker",
+        "--package",
+        "amd-hsmp-exporter",
+        "--bins",
+    ])
 }
 
 /// Runs a command to completion; a non-zero exit is an error naming the command.

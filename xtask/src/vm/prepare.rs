@@ -435,16 +435,7 @@ pub fn kernel(cache: &Cache, root: &Path, choice: &KernelChoice) -> Result<(Kern
 /// Builds the project's `.deb` from the checkout, as the packaging check does: release
 /// binaries, then `cargo deb --no-build`. Returns its path.
 pub fn deb(cache: &Cache) -> Result<PathBuf> {
-    crate::cargo(&[
-        "build",
-        "--release",
-        "--locked",
-        "--package",
-        "amd-hsmp-broker",
-        "--package",
-        "amd-hsmp-exporter",
-        "--bins",
-    ])?;
+    crate::build_release_daemons()?;
     let out = cache.dir.join("run/deb");
     if out.exists() {
         fs::remove_dir_all(&out)?;
