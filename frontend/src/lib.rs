@@ -17,6 +17,7 @@ pub mod process;
 pub mod ratelimit;
 pub mod scrape;
 pub mod server;
+pub mod translate;
 
 pub use http::app;
 pub use scrape::{Config, Exporter};

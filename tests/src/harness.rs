@@ -282,7 +282,21 @@ pub fn start_exporter(
     nofile: Option<u64>,
     dir: &Path,
 ) -> Result<(Proc, SocketAddr)> {
-    let exe = &binaries()?.exporter;
+    let mut flags: Vec<String> = vec!["--log.level".into(), "debug".into()];
+    flags.extend(extra.iter().cloned());
+    start_exporter_from(&binaries()?.exporter, socket, &flags, nofile, dir, "exporter")
+}
+
+/// [`start_exporter`] for the exporter binary `exe`, with exactly `flags` besides the address
+/// and the socket; logs go to `dir/<name>.<attempt>.log`.
+pub fn start_exporter_from(
+    exe: &Path,
+    socket: &Path,
+    flags: &[String],
+    nofile: Option<u64>,
+    dir: &Path,
+    name: &str,
+) -> Result<(Proc, SocketAddr)> {
     let mut last = None;
     for attempt in 0..3 {
         let addr: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
@@ -291,11 +305,9 @@ pub fn start_exporter(
             addr.to_string(),
             "--broker.socket".into(),
             socket.display().to_string(),
-            "--log.level".into(),
-            "debug".into(),
         ];
-        args.extend(extra.iter().cloned());
-        let log = dir.join(format!("exporter.{attempt}.log"));
+        args.extend(flags.iter().cloned());
+        let log = dir.join(format!("{name}.{attempt}.log"));
         let mut exporter = Proc::spawn_with_fd_limit("amd-hsmp-exporter", exe, &args, log, nofile)?;
         let up = wait_until(&mut exporter, "exporter", || {
             // Any answer will do; a path that is not served costs no sample (`/` takes one).

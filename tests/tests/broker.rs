@@ -58,8 +58,7 @@ impl Broker {
         let program = prefix.first().map_or(bins.broker.clone(), PathBuf::from);
         let log = dir.path().join("broker.log");
         let mut proc = Proc::spawn("amd-hsmp-broker", &program, &argv, log).unwrap();
-        harness::wait_until(&mut proc, "broker socket", || UnixStream::connect(&socket).is_ok())
-            .unwrap();
+        harness::wait_until(&mut proc, "broker socket", || serves(&socket)).unwrap();
         Broker { proc, socket, dir }
     }
 
@@ -151,6 +150,18 @@ fn values<T: std::fmt::Debug>(r: Readings<T>) -> Vec<Result<T, proto::ItemError>
 fn closed(s: &mut UnixStream) -> bool {
     let mut b = [0u8; 1];
     matches!(s.read(&mut b), Ok(0))
+}
+
+/// Whether a broker listens on `socket`, checked with a connection that is over, slot and all,
+/// when this returns: it ends its side and waits for the broker's end, which the broker sends
+/// only after giving the connection's slot back. A bare `connect()` left that slot taken for a
+/// moment, so the next two connections of the test's uid could find its share (2) held and be
+/// refused.
+fn serves(socket: &Path) -> bool {
+    let Ok(mut s) = UnixStream::connect(socket) else { return false };
+    s.set_read_timeout(Some(PATIENCE)).is_ok()
+        && s.shutdown(std::net::Shutdown::Write).is_ok()
+        && closed(&mut s)
 }
 
 /// The `probe` example, copied where uid `uid` can run it, run against `socket` as `uid`.
@@ -420,8 +431,7 @@ fn sigterm_leaves_a_socket_activated_socket_file_in_place() {
     let mut proc = Proc::spawn("amd-hsmp-broker", activate, &args, dir.path().join("log")).unwrap();
     // The first connection starts the broker on the passed socket (the file exists a moment
     // before it listens, so connect until it does).
-    harness::wait_until(&mut proc, "activation socket", || UnixStream::connect(&socket).is_ok())
-        .unwrap();
+    harness::wait_until(&mut proc, "activation socket", || serves(&socket)).unwrap();
     Client::connect(&socket);
     proc.signal(libc::SIGTERM).unwrap();
     let status = proc.wait_exit(PATIENCE).unwrap();
@@ -541,7 +551,7 @@ fn respawn_at(socket: &Path, args: &[String], mut old: Broker) -> Broker {
     harness::wait_until(&mut proc, "restarted broker", || {
         // Listening again once a connection is accepted by the new process (the old socket
         // file refuses connections).
-        std::fs::metadata(socket).is_ok() && UnixStream::connect(socket).is_ok()
+        std::fs::metadata(socket).is_ok() && serves(socket)
     })
     .unwrap();
     Broker { proc, socket: socket.to_owned(), dir: old.dir }

@@ -5,10 +5,11 @@
 //! packaging checks alone), `mixin [--live]` (the monitoring mixin's checks alone; `--live` adds
 //! a real Prometheus scraping the simulated machine, which `test` always runs), `vm-test` (the
 //! real driver and the package under systemd in a QEMU guest whose SMU is the simulator; see
-//! `vm/mod.rs`).
+//! `vm/mod.rs`), `bench` (the benchmark of a scrape's cost; not part of `test`).
 
 #![forbid(unsafe_code)]
 
+mod bench;
 mod demo;
 mod deps;
 mod mixin;
@@ -20,8 +21,7 @@ use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-const USAGE: &str =
-    "usage: cargo xtask <demo [--scenario NAME]|test|deps|packaging|mixin [--live]|vm-test>";
+const USAGE: &str = "usage: cargo xtask <demo [--scenario NAME]|test|deps|packaging|mixin [--live]|vm-test|bench [--help]>";
 
 fn main() -> ExitCode {
     match run() {
@@ -37,6 +37,7 @@ fn run() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("demo") => demo::run(&args[1..]),
+        Some("bench") => bench::run(&args[1..]),
         Some("deps") => deps::install(),
         Some("packaging") => packaging::check(&root()),
         Some("mixin") => mixin::check(&root(), args.get(1).is_some_and(|a| a == "--live")),

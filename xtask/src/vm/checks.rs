@@ -278,9 +278,10 @@ pub fn run_all(
     let dmesg = sh(vm, "dmesg | grep -i hsmp | tail -n 8")?;
     ev.check(true, format!("kernel log: {}", dmesg.text.trim().replace('\n', " | ")));
     let node = sh(vm, "stat -c '%F %U:%G %a' /dev/hsmp")?;
+    let rule = udev_rule(&super::repo_file("packaging/udev/60-amd-hsmp.rules")?)?;
     ev.check(
-        node.text.trim() == "character special file root:amd-hsmp-broker 640",
-        format!("/dev/hsmp is {} (the packaged rule: root:amd-hsmp-broker 640)", node.text.trim()),
+        node.text.trim() == format!("character special file {rule}"),
+        format!("/dev/hsmp is {} (the packaged rule: {rule})", node.text.trim()),
     );
     emit(ev.verdict("1", "driver probes from the SSDT; /dev/hsmp; udev rule"), &mut verdicts);
 
@@ -292,6 +293,13 @@ pub fn run_all(
         format!("apt-get install exit {}; dpkg: {}", install.rc, status.text.trim()),
     );
     let sysusers = super::repo_file("packaging/sysusers.d/amd-hsmp-exporter.conf")?;
+    let users = sysusers.lines().filter(|l| l.starts_with("u ")).count();
+    ev.check(users == 2, format!("{users} users in the sysusers file"));
+    let owner = sh(vm, "dpkg-query -S /usr/lib/sysusers.d/amd-hsmp-exporter.conf")?;
+    ev.check(
+        owner.ok() && owner.text.starts_with("amd-hsmp-exporter:"),
+        format!("sysusers file installed by {}", owner.text.trim()),
+    );
     for line in sysusers.lines().filter(|l| l.starts_with("u ")) {
         let fields: Vec<&str> = line.splitn(4, ' ').collect();
         let (Some(user), Some(gecos)) = (fields.get(1), fields.get(3)) else { continue };
@@ -670,6 +678,24 @@ pub fn run_all(
     Ok(verdicts)
 }
 
+/// `OWNER:GROUP MODE` (mode without its leading zero, as `stat %a` prints it) of the udev rule
+/// for the HSMP misc device in the packaged rules file.
+fn udev_rule(rules: &str) -> Result<String> {
+    let line = rules
+        .lines()
+        .find(|l| !l.starts_with('#') && l.contains("KERNEL==\"hsmp_cdev\""))
+        .context("no active hsmp_cdev rule in packaging/udev/60-amd-hsmp.rules")?;
+    let value = |key: &str| {
+        line.split(',')
+            .map(str::trim)
+            .find_map(|kv| kv.strip_prefix(&format!("{key}=\"")))
+            .and_then(|v| v.strip_suffix('"'))
+            .with_context(|| format!("the hsmp_cdev rule sets no {key}"))
+    };
+    let mode = value("MODE")?.trim_start_matches('0');
+    Ok(format!("{}:{} {mode}", value("OWNER")?, value("GROUP")?))
+}
+
 /// Waits until the exporter accepts connections.
 fn wait_for_exporter(vm: &mut Vm) -> Result<()> {
     let out = vm.run(
@@ -728,6 +754,13 @@ mod tests {
         assert_eq!(s.len(), 2);
         assert_eq!(s[1].labels.get("socket").map(String::as_str), Some("1"));
         assert_eq!(s[1].value, 3.3e9);
+    }
+
+    #[test]
+    fn the_udev_rule_gives_owner_group_and_mode() {
+        let rules = super::super::repo_file("packaging/udev/60-amd-hsmp.rules").unwrap();
+        assert_eq!(udev_rule(&rules).unwrap(), "root:amd-hsmp-broker 640");
+        assert!(udev_rule("# KERNEL==\"hsmp_cdev\", MODE=\"0640\"").is_err());
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //!
 //! Usage: `cargo xtask vm-test [--cache-dir DIR]`; the cache defaults to
 //! `$AMD_HSMP_VM_CACHE`, else `$XDG_CACHE_HOME/amd-hsmp-exporter/vm`, else
-//! `~/.cache/amd-hsmp-exporter/vm`. Needs root (debootstrap, chroot, mount) on Debian 12.
+//! `~/.cache/amd-hsmp-exporter/vm` (`/var/cache/amd-hsmp-exporter/vm` without `HOME`). Needs
+//! root (debootstrap, chroot, mount) on Debian 12.
 
 mod checks;
 mod guest;
@@ -47,9 +48,11 @@ fn cache_dir(args: &[String]) -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os("AMD_HSMP_VM_CACHE") {
         return Ok(PathBuf::from(dir));
     }
-    let base = match std::env::var_os("XDG_CACHE_HOME") {
-        Some(xdg) => PathBuf::from(xdg),
-        None => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?).join(".cache"),
+    let base = match (std::env::var_os("XDG_CACHE_HOME"), std::env::var_os("HOME")) {
+        (Some(xdg), _) => PathBuf::from(xdg),
+        (None, Some(home)) => PathBuf::from(home).join(".cache"),
+        // A service environment without HOME: the system's cache directory.
+        (None, None) => PathBuf::from("/var/cache"),
     };
     Ok(base.join("amd-hsmp-exporter/vm"))
 }
