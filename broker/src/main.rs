@@ -25,10 +25,17 @@ use std::time::Duration;
 #[derive(Debug, Parser)]
 #[command(name = "amd-hsmp-broker", version, about, long_about = None)]
 struct Cli {
-    /// Create and listen on this Unix socket (mode 0660). Without it, the socket passed by
+    /// Create and listen on this Unix socket (mode --listen.mode). Without it, the socket passed by
     /// systemd socket activation (LISTEN_FDS) is used.
     #[arg(long, value_name = "PATH")]
     listen: Option<PathBuf>,
+
+    /// Mode of the --listen socket, octal, 0600 to 0666: connecting needs write permission.
+    /// Created by the broker's user and group; 0666 lets any local user reach the allow-list
+    /// (the exporter by hand as `nobody`), which then alone decides who is served.
+    #[arg(long = "listen.mode", value_name = "MODE", default_value = "0660",
+          value_parser = parse_socket_mode, requires = "listen")]
+    listen_mode: u32,
 
     /// Serve peers with this uid (repeatable). Root is always served.
     #[arg(long = "allow-uid", value_name = "UID")]
@@ -92,8 +99,15 @@ struct Cli {
     sysfs: PathBuf,
 
     /// Serve the built-in firmware simulator for this machine profile instead of the devices.
+    /// The broker also serves its own uid, so that a user runs the demo without root.
     #[arg(long, value_name = "PROFILE")]
     simulate: Option<sim::Profile>,
+
+    /// Simulation only: the events the simulated machine goes through (for demos and the live
+    /// check of the alerts): normal, thermal-event, prochot-flapping.
+    #[arg(long = "simulate.scenario", value_name = "SCENARIO", requires = "simulate",
+          default_value_t = sim::Scenario::Normal)]
+    simulate_scenario: sim::Scenario,
 
     /// Only log messages with this level or above.
     #[arg(long = "log.level", value_enum, default_value_t = LogLevel::Info)]
@@ -124,6 +138,14 @@ fn parse_poll_interval(s: &str) -> Result<Duration, String> {
         return Err("must be between 10ms and 10m (the counter wraps after ~65536 J)".into());
     }
     Ok(d)
+}
+
+fn parse_socket_mode(s: &str) -> Result<u32, String> {
+    let mode = u32::from_str_radix(s, 8).map_err(|_| format!("{s:?} is not an octal mode"))?;
+    if mode & !0o666 != 0 || mode & 0o600 != 0o600 {
+        return Err("must be between 0600 and 0666: read and write for the owner, no x bits".into());
+    }
+    Ok(mode)
 }
 
 fn parse_idle_timeout(s: &str) -> Result<Duration, String> {
@@ -176,12 +198,14 @@ fn machine(cli: &Cli) -> Result<Machine> {
     if let Some(profile) = cli.simulate {
         tracing::warn!(
             %profile,
+            scenario = %cli.simulate_scenario,
             "SIMULATION: serving the built-in firmware simulator, not this machine's devices"
         );
         // A real mailbox round trip takes ~100 µs (the driver sleeps before its first poll), so
         // scrape durations in the demo look like a real machine's.
         let mut config = sim::FirmwareConfig::live();
         config.faults.latency = Duration::from_micros(100);
+        config.scenario = cli.simulate_scenario;
         let machine = sim::Machine::new(profile.spec(), config);
         return Ok(Machine {
             topology: machine.topology().clone(),
@@ -275,7 +299,14 @@ fn run(cli: Cli) -> Result<()> {
     // thread's sigwait receives them.
     let signals = handled_signals();
     signals.thread_block().context("cannot block signals")?;
-    let (allow_uids, allow_gids) = allow_lists(&cli)?;
+    let (mut allow_uids, allow_gids) = allow_lists(&cli)?;
+    if cli.simulate.is_some() {
+        // The simulator reads no device: whoever started it may read it.
+        let own = nix::unistd::getuid().as_raw();
+        if own != 0 && !allow_uids.contains(&own) {
+            allow_uids.push(own);
+        }
+    }
     tracing::info!(uids = ?allow_uids, gids = ?allow_gids, "peers allowed besides root");
     let machine = machine(&cli)?;
     let topo = &machine.topology;
@@ -301,7 +332,7 @@ fn run(cli: Cli) -> Result<()> {
     let sampler = Sampler::new(machine.topology.clone(), machine.hsmp, msr_energy.clone());
 
     lockdown::drop_privileges().context("cannot drop privileges")?;
-    let (listener, socket_file) = listener(cli.listen.as_deref())?;
+    let (listener, socket_file) = listener(cli.listen.as_deref(), cli.listen_mode)?;
     // Not under systemd this is a no-op.
     if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
         tracing::warn!(error = %e, "cannot notify the service manager");
@@ -329,9 +360,12 @@ fn run(cli: Cli) -> Result<()> {
     server::serve(listener, backend, identity, config).context("listening socket failed")
 }
 
-/// Creates the socket at `path` (replacing a stale one), or takes the one systemd passed. A
-/// created socket comes with the handle that removes it on `SIGTERM`.
-fn listener(path: Option<&Path>) -> Result<(UnixListener, Option<lockdown::SocketFile>)> {
+/// Creates the socket at `path` (replacing a stale one) with `mode`, or takes the one systemd
+/// passed. A created socket comes with the handle that removes it on `SIGTERM`.
+fn listener(
+    path: Option<&Path>,
+    mode: u32,
+) -> Result<(UnixListener, Option<lockdown::SocketFile>)> {
     let Some(path) = path else {
         let mut fds = listenfd::ListenFd::from_env();
         return match fds
@@ -359,10 +393,10 @@ fn listener(path: Option<&Path>) -> Result<(UnixListener, Option<lockdown::Socke
     }
     let listener =
         UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
-        .with_context(|| format!("cannot set mode 0660 on {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("cannot set mode {mode:04o} on {}", path.display()))?;
     let file = lockdown::SocketFile::new(path)
         .with_context(|| format!("cannot open the directory of {}", path.display()))?;
-    tracing::info!(path = %path.display(), "listening");
+    tracing::info!(path = %path.display(), mode = format_args!("{mode:04o}"), "listening");
     Ok((listener, Some(file)))
 }

@@ -93,6 +93,8 @@ pub struct Exporter {
     /// One permit per scrape that may run at once; `None` without a limit.
     scrape_permits: Option<Arc<Semaphore>>,
     refusal_log: RateLimit,
+    /// The last broker answers, for the landing page's power.
+    recent: crate::landing::RecentSamples,
 }
 
 impl Exporter {
@@ -108,6 +110,7 @@ impl Exporter {
             scrape_permits: (config.max_requests > 0)
                 .then(|| Arc::new(Semaphore::new(config.max_requests))),
             refusal_log: RateLimit::new(TIMEOUT_LOG_INTERVAL),
+            recent: crate::landing::RecentSamples::default(),
             config,
         })
     }
@@ -134,6 +137,11 @@ impl Exporter {
                 None
             }
         }
+    }
+
+    /// The last broker answers (of scrapes and page views alike).
+    pub fn recent_samples(&self) -> &crate::landing::RecentSamples {
+        &self.recent
     }
 
     /// Broker requests in flight now (including those waiting for a connection).
@@ -231,7 +239,9 @@ impl Exporter {
                 }
                 let telemetry =
                     translate(&snapshot.info, &snapshot.topology, &snapshot.sample, &self.errors);
-                Outcome::Answered(Arc::new(telemetry))
+                let telemetry = Arc::new(telemetry);
+                self.recent.record(&telemetry);
+                Outcome::Answered(telemetry)
             }
             // Every connection was busy with other flights until the deadline.
             Err(BrokerError::Busy) => Outcome::TimedOut,

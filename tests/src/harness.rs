@@ -104,6 +104,19 @@ fn cargo_build(dir: &Path, what: &[&str]) -> Result<()> {
     if let Some(target) = dir.parent() {
         cmd.env("CARGO_TARGET_DIR", target);
     }
+    // The variables cargo sets for this test (CARGO_PKG_NAME, CARGO_MANIFEST_DIR, ...) would
+    // reach build scripts that declare rerun-if-env-changed on them (ring does), so every
+    // build from here and every plain cargo build after it would rebuild those crates.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        let per_crate = ["CARGO_PKG_", "CARGO_MANIFEST_", "CARGO_CRATE_", "CARGO_BIN_"];
+        if per_crate.iter().any(|p| name.starts_with(p))
+            || name == "CARGO_PRIMARY_PACKAGE"
+            || name == "CARGO_TARGET_TMPDIR"
+        {
+            cmd.env_remove(&*name);
+        }
+    }
     cmd.current_dir(env!("CARGO_MANIFEST_DIR"));
     let status = cmd.status().with_context(|| format!("cannot run {cmd:?}"))?;
     if !status.success() {
@@ -277,7 +290,7 @@ pub fn start_simulated_broker(
 }
 
 /// `amd-hsmp-exporter` for the broker on `socket`, on a free 127.0.0.1 port, with `extra`
-/// flags and (if given) `RLIMIT_NOFILE` set to `nofile`; waits until it serves `/`. A port
+/// flags and (if given) `RLIMIT_NOFILE` set to `nofile`; waits until it answers HTTP. A port
 /// taken between picking and binding is retried with another. Logs go to
 /// `dir/exporter.<attempt>.log`.
 pub fn start_exporter(
@@ -314,7 +327,8 @@ pub fn start_exporter_from(
         let log = dir.join(format!("{name}.{attempt}.log"));
         let mut exporter = Proc::spawn_with_fd_limit("amd-hsmp-exporter", exe, &args, log, nofile)?;
         let up = wait_until(&mut exporter, "exporter", || {
-            http_get(addr, "/", &[], Duration::from_secs(2)).is_ok()
+            // Any answer will do; a path that is not served costs no sample (`/` takes one).
+            http_get(addr, NOT_SERVED, &[], Duration::from_secs(2)).is_ok()
         });
         match up {
             Ok(()) => return Ok((exporter, addr)),
@@ -382,6 +396,9 @@ pub fn values<T: Clone + std::fmt::Debug>(readings: &Readings<T>) -> Vec<Result<
         other => panic!("expected values, got {other:?}"),
     }
 }
+
+/// A path the exporter answers 404 at once, without asking the broker.
+pub const NOT_SERVED: &str = "/not-served";
 
 /// A loopback port nobody listens on right now.
 pub fn free_port() -> Result<u16> {
@@ -500,6 +517,17 @@ impl Exposition {
 }
 
 fn parse_response(raw: &[u8], elapsed: Duration) -> Result<Response> {
+    let (status, headers, body) = parse_raw_response(raw)?;
+    let body = String::from_utf8(body).context("body is not UTF-8")?;
+    Ok(Response { status, headers, body, elapsed })
+}
+
+/// Response headers: names lower-cased, in the order received.
+pub type Headers = Vec<(String, String)>;
+
+/// A raw HTTP/1.1 response read to the end: status, headers (names lower-cased) and the body
+/// bytes, decoded from chunked transfer encoding if needed (not from a content encoding).
+pub fn parse_raw_response(raw: &[u8]) -> Result<(u16, Headers, Vec<u8>)> {
     let split = raw.windows(4).position(|w| w == b"\r\n\r\n").context("no end of headers")?;
     let head = std::str::from_utf8(&raw[..split]).context("headers are not UTF-8")?;
     let mut lines = head.split("\r\n");
@@ -519,8 +547,7 @@ fn parse_response(raw: &[u8], elapsed: Duration) -> Result<Response> {
     if chunked {
         body = dechunk(&body)?;
     }
-    let body = String::from_utf8(body).context("body is not UTF-8")?;
-    Ok(Response { status, headers, body, elapsed })
+    Ok((status, headers, body))
 }
 
 fn dechunk(mut data: &[u8]) -> Result<Vec<u8>> {

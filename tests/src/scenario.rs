@@ -397,7 +397,8 @@ impl Rig {
         let topology = spec.topology();
         let cpus: Vec<u32> = spec.cpus().iter().filter(|c| c.online).map(|c| c.cpu).collect();
         let faults = scenario.faults.resolve(&topology)?;
-        let machine = Machine::new(spec, FirmwareConfig { mode: Mode::Static, seed: 0, faults });
+        let machine =
+            Machine::new(spec, FirmwareConfig { faults, ..FirmwareConfig::new(Mode::Static) });
         let hsmp_state =
             if machine.firmware().has_hsmp() { scenario.hsmp } else { NodeState::Absent };
         let device = FakeDevice::mount(FakeConfig {

@@ -21,8 +21,7 @@ use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-const USAGE: &str =
-    "usage: cargo xtask <demo|test|deps|packaging|mixin [--live]|vm-test|bench [--help]>";
+const USAGE: &str = "usage: cargo xtask <demo [--scenario NAME]|test|deps|packaging|mixin [--live]|vm-test|bench [--help]>";
 
 fn main() -> ExitCode {
     match run() {
@@ -37,7 +36,7 @@ fn main() -> ExitCode {
 fn run() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
-        Some("demo") => demo::run(),
+        Some("demo") => demo::run(&args[1..]),
         Some("bench") => bench::run(&args[1..]),
         Some("deps") => deps::install(),
         Some("packaging") => packaging::check(&root()),

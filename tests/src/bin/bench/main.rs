@@ -81,8 +81,10 @@ fn run(cli: Cli) -> Result<()> {
             bail!("{} does not exist; build it with `cargo build --release`", bin.display());
         }
     }
+    let started = std::time::Instant::now();
     let report = measure::run(&cli, &bins)?;
     print!("{}", report::table(&report));
+    eprintln!("bench: measured in {:.0} s", started.elapsed().as_secs_f64());
     if let Some(path) = &cli.json {
         let text = serde_json::to_string_pretty(&report)?;
         std::fs::write(path, text + "\n")

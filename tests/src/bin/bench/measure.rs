@@ -51,13 +51,13 @@ pub fn run(cli: &Cli, bins: &Binaries) -> Result<Report> {
         cli.startups
     );
     let startup = startup(bins, largest, cli.startups).context("start-up")?;
-    Ok(Report::new(host(), command_line(), cli.scrapes, fixtures_out, startup))
+    let command = command_line(std::env::args().skip(1));
+    Ok(Report::new(host(), command, cli.scrapes, fixtures_out, startup))
 }
 
 /// The command that reran this benchmark: its arguments without the `--bin-dir` that
 /// `cargo xtask bench` adds.
-fn command_line() -> String {
-    let mut args = std::env::args().skip(1);
+fn command_line(mut args: impl Iterator<Item = String>) -> String {
     let mut kept = Vec::new();
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -191,6 +191,9 @@ fn fixture(cli: &Cli, bins: &Binaries, name: &str) -> Result<FixtureReport> {
     let topology = spec.topology();
     let (cores, sockets) = (topology.cores.len(), topology.sockets.len());
     let expected = expected_messages(&spec, cores, sockets);
+    if spec.hsmp_protocol.is_none() {
+        bail!("{name} has no HSMP device: no mailbox message to time against the floor");
+    }
     let mut rig = Rig::start(bins, name, spec)?;
     let result = measure_fixture(cli, &mut rig, name, cores, sockets, expected);
     result.with_context(|| format!("logs:\n{}\n{}", rig.broker.log(), rig.exporter.log()))
@@ -222,6 +225,8 @@ fn measure_fixture(
         broker_steady_kib: status_kib(rig.broker.pid(), "VmRSS")?,
         exporter_peak_kib: status_kib(rig.exporter.pid(), "VmHWM")?,
         exporter_steady_kib: status_kib(rig.exporter.pid(), "VmRSS")?,
+        broker_anon_kib: status_kib(rig.broker.pid(), "RssAnon")?,
+        exporter_anon_kib: status_kib(rig.exporter.pid(), "RssAnon")?,
     };
     Ok(FixtureReport {
         fixture: name.to_owned(),
@@ -653,6 +658,14 @@ mod tests {
         assert_eq!(parse_status_kib(status, "VmHWM"), Some(3712));
         assert_eq!(parse_status_kib(status, "VmRSS"), Some(3400));
         assert_eq!(parse_status_kib(status, "VmSwap"), None);
+    }
+
+    #[test]
+    fn the_echoed_command_leaves_out_the_xtasks_bin_dir() {
+        let args = ["--scrapes", "5", "--bin-dir", "/t/release", "--json", "f", "--bin-dir=/x"];
+        let echoed = command_line(args.into_iter().map(String::from));
+        assert_eq!(echoed, "cargo xtask bench --scrapes 5 --json f");
+        assert_eq!(command_line(std::iter::empty()), "cargo xtask bench");
     }
 
     #[test]
