@@ -6,8 +6,10 @@ mod tests {
     use std::process::Command;
 
     /// Parses "1.88" or "1.88.0" into comparable numbers.
-    fn version(s: &str) -> Vec<u64> {
-        s.split('.').map(|p| p.parse().unwrap_or(0)).collect()
+    /// `major.minor.patch` with the parts a version leaves out as 0, so `1.88` is `1.88.0`.
+    fn version(s: &str) -> [u64; 3] {
+        let mut parts = s.split('.').map(|p| p.parse().unwrap_or(0));
+        [(); 3].map(|()| parts.next().unwrap_or(0))
     }
 
     fn workspace_rust_version(root: &Path) -> String {
@@ -53,6 +55,8 @@ mod tests {
         assert!(version("1.89") > version("1.88"));
         assert!(version("1.88.1") > version("1.88"));
         assert!(version("1.85.0") < version("1.88"));
+        // A dependency's `rust-version = "1.88.0"` is the workspace's 1.88, not above it.
+        assert_eq!(version("1.88.0"), version("1.88"));
     }
 
     /// Every Rust source file says what it is for in its first line.
