@@ -6,10 +6,13 @@ mod tests {
     use std::process::Command;
 
     /// Parses "1.88" or "1.88.0" into comparable numbers.
-    /// `major.minor.patch` with the parts a version leaves out as 0, so `1.88` is `1.88.0`.
-    fn version(s: &str) -> [u64; 3] {
-        let mut parts = s.split('.').map(|p| p.parse().unwrap_or(0));
-        [(); 3].map(|()| parts.next().unwrap_or(0))
+    /// `1.88`, `1.88.0` → `[1, 88]`: trailing zero parts do not make a version newer.
+    fn version(s: &str) -> Vec<u64> {
+        let mut parts: Vec<u64> = s.split('.').map(|p| p.parse().unwrap_or(0)).collect();
+        while parts.len() > 1 && parts.last() == Some(&0) {
+            parts.pop();
+        }
+        parts
     }
 
     fn workspace_rust_version(root: &Path) -> String {
@@ -55,8 +58,9 @@ mod tests {
         assert!(version("1.89") > version("1.88"));
         assert!(version("1.88.1") > version("1.88"));
         assert!(version("1.85.0") < version("1.88"));
-        // A dependency's `rust-version = "1.88.0"` is the workspace's 1.88, not above it.
+        // Regression: time 0.3.55 declares 1.88.0, which is not above 1.88.
         assert_eq!(version("1.88.0"), version("1.88"));
+        assert!(version("1.88.0") <= version("1.88"));
     }
 
     /// Every Rust source file says what it is for in its first line.
