@@ -80,6 +80,7 @@ fn man_page(command: clap::Command, name: &str, exit_status: &str) -> Result<Str
     man.render_description_section(&mut out)?;
     man.render_options_section(&mut out)?;
     let other = if name == "amd-hsmp-broker" { "amd-hsmp-exporter" } else { "amd-hsmp-broker" };
+    let other = other.replace('-', "\\-");
     let see_also = format!(
         ".SH \"EXIT STATUS\"\n{exit_status}\n.SH \"SEE ALSO\"\n.BR {other} (1),\n\
          .BR systemd.socket (5)\n.PP\n\

@@ -1138,10 +1138,7 @@ fn same_install_tree(
     for unit in UNITS {
         let text = read(&root.join("packaging/systemd").join(unit))?;
         for doc in text.lines().filter_map(|l| l.strip_prefix("Documentation=file://")) {
-            ensure!(
-                rpm.contains(doc),
-                "{unit} documents {doc}, which neither package installs"
-            );
+            ensure!(rpm.contains(doc), "{unit} documents {doc}, which neither package installs");
         }
     }
     Ok(format!("{} files in common", rpm.len()))
