@@ -14,10 +14,17 @@ use std::time::Duration;
 #[derive(Debug, Parser)]
 #[command(name = "amd-hsmp-broker", about, long_about = None, disable_version_flag = true)]
 pub struct Cli {
-    /// Create and listen on this Unix socket (mode 0660). Without it, the socket passed by
+    /// Create and listen on this Unix socket (mode --listen.mode). Without it, the socket passed by
     /// systemd socket activation (LISTEN_FDS) is used.
     #[arg(long, value_name = "PATH")]
     pub listen: Option<PathBuf>,
+
+    /// Mode of the --listen socket, octal, 0600 to 0666: connecting needs write permission.
+    /// Created by the broker's user and group; 0666 lets any local user reach the allow-list
+    /// (the exporter by hand as `nobody`), which then alone decides who is served.
+    #[arg(long = "listen.mode", value_name = "MODE", default_value = "0660",
+          value_parser = parse_socket_mode, requires = "listen")]
+    pub listen_mode: u32,
 
     /// Serve peers with this uid (repeatable). Root is always served.
     #[arg(long = "allow-uid", value_name = "UID")]
@@ -81,8 +88,15 @@ pub struct Cli {
     pub sysfs: PathBuf,
 
     /// Serve the built-in firmware simulator for this machine profile instead of the devices.
+    /// The broker also serves its own uid, so that a user runs the demo without root.
     #[arg(long, value_name = "PROFILE")]
     pub simulate: Option<sim::Profile>,
+
+    /// Simulation only: the events the simulated machine goes through (for demos and the live
+    /// check of the alerts): normal, thermal-event, prochot-flapping.
+    #[arg(long = "simulate.scenario", value_name = "SCENARIO", requires = "simulate",
+          default_value_t = sim::Scenario::Normal)]
+    pub simulate_scenario: sim::Scenario,
 
     #[command(flatten)]
     pub common: CommonArgs,
@@ -94,6 +108,14 @@ pub fn parse_poll_interval(s: &str) -> Result<Duration, String> {
         return Err("must be between 10ms and 10m (the counter wraps after ~65536 J)".into());
     }
     Ok(d)
+}
+
+pub fn parse_socket_mode(s: &str) -> Result<u32, String> {
+    let mode = u32::from_str_radix(s, 8).map_err(|_| format!("{s:?} is not an octal mode"))?;
+    if mode & !0o666 != 0 || mode & 0o600 != 0o600 {
+        return Err("must be between 0600 and 0666: read and write for the owner, no x bits".into());
+    }
+    Ok(mode)
 }
 
 pub fn parse_idle_timeout(s: &str) -> Result<Duration, String> {

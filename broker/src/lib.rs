@@ -10,7 +10,12 @@
 //! **Invariant:** no `unsafe` here; the one `ioctl` lives in `amd_hsmp_device`.
 #![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+// An index out of bounds is a panic the lints above cannot see: use `get` and iterators.
+#![deny(clippy::indexing_slicing)]
+#![cfg_attr(
+    test,
+    allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)
+)]
 
 pub mod cli;
 pub mod lockdown;

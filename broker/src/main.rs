@@ -3,7 +3,8 @@
 //! Exit codes: 0 after `SIGTERM` or `SIGINT` (the `--listen` socket file removed), 1 start-up
 //! failure (the message names the step), 2 bad command line. `SIGHUP`, `SIGUSR1` and `SIGUSR2`
 //! are ignored (logged once each).
-#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![forbid(unsafe_code)]
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 
 use amd_hsmp_broker::cli::Cli;
 use amd_hsmp_broker::server::{self, Backend, Identity, ServerConfig};
@@ -50,12 +51,14 @@ fn machine(cli: &Cli) -> Result<Machine> {
     if let Some(profile) = cli.simulate {
         tracing::warn!(
             %profile,
+            scenario = %cli.simulate_scenario,
             "SIMULATION: serving the built-in firmware simulator, not this machine's devices"
         );
         // A real mailbox round trip takes ~100 µs (the driver sleeps before its first poll), so
         // scrape durations in the demo look like a real machine's.
         let mut config = sim::FirmwareConfig::live();
         config.faults.latency = Duration::from_micros(100);
+        config.scenario = cli.simulate_scenario;
         let machine = sim::Machine::new(profile.spec(), config);
         return Ok(Machine {
             topology: machine.topology().clone(),
@@ -149,7 +152,14 @@ fn run(cli: Cli) -> Result<()> {
     // thread's sigwait receives them.
     let signals = handled_signals();
     signals.thread_block().context("cannot block signals")?;
-    let (allow_uids, allow_gids) = allow_lists(&cli)?;
+    let (mut allow_uids, allow_gids) = allow_lists(&cli)?;
+    if cli.simulate.is_some() {
+        // The simulator reads no device: whoever started it may read it.
+        let own = nix::unistd::getuid().as_raw();
+        if own != 0 && !allow_uids.contains(&own) {
+            allow_uids.push(own);
+        }
+    }
     tracing::info!(uids = ?allow_uids, gids = ?allow_gids, "peers allowed besides root");
     let machine = machine(&cli)?;
     let topo = &machine.topology;
@@ -175,7 +185,7 @@ fn run(cli: Cli) -> Result<()> {
     let sampler = Sampler::new(machine.topology.clone(), machine.hsmp, msr_energy.clone());
 
     lockdown::drop_privileges().context("cannot drop privileges")?;
-    let (listener, socket_file) = listener(cli.listen.as_deref())?;
+    let (listener, socket_file) = listener(cli.listen.as_deref(), cli.listen_mode)?;
     // Not under systemd this is a no-op.
     if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
         tracing::warn!(error = %e, "cannot notify the service manager");
@@ -203,9 +213,12 @@ fn run(cli: Cli) -> Result<()> {
     server::serve(listener, backend, identity, config).context("listening socket failed")
 }
 
-/// Creates the socket at `path` (replacing a stale one), or takes the one systemd passed. A
-/// created socket comes with the handle that removes it on `SIGTERM`.
-fn listener(path: Option<&Path>) -> Result<(UnixListener, Option<lockdown::SocketFile>)> {
+/// Creates the socket at `path` (replacing a stale one) with `mode`, or takes the one systemd
+/// passed. A created socket comes with the handle that removes it on `SIGTERM`.
+fn listener(
+    path: Option<&Path>,
+    mode: u32,
+) -> Result<(UnixListener, Option<lockdown::SocketFile>)> {
     let Some(path) = path else {
         let mut fds = listenfd::ListenFd::from_env();
         return match fds
@@ -233,10 +246,10 @@ fn listener(path: Option<&Path>) -> Result<(UnixListener, Option<lockdown::Socke
     }
     let listener =
         UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
-        .with_context(|| format!("cannot set mode 0660 on {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("cannot set mode {mode:04o} on {}", path.display()))?;
     let file = lockdown::SocketFile::new(path)
         .with_context(|| format!("cannot open the directory of {}", path.display()))?;
-    tracing::info!(path = %path.display(), "listening");
+    tracing::info!(path = %path.display(), mode = format_args!("{mode:04o}"), "listening");
     Ok((listener, Some(file)))
 }

@@ -132,9 +132,17 @@ impl MsrCore {
         let started = Instant::now();
         let raw =
             self.device.read(MSR_CORE_ENERGY_STAT).map_err(|errno| ItemError::Io { errno })?;
+        let ended = Instant::now();
+        // A reading that itself took longer than a wrap can take (the process was stopped or
+        // frozen inside it) holds a value from an unknown moment of that span: as a new start
+        // it would be a second reset at the next reading. It is not used; the next reading,
+        // further than a window from the last good one, restarts the count once.
+        if ended.saturating_duration_since(started) > self.window {
+            return Err(ItemError::TimedOut);
+        }
         // From the start of the last good reading to the end of this one: the widest span the
         // two register values can be apart.
-        let gap = Instant::now().saturating_duration_since(count.last_ok);
+        let gap = ended.saturating_duration_since(count.last_ok);
         count.last_ok = started;
         // Only bits 31:0 hold the counter.
         let raw = raw as u32;
@@ -349,6 +357,8 @@ mod tests {
         energy_reads: usize,
         /// The next energy read panics, as a bug in a poll would.
         panic_next: bool,
+        /// The next energy read takes this long, as one the process was stopped inside would.
+        stall_next: Option<Duration>,
     }
 
     #[derive(Debug, Clone, Default)]
@@ -388,6 +398,12 @@ mod tests {
                 if std::mem::take(&mut regs.panic_next) {
                     drop(regs);
                     panic!("injected poll panic");
+                }
+                if let Some(stall) = regs.stall_next.take() {
+                    let value = regs.values.get(&msr).copied();
+                    drop(regs);
+                    std::thread::sleep(stall);
+                    return value.ok_or(libc::EIO);
                 }
             }
             regs.values.get(&msr).copied().ok_or(libc::EIO)
@@ -495,6 +511,25 @@ mod tests {
         assert_eq!(energy.resets(), 1);
         energy.poll_all();
         assert_eq!(energy.resets.unlogged.lock().unwrap().len(), 0, "logged by the poll");
+    }
+
+    /// Regression: a stop that came while the poller was inside a read restarted that core's
+    /// count twice, at the read in flight (its start was before the stop) and at the next one.
+    #[test]
+    fn a_reading_stopped_inside_for_longer_than_a_wrap_is_not_used_and_resets_the_count_once() {
+        // ESU 27: 2^32 units are 32 J, 320 ms at MAX_CORE_WATTS.
+        let cpu = FakeCpu::new(27, 0);
+        let energy = open(&[(0, cpu.clone())], &[0]).unwrap();
+        cpu.advance(1000);
+        assert_eq!(energy.read(0).unwrap().counter, 1000);
+        cpu.0.lock().unwrap().stall_next = Some(wrap_window(27) + Duration::from_millis(10));
+        assert_eq!(energy.read(0), Err(ItemError::TimedOut), "a value from an unknown moment");
+        assert_eq!(energy.resets(), 0);
+        cpu.advance(500);
+        assert_eq!(energy.read(0).unwrap().counter, 0, "a new start");
+        cpu.advance(250);
+        assert_eq!(energy.read(0).unwrap().counter, 250, "and the count goes on from it");
+        assert_eq!(energy.resets(), 1, "one reset for one stop");
     }
 
     #[test]

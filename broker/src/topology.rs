@@ -7,7 +7,7 @@
 
 use amd_hsmp_proto::{Core, Topology};
 use std::collections::{BTreeMap, BTreeSet};
-use std::io;
+use std::io::{self, BufRead};
 use std::num::ParseIntError;
 use std::path::{Path, PathBuf};
 
@@ -57,6 +57,19 @@ pub enum TopologyError {
         line: usize,
         /// The processor number.
         processor: u32,
+    },
+    /// Two processors claim the same APIC id, which HSMP addresses a core by: reading them
+    /// would read one core twice under two labels.
+    #[error("{}: processors {first} and {second} both have apicid {apic_id}", .path.display())]
+    CpuinfoDuplicateApicId {
+        /// The cpuinfo file.
+        path: PathBuf,
+        /// The shared APIC id.
+        apic_id: u32,
+        /// The lower-numbered processor.
+        first: u32,
+        /// The other processor.
+        second: u32,
     },
     /// A processor block lacks a field this discovery needs.
     #[error("{}:{line}: processor {processor} has no `{field}` line", .path.display())]
@@ -127,10 +140,23 @@ pub enum CpuListError {
 /// lowest-numbered processor kept.
 pub fn discover(procfs: &Path, sysfs: &Path) -> Result<Topology, TopologyError> {
     let cpuinfo_path = procfs.join("cpuinfo");
-    let cpuinfo = std::fs::read_to_string(&cpuinfo_path)
+    // Streamed line by line: on a 2 × 192-core machine cpuinfo is over a megabyte, which
+    // read whole would be most of the broker's peak memory.
+    let cpuinfo = std::fs::File::open(&cpuinfo_path)
         .map_err(|source| TopologyError::Read { path: cpuinfo_path.clone(), source })?;
-    let mut processors = parse_cpuinfo(&cpuinfo_path, &cpuinfo)?;
+    let mut processors = parse_cpuinfo(&cpuinfo_path, io::BufReader::new(cpuinfo))?;
     processors.sort_by_key(|p| p.processor);
+    let mut apic_ids: BTreeMap<u32, u32> = BTreeMap::new();
+    for p in &processors {
+        if let Some(first) = apic_ids.insert(p.apicid, p.processor) {
+            return Err(TopologyError::CpuinfoDuplicateApicId {
+                path: cpuinfo_path,
+                apic_id: p.apicid,
+                first,
+                second: p.processor,
+            });
+        }
+    }
 
     let cpu_dir = sysfs.join("devices/system/cpu");
     let online = read_online(&cpu_dir.join("online"))?;
@@ -206,14 +232,22 @@ impl PartialProcessor {
     }
 }
 
-/// Parses the processor blocks of `/proc/cpuinfo`. Fields other than the four needed are
-/// ignored, so the format of unrelated lines (flags, bugs, power management) does not matter.
-fn parse_cpuinfo(path: &Path, text: &str) -> Result<Vec<Processor>, TopologyError> {
+/// Parses the processor blocks of `/proc/cpuinfo` as they are read, one line in memory at a
+/// time. Fields other than the four needed are ignored, so the format of unrelated lines
+/// (flags, bugs, power management) does not matter.
+fn parse_cpuinfo(path: &Path, mut reader: impl BufRead) -> Result<Vec<Processor>, TopologyError> {
     let mut done: Vec<Processor> = Vec::new();
     let mut seen: BTreeSet<u32> = BTreeSet::new();
     let mut current: Option<PartialProcessor> = None;
-    for (index, raw) in text.lines().enumerate() {
-        let line = index + 1;
+    let mut raw = String::new();
+    for line in 1.. {
+        raw.clear();
+        let n = reader
+            .read_line(&mut raw)
+            .map_err(|source| TopologyError::Read { path: path.to_path_buf(), source })?;
+        if n == 0 {
+            break;
+        }
         let Some((key, value)) = raw.split_once(':') else {
             continue;
         };
@@ -325,6 +359,7 @@ pub(crate) fn parse_cpu_list(text: &str) -> Result<Vec<u32>, CpuListError> {
 mod tests {
     use super::*;
     use std::fs;
+    use std::time::Duration;
 
     /// One logical CPU of a hand-written fixture.
     struct Cpu {
@@ -539,6 +574,40 @@ mod tests {
         assert_eq!((topo.cpu_family, topo.cpu_model), (26, 17));
     }
 
+    /// cpuinfo is parsed as it is read, not read whole first: a reader that is still being
+    /// written gets its malformed line reported before the writer has finished. Read whole,
+    /// cpuinfo would be the broker's largest allocation (over a megabyte on 2 × 192 cores).
+    #[test]
+    fn cpuinfo_is_parsed_as_it_streams_not_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir_all(dir.path().join("proc")).unwrap();
+        let fifo = dir.path().join("proc/cpuinfo");
+        let status = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+        assert!(status.success(), "mkfifo failed");
+        let (finish, finished) = std::sync::mpsc::channel::<()>();
+        let writer = std::thread::spawn(move || {
+            use std::io::Write;
+            let mut w = fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+            w.write_all(b"processor\t: 0\ncpu family\t: 26\nmodel\t\t: 17\napicid\t\t: 0\n")
+                .unwrap();
+            w.write_all(b"processor\t: 1\napicid\t\t: one\n").unwrap();
+            w.flush().unwrap();
+            // Hold the pipe open (more of the file to come) until discovery has answered.
+            let _ = finished.recv_timeout(Duration::from_secs(60));
+        });
+        let (procfs, sysfs) = (dir.path().join("proc"), dir.path().join("sys"));
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(discover(&procfs, &sysfs)).unwrap());
+        let result = rx.recv_timeout(Duration::from_secs(20));
+        finish.send(()).unwrap();
+        writer.join().unwrap();
+        let err = result.expect("discovery waited for the end of cpuinfo").unwrap_err();
+        assert!(
+            matches!(err, TopologyError::CpuinfoValue { line: 6, field: "apicid", .. }),
+            "{err:?}"
+        );
+    }
+
     #[test]
     fn field_before_any_processor_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
@@ -554,6 +623,23 @@ mod tests {
         let dir = tree(&cpus);
         let err = run(&dir).unwrap_err();
         assert!(matches!(err, TopologyError::CpuinfoDuplicate { processor: 3, .. }), "{err:?}");
+    }
+
+    #[test]
+    fn two_processors_with_one_apic_id_are_an_error() {
+        // Found with the topology fuzz property "APIC ids are unique": processors sharing an
+        // APIC id were accepted, so two cores could be read as one under two labels.
+        let mut cpus = two_socket_smt();
+        cpus[5].apic = 0x02;
+        let dir = tree(&cpus);
+        let err = run(&dir).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                TopologyError::CpuinfoDuplicateApicId { apic_id: 0x02, first: 1, second: 5, .. }
+            ),
+            "{err:?}"
+        );
     }
 
     #[test]

@@ -20,6 +20,16 @@ pub struct Args {
           value_parser = parse_listen_address)]
     pub listen_addresses: Vec<ListenAddress>,
 
+    /// Serve on the sockets systemd passes (socket activation, LISTEN_FDS) instead of
+    /// --web.listen-address.
+    #[arg(long = "web.systemd-socket", conflicts_with = "listen_addresses")]
+    pub systemd_socket: bool,
+
+    /// exporter-toolkit web configuration file (YAML): TLS, basic auth, response headers.
+    /// Re-read on SIGHUP and when a certificate or key file changes.
+    #[arg(long = "web.config.file", value_name = "FILE")]
+    pub web_config_file: Option<PathBuf>,
+
     /// Path under which the metrics are served.
     #[arg(long = "web.telemetry-path", value_name = "PATH", default_value = "/metrics",
           value_parser = parse_telemetry_path)]
@@ -264,6 +274,17 @@ mod tests {
         assert_eq!(args.common.log_level, amd_hsmp_cli::LogLevel::Info);
         assert_eq!(args.common.log_format, amd_hsmp_cli::LogFormat::Logfmt);
         assert!(!args.common.version);
+        assert!(!args.systemd_socket);
+        assert_eq!(args.web_config_file, None);
+    }
+
+    #[test]
+    fn systemd_socket_and_an_explicit_listen_address_conflict() {
+        assert!(parse(&["--web.systemd-socket"]).unwrap().systemd_socket);
+        let err = parse(&["--web.systemd-socket", "--web.listen-address", ":1"]).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        let args = parse(&["--web.config.file", "/etc/web.yml"]).unwrap();
+        assert_eq!(args.web_config_file, Some(PathBuf::from("/etc/web.yml")));
     }
 
     #[test]

@@ -6,7 +6,7 @@ use crate::scrape::{Budget, Exporter};
 use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use std::sync::Arc;
 
@@ -18,10 +18,19 @@ pub const SCRAPE_TIMEOUT_HEADER: &str = "x-prometheus-scrape-timeout-seconds";
 pub fn app(exporter: Arc<Exporter>) -> Router {
     let path = exporter.config().telemetry_path.clone();
     Router::new()
-        .route("/", get(landing))
+        .route("/", get(crate::landing::page))
         .route(&path, get(telemetry))
         .fallback(not_found)
         .with_state(exporter)
+}
+
+/// The router as served: [`app`] behind the `--web.config.file` authentication and headers
+/// (every path, the landing page too), with responses gzipped when the client accepts it
+/// (`Accept-Encoding: gzip`, which Prometheus sends).
+pub fn service(exporter: Arc<Exporter>, web: Arc<crate::web_config::WebState>) -> Router {
+    app(exporter)
+        .layer(axum::middleware::from_fn_with_state(web, crate::auth::middleware))
+        .layer(tower_http::compression::CompressionLayer::new())
 }
 
 /// What can go wrong answering a request. The response never shows internals; the log does.
@@ -54,19 +63,6 @@ async fn telemetry(
     let report = Arc::new(exporter.scrape(budget).await);
     let body = metrics::render(report, format).map_err(AppError::Encode)?;
     Ok(([(header::CONTENT_TYPE, format.content_type())], body).into_response())
-}
-
-async fn landing(State(exporter): State<Arc<Exporter>>) -> Html<String> {
-    let path = escape_html(&exporter.config().telemetry_path);
-    Html(format!(
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head><meta charset=\"utf-8\"><title>AMD HSMP Exporter</title></head>\n\
-         <body>\n<h1>AMD HSMP Exporter</h1>\n\
-         <p>Per-core energy, boost limit and PROCHOT of AMD EPYC processors, read through amd-hsmp-broker.</p>\n\
-         <p>Version {version} (revision {revision})</p>\n\
-         <p><a href=\"{path}\">Metrics</a></p>\n</body>\n</html>\n",
-        version = metrics::VERSION,
-        revision = escape_html(metrics::REVISION),
-    ))
 }
 
 async fn not_found() -> (StatusCode, &'static str) {
@@ -105,7 +101,8 @@ pub fn negotiate(accept: Option<&str>) -> Format {
     if openmetrics > 0.0 && openmetrics >= text { Format::OpenMetrics } else { Format::Text }
 }
 
-fn escape_html(text: &str) -> String {
+/// `text` safe inside HTML text and double- or single-quoted attributes.
+pub(crate) fn escape_html(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {

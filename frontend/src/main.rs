@@ -1,16 +1,20 @@
-//! `amd-hsmp-exporter`: parses the flags, sets up logging, binds the listen addresses and
-//! serves until SIGTERM or SIGINT. SIGHUP, SIGUSR1 and SIGUSR2 are logged and ignored.
+//! `amd-hsmp-exporter`: parses the flags, sets up logging, loads the web configuration file,
+//! binds the listen addresses (or takes systemd's sockets) and serves until SIGTERM or SIGINT.
+//! SIGHUP re-reads the web configuration file; SIGUSR1 and SIGUSR2 are logged and ignored.
 //!
 //! Exit codes: 0 after a clean shutdown, 1 when start-up fails (e.g. an address cannot be
-//! bound), 2 for invalid flags. A missing broker or device is never a reason to exit.
+//! bound, the web configuration file is invalid), 2 for invalid flags. A missing broker or
+//! device is never a reason to exit.
 #![forbid(unsafe_code)]
 
 use amd_hsmp_exporter::cli::Args;
 use amd_hsmp_exporter::server::{self, Admission};
-use amd_hsmp_exporter::{Config, Exporter, app};
+use amd_hsmp_exporter::web_config::WebState;
+use amd_hsmp_exporter::{Config, Exporter};
 use anyhow::Context as _;
 use clap::Parser as _;
 use std::process::ExitCode;
+use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::watch;
@@ -53,12 +57,22 @@ async fn run(args: Args) -> anyhow::Result<()> {
         telemetry_path: args.telemetry_path.clone(),
         procfs: "/proc".into(),
     });
-    let router = app(exporter);
+    let web = match &args.web_config_file {
+        Some(path) => WebState::load(path)?,
+        None => WebState::open(),
+    };
+    let router = amd_hsmp_exporter::http::service(exporter, Arc::clone(&web));
 
-    let mut listeners = Vec::new();
-    for address in &args.listen_addresses {
-        listeners.push(bind(*address).await?);
-    }
+    let listeners = if args.systemd_socket {
+        systemd_listeners()?
+    } else {
+        let mut listeners = Vec::new();
+        for address in &args.listen_addresses {
+            listeners.push(bind(*address).await?);
+        }
+        listeners
+    };
+    let config = web.current();
     tracing::info!(
         version = %amd_hsmp_cli::version::summary(),
         broker_socket = %args.broker_socket.display(),
@@ -70,8 +84,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
         max_connections = limits.max_connections,
         max_connections_per_client = limits.max_per_client,
         max_requests = args.max_requests,
+        web_config_file = web.path().map_or_else(|| "none".to_owned(), |p| p.display().to_string()),
+        tls = config.tls.is_some(),
+        basic_auth = config.users.is_some(),
         "amd-hsmp-exporter started"
     );
+    drop(config);
 
     let (stop_tx, stop_rx) = watch::channel(false);
     // One admission over all listeners: the caps are about this process's descriptors.
@@ -80,10 +98,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
     for listener in listeners {
         let local = listener.local_addr().context("cannot read a bound address")?;
         tracing::info!(address = %local, "listening");
-        servers.spawn(server::serve(listener, router.clone(), admission.clone(), stop_rx.clone()));
+        servers.spawn(server::serve(
+            listener,
+            router.clone(),
+            admission.clone(),
+            Arc::clone(&web),
+            stop_rx.clone(),
+        ));
     }
 
-    signals.until_shutdown().await;
+    signals.until_shutdown(&web).await;
     tracing::info!("shutting down");
     stop_tx.send_replace(true);
     while let Some(result) = servers.join_next().await {
@@ -105,9 +129,32 @@ async fn bind(address: amd_hsmp_exporter::cli::ListenAddress) -> anyhow::Result<
     Err(error).with_context(|| format!("cannot listen on {address}"))
 }
 
-/// The signals the exporter handles. SIGTERM and SIGINT shut it down; SIGHUP, SIGUSR1 and
-/// SIGUSR2, whose default action would end it (and which systemd counts as a clean exit), are
-/// ignored: there is no configuration file to re-read yet. Each is logged the first time.
+/// `--web.systemd-socket`: every socket systemd passed (`LISTEN_FDS`, for this process's
+/// `LISTEN_PID`), each a listening TCP socket.
+fn systemd_listeners() -> anyhow::Result<Vec<TcpListener>> {
+    let mut fds = listenfd::ListenFd::from_env();
+    if fds.len() == 0 {
+        anyhow::bail!(
+            "--web.systemd-socket: systemd passed no socket (LISTEN_FDS unset or 0, or \
+             LISTEN_PID is another process)"
+        );
+    }
+    let mut listeners = Vec::new();
+    for index in 0..fds.len() {
+        let listener = fds
+            .take_tcp_listener(index)
+            .with_context(|| format!("--web.systemd-socket: socket {index} is not a TCP listener"))?
+            .with_context(|| format!("--web.systemd-socket: socket {index} was already taken"))?;
+        listener.set_nonblocking(true).context("--web.systemd-socket: cannot set O_NONBLOCK")?;
+        listeners.push(TcpListener::from_std(listener).context("--web.systemd-socket")?);
+    }
+    Ok(listeners)
+}
+
+/// The signals the exporter handles. SIGTERM and SIGINT shut it down; SIGHUP re-reads the web
+/// configuration file; SIGUSR1 and SIGUSR2, whose default action would end it (and which
+/// systemd counts as a clean exit), are ignored, as is SIGHUP without a configuration file.
+/// Each ignored kind is logged the first time.
 struct Signals {
     term: Signal,
     int: Signal,
@@ -131,13 +178,28 @@ impl Signals {
     }
 
     /// Resolves on the first SIGTERM or SIGINT.
-    async fn until_shutdown(mut self) {
+    async fn until_shutdown(mut self, web: &WebState) {
         let mut logged = [false; 3];
         loop {
             let (index, name) = tokio::select! {
                 _ = self.term.recv() => return,
                 _ = self.int.recv() => return,
-                _ = self.hup.recv() => (0, "SIGHUP"),
+                _ = self.hup.recv() => {
+                    if let Some(path) = web.path() {
+                        match web.reload() {
+                            Ok(()) => tracing::info!(
+                                file = %path.display(),
+                                "SIGHUP: web configuration reloaded"
+                            ),
+                            Err(e) => tracing::error!(
+                                error = %amd_hsmp_exporter::broker::chain(&e),
+                                "SIGHUP: web configuration not reloaded, the old one stays"
+                            ),
+                        }
+                        continue;
+                    }
+                    (0, "SIGHUP")
+                }
                 _ = self.usr1.recv() => (1, "SIGUSR1"),
                 _ = self.usr2.recv() => (2, "SIGUSR2"),
             };

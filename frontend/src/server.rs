@@ -1,10 +1,13 @@
 //! The bounded HTTP server: an accept loop over tokio's `TcpListener` that admits a connection
 //! only within a global cap and a per-client-address share (both below the file-descriptor
 //! limit), serves each admitted connection with hyper's HTTP/1 server and a timer, and closes a
-//! connection that is idle too long or too slow to send its request head. Refusals are logged
-//! at a bounded rate. Excess connections are closed at once, never queued.
+//! connection that is idle too long or too slow to send its request head. With a
+//! `--web.config.file` that configures TLS, an admitted connection's handshake comes first,
+//! within the header-read timeout. Refusals are logged at a bounded rate. Excess connections are
+//! closed at once, never queued.
 
 use crate::ratelimit::RateLimit;
+use crate::web_config::WebState;
 use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -153,11 +156,13 @@ pub fn client_key(peer: IpAddr) -> IpAddr {
 }
 
 /// Serves `router` on `listener` within `admission`'s limits until `stop` turns true, then
-/// stops accepting, lets open requests finish (at most [`SHUTDOWN_GRACE`]) and returns.
+/// stops accepting, lets open requests finish (at most [`SHUTDOWN_GRACE`]) and returns. Each
+/// new connection takes the TLS configuration of `web` in force when it is accepted.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     admission: Arc<Admission>,
+    web: Arc<WebState>,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut connections = JoinSet::new();
@@ -184,8 +189,29 @@ pub async fn serve(
                 let router = router.clone();
                 let stop = stop.clone();
                 let limits = admission.limits;
+                let web = Arc::clone(&web);
                 connections.spawn(async move {
-                    serve_connection(stream, peer, router, limits, stop).await;
+                    let config = web.for_connection();
+                    match &config.tls {
+                        None => serve_connection(stream, peer, router, limits, stop).await,
+                        Some(tls) => {
+                            let acceptor = tls.acceptor();
+                            drop(config);
+                            let handshake = acceptor.accept(stream);
+                            match tokio::time::timeout(limits.header_read_timeout, handshake).await
+                            {
+                                Ok(Ok(stream)) => {
+                                    serve_connection(stream, peer, router, limits, stop).await;
+                                }
+                                Ok(Err(e)) => {
+                                    tracing::debug!(client = %peer, error = %e, "TLS handshake failed");
+                                }
+                                Err(_) => {
+                                    tracing::debug!(client = %peer, "TLS handshake too slow");
+                                }
+                            }
+                        }
+                    }
                     drop(slot);
                 });
             }
@@ -253,13 +279,15 @@ fn get(watch: &Shared) -> Phase {
     *watch.phase.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-async fn serve_connection(
-    stream: TcpStream,
+async fn serve_connection<S>(
+    stream: S,
     peer: SocketAddr,
     router: Router,
     limits: Limits,
     mut stop: watch::Receiver<bool>,
-) {
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let phase: Shared = Arc::new(Watch {
         phase: Mutex::new(Phase::Idle { since: Instant::now() }),
         head_started: Notify::new(),
@@ -335,12 +363,12 @@ impl Drop for BusyGuard {
 }
 
 /// A stream that tells its connection's watchdog when bytes move.
-struct Watched {
-    io: TcpStream,
+struct Watched<S> {
+    io: S,
     phase: Shared,
 }
 
-impl Watched {
+impl<S> Watched<S> {
     fn moved(&self, read: bool) {
         let mut phase = self.phase.phase.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
@@ -355,7 +383,7 @@ impl Watched {
     }
 }
 
-impl AsyncRead for Watched {
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -370,7 +398,7 @@ impl AsyncRead for Watched {
     }
 }
 
-impl AsyncWrite for Watched {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -18,11 +18,17 @@ pub trait Message: Serialize + DeserializeOwned + Send + Sized {
         parse_len(prefix, Self::MAX_FRAME)
     }
 
-    /// Decodes one payload strictly: trailing bytes are an error.
+    /// Decodes one payload strictly: trailing bytes are an error, and so is any encoding
+    /// other than the one value's canonical encoding (postcard itself accepts overlong
+    /// varints, e.g. `[0x96, 0x00]` for 22), so one value has exactly one accepted payload.
     fn decode(payload: &[u8]) -> Result<Self, FrameError> {
         let (value, rest) = postcard::take_from_bytes(payload).map_err(FrameError::Malformed)?;
         if !rest.is_empty() {
             return Err(FrameError::TrailingBytes(rest.len()));
+        }
+        let canonical: Vec<u8> = postcard::to_allocvec(&value).map_err(FrameError::Malformed)?;
+        if canonical != payload {
+            return Err(FrameError::NotCanonical);
         }
         Ok(value)
     }
@@ -110,6 +116,10 @@ pub enum FrameError {
     /// The payload decoded but bytes were left over.
     #[error("{0} trailing bytes after the payload")]
     TrailingBytes(usize),
+    /// The payload decoded, but is not the canonical encoding of its value (an overlong
+    /// varint).
+    #[error("payload is not in canonical encoding")]
+    NotCanonical,
     /// The transport failed.
     #[error("transport error")]
     Io(#[source] io::Error),

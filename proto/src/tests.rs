@@ -178,6 +178,18 @@ fn oversized_length_is_refused_before_allocation() {
 }
 
 #[test]
+fn overlong_varint_is_refused_so_each_value_has_one_encoding() {
+    // Found by the frame_request fuzz target: [0x96, 0x00] is an overlong varint for 22, which
+    // postcard accepts; a Sample's deadline_ms decoded from it re-encoded as [22].
+    let canonical = [2, 1, 1, 1, 22];
+    assert!(Request::decode(&canonical).is_ok());
+    let overlong = [2, 1, 1, 1, 0x96, 0x00];
+    assert!(matches!(Request::decode(&overlong), Err(FrameError::NotCanonical)));
+    let frame = [6, 0, 0, 0, 2, 1, 1, 1, 0x96, 0x00];
+    assert!(matches!(Request::read(&mut Cursor::new(&frame[..])), Err(FrameError::NotCanonical)));
+}
+
+#[test]
 fn encoding_refuses_payloads_above_the_maximum() {
     let big = Reply::Topology(Topology {
         cpu_family: 0x1A,

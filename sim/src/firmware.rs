@@ -4,16 +4,16 @@
 //!
 //! The firmware knows nothing of the kernel driver: word counts, access modes, socket locks,
 //! timeouts and injected faults are the business of [`super::driver`]. It is a pure function of
-//! the machine, the mode, the time since it started and, in static mode, the values set.
+//! the machine, the mode, the seed and scenario, the time its [`Clock`] reads and, in static
+//! mode, the values set. The live values are the model of [`crate::live`].
 
 use super::profile::MachineSpec;
+use crate::live::{Clock, Live, Scenario};
 use amd_hsmp_device::Errno;
 use amd_hsmp_device::msr::{MSR_CORE_ENERGY_STAT, MSR_RAPL_PWR_UNIT};
 use amd_hsmp_device::table::id;
 use std::collections::HashMap;
-use std::f64::consts::TAU;
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::Instant;
 
 /// Time unit exponent reported in RAPL units (1/1024 s), as on every EPYC so far.
 const TIME_UNIT: u32 = 0xA;
@@ -23,9 +23,9 @@ const POWER_UNIT: u32 = 0x3;
 /// How the firmware's values evolve.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// Values move with the time elapsed since the firmware was created: per-core power
-    /// between 2 and 12 W varying slowly, boost limits stepping between a few levels about once
-    /// a minute per core, PROCHOT asserted about 1% of the time per socket.
+    /// Values move with the time the firmware's [`Clock`] reads, as [`crate::live`] models
+    /// them: per-core power following a daily load pattern within the SKU's TDP, boost limits
+    /// at the maximum except during power and thermal events, PROCHOT episodes that clear.
     Live,
     /// Deterministic values that change only through the setters ([`Firmware::advance_energy`],
     /// [`Firmware::set_energy_counter`], [`Firmware::set_boost_limit`],
@@ -92,29 +92,11 @@ pub enum SimError {
     InvalidEnergy(f64),
 }
 
-/// The live load pattern of one core, drawn once from the seed.
-#[derive(Debug, Clone, Copy)]
-struct LiveCore {
-    /// Mean power, W.
-    base_w: f64,
-    /// Amplitude of the sinusoid around the mean, W.
-    amp_w: f64,
-    /// Angular frequency, rad/s.
-    omega: f64,
-    /// Phase, rad.
-    phase: f64,
-    /// Energy already counted when the simulation starts, J.
-    offset_j: f64,
-    /// Shift of this core's boost-limit schedule, s.
-    boost_shift_s: f64,
-}
-
 /// One physical core as the firmware sees it (whether or not Linux has a thread online).
 #[derive(Debug, Clone, Copy)]
 struct FwCore {
     socket: u32,
     core: u32,
-    live: LiveCore,
 }
 
 /// The values of [`Mode::Static`].
@@ -137,32 +119,35 @@ pub struct Firmware {
     protocol: Option<u32>,
     rapl: bool,
     smu_fw_version: u32,
-    boost_mhz: u32,
     esu: u8,
     mode: Mode,
-    seed: u64,
-    start: Instant,
+    live: Live,
+    clock: Clock,
     state: Mutex<StaticState>,
 }
 
-/// Boost-limit levels below the maximum, MHz; the maximum is listed more often so that it is
-/// the common case, as on an idle-to-moderately-loaded machine.
-const BOOST_STEPS_MHZ: [u32; 8] = [0, 0, 0, 0, 100, 200, 400, 700];
-/// How long a live boost level lasts, s.
-const BOOST_SLOT_S: f64 = 60.0;
-/// Granularity of live PROCHOT, s.
-const PROCHOT_SLOT_S: f64 = 5.0;
-
 impl Firmware {
-    /// The firmware of `spec`; `seed` varies the live load patterns between simulations.
+    /// The firmware of `spec` on the wall clock, in the normal scenario; `seed` varies the
+    /// live load patterns between simulations.
     pub fn new(spec: &MachineSpec, mode: Mode, seed: u64) -> Firmware {
+        Firmware::with_clock(spec, mode, seed, Scenario::Normal, Clock::wall())
+    }
+
+    /// The firmware of `spec` whose live values follow `scenario` at the time `clock` reads.
+    pub fn with_clock(
+        spec: &MachineSpec,
+        mode: Mode,
+        seed: u64,
+        scenario: Scenario,
+        clock: Clock,
+    ) -> Firmware {
         let cpus = spec.cpus();
         let mut index: HashMap<(u32, u32), usize> = HashMap::new();
         let mut cores = Vec::new();
         for socket in 0..spec.sockets {
             for &core in &spec.core_ids {
                 index.insert((socket, core), cores.len());
-                cores.push(FwCore { socket, core, live: live_core(seed, cores.len() as u64) });
+                cores.push(FwCore { socket, core });
             }
         }
         let mut by_apic = HashMap::new();
@@ -186,11 +171,10 @@ impl Firmware {
             protocol: spec.hsmp_protocol,
             rapl: spec.rapl_messages,
             smu_fw_version: spec.smu_fw_version,
-            boost_mhz: spec.boost_mhz,
             esu,
             mode,
-            seed,
-            start: Instant::now(),
+            live: Live::new(spec, seed, scenario),
+            clock,
             state: Mutex::new(state),
         }
     }
@@ -367,14 +351,19 @@ impl Firmware {
     }
 
     fn elapsed_s(&self) -> f64 {
-        self.start.elapsed().as_secs_f64()
+        self.clock.now_s()
+    }
+
+    /// The live model, to see what the firmware would answer at any time.
+    pub fn live(&self) -> &Live {
+        &self.live
     }
 
     fn energy_at(&self, i: usize, t: f64) -> u64 {
         match self.mode {
             Mode::Static => self.lock().energy[i],
             Mode::Live => {
-                let joules = live_energy_j(&self.cores[i].live, t);
+                let joules = self.live.energy_j(i, t);
                 // Saturating conversion; floor keeps the counter monotonic in t.
                 (joules * f64::from(1u32 << self.esu)).floor() as u64
             }
@@ -384,124 +373,52 @@ impl Firmware {
     fn boost_at(&self, i: usize, t: f64) -> u32 {
         match self.mode {
             Mode::Static => self.lock().boost[i],
-            Mode::Live => {
-                live_boost_mhz(self.seed, i as u64, &self.cores[i].live, self.boost_mhz, t)
-            }
+            Mode::Live => self.live.boost_mhz(i, t),
         }
     }
 
     fn prochot_at(&self, socket: u32, t: f64) -> bool {
         match self.mode {
             Mode::Static => self.lock().prochot.get(socket as usize).copied().unwrap_or(false),
-            Mode::Live => live_prochot(self.seed, socket, t),
+            Mode::Live => self.live.prochot(socket, t),
         }
     }
-}
-
-/// SplitMix64 finaliser: a well-mixed deterministic hash of `x`.
-fn mix(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// A deterministic hash of (seed, a, b).
-fn hash(seed: u64, a: u64, b: u64) -> u64 {
-    mix(seed ^ mix(a ^ mix(b)))
-}
-
-/// A deterministic number in [0, 1) from (seed, a, b).
-fn unit(seed: u64, a: u64, b: u64) -> f64 {
-    (hash(seed, a, b) >> 11) as f64 / (1u64 << 53) as f64
-}
-
-/// Draws the live pattern of core `i`: power P(t) = base + amp·sin(ωt + φ) stays within
-/// [2 W, 12 W]; the period is 2 to 10 minutes.
-fn live_core(seed: u64, i: u64) -> LiveCore {
-    let base_w = 4.0 + 4.0 * unit(seed, i, 1);
-    let amp_w = (base_w - 2.0).min(12.0 - base_w) * (0.5 + 0.5 * unit(seed, i, 2));
-    let period_s = 120.0 + 480.0 * unit(seed, i, 3);
-    LiveCore {
-        base_w,
-        amp_w,
-        omega: TAU / period_s,
-        phase: TAU * unit(seed, i, 4),
-        // Up to one 32-bit MSR wrap's worth (at ESU 16), so wraps come at different times.
-        offset_j: 65_536.0 * unit(seed, i, 5),
-        boost_shift_s: BOOST_SLOT_S * unit(seed, i, 6),
-    }
-}
-
-/// Energy counted by a live core at `t` seconds: the integral of its power from 0 to t plus the
-/// starting offset.
-fn live_energy_j(c: &LiveCore, t: f64) -> f64 {
-    c.offset_j + c.base_w * t + c.amp_w / c.omega * (c.phase.cos() - (c.omega * t + c.phase).cos())
-}
-
-/// The live boost limit of core `i` at `t` seconds.
-fn live_boost_mhz(seed: u64, i: u64, c: &LiveCore, max_mhz: u32, t: f64) -> u32 {
-    let slot = ((t + c.boost_shift_s) / BOOST_SLOT_S).floor() as u64;
-    let step = BOOST_STEPS_MHZ[(hash(seed ^ 0xB005_7000, i, slot) % 8) as usize];
-    max_mhz.saturating_sub(step)
-}
-
-/// The live PROCHOT status of `socket` at `t` seconds: asserted in about 1% of the slots.
-fn live_prochot(seed: u64, socket: u32, t: f64) -> bool {
-    let slot = (t / PROCHOT_SLOT_S).floor() as u64;
-    hash(seed ^ 0x9807_4074, u64::from(socket), slot).is_multiple_of(100)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::live::ManualClock;
     use crate::profile::Profile;
+    use std::time::Duration;
 
     fn args(a0: u32) -> [u32; 8] {
         [a0, 0, 0, 0, 0, 0, 0, 0]
     }
 
     #[test]
-    fn live_power_stays_between_2_and_12_watts_and_energy_never_decreases() {
-        for i in 0..64 {
-            let c = live_core(7, i);
-            let mut last = live_energy_j(&c, 0.0);
-            for step in 1..=2000 {
-                let t = f64::from(step) * 0.5;
-                let e = live_energy_j(&c, t);
-                let watts = (e - last) / 0.5;
-                assert!((1.99..=12.01).contains(&watts), "core {i} at {t}s: {watts} W");
-                last = e;
-            }
-        }
-    }
-
-    #[test]
-    fn live_cores_differ() {
-        let a = live_core(0, 0);
-        let b = live_core(0, 1);
-        assert_ne!(live_energy_j(&a, 100.0), live_energy_j(&b, 100.0));
-    }
-
-    #[test]
-    fn live_boost_steps_between_levels_about_once_a_minute() {
-        let c = live_core(3, 5);
-        let levels: Vec<u32> =
-            (0..3600).map(|s| live_boost_mhz(3, 5, &c, 3700, f64::from(s))).collect();
-        let changes = levels.windows(2).filter(|w| w[0] != w[1]).count();
-        // One slot a minute, with repeats when two slots draw the same level.
-        assert!((10..=60).contains(&changes), "{changes} changes in an hour");
-        assert!(levels.iter().all(|&m| (3000..=3700).contains(&m)));
-        assert!(levels.contains(&3700));
-    }
-
-    #[test]
-    fn live_prochot_is_rare_but_happens() {
-        let slots = 200_000;
-        let asserted =
-            (0..slots).filter(|&s| live_prochot(11, 0, f64::from(s) * PROCHOT_SLOT_S)).count();
-        let share = asserted as f64 / f64::from(slots);
-        assert!((0.005..0.015).contains(&share), "asserted {share}");
+    fn live_values_come_from_the_clock_and_prochot_clears() {
+        let spec = Profile::Turin2p.spec();
+        let clock = ManualClock::at(Duration::from_secs(5));
+        let fw = Firmware::with_clock(
+            &spec,
+            Mode::Live,
+            0,
+            Scenario::ThermalEvent,
+            Clock::Manual(clock.clone()),
+        );
+        let apic = spec.apic_id(1, 0, 0);
+        let read = |msg| fw.answer(1, msg, &args(apic)).unwrap()[0];
+        let energy = fw.energy_counter(1, 0).unwrap();
+        assert_eq!((read(id::GET_PROC_HOT), read(id::GET_BOOST_LIMIT)), (0, 3700));
+        // Frozen: the same answer however long the test takes.
+        assert_eq!(fw.energy_counter(1, 0).unwrap(), energy);
+        clock.set(Duration::from_secs(60));
+        assert_eq!((read(id::GET_PROC_HOT), read(id::GET_BOOST_LIMIT)), (1, 2225));
+        assert!(fw.energy_counter(1, 0).unwrap() > energy);
+        clock.set(Duration::from_secs(1300));
+        assert_eq!(read(id::GET_PROC_HOT), u32::from(fw.live().prochot(1, 1300.0)));
+        assert_eq!(read(id::GET_PROC_HOT), 0, "the event clears after 20 minutes");
     }
 
     #[test]
@@ -608,8 +525,9 @@ mod tests {
         let first = fw.energy_counter(1, 191).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(20));
         let second = fw.energy_counter(1, 191).unwrap();
-        // At least 2 W for 20 ms is 0.04 J, 2621 units at ESU 16.
-        assert!(second >= first + 2600, "{first} -> {second}");
+        // A Turin core idles at 15 % of its 1.95 W (0.29 W; 0.16 W under PROCHOT): at least
+        // 0.003 J in 20 ms, 209 units at ESU 16.
+        assert!(second >= first + 200, "{first} -> {second}");
     }
 
     #[test]

@@ -26,11 +26,13 @@
 pub mod driver;
 pub mod faults;
 pub mod firmware;
+pub mod live;
 pub mod profile;
 
 pub use driver::{AccessMode, Counters, Driver, MailboxState, SimMsr};
 pub use faults::{DRIVER_TIMEOUT, Family, Faults, Target};
 pub use firmware::{Firmware, FwStatus, Mode, SimError};
+pub use live::{Clock, ManualClock, Scenario, UnknownScenario};
 pub use profile::{Cpu, MachineSpec, Profile, UnknownProfile};
 
 use amd_hsmp_device::{Errno, HsmpOpener, HsmpTransport, MsrOpener, MsrTransport};
@@ -48,12 +50,23 @@ pub struct FirmwareConfig {
     pub seed: u64,
     /// Faults injected from the start; change them later with [`Machine::set_faults`].
     pub faults: Faults,
+    /// The events of the live machine on top of its load pattern.
+    pub scenario: Scenario,
+    /// Where live values read the time: the wall clock for `--simulate`, a [`ManualClock`]
+    /// for tests that put the machine at a chosen instant.
+    pub clock: Clock,
 }
 
 impl FirmwareConfig {
-    /// `mode`, seed 0, no faults.
+    /// `mode`, seed 0, no faults, the normal scenario on the wall clock from now.
     pub fn new(mode: Mode) -> FirmwareConfig {
-        FirmwareConfig { mode, seed: 0, faults: Faults::default() }
+        FirmwareConfig {
+            mode,
+            seed: 0,
+            faults: Faults::default(),
+            scenario: Scenario::Normal,
+            clock: Clock::wall(),
+        }
     }
 
     /// Live values, seed 0, no faults: what `--simulate` serves.
@@ -84,7 +97,8 @@ pub struct Machine {
 impl Machine {
     /// Builds the machine `spec` with firmware behaving as `config` says.
     pub fn new(spec: MachineSpec, config: FirmwareConfig) -> Arc<Machine> {
-        let firmware = Firmware::new(&spec, config.mode, config.seed);
+        let firmware =
+            Firmware::with_clock(&spec, config.mode, config.seed, config.scenario, config.clock);
         Arc::new(Machine {
             topology: spec.topology(),
             socket_locks: (0..spec.sockets).map(|_| Mutex::new(())).collect(),

@@ -89,6 +89,8 @@ impl Profile {
                 smu_fw_version: 0x0026_5D00,
                 boost_mhz: 3350,
                 esu: 16,
+                // EPYC 7502P: 180 W default TDP (cTDP 165-200 W).
+                tdp_w: 180,
             },
             Profile::Milan1p => MachineSpec {
                 cpu_family: 0x19,
@@ -104,6 +106,8 @@ impl Profile {
                 smu_fw_version: 0x002D_4C00,
                 boost_mhz: 3675,
                 esu: 16,
+                // EPYC 7713P: 225 W default TDP (cTDP 225-240 W).
+                tdp_w: 225,
             },
             Profile::Genoa2p => MachineSpec {
                 cpu_family: 0x19,
@@ -120,6 +124,8 @@ impl Profile {
                 smu_fw_version: 0x0004_5E2E,
                 boost_mhz: 3800,
                 esu: 16,
+                // EPYC 9354: 280 W default TDP (cTDP 240-300 W).
+                tdp_w: 280,
             },
             Profile::Bergamo1p => MachineSpec {
                 cpu_family: 0x19,
@@ -135,6 +141,8 @@ impl Profile {
                 smu_fw_version: 0x0004_6A1F,
                 boost_mhz: 3100,
                 esu: 16,
+                // EPYC 9754: 360 W default TDP (cTDP 320-400 W).
+                tdp_w: 360,
             },
             Profile::Siena1p => MachineSpec {
                 cpu_family: 0x19,
@@ -150,6 +158,8 @@ impl Profile {
                 smu_fw_version: 0x0004_6C10,
                 boost_mhz: 3100,
                 esu: 16,
+                // EPYC 8534P: 200 W default TDP (cTDP 155-225 W).
+                tdp_w: 200,
             },
             Profile::Turin2p => MachineSpec {
                 cpu_family: 0x1A,
@@ -165,6 +175,8 @@ impl Profile {
                 smu_fw_version: 0x0005_5A2B,
                 boost_mhz: 3700,
                 esu: 16,
+                // EPYC 9965: 500 W default TDP (cTDP 450-500 W).
+                tdp_w: 500,
             },
         }
     }
@@ -228,6 +240,8 @@ pub struct MachineSpec {
     pub boost_mhz: u32,
     /// Energy status unit: one counter step is 2^-esu joules.
     pub esu: u8,
+    /// Default TDP of one socket's SKU, W; the live model keeps the cores' power within it.
+    pub tdp_w: u32,
 }
 
 /// One logical CPU of a [`MachineSpec`].
@@ -531,6 +545,22 @@ mod tests {
                 assert!(spec.hsmp_protocol >= Some(7));
             }
         }
+    }
+
+    #[test]
+    fn every_profile_has_its_sku_s_tdp() {
+        let tdp: Vec<(Profile, u32)> = Profile::ALL.iter().map(|&p| (p, p.spec().tdp_w)).collect();
+        assert_eq!(
+            tdp,
+            vec![
+                (Profile::Milan1p, 225),
+                (Profile::Genoa2p, 280),
+                (Profile::Bergamo1p, 360),
+                (Profile::Siena1p, 200),
+                (Profile::Turin2p, 500),
+                (Profile::Rome1p, 180),
+            ]
+        );
     }
 
     #[test]

@@ -573,6 +573,17 @@ impl FakeDevice {
         lock(&self.shared.messages).clone()
     }
 
+    /// Number of messages so far.
+    pub fn message_count(&self) -> usize {
+        lock(&self.shared.messages).len()
+    }
+
+    /// The messages from the `start`-th on (none if there are fewer), without copying the
+    /// earlier ones: for long runs such as the benchmark's.
+    pub fn messages_from(&self, start: usize) -> Vec<WireMessage> {
+        lock(&self.shared.messages).get(start..).map(<[_]>::to_vec).unwrap_or_default()
+    }
+
     /// Number of messages so far, by message id.
     pub fn message_counts(&self) -> BTreeMap<u32, usize> {
         let mut counts = BTreeMap::new();

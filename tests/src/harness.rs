@@ -7,11 +7,15 @@
 //! unwinds; children also get `PR_SET_PDEATHSIG` (through `setpriv`) so that not even a test
 //! process killed outright leaves one behind.
 
+use amd_hsmp_proto::{
+    Families, ItemError, Message, PROTOCOL_VERSION, Readings, Reply, Request, Sample, Topology,
+};
 use anyhow::{Context, Result, bail};
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -99,6 +103,19 @@ fn cargo_build(dir: &Path, what: &[&str]) -> Result<()> {
     // The target directory the test was built in, wherever CARGO_TARGET_DIR points.
     if let Some(target) = dir.parent() {
         cmd.env("CARGO_TARGET_DIR", target);
+    }
+    // The variables cargo sets for this test (CARGO_PKG_NAME, CARGO_MANIFEST_DIR, ...) would
+    // reach build scripts that declare rerun-if-env-changed on them (ring does), so every
+    // build from here and every plain cargo build after it would rebuild those crates.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        let per_crate = ["CARGO_PKG_", "CARGO_MANIFEST_", "CARGO_CRATE_", "CARGO_BIN_"];
+        if per_crate.iter().any(|p| name.starts_with(p))
+            || name == "CARGO_PRIMARY_PACKAGE"
+            || name == "CARGO_TARGET_TMPDIR"
+        {
+            cmd.env_remove(&*name);
+        }
     }
     cmd.current_dir(env!("CARGO_MANIFEST_DIR"));
     let status = cmd.status().with_context(|| format!("cannot run {cmd:?}"))?;
@@ -273,7 +290,7 @@ pub fn start_simulated_broker(
 }
 
 /// `amd-hsmp-exporter` for the broker on `socket`, on a free 127.0.0.1 port, with `extra`
-/// flags and (if given) `RLIMIT_NOFILE` set to `nofile`; waits until it serves `/`. A port
+/// flags and (if given) `RLIMIT_NOFILE` set to `nofile`; waits until it answers HTTP. A port
 /// taken between picking and binding is retried with another. Logs go to
 /// `dir/exporter.<attempt>.log`.
 pub fn start_exporter(
@@ -282,7 +299,21 @@ pub fn start_exporter(
     nofile: Option<u64>,
     dir: &Path,
 ) -> Result<(Proc, SocketAddr)> {
-    let exe = &binaries()?.exporter;
+    let mut flags: Vec<String> = vec!["--log.level".into(), "debug".into()];
+    flags.extend(extra.iter().cloned());
+    start_exporter_from(&binaries()?.exporter, socket, &flags, nofile, dir, "exporter")
+}
+
+/// [`start_exporter`] for the exporter binary `exe`, with exactly `flags` besides the address
+/// and the socket; logs go to `dir/<name>.<attempt>.log`.
+pub fn start_exporter_from(
+    exe: &Path,
+    socket: &Path,
+    flags: &[String],
+    nofile: Option<u64>,
+    dir: &Path,
+    name: &str,
+) -> Result<(Proc, SocketAddr)> {
     let mut last = None;
     for attempt in 0..3 {
         let addr: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
@@ -291,14 +322,13 @@ pub fn start_exporter(
             addr.to_string(),
             "--broker.socket".into(),
             socket.display().to_string(),
-            "--log.level".into(),
-            "debug".into(),
         ];
-        args.extend(extra.iter().cloned());
-        let log = dir.join(format!("exporter.{attempt}.log"));
+        args.extend(flags.iter().cloned());
+        let log = dir.join(format!("{name}.{attempt}.log"));
         let mut exporter = Proc::spawn_with_fd_limit("amd-hsmp-exporter", exe, &args, log, nofile)?;
         let up = wait_until(&mut exporter, "exporter", || {
-            http_get(addr, "/", &[], Duration::from_secs(2)).is_ok()
+            // Any answer will do; a path that is not served costs no sample (`/` takes one).
+            http_get(addr, NOT_SERVED, &[], Duration::from_secs(2)).is_ok()
         });
         match up {
             Ok(()) => return Ok((exporter, addr)),
@@ -307,6 +337,57 @@ pub fn start_exporter(
     }
     Err(last.unwrap_or_else(|| anyhow::anyhow!("exporter did not start")))
 }
+
+/// A protocol client of the broker, past the handshake. Tests speak to the broker directly
+/// through it; any I/O or protocol error panics, naming what was expected.
+#[derive(Debug)]
+pub struct BrokerClient(UnixStream);
+
+impl BrokerClient {
+    /// Connects to `socket` and shakes hands; each reply is awaited up to `patience`.
+    pub fn connect(socket: &Path, patience: Duration) -> BrokerClient {
+        let stream = UnixStream::connect(socket).unwrap();
+        stream.set_read_timeout(Some(patience)).unwrap();
+        let mut client = BrokerClient(stream);
+        match client.call(&Request::Hello { protocol_version: PROTOCOL_VERSION }) {
+            Reply::Hello { .. } => client,
+            other => panic!("expected Hello, got {other:?}"),
+        }
+    }
+
+    /// One request and its reply.
+    pub fn call(&mut self, request: &Request) -> Reply {
+        request.write(&mut self.0).unwrap();
+        Reply::read(&mut self.0).unwrap()
+    }
+
+    /// The broker's topology.
+    pub fn topology(&mut self) -> Topology {
+        match self.call(&Request::Topology) {
+            Reply::Topology(t) => t,
+            other => panic!("expected Topology, got {other:?}"),
+        }
+    }
+
+    /// A sample of `what` with a deadline `deadline_ms` from now.
+    pub fn sample(&mut self, what: Families, deadline_ms: u32) -> Sample {
+        match self.call(&Request::Sample { what, deadline_ms }) {
+            Reply::Sample(sample) => sample,
+            other => panic!("expected Sample, got {other:?}"),
+        }
+    }
+}
+
+/// The items of `readings`; panics if the family was not read at all.
+pub fn values<T: Clone + std::fmt::Debug>(readings: &Readings<T>) -> Vec<Result<T, ItemError>> {
+    match readings {
+        Readings::Values(values) => values.clone(),
+        other => panic!("expected values, got {other:?}"),
+    }
+}
+
+/// A path the exporter answers 404 at once, without asking the broker.
+pub const NOT_SERVED: &str = "/not-served";
 
 /// A loopback port nobody listens on right now.
 pub fn free_port() -> Result<u16> {
@@ -425,6 +506,17 @@ impl Exposition {
 }
 
 fn parse_response(raw: &[u8], elapsed: Duration) -> Result<Response> {
+    let (status, headers, body) = parse_raw_response(raw)?;
+    let body = String::from_utf8(body).context("body is not UTF-8")?;
+    Ok(Response { status, headers, body, elapsed })
+}
+
+/// Response headers: names lower-cased, in the order received.
+pub type Headers = Vec<(String, String)>;
+
+/// A raw HTTP/1.1 response read to the end: status, headers (names lower-cased) and the body
+/// bytes, decoded from chunked transfer encoding if needed (not from a content encoding).
+pub fn parse_raw_response(raw: &[u8]) -> Result<(u16, Headers, Vec<u8>)> {
     let split = raw.windows(4).position(|w| w == b"\r\n\r\n").context("no end of headers")?;
     let head = std::str::from_utf8(&raw[..split]).context("headers are not UTF-8")?;
     let mut lines = head.split("\r\n");
@@ -444,8 +536,7 @@ fn parse_response(raw: &[u8], elapsed: Duration) -> Result<Response> {
     if chunked {
         body = dechunk(&body)?;
     }
-    let body = String::from_utf8(body).context("body is not UTF-8")?;
-    Ok(Response { status, headers, body, elapsed })
+    Ok((status, headers, body))
 }
 
 fn dechunk(mut data: &[u8]) -> Result<Vec<u8>> {

@@ -4,6 +4,8 @@
 //! The suites are `tests/e2e.rs` (scenarios) and `tests/broker.rs` (the broker binary alone);
 //! `tests/README.md` says how to add a machine or a scenario and how to refresh the golden files.
 
+#![forbid(unsafe_code)]
+
 pub mod energy;
 pub mod fake;
 pub mod fixtures;

@@ -397,7 +397,8 @@ impl Rig {
         let topology = spec.topology();
         let cpus: Vec<u32> = spec.cpus().iter().filter(|c| c.online).map(|c| c.cpu).collect();
         let faults = scenario.faults.resolve(&topology)?;
-        let machine = Machine::new(spec, FirmwareConfig { mode: Mode::Static, seed: 0, faults });
+        let machine =
+            Machine::new(spec, FirmwareConfig { faults, ..FirmwareConfig::new(Mode::Static) });
         let hsmp_state =
             if machine.firmware().has_hsmp() { scenario.hsmp } else { NodeState::Absent };
         let device = FakeDevice::mount(FakeConfig {
@@ -462,6 +463,16 @@ impl Rig {
     /// The exporter's address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The broker's socket, for tests that speak to the broker directly.
+    pub fn broker_socket(&self) -> PathBuf {
+        self.dir.path().join("broker.sock")
+    }
+
+    /// What the broker has written to its stderr so far.
+    pub fn broker_log(&self) -> String {
+        self.broker.as_ref().map_or_else(String::new, Proc::log)
     }
 
     /// Both processes' logs, for a failure message.

@@ -6,10 +6,8 @@
 use amd_hsmp_e2e::energy::{UNITS_PER_WRAP, WrappingEnergy};
 use amd_hsmp_e2e::fake::{FakeConfig, FakeDevice, NodeState};
 use amd_hsmp_e2e::fixtures;
-use amd_hsmp_e2e::harness::{self, Proc};
-use amd_hsmp_proto::{
-    self as proto, Families, Message, PROTOCOL_VERSION, Readings, Reply, Request, Topology,
-};
+use amd_hsmp_e2e::harness::{self, BrokerClient, Proc, values};
+use amd_hsmp_proto::{self as proto, Families, Readings};
 use rustix::process::{Pid, Signal};
 use std::io::{BufRead, Read, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -17,12 +15,21 @@ use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 /// How long any awaited condition may take.
 const PATIENCE: Duration = Duration::from_secs(20);
+
+/// Held by the tests whose claim rests on the broker keeping time (the MSR wrap window) and by
+/// the one that loads the machine (the squatters' connect loops), so that they run one at a
+/// time and none of them slows another's broker past its wrap window.
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static TIMED: Mutex<()> = Mutex::new(());
+    // A failed test poisons the lock; the next one still runs alone.
+    TIMED.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// Polls `ready` until it holds; panics with `what` after [`PATIENCE`].
 fn until(what: &str, mut ready: impl FnMut() -> bool) {
@@ -58,8 +65,7 @@ impl Broker {
         let program = prefix.first().map_or(bins.broker.clone(), PathBuf::from);
         let log = dir.path().join("broker.log");
         let mut proc = Proc::spawn("amd-hsmp-broker", &program, &argv, log).unwrap();
-        harness::wait_until(&mut proc, "broker socket", || UnixStream::connect(&socket).is_ok())
-            .unwrap();
+        harness::wait_until(&mut proc, "broker socket", || serves(&socket)).unwrap();
         Broker { proc, socket, dir }
     }
 
@@ -88,8 +94,8 @@ impl Broker {
         self.proc.signal(sig.as_raw()).unwrap();
     }
 
-    fn client(&self) -> Client {
-        Client::connect(&self.socket)
+    fn client(&self) -> BrokerClient {
+        BrokerClient::connect(&self.socket, Duration::from_secs(10))
     }
 
     fn log(&self) -> String {
@@ -97,60 +103,34 @@ impl Broker {
     }
 }
 
-/// A protocol client.
-struct Client(UnixStream);
+/// The deadline of the tests' samples, in ms: long enough never to cut one short.
+const DEADLINE_MS: u32 = 10_000;
 
-impl Client {
-    fn connect(socket: &Path) -> Client {
-        let s = UnixStream::connect(socket).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut c = Client(s);
-        match c.call(&Request::Hello { protocol_version: PROTOCOL_VERSION }) {
-            Reply::Hello { .. } => c,
-            other => panic!("expected Hello, got {other:?}"),
-        }
-    }
-
-    fn call(&mut self, req: &Request) -> Reply {
-        req.write(&mut self.0).unwrap();
-        Reply::read(&mut self.0).unwrap()
-    }
-
-    fn topology(&mut self) -> Topology {
-        match self.call(&Request::Topology) {
-            Reply::Topology(t) => t,
-            other => panic!("expected Topology, got {other:?}"),
-        }
-    }
-
-    fn sample(&mut self, what: Families) -> proto::Sample {
-        match self.call(&Request::Sample { what, deadline_ms: 10_000 }) {
-            Reply::Sample(s) => s,
-            other => panic!("expected Sample, got {other:?}"),
-        }
-    }
-
-    /// Every core's extended energy count, in units; panics on a failed core.
-    fn energy(&mut self) -> Vec<u64> {
-        let what = Families { core_energy: true, ..Families::default() };
-        values(self.sample(what).energy)
-            .into_iter()
-            .map(|e| e.unwrap_or_else(|e| panic!("core energy failed: {e:?}")).counter)
-            .collect()
-    }
-}
-
-fn values<T: std::fmt::Debug>(r: Readings<T>) -> Vec<Result<T, proto::ItemError>> {
-    match r {
-        Readings::Values(values) => values,
-        other => panic!("expected values, got {other:?}"),
-    }
+/// Every core's extended energy count, in units; panics on a failed core.
+fn energy(client: &mut BrokerClient) -> Vec<u64> {
+    let what = Families { core_energy: true, ..Families::default() };
+    values(&client.sample(what, DEADLINE_MS).energy)
+        .into_iter()
+        .map(|e| e.unwrap_or_else(|e| panic!("core energy failed: {e:?}")).counter)
+        .collect()
 }
 
 /// True if the broker closed `s` (EOF on read).
 fn closed(s: &mut UnixStream) -> bool {
     let mut b = [0u8; 1];
     matches!(s.read(&mut b), Ok(0))
+}
+
+/// Whether a broker listens on `socket`, checked with a connection that is over, slot and all,
+/// when this returns: it ends its side and waits for the broker's end, which the broker sends
+/// only after giving the connection's slot back. A bare `connect()` left that slot taken for a
+/// moment, so the next two connections of the test's uid could find its share (2) held and be
+/// refused.
+fn serves(socket: &Path) -> bool {
+    let Ok(mut s) = UnixStream::connect(socket) else { return false };
+    s.set_read_timeout(Some(PATIENCE)).is_ok()
+        && s.shutdown(std::net::Shutdown::Write).is_ok()
+        && closed(&mut s)
 }
 
 /// The `probe` example, copied where uid `uid` can run it, run against `socket` as `uid`.
@@ -196,12 +176,12 @@ fn full_sample_of_a_simulated_turin_2p() {
     // EPYC numbering: thread-0 siblings of both sockets first, so APIC ids are not CPU numbers.
     assert!(topology.cores.iter().any(|c| c.apic_id != c.cpu));
 
-    let sample = c.sample(Families::ALL);
+    let sample = c.sample(Families::ALL, DEADLINE_MS);
     assert_eq!(sample.hsmp, proto::DeviceStatus::Ready { protocol_version: 7 });
     assert_eq!(sample.energy_source, Some(proto::EnergySource::Hsmp));
-    let energy = values(sample.energy);
-    let boost = values(sample.boost_limit);
-    let prochot = values(sample.prochot);
+    let energy = values(&sample.energy);
+    let boost = values(&sample.boost_limit);
+    let prochot = values(&sample.prochot);
     assert_eq!(energy.len() + boost.len(), 768);
     assert_eq!(prochot.len(), 2);
     assert!(energy.iter().all(Result::is_ok), "{energy:?}");
@@ -213,10 +193,10 @@ fn full_sample_of_a_simulated_turin_2p() {
 fn disabled_families_are_not_read() {
     let broker = Broker::simulated("turin-2p", &[]);
     let what = Families { prochot: true, ..Families::default() };
-    let sample = broker.client().sample(what);
+    let sample = broker.client().sample(what, DEADLINE_MS);
     assert_eq!(sample.energy, Readings::NotRequested);
     assert_eq!(sample.boost_limit, Readings::NotRequested);
-    assert_eq!(values(sample.prochot).len(), 2);
+    assert_eq!(values(&sample.prochot).len(), 2);
 }
 
 #[test]
@@ -267,7 +247,7 @@ fn lockdown_is_visible_in_proc_status() {
     assert_eq!(field("NoNewPrivs:"), "1");
     assert_eq!(field("Seccomp:"), "2");
     // Still serves after the lock-down, MSR fallback included.
-    broker.client().sample(Families::ALL);
+    broker.client().sample(Families::ALL, DEADLINE_MS);
 }
 
 #[test]
@@ -387,7 +367,7 @@ fn sighup_and_sigusr_do_not_stop_the_broker_and_are_logged_once() {
     let mut c = broker.client();
     until("all three signals logged", || broker.log().matches("signal ignored").count() == 3);
     assert_eq!(c.topology().cores.len(), 64);
-    broker.client().sample(Families::ALL);
+    broker.client().sample(Families::ALL, DEADLINE_MS);
     let log = broker.log();
     assert_eq!(log.matches("SIGHUP").count(), 1, "{log}");
 }
@@ -420,9 +400,8 @@ fn sigterm_leaves_a_socket_activated_socket_file_in_place() {
     let mut proc = Proc::spawn("amd-hsmp-broker", activate, &args, dir.path().join("log")).unwrap();
     // The first connection starts the broker on the passed socket (the file exists a moment
     // before it listens, so connect until it does).
-    harness::wait_until(&mut proc, "activation socket", || UnixStream::connect(&socket).is_ok())
-        .unwrap();
-    Client::connect(&socket);
+    harness::wait_until(&mut proc, "activation socket", || serves(&socket)).unwrap();
+    BrokerClient::connect(&socket, PATIENCE);
     proc.signal(libc::SIGTERM).unwrap();
     let status = proc.wait_exit(PATIENCE).unwrap();
     assert!(status.success(), "{status}: {}", proc.log());
@@ -440,7 +419,7 @@ fn a_broker_in_its_own_pid_namespace_serves_a_peer_outside_it() {
     // The broker sees this process's pid as 0: it is outside the broker's namespace.
     let mut c = broker.client();
     assert_eq!(c.topology().cores.len(), 64);
-    assert!(values(c.sample(Families::ALL).prochot).iter().all(Result::is_ok));
+    assert!(values(&c.sample(Families::ALL, DEADLINE_MS).prochot).iter().all(Result::is_ok));
     let log = broker.log();
     assert!(!log.contains("credentials"), "{log}");
 }
@@ -496,6 +475,7 @@ impl Drop for Squatters {
 
 #[test]
 fn a_root_squatter_across_a_restart_never_locks_out_the_allowed_exporter_uid() {
+    let _alone = one_at_a_time();
     let flags = ["--allow-uid", "65533"];
     let mut broker = Broker::simulated("milan-1p", &flags);
     broker.open_to_all();
@@ -541,7 +521,7 @@ fn respawn_at(socket: &Path, args: &[String], mut old: Broker) -> Broker {
     harness::wait_until(&mut proc, "restarted broker", || {
         // Listening again once a connection is accepted by the new process (the old socket
         // file refuses connections).
-        std::fs::metadata(socket).is_ok() && UnixStream::connect(socket).is_ok()
+        std::fs::metadata(socket).is_ok() && serves(socket)
     })
     .unwrap();
     Broker { proc, socket: socket.to_owned(), dir: old.dir }
@@ -557,15 +537,17 @@ const BASE_WATTS: f64 = 80.0;
 
 /// A broker reading Rome 1P's energy through the MSR fallback from the fast-wrapping fake.
 struct WrapRig {
-    // Drop order: the broker before the mount it holds open.
+    // Drop order: the broker before the mount it holds open, both before the next timed test.
     broker: Broker,
     _device: FakeDevice,
     model: WrappingEnergy,
     cpus: Vec<u32>,
+    _alone: MutexGuard<'static, ()>,
 }
 
 impl WrapRig {
     fn start() -> WrapRig {
+        let alone = one_at_a_time();
         let spec = fixtures::machine("rome-1p").unwrap();
         let cpus: Vec<u32> = spec.cpus().iter().filter(|c| c.online).map(|c| c.cpu).collect();
         let model = WrappingEnergy::new(ESU, BASE_WATTS);
@@ -587,7 +569,7 @@ impl WrapRig {
         args.push("100ms".into());
         let broker = Broker::spawn_with(&[], &args, tempfile::tempdir().unwrap());
         let cpus = broker.client().topology().cores.iter().map(|c| c.cpu).collect();
-        WrapRig { broker, _device: device, model, cpus }
+        WrapRig { broker, _device: device, model, cpus, _alone: alone }
     }
 
     /// Waits until every core's counter has wrapped `wraps` more times from now on.
@@ -613,7 +595,7 @@ impl WrapRig {
     /// exact energy since its first reading: not one wrap lost, nothing reset.
     fn check_exact(&self) {
         self.model.freeze();
-        let counts = self.broker.client().energy();
+        let counts = energy(&mut self.broker.client());
         for (&cpu, &count) in self.cpus.iter().zip(&counts) {
             let readings = self.model.readings(cpu);
             let exact = self.model.units(cpu) - readings[0];
@@ -627,7 +609,7 @@ impl WrapRig {
             );
         }
         let what = Families { core_energy: true, ..Families::default() };
-        assert_eq!(self.broker.client().sample(what).energy_resets, 0, "no reset");
+        assert_eq!(self.broker.client().sample(what, DEADLINE_MS).energy_resets, 0, "no reset");
         let log = self.broker.log();
         assert!(!log.contains("panicked"), "{log}");
         assert!(!log.contains("MSR poller stopped"), "the poller's sleep failed: {log}");
@@ -751,7 +733,7 @@ fn a_broker_stopped_longer_than_a_wrap_restarts_the_count_and_counts_the_reset()
     };
     assert_eq!(core_energy_errors(), 0.0);
     rig.wait_for_wraps(1);
-    let before = rig.broker.client().energy();
+    let before = energy(&mut rig.broker.client());
     rig.broker.signal(Signal::STOP);
     until("the broker is stopped", || state(rig.broker.proc.pid()) == 'T');
     // Longer than the broker's 1.28 s window: a wrap may have been missed.
@@ -761,9 +743,13 @@ fn a_broker_stopped_longer_than_a_wrap_restarts_the_count_and_counts_the_reset()
     rig.wait_for_a_poll();
     rig.model.freeze();
     let mut client = rig.broker.client();
-    let after = client.energy();
+    let after = energy(&mut client);
     let what = Families { core_energy: true, ..Families::default() };
-    assert_eq!(client.sample(what).energy_resets, rig.cpus.len() as u64, "one reset per core");
+    assert_eq!(
+        client.sample(what, DEADLINE_MS).energy_resets,
+        rig.cpus.len() as u64,
+        "one reset per core"
+    );
     assert_eq!(core_energy_errors(), rig.cpus.len() as f64, "the exporter counts each reset");
     for (i, &cpu) in rig.cpus.iter().enumerate() {
         assert!(after[i] < before[i], "cpu {cpu}: {} then {}: no reset", before[i], after[i]);

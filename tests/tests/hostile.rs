@@ -262,15 +262,20 @@ fn absurd_timeout_headers_get_an_answer_never_a_panic() {
 }
 
 #[test]
-fn sighup_to_the_exporter_mid_scrapes_keeps_it_serving() {
+fn sighup_to_both_processes_keeps_both_serving() {
     let dir = tempfile::tempdir().unwrap();
-    let (_broker, mut exporter, addr) = simulated(dir.path(), None, &[]);
+    let (mut broker, mut exporter, addr) = simulated(dir.path(), None, &[]);
     for _ in 0..3 {
         exporter.signal(libc::SIGHUP).unwrap();
+        broker.signal(libc::SIGHUP).unwrap();
+        // A complete scrape needs both processes alive after the signal.
         let response = scrape_from(loopback(3), addr, "10").unwrap();
-        assert!(complete(&Exposition::parse(&response.body).unwrap()));
+        let m = Exposition::parse(&response.body).unwrap();
+        assert!(complete(&m), "{}\n{}", m.text, broker.log());
+        assert_eq!(m.errors("broker"), 0.0, "the broker connection broke");
     }
     exporter.check_running().unwrap();
+    broker.check_running().unwrap();
 }
 
 #[test]

@@ -1,4 +1,5 @@
-//! `cargo xtask demo`: the broker on the simulated Turin 2P and the exporter on :10054.
+//! `cargo xtask demo [--scenario NAME]`: the broker on the simulated Turin 2P and the exporter
+//! on :10054, as whoever runs it (the simulating broker serves its own uid; no root needed).
 
 use anyhow::{Context, Result, bail};
 use rustix::process::{Pid, Signal, kill_process};
@@ -32,12 +33,18 @@ impl Drop for Guard {
     }
 }
 
-/// Builds both binaries, starts them and waits for Ctrl-C (or for either to exit).
-pub fn run() -> Result<()> {
+/// Builds both binaries, starts them and waits for Ctrl-C (or for either to exit). `args` are
+/// the task's arguments: `--scenario NAME` picks the simulator's events.
+pub fn run(args: &[String]) -> Result<()> {
+    let scenario = match args {
+        [] => None,
+        [flag, name] if flag == "--scenario" => Some(name.clone()),
+        _ => bail!("usage: cargo xtask demo [--scenario normal|thermal-event|prochot-flapping]"),
+    };
     let bin = build()?;
     let dir = std::env::temp_dir().join(format!("amd-hsmp-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let result = serve(&bin, &dir);
+    let result = serve(&bin, &dir, scenario.as_deref());
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
@@ -56,7 +63,7 @@ pub fn build() -> Result<PathBuf> {
     Ok(crate::root().join("target/debug"))
 }
 
-fn serve(bin: &Path, dir: &Path) -> Result<()> {
+fn serve(bin: &Path, dir: &Path, scenario: Option<&str>) -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
@@ -67,6 +74,7 @@ fn serve(bin: &Path, dir: &Path) -> Result<()> {
         Command::new(bin.join("amd-hsmp-broker"))
             .args(["--simulate", PROFILE, "--listen"])
             .arg(&socket)
+            .args(scenario.iter().flat_map(|s| ["--simulate.scenario", *s]))
             .spawn()
             .context("cannot start amd-hsmp-broker")?,
     );
@@ -88,7 +96,9 @@ fn serve(bin: &Path, dir: &Path) -> Result<()> {
             .context("cannot start amd-hsmp-exporter")?,
     );
     eprintln!(
-        "\nDemo running on a simulated {PROFILE}: http://localhost:10054/metrics\nPress Ctrl-C to stop.\n"
+        "\nDemo running on a simulated {PROFILE} ({}): http://localhost:10054/ (the node at a \
+         glance) and http://localhost:10054/metrics\nPress Ctrl-C to stop.\n",
+        scenario.unwrap_or("normal")
     );
     while !stop.load(Ordering::SeqCst) {
         if let Some(status) = broker.0.try_wait()? {

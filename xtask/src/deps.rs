@@ -24,6 +24,8 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("setools", "sesearch"),
     // The mixin checks (mixin.rs); promtool is above.
     ("jsonnet", "jsonnet"),
+    // The landing page rendered headless (tests/tests/demo.rs).
+    ("chromium", "chromium"),
 ];
 
 /// Cargo subcommands the suite uses: crate, pinned version (the packaging checks compare the

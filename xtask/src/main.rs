@@ -5,10 +5,11 @@
 //! packaging checks alone), `man OUTDIR` (man pages and shell completions, see `man.rs`), `mixin [--live]` (the monitoring mixin's checks alone; `--live` adds
 //! a real Prometheus scraping the simulated machine, which `test` always runs), `vm-test` (the
 //! real driver and the package under systemd in a QEMU guest whose SMU is the simulator; see
-//! `vm/mod.rs`).
+//! `vm/mod.rs`), `bench` (the benchmark of a scrape's cost; not part of `test`).
 
 #![forbid(unsafe_code)]
 
+mod bench;
 mod demo;
 mod deps;
 mod man;
@@ -21,8 +22,8 @@ use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-const USAGE: &str =
-    "usage: cargo xtask <demo|test|deps|packaging|man OUTDIR|mixin [--live]|vm-test>";
+const USAGE: &str = "usage: cargo xtask <demo [--scenario NAME]|test|deps|packaging|man OUTDIR|\
+                     mixin [--live]|vm-test|bench [--help]>";
 
 fn main() -> ExitCode {
     match run() {
@@ -37,7 +38,8 @@ fn main() -> ExitCode {
 fn run() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
-        Some("demo") => demo::run(),
+        Some("demo") => demo::run(&args[1..]),
+        Some("bench") => bench::run(&args[1..]),
         Some("deps") => deps::install(),
         Some("packaging") => packaging::check(&root()),
         Some("man") => match args.get(1) {
@@ -49,6 +51,8 @@ fn run() -> Result<()> {
         Some("test") => {
             deps::install()?;
             cargo(&["test", "--workspace", "--all-targets"])?;
+            // `--all-targets` leaves the doctests out.
+            cargo(&["test", "--workspace", "--doc"])?;
             packaging::check(&root())?;
             mixin::check(&root(), true)
         }
@@ -66,6 +70,21 @@ pub fn root() -> PathBuf {
 pub fn cargo(args: &[&str]) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     run_cmd(Command::new(cargo).args(args).current_dir(root()))
+}
+
+/// Builds the release binaries of the two daemons, as the packages ship them: what the
+/// packaging check and the VM test's `.deb` are made from.
+pub fn build_release_daemons() -> Result<()> {
+    cargo(&[
+        "build",
+        "--release",
+        "--locked",
+        "--package",
+        "amd-hsmp-broker",
+        "--package",
+        "amd-hsmp-exporter",
+        "--bins",
+    ])
 }
 
 /// Runs a command to completion; a non-zero exit is an error naming the command.

@@ -26,7 +26,8 @@ impl Server {
         let addr = listener.local_addr().unwrap();
         let admission = Admission::new(limits);
         let (stop, stop_rx) = watch::channel(false);
-        let task = tokio::spawn(server::serve(listener, router, admission.clone(), stop_rx));
+        let web = amd_hsmp_exporter::web_config::WebState::open();
+        let task = tokio::spawn(server::serve(listener, router, admission.clone(), web, stop_rx));
         Server { addr, admission, stop, task }
     }
 }

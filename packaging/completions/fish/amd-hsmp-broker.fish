@@ -1,4 +1,5 @@
-complete -c amd-hsmp-broker -l listen -d 'Create and listen on this Unix socket (mode 0660). Without it, the socket passed by systemd socket activation (LISTEN_FDS) is used' -r -F
+complete -c amd-hsmp-broker -l listen -d 'Create and listen on this Unix socket (mode --listen.mode). Without it, the socket passed by systemd socket activation (LISTEN_FDS) is used' -r -F
+complete -c amd-hsmp-broker -l listen.mode -d 'Mode of the --listen socket, octal, 0600 to 0666: connecting needs write permission. Created by the broker\'s user and group; 0666 lets any local user reach the allow-list (the exporter by hand as `nobody`), which then alone decides who is served' -r
 complete -c amd-hsmp-broker -l allow-uid -d 'Serve peers with this uid (repeatable). Root is always served' -r
 complete -c amd-hsmp-broker -l allow-gid -d 'Serve peers whose effective gid is this (repeatable)' -r
 complete -c amd-hsmp-broker -l allow-user -d 'Serve peers running as this user (repeatable); resolved once at start-up' -r
@@ -11,7 +12,8 @@ complete -c amd-hsmp-broker -l connections.shared -d 'Connection slots shared by
 complete -c amd-hsmp-broker -l connections.idle-timeout -d 'A connection with no request for this long is closed (the exporter reconnects)' -r
 complete -c amd-hsmp-broker -l path.procfs -d 'procfs mount point (for cpuinfo)' -r -F
 complete -c amd-hsmp-broker -l path.sysfs -d 'sysfs mount point (for CPU topology)' -r -F
-complete -c amd-hsmp-broker -l simulate -d 'Serve the built-in firmware simulator for this machine profile instead of the devices' -r
+complete -c amd-hsmp-broker -l simulate -d 'Serve the built-in firmware simulator for this machine profile instead of the devices. The broker also serves its own uid, so that a user runs the demo without root' -r
+complete -c amd-hsmp-broker -l simulate.scenario -d 'Simulation only: the events the simulated machine goes through (for demos and the live check of the alerts): normal, thermal-event, prochot-flapping' -r
 complete -c amd-hsmp-broker -l log.level -d 'Only log messages with the given severity or above' -r -f -a "debug\t'Everything, including each reconnect attempt and each refused peer'
 info\t'Start-up, listening, peers and broker lost and found again'
 warn\t'Problems that cost telemetry'

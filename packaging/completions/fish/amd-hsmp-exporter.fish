@@ -1,4 +1,5 @@
 complete -c amd-hsmp-exporter -l web.listen-address -d 'Address to listen on for HTTP, `host:port`; `:PORT` means every address. Repeatable' -r
+complete -c amd-hsmp-exporter -l web.config.file -d 'exporter-toolkit web configuration file (YAML): TLS, basic auth, response headers. Re-read on SIGHUP and when a certificate or key file changes' -r -F
 complete -c amd-hsmp-exporter -l web.telemetry-path -d 'Path under which the metrics are served' -r
 complete -c amd-hsmp-exporter -l web.max-scrape-timeout -d 'Upper bound of the time spent answering one scrape, whatever `X-Prometheus-Scrape-Timeout-Seconds` asks for (e.g. `10s`, `2500ms`, `1m`)' -r
 complete -c amd-hsmp-exporter -l web.max-requests -d 'Most scrapes handled at once; more are answered 503 at once. 0 means no limit' -r
@@ -13,6 +14,7 @@ warn\t'Problems that cost telemetry'
 error\t'Only what stops the process'"
 complete -c amd-hsmp-exporter -l log.format -d 'Output format of log messages: `logfmt` (`text` is accepted for it) or `json`, one record per line on standard error' -r -f -a "logfmt\t'`key=value` pairs, as Prometheus and node_exporter log by default'
 json\t'One JSON object per line'"
+complete -c amd-hsmp-exporter -l web.systemd-socket -d 'Serve on the sockets systemd passes (socket activation, LISTEN_FDS) instead of --web.listen-address'
 complete -c amd-hsmp-exporter -l collector.core-energy -d 'Export per-core energy (on by default)'
 complete -c amd-hsmp-exporter -l no-collector.core-energy -d 'Do not export per-core energy; the broker is not asked for it'
 complete -c amd-hsmp-exporter -l collector.boost-limit -d 'Export per-core boost limits (on by default)'

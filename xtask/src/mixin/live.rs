@@ -3,7 +3,8 @@
 //! Turin 2P; every dashboard query must return data, the recording rules must produce the
 //! per-socket and per-node series, and AmdHsmpSimulated must fire. Then the set-up is broken
 //! step by step (broker stopped, a machine without HSMP, a broker restart with the MSR energy
-//! source, exporter stopped) and each alert that must fire is waited for.
+//! source, a thermal event of the simulator, exporter stopped) and each alert that must fire is
+//! waited for.
 
 use super::{Query, Values, dashboard_queries, load_dashboards};
 use anyhow::{Context, Result, bail, ensure};
@@ -40,7 +41,7 @@ impl Drop for Running {
 /// Alert settings for the live run: the shipped expressions, without their `for:` durations and
 /// with a short reset window, so that each alert fires within a few evaluations.
 const FAST_ALERTS: &str = "exporterDownFor: '0s', brokerDownFor: '0s', deviceDownFor: '0s', \
-     scrapeErrorsFor: '0s', energyResetWindow: '2m'";
+     scrapeErrorsFor: '0s', energyResetWindow: '2m', prochotFor: '0s', boostLimitLowFor: '0s'";
 
 /// The broker, restartable with another profile on the same socket path.
 struct Broker<'a> {
@@ -202,6 +203,25 @@ pub fn check(dir: &Path, work: &Path, bin: &Path) -> Result<String> {
     drop(running_broker);
     running_broker = broker.start("genoa-2p", &msr, "broker-genoa-2p-restarted.log")?;
     expect("restarting a broker with the MSR source", &[("AmdHsmpEnergyCounterReset", "")])?;
+    drop(running_broker);
+    // Socket 1 runs normally for 15 s, then holds PROCHOT with its boost limits at 60 %.
+    let thermal = ["--simulate.scenario", "thermal-event"];
+    running_broker = broker.start(PROFILE, &thermal, "broker-turin-2p-thermal-event.log")?;
+    expect(
+        "a thermal event on socket 1 of the simulator",
+        &[
+            ("AmdHsmpProchotAsserted", r#"socket="1""#),
+            ("AmdHsmpBoostLimitLow", r#"socket="1""#),
+            ("AmdHsmpProchotFrequent", r#"socket="1""#),
+        ],
+    )?;
+    for alert in ["AmdHsmpProchotAsserted", "AmdHsmpBoostLimitLow", "AmdHsmpProchotFrequent"] {
+        ensure!(
+            !prometheus.firing(alert, r#"socket="0""#),
+            "{alert} fires on socket 0, which the thermal event spares; {}",
+            logs()
+        );
+    }
     drop(exporter);
     expect("stopping the exporter", &[("AmdHsmpExporterDown", "")])?;
     drop(running_broker);

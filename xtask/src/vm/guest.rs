@@ -26,8 +26,10 @@ pub struct BootSpec {
     pub initrd: PathBuf,
     /// The compiled SSDTs, one per socket.
     pub ssdts: Vec<PathBuf>,
-    /// Sockets (one core each).
+    /// Sockets.
     pub sockets: u32,
+    /// Cores per socket (one thread each).
+    pub cores: u32,
     /// The guest RAM file (created by [`RamFile::create`]).
     pub ram: PathBuf,
     /// The run directory (console log, control socket).
@@ -133,7 +135,9 @@ impl Vm {
         let listener = UnixListener::bind(&ctl)
             .with_context(|| format!("cannot listen on {}", ctl.display()))?;
         let console = spec.run.join("console.log");
-        let mut qemu = Command::new("qemu-system-x86_64");
+        // setpriv: QEMU dies with this process even if it is killed before cleaning up.
+        let mut qemu = Command::new("setpriv");
+        qemu.args(["--pdeathsig", "KILL", "--", "qemu-system-x86_64"]);
         qemu.args(["-nodefaults", "-display", "none", "-no-reboot"])
             .args(["-machine", "q35,accel=tcg,memory-backend=ram"])
             .args(["-m", &format!("{RAM_MIB}M")])
@@ -142,7 +146,13 @@ impl Vm {
                 "memory-backend-file,id=ram,size={RAM_MIB}M,mem-path={},share=on",
                 spec.ram.display()
             ))
-            .args(["-smp", &format!("{0},sockets={0},cores=1,threads=1", spec.sockets)])
+            .arg("-smp")
+            .arg(format!(
+                "{},sockets={},cores={},threads=1",
+                spec.sockets * spec.cores,
+                spec.sockets,
+                spec.cores
+            ))
             .arg("-kernel")
             .arg(&spec.kernel)
             .arg("-initrd")
@@ -163,7 +173,7 @@ impl Vm {
                 .stdout(log.try_clone()?)
                 .stderr(log)
                 .spawn()
-                .context("cannot start qemu-system-x86_64")?,
+                .context("cannot start qemu-system-x86_64 (through setpriv)")?,
         );
 
         let started = Instant::now();

@@ -107,7 +107,8 @@ mod tests {
     fn a_reply_writes_words_clears_the_id_and_sets_the_status() {
         let dir = tempfile::tempdir().unwrap();
         let ram = dir.path().join("ram");
-        std::fs::write(&ram, vec![0u8; (WINDOW_BASE + 2 * WINDOW_SIZE) as usize]).unwrap();
+        // Sparse, as QEMU's RAM file is until the guest touches it.
+        File::create(&ram).unwrap().set_len(WINDOW_BASE + 2 * WINDOW_SIZE).unwrap();
         let socket1 = Mailbox::open(&ram, 1).unwrap();
         let raw = File::options().read(true).write(true).open(&ram).unwrap();
         let at = |off: u64| WINDOW_BASE + WINDOW_SIZE + off;

@@ -4,7 +4,8 @@
 //!
 //! Usage: `cargo xtask vm-test [--cache-dir DIR]`; the cache defaults to
 //! `$AMD_HSMP_VM_CACHE`, else `$XDG_CACHE_HOME/amd-hsmp-exporter/vm`, else
-//! `~/.cache/amd-hsmp-exporter/vm`. Needs root (debootstrap, chroot, mount) on Debian 12.
+//! `~/.cache/amd-hsmp-exporter/vm` (`/var/cache/amd-hsmp-exporter/vm` without `HOME`). Needs
+//! root (debootstrap, chroot, mount) on Debian 12.
 
 mod checks;
 mod guest;
@@ -20,8 +21,11 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// Sockets of the guest (one core each): two ACPI devices, one `/dev/hsmp`.
+/// Sockets of the guest: two ACPI devices, one `/dev/hsmp`.
 const SOCKETS: u32 = 2;
+/// Cores per socket: enough that a wedged socket's timeouts (2 x cores + 1 messages of 100 ms)
+/// outlast a scrape timeout the guest can meet under TCG.
+const CORES: u32 = 6;
 /// How long the guest may take from QEMU's start to its agent's `READY`.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(240);
 
@@ -44,9 +48,11 @@ fn cache_dir(args: &[String]) -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os("AMD_HSMP_VM_CACHE") {
         return Ok(PathBuf::from(dir));
     }
-    let base = match std::env::var_os("XDG_CACHE_HOME") {
-        Some(xdg) => PathBuf::from(xdg),
-        None => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?).join(".cache"),
+    let base = match (std::env::var_os("XDG_CACHE_HOME"), std::env::var_os("HOME")) {
+        (Some(xdg), _) => PathBuf::from(xdg),
+        (None, Some(home)) => PathBuf::from(home).join(".cache"),
+        // A service environment without HOME: the system's cache directory.
+        (None, None) => PathBuf::from("/var/cache"),
     };
     Ok(base.join("amd-hsmp-exporter/vm"))
 }
@@ -100,6 +106,7 @@ pub fn run(args: &[String]) -> Result<()> {
     if logs.exists() {
         fs::remove_dir_all(&logs)?;
     }
+    fs::create_dir_all(&logs)?;
     fs::create_dir_all(&run_dir)?;
     eprintln!("vm-test: cache {} (logs in {})", cache.dir.display(), logs.display());
     let mut steps = Steps::default();
@@ -142,22 +149,32 @@ pub fn run(args: &[String]) -> Result<()> {
     })?;
 
     let ram = guest::RamFile(PathBuf::from(format!("/dev/shm/amd-hsmp-vm-{}", std::process::id())));
-    let topology = GuestTopology { sockets: SOCKETS, cores: 1 };
+    let topology = GuestTopology { sockets: SOCKETS, cores: CORES };
     let responder = steps.run("SMU responder", || {
         ram.create()?;
         let responder = Responder::start(&ram.0, topology, 7)?;
         let fw = responder.machine();
-        // Values the checks recognise: distinct boost limits, PROCHOT on socket 1.
-        fw.firmware().set_boost_limit(0, 0, 3100)?;
-        fw.firmware().set_boost_limit(1, 0, 3300)?;
+        // Values the checks recognise: a distinct boost limit per core, PROCHOT on socket 1.
+        for socket in 0..SOCKETS {
+            for core in 0..CORES {
+                fw.firmware().set_boost_limit(socket, core, 3000 + 200 * socket + 25 * core)?;
+            }
+        }
         fw.firmware().set_prochot(1, true)?;
-        Ok((responder, format!("{SOCKETS} mailboxes in {}, protocol 7", ram.0.display())))
+        Ok((
+            responder,
+            format!(
+                "{SOCKETS} mailboxes in {}, protocol 7, {CORES} cores per socket",
+                ram.0.display()
+            ),
+        ))
     })?;
     let spec = guest::BootSpec {
         kernel: kernel.dir.join("vmlinuz"),
         initrd,
         ssdts,
         sockets: SOCKETS,
+        cores: CORES,
         ram: ram.0.clone(),
         run: run_dir.clone(),
     };
@@ -198,9 +215,10 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut table = String::from("checks:\n");
     for v in &verdicts {
         table.push_str(&format!(
-            "  {:<3} {}  {}\n",
+            "  {:<3} {}  {:>5.1} s  {}\n",
             v.id,
             if v.pass { "PASS" } else { "FAIL" },
+            v.seconds,
             v.name
         ));
     }

@@ -173,14 +173,26 @@ fn apt(conf: &Path) -> Command {
     cmd
 }
 
-/// Installs the missing host tools with `apt-get`. QEMU comes from the suite of an installed
+/// Installs the missing host tools: `cargo-deb` with `cargo install`, the Debian packages with
+/// `apt-get`. QEMU comes from the suite of an installed
 /// `qemu-utils`: mixing a bookworm `qemu-system-x86` with a backports `qemu-utils` would remove
 /// the latter.
 pub fn host_tools(cache: &Cache) -> Result<String> {
+    // cargo-deb builds the package, at the version the packaging check pins.
+    let mut installed = Vec::new();
+    for tool in crate::deps::missing_cargo_tools() {
+        let Some((krate, version)) = tool.split_once(' ') else { continue };
+        crate::cargo(&["install", "--locked", "--force", krate, "--version", version])?;
+        installed.push(tool);
+    }
     let missing: Vec<&str> =
         HOST_TOOLS.iter().filter(|(cmd, _)| !on_path(cmd)).map(|(_, pkg)| *pkg).collect();
     if missing.is_empty() {
-        return Ok("all present (cached)".into());
+        return Ok(if installed.is_empty() {
+            "all present (cached)".into()
+        } else {
+            format!("installed {}", installed.join(", "))
+        });
     }
     ensure!(
         rustix::process::geteuid().is_root(),
@@ -215,13 +227,20 @@ pub fn host_tools(cache: &Cache) -> Result<String> {
 
 /// Chooses the kernel from the headers `linux-headers-amd64` depends on in trixie-backports
 /// (never from the newest image: the suite lists images without headers or source), checks
-/// that the matching source package exists, and downloads nothing yet.
+/// that the matching source package exists, and downloads nothing yet. The package lists are
+/// refreshed when older than [`LISTS_MAX_AGE`].
 pub fn choose_kernel(cache: &Cache) -> Result<KernelChoice> {
     let conf = apt_config(cache, "kernel", &[BUILD_SUITE.into(), KERNEL_SUITE.into()])?;
     let log = cache.log("kernel-choice");
-    if let Err(e) = run_logged(apt(&conf).args(["update", "-q"]), &log) {
-        // Offline with a warm cache: the lists from the last run still say what was chosen.
-        eprintln!("vm-test: cannot refresh the package lists, using the cached ones: {e:#}");
+    let lists = cache.dir.join("apt-kernel/lists");
+    if lists_age(&lists).is_none_or(|age| age > LISTS_MAX_AGE) {
+        match run_logged(apt(&conf).args(["update", "-q"]), &log) {
+            Ok(()) => fs::write(lists.join(UPDATED_MARKER), "")?,
+            // Offline with a warm cache: the lists from the last run still say what was chosen.
+            Err(e) => {
+                eprintln!("vm-test: cannot refresh the package lists, using the cached ones: {e:#}")
+            }
+        }
     }
     let show = |pkg: &str| {
         output(Command::new("apt-cache").env("APT_CONFIG", &conf).args([
@@ -256,6 +275,18 @@ pub fn choose_kernel(cache: &Cache) -> Result<KernelChoice> {
         "{KERNEL_SUITE}: headers {version} but {source_package} {source_version}"
     );
     Ok(KernelChoice { abi, version, source_package })
+}
+
+/// How old the kernel suites' package lists may be before a run refreshes them.
+const LISTS_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
+
+/// The marker a successful `apt-get update` leaves in a lists directory (apt gives the lists
+/// the archive's modification times, not the time they were fetched).
+const UPDATED_MARKER: &str = "vm-test-updated";
+
+/// How long ago the lists in `lists` were last refreshed, if ever.
+fn lists_age(lists: &Path) -> Option<std::time::Duration> {
+    fs::metadata(lists.join(UPDATED_MARKER)).ok()?.modified().ok()?.elapsed().ok()
 }
 
 /// Unmounts a chroot's `/proc` when dropped.
@@ -404,16 +435,7 @@ pub fn kernel(cache: &Cache, root: &Path, choice: &KernelChoice) -> Result<(Kern
 /// Builds the project's `.deb` from the checkout, as the packaging check does: release
 /// binaries, then `cargo deb --no-build`. Returns its path.
 pub fn deb(cache: &Cache) -> Result<PathBuf> {
-    crate::cargo(&[
-        "build",
-        "--release",
-        "--locked",
-        "--package",
-        "amd-hsmp-broker",
-        "--package",
-        "amd-hsmp-exporter",
-        "--bins",
-    ])?;
+    crate::build_release_daemons()?;
     let out = cache.dir.join("run/deb");
     if out.exists() {
         fs::remove_dir_all(&out)?;

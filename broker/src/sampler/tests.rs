@@ -1,0 +1,741 @@
+//! Tests of the sampler against the simulated machine of `amd_hsmp_sim`, through a recording
+//! wrapper; events are ordered with the simulator's mailbox gates, not with sleeps.
+
+use super::*;
+use amd_hsmp_device::{Errno, HsmpMessage, Message};
+use amd_hsmp_sim::{
+    AccessMode, Driver, Family as Fault, FirmwareConfig, Machine, Mode, Profile, Target,
+};
+use std::sync::atomic::AtomicUsize;
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// How long a test waits for a gate before it fails; never reached when the code is right.
+const GATE: Duration = Duration::from_secs(20);
+
+/// Stops the sender of one message until the test lets it go.
+#[derive(Debug)]
+struct Pause {
+    /// The message number (1 = the next one sent) to stop at.
+    at: usize,
+    reached: mpsc::SyncSender<()>,
+    resume: mpsc::Receiver<()>,
+}
+
+/// What [`Opener`] and its transports share.
+#[derive(Debug)]
+struct Recorder {
+    machine: Arc<Machine>,
+    /// When set, opening fails with this errno.
+    refuse: Mutex<Option<Errno>>,
+    opens: AtomicUsize,
+    /// Bumped by [`Opener::replace`]: descriptors of an older generation answer `ENODEV`.
+    generation: AtomicUsize,
+    /// Every message that reached the device, in order.
+    sent: Mutex<Vec<HsmpMessage>>,
+    pause: Mutex<Option<Pause>>,
+}
+
+/// Opens the simulated `/dev/hsmp` through a recording wrapper.
+#[derive(Debug, Clone)]
+struct Opener(Arc<Recorder>);
+
+impl Opener {
+    fn new(machine: &Arc<Machine>) -> Opener {
+        Opener(Arc::new(Recorder {
+            machine: Arc::clone(machine),
+            refuse: Mutex::new(None),
+            opens: AtomicUsize::new(0),
+            generation: AtomicUsize::new(0),
+            sent: Mutex::new(Vec::new()),
+            pause: Mutex::new(None),
+        }))
+    }
+
+    fn refuse(&self, errno: Option<Errno>) {
+        *self.0.refuse.lock().unwrap() = errno;
+    }
+
+    fn opens(&self) -> usize {
+        self.0.opens.load(Ordering::SeqCst)
+    }
+
+    /// Replaces the device under the open descriptors, as a driver rebind does.
+    fn replace(&self) {
+        self.0.generation.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn sent(&self) -> Vec<HsmpMessage> {
+        self.0.sent.lock().unwrap().clone()
+    }
+
+    fn count(&self) -> usize {
+        self.0.sent.lock().unwrap().len()
+    }
+
+    fn count_of(&self, message: Message) -> usize {
+        self.sent().iter().filter(|m| m.msg_id == message.id()).count()
+    }
+
+    /// Stops the `at`-th message from now before it reaches the device; returns the gate that
+    /// says it got there and the switch that lets it go on.
+    fn pause_at(&self, at: usize) -> (mpsc::Receiver<()>, mpsc::SyncSender<()>) {
+        let (reached_tx, reached) = mpsc::sync_channel(1);
+        let (resume, resume_rx) = mpsc::sync_channel(1);
+        let at = self.count() + at;
+        *self.0.pause.lock().unwrap() = Some(Pause { at, reached: reached_tx, resume: resume_rx });
+        (reached, resume)
+    }
+}
+
+impl HsmpOpener for Opener {
+    fn open(&self) -> Result<Arc<dyn HsmpTransport>, Errno> {
+        self.0.opens.fetch_add(1, Ordering::SeqCst);
+        if let Some(errno) = *self.0.refuse.lock().unwrap() {
+            return Err(errno);
+        }
+        let driver = self.0.machine.open_hsmp(AccessMode::ReadOnly)?;
+        let generation = self.0.generation.load(Ordering::SeqCst);
+        Ok(Arc::new(Recording { driver, recorder: Arc::clone(&self.0), generation }))
+    }
+}
+
+/// A descriptor of the simulated device that records what it sends.
+#[derive(Debug)]
+struct Recording {
+    driver: Driver,
+    recorder: Arc<Recorder>,
+    generation: usize,
+}
+
+impl HsmpTransport for Recording {
+    fn send(&self, msg: &mut HsmpMessage) -> Result<(), Errno> {
+        let r = &self.recorder;
+        if self.generation != r.generation.load(Ordering::SeqCst) {
+            return Err(libc::ENODEV);
+        }
+        let n = {
+            let mut sent = r.sent.lock().unwrap();
+            sent.push(*msg);
+            sent.len()
+        };
+        let pause = r.pause.lock().unwrap().take_if(|p| p.at == n);
+        if let Some(pause) = pause {
+            pause.reached.send(()).unwrap();
+            pause.resume.recv_timeout(GATE).unwrap();
+        }
+        self.driver.send(msg)
+    }
+}
+
+/// A Turin 2P with `cores` cores per socket (static values): RAPL, protocol 7, ESU 16, APIC
+/// ids that are not CPU numbers.
+fn turin(cores: usize) -> Arc<Machine> {
+    let mut spec = Profile::Turin2p.spec();
+    spec.core_ids.truncate(cores);
+    Machine::new(spec, FirmwareConfig::new(Mode::Static))
+}
+
+/// A Genoa 2P with `cores` cores per socket: no RAPL messages, protocol 5.
+fn genoa(cores: usize) -> Arc<Machine> {
+    let mut spec = Profile::Genoa2p.spec();
+    spec.core_ids.truncate(cores);
+    Machine::new(spec, FirmwareConfig::new(Mode::Static))
+}
+
+fn sampler(machine: &Arc<Machine>) -> (Opener, Sampler) {
+    let opener = Opener::new(machine);
+    let sampler = Sampler::new(machine.topology().clone(), Box::new(opener.clone()), None);
+    (opener, sampler)
+}
+
+fn soon() -> Instant {
+    Instant::now() + Duration::from_secs(30)
+}
+
+fn after(ms: u64) -> Instant {
+    Instant::now() + Duration::from_millis(ms)
+}
+
+fn values<T: Clone + std::fmt::Debug>(readings: &Readings<T>) -> Vec<Result<T, ItemError>> {
+    match readings {
+        Readings::Values(values) => values.clone(),
+        other => panic!("expected values, got {other:?}"),
+    }
+}
+
+/// The energy every core of `machine` should read now, in topology order.
+fn energy_of(machine: &Machine) -> Vec<Result<Energy, ItemError>> {
+    let fw = machine.firmware();
+    let counter = |c: &amd_hsmp_proto::Core| fw.energy_counter(c.socket, c.core).unwrap();
+    machine.topology().cores.iter().map(|c| Ok(Energy { counter: counter(c), esu: 16 })).collect()
+}
+
+/// Items of `readings` on socket `socket` (by the topology of `machine`).
+fn on_socket<T: Clone + std::fmt::Debug>(
+    machine: &Machine,
+    readings: &Readings<T>,
+    socket: u32,
+) -> Vec<Result<T, ItemError>> {
+    let cores = &machine.topology().cores;
+    let values = values(readings);
+    cores.iter().zip(values).filter(|(c, _)| c.socket == socket).map(|(_, v)| v).collect()
+}
+
+fn all_deadline<T: std::fmt::Debug>(items: &[Result<T, ItemError>]) -> bool {
+    items.iter().all(|v| matches!(v, Err(ItemError::DeadlineExceeded)))
+}
+
+fn all_ok<T: std::fmt::Debug>(items: &[Result<T, ItemError>]) -> bool {
+    items.iter().all(Result::is_ok)
+}
+
+/// Panics of socket worker threads since the test process started (a worker's panic is
+/// otherwise invisible to the test).
+fn worker_panics() -> usize {
+    static PANICS: AtomicUsize = AtomicUsize::new(0);
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let thread = std::thread::current();
+            if thread.name().is_some_and(|n| n.starts_with("hsmp-socket")) {
+                PANICS.fetch_add(1, Ordering::SeqCst);
+            }
+            default(info);
+        }));
+    });
+    PANICS.load(Ordering::SeqCst)
+}
+
+/// Runs `f` on a thread and returns its handle.
+fn spawn<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> std::thread::JoinHandle<T> {
+    std::thread::spawn(f)
+}
+
+#[test]
+fn a_full_sample_costs_two_messages_per_core_and_one_per_socket() {
+    let machine = turin(3);
+    machine.firmware().set_prochot(1, true).unwrap();
+    let (opener, sampler) = sampler(&machine);
+    // The one-time probes: GET_PROTO_VER, then GET_RAPL_UNITS on each socket.
+    assert_eq!(opener.count(), 1 + 2);
+
+    for round in 1..=3 {
+        let sample = sampler.sample(Families::ALL, soon());
+        assert_eq!(opener.count(), 3 + round * (2 * 6 + 2), "round {round}");
+        assert_eq!(sample.hsmp, DeviceStatus::Ready { protocol_version: 7 });
+        assert_eq!(values(&sample.prochot), [Ok(false), Ok(true)]);
+        assert_eq!(sample.energy_source, Some(EnergySource::Hsmp));
+        assert_eq!(values(&sample.energy), energy_of(&machine));
+        assert_eq!(values(&sample.boost_limit), vec![Ok(3700); 6]);
+    }
+    assert_eq!(opener.opens(), 1);
+    assert_eq!(machine.counters().mailbox_total(), 3 + 3 * 14);
+}
+
+#[test]
+fn a_family_not_asked_for_costs_nothing() {
+    let machine = turin(4);
+    let (opener, sampler) = sampler(&machine);
+    let before = opener.count();
+    let what = Families { boost_limit: true, ..Families::default() };
+    let sample = sampler.sample(what, soon());
+    assert_eq!(opener.count() - before, 8);
+    assert_eq!(opener.count_of(Message::GetBoostLimit), 8);
+    assert_eq!(sample.energy, Readings::NotRequested);
+    assert_eq!(sample.energy_source, None);
+    assert_eq!(sample.prochot, Readings::NotRequested);
+
+    sampler.sample(Families::default(), soon());
+    assert_eq!(opener.count() - before, 8);
+}
+
+#[test]
+fn cores_are_addressed_by_apic_id_on_their_socket() {
+    let machine = turin(3);
+    let topo = machine.topology().clone();
+    let (opener, sampler) = sampler(&machine);
+    let c = &topo.cores[4];
+    machine.firmware().set_boost_limit(c.socket, c.core, 3123).unwrap();
+    let what = Families { boost_limit: true, ..Families::default() };
+    let sample = sampler.sample(what, soon());
+
+    let mut sent: Vec<_> = opener
+        .sent()
+        .iter()
+        .filter(|m| m.msg_id == Message::GetBoostLimit.id())
+        .map(|m| (u32::from(m.sock_ind), m.args[0]))
+        .collect();
+    sent.sort();
+    let want: Vec<_> = topo.cores.iter().map(|c| (c.socket, c.apic_id)).collect();
+    assert_eq!(sent, want);
+    assert!(topo.cores.iter().any(|c| c.apic_id != c.cpu));
+    let mut limits = vec![Ok(3700); 6];
+    limits[4] = Ok(3123);
+    assert_eq!(values(&sample.boost_limit), limits);
+}
+
+#[test]
+fn a_family_unsupported_on_every_item_is_remembered() {
+    let machine = turin(3);
+    machine.update_faults(|f| {
+        f.unsupported.insert(Fault::BoostLimit);
+    });
+    let (opener, sampler) = sampler(&machine);
+    let first = sampler.sample(Families::ALL, soon());
+    assert_eq!(first.boost_limit, Readings::Unavailable(Unavailable::Unsupported));
+    assert_eq!(opener.count_of(Message::GetBoostLimit), 6);
+
+    let before = opener.count();
+    let second = sampler.sample(Families::ALL, soon());
+    assert_eq!(second.boost_limit, Readings::Unavailable(Unavailable::Unsupported));
+    assert_eq!(opener.count_of(Message::GetBoostLimit), 6, "asked again");
+    assert_eq!(opener.count() - before, 6 + 2);
+    assert_eq!(values(&second.prochot), [Ok(false), Ok(false)]);
+}
+
+#[test]
+fn one_failing_core_fails_only_its_item_and_is_asked_again() {
+    let machine = turin(3);
+    let topo = machine.topology().clone();
+    let bad = topo.cores[4].apic_id;
+    machine.update_faults(|f| {
+        f.errno.insert((Fault::BoostLimit, Target::Apic(bad)), libc::EIO);
+    });
+    let (opener, sampler) = sampler(&machine);
+    for _ in 0..2 {
+        let mut want = vec![Ok(3700); 6];
+        want[4] = Err(ItemError::Io { errno: libc::EIO });
+        assert_eq!(values(&sampler.sample(Families::ALL, soon()).boost_limit), want);
+    }
+    assert_eq!(opener.count_of(Message::GetBoostLimit), 12);
+}
+
+#[test]
+fn past_the_deadline_nothing_is_sent() {
+    let machine = turin(3);
+    let (opener, sampler) = sampler(&machine);
+    let before = opener.count();
+    let sample = sampler.sample(Families::ALL, Instant::now());
+    assert_eq!(opener.count(), before);
+    assert_eq!(sample.hsmp, DeviceStatus::Ready { protocol_version: 7 });
+    assert_eq!(values(&sample.energy), vec![Err(ItemError::DeadlineExceeded); 6]);
+    assert_eq!(values(&sample.boost_limit), vec![Err(ItemError::DeadlineExceeded); 6]);
+    assert_eq!(values(&sample.prochot), vec![Err(ItemError::DeadlineExceeded); 2]);
+}
+
+/// Regression (D4): a worker delivering an item after its request had been answered indexed
+/// the emptied result vectors and panicked.
+#[test]
+fn a_deadline_passing_mid_sample_stops_the_messages_and_keeps_what_was_read() {
+    let panics = worker_panics();
+    let machine = turin(4);
+    let (opener, sampler) = sampler(&machine);
+    let sampler = Arc::new(sampler);
+    let before = opener.count();
+    // Each socket: PROCHOT, then 4 energy counters; the 5th message from now is stopped.
+    let (reached, resume) = opener.pause_at(5);
+    let s = Arc::clone(&sampler);
+    let request = spawn(move || s.sample(Families::ALL, after(1000)));
+    reached.recv_timeout(GATE).unwrap();
+    // The request is answered at its deadline while that message is still on its way.
+    let sample = request.join().unwrap();
+    resume.send(()).unwrap();
+    sampler.wait_idle();
+    // Each socket has 9 messages to send. Whichever socket was stopped sent nothing after its
+    // stopped message; the other one had finished before the deadline.
+    let sent = opener.count() - before;
+    assert!((10..=14).contains(&sent), "{sent} messages");
+    let ok = |n: usize, m: usize, k: usize| n + m + k;
+    let read = ok(
+        values(&sample.energy).iter().filter(|v| v.is_ok()).count(),
+        values(&sample.boost_limit).iter().filter(|v| v.is_ok()).count(),
+        values(&sample.prochot).iter().filter(|v| v.is_ok()).count(),
+    );
+    assert_eq!(read, sent - 1, "every message answered before the deadline is in the reply");
+    assert_eq!(worker_panics(), panics, "a socket worker panicked");
+    // A later sample reads everything again.
+    let next = sampler.sample(Families::ALL, soon());
+    assert_eq!(values(&next.energy), energy_of(&machine));
+}
+
+#[test]
+fn a_device_that_appears_later_is_picked_up() {
+    let machine = genoa(2);
+    let opener = Opener::new(&machine);
+    opener.refuse(Some(libc::ENOENT));
+    let sampler = Sampler::new(machine.topology().clone(), Box::new(opener.clone()), None);
+    for _ in 0..3 {
+        let sample = sampler.sample(Families::ALL, soon());
+        assert_eq!(sample.hsmp, DeviceStatus::Absent);
+        assert_eq!(sample.boost_limit, Readings::Unavailable(Unavailable::NoDevice));
+        assert_eq!(sample.energy, Readings::Unavailable(Unavailable::NoDevice));
+    }
+    // Once at start-up, then at most once per sample.
+    assert_eq!(opener.opens(), 4);
+    assert_eq!(opener.count(), 0);
+
+    opener.refuse(None); // modprobe amd_hsmp
+    let sample = sampler.sample(Families::ALL, soon());
+    assert_eq!(sample.hsmp, DeviceStatus::Ready { protocol_version: 5 });
+    assert_eq!(values(&sample.boost_limit), vec![Ok(3800); 4]);
+    // Genoa has no RAPL: the probes find out once, no counter is asked.
+    assert_eq!(sample.energy, Readings::Unavailable(Unavailable::Unsupported));
+    assert_eq!(opener.count_of(Message::GetProtoVer), 2, "one probe per socket");
+    assert_eq!(opener.count_of(Message::GetRaplUnits), 2);
+    assert_eq!(opener.count_of(Message::GetRaplCoreCounter), 0);
+    let before = opener.count();
+    sampler.sample(Families::ALL, soon());
+    assert_eq!(opener.count() - before, 4 + 2, "no probe again");
+    assert_eq!(opener.opens(), 5);
+}
+
+#[test]
+fn open_errors_give_the_device_status() {
+    let cases = [
+        (libc::ENOENT, DeviceStatus::Absent),
+        (libc::ENODEV, DeviceStatus::Absent),
+        (libc::EACCES, DeviceStatus::PermissionDenied),
+        (libc::EPERM, DeviceStatus::PermissionDenied),
+        (libc::EIO, DeviceStatus::Failed(ItemError::Io { errno: libc::EIO })),
+    ];
+    for (errno, want) in cases {
+        let machine = genoa(1);
+        let opener = Opener::new(&machine);
+        opener.refuse(Some(errno));
+        let sampler = Sampler::new(machine.topology().clone(), Box::new(opener), None);
+        assert_eq!(sampler.sample(Families::ALL, soon()).hsmp, want, "errno {errno}");
+    }
+}
+
+#[test]
+fn a_device_that_does_not_answer_the_version_has_failed() {
+    let machine = genoa(2);
+    machine.update_faults(|f| {
+        for socket in 0..2 {
+            f.errno.insert((Fault::ProtoVersion, Target::Socket(socket)), libc::ETIMEDOUT);
+        }
+    });
+    let (opener, sampler) = sampler(&machine);
+    let sample = sampler.sample(Families::ALL, soon());
+    assert_eq!(sample.hsmp, DeviceStatus::Failed(ItemError::TimedOut));
+    assert_eq!(sample.prochot, Readings::Unavailable(Unavailable::NoDevice));
+    assert_eq!(sample.boost_limit, Readings::Unavailable(Unavailable::NoDevice));
+    assert_eq!(opener.count_of(Message::GetProcHot), 0);
+
+    // Once the firmware answers, the device is opened again and served.
+    machine.set_faults(Default::default());
+    let sample = sampler.sample(Families::ALL, soon());
+    assert_eq!(sample.hsmp, DeviceStatus::Ready { protocol_version: 5 });
+    assert_eq!(values(&sample.prochot), [Ok(false), Ok(false)]);
+}
+
+#[test]
+fn sockets_are_read_in_parallel_and_each_socket_serially() {
+    let machine = turin(3);
+    let (_opener, sampler) = sampler(&machine);
+    let sampler = Arc::new(sampler);
+    let before = [machine.mailbox(0).entered, machine.mailbox(1).entered];
+    machine.hold_socket(0);
+    let s = Arc::clone(&sampler);
+    let request = spawn(move || s.sample(Families::ALL, soon()));
+    // Socket 1 reads all its items while socket 0's first message is held.
+    machine.wait_mailbox(0, GATE, |b| b.entered == before[0] + 1).unwrap();
+    machine.wait_mailbox(1, GATE, |b| b.entered == before[1] + 7 && b.pending == 0).unwrap();
+    assert_eq!(machine.mailbox(0).entered, before[0] + 1);
+    machine.release_socket(0);
+    let sample = request.join().unwrap();
+    assert!(all_ok(&values(&sample.energy)) && all_ok(&values(&sample.boost_limit)));
+    assert_eq!(machine.mailbox(0).max_pending, 1);
+    assert_eq!(machine.mailbox(1).max_pending, 1);
+}
+
+/// Regression: the sample used to wait for the messages still in the mailbox at the
+/// deadline, so a wedged socket made the whole reply late and the frontend dropped it.
+#[test]
+fn the_answer_comes_at_the_deadline_even_with_messages_in_flight() {
+    let machine = turin(2);
+    let (opener, sampler) = sampler(&machine);
+    let before = opener.count();
+    machine.hold_socket(0);
+    machine.hold_socket(1);
+    let sample = sampler.sample(Families::ALL, after(100));
+    // Each socket's first message (PROCHOT) was in the mailbox at the deadline.
+    assert_eq!(values(&sample.prochot), [Err(ItemError::DeadlineExceeded); 2]);
+    assert!(all_deadline(&values(&sample.energy)));
+    assert!(all_deadline(&values(&sample.boost_limit)));
+    machine.release_socket(0);
+    machine.release_socket(1);
+    sampler.wait_idle();
+    // Nothing was sent after the deadline.
+    assert_eq!(opener.count() - before, 2);
+}
+
+/// Regression (D7): every request started a thread per socket, and a thread stuck behind a
+/// wedged mailbox still sent its message when the mailbox freed: threads and stale messages
+/// piled up, one per request.
+#[test]
+fn a_wedged_socket_holds_one_message_and_queues_no_work() {
+    let machine = turin(3);
+    let (opener, sampler) = sampler(&machine);
+    let before = machine.mailbox(1);
+    machine.hold_socket(1);
+    for round in 0..10 {
+        let sample = sampler.sample(Families::ALL, after(300));
+        assert_eq!(on_socket(&machine, &sample.energy, 0), energy_of(&machine)[..3], "{round}");
+        assert!(all_ok(&on_socket(&machine, &sample.boost_limit, 0)), "{round}");
+        assert!(all_deadline(&on_socket(&machine, &sample.energy, 1)), "{round}");
+        let wedged = machine.mailbox(1);
+        assert_eq!((wedged.entered, wedged.pending), (before.entered + 1, 1), "{round}");
+    }
+    let sent_to_1 = || opener.sent().iter().filter(|m| m.sock_ind == 1).count();
+    let sent = sent_to_1();
+    machine.release_socket(1);
+    sampler.wait_idle();
+    // The held message finishes; the worker sends nothing for the requests that have passed.
+    assert_eq!(sent_to_1(), sent);
+    assert_eq!(machine.mailbox(1).max_pending, 1);
+    // The socket is read again by the next request.
+    let sample = sampler.sample(Families::ALL, soon());
+    assert!(all_ok(&values(&sample.energy)));
+}
+
+/// A request that finds a socket's worker busy does not wait for it: the socket's items are
+/// answered at once, not at the deadline.
+#[test]
+fn a_busy_socket_is_answered_at_once_as_not_read() {
+    let machine = turin(2);
+    let (_opener, sampler) = sampler(&machine);
+    let sampler = Arc::new(sampler);
+    machine.hold_socket(1);
+    sampler.sample(Families::ALL, after(10));
+    machine.wait_mailbox(1, GATE, |b| b.pending == 1).unwrap();
+    // A request with a long deadline is answered while socket 1 is still held.
+    let s = Arc::clone(&sampler);
+    let (tx, rx) = mpsc::channel();
+    let request = spawn(move || tx.send(s.sample(Families::ALL, soon())).unwrap());
+    let sample = rx.recv_timeout(GATE).expect("answered while the busy socket is still held");
+    assert!(all_ok(&on_socket(&machine, &sample.energy, 0)));
+    assert!(all_deadline(&on_socket(&machine, &sample.boost_limit, 1)));
+    assert_eq!(values(&sample.prochot)[1], Err(ItemError::DeadlineExceeded));
+    machine.release_socket(1);
+    request.join().unwrap();
+}
+
+/// Two requests that overlap share one reading: the mailbox sees one sample's messages, the
+/// short request is answered at its own deadline with what was read by then, and the long one
+/// gets the complete reading as soon as it is complete.
+#[test]
+fn concurrent_samples_share_one_reading_each_answered_at_its_own_deadline() {
+    for short_first in [true, false] {
+        let machine = turin(3);
+        let (opener, sampler) = sampler(&machine);
+        let sampler = Arc::new(sampler);
+        let before = opener.count();
+        machine.hold_socket(0);
+        // Long enough for the second request to join while the first still runs.
+        let first_deadline = if short_first { after(2000) } else { soon() };
+        let s = Arc::clone(&sampler);
+        let first = spawn(move || s.sample(Families::ALL, first_deadline));
+        machine.wait_mailbox(0, GATE, |b| b.pending == 1).unwrap();
+        let second_deadline = if short_first { soon() } else { after(2000) };
+        let s = Arc::clone(&sampler);
+        let second = spawn(move || s.sample(Families::ALL, second_deadline));
+        let (short, long) = if short_first { (first, second) } else { (second, first) };
+        // The short request is answered while socket 0 is held: socket 1 read, socket 0 not.
+        let short = short.join().unwrap();
+        assert!(all_ok(&on_socket(&machine, &short.energy, 1)), "short first: {short_first}");
+        assert!(all_deadline(&on_socket(&machine, &short.energy, 0)));
+        assert!(!long.is_finished(), "the long request waits for the rest of the reading");
+        machine.release_socket(0);
+        let long = long.join().unwrap();
+        assert_eq!(values(&long.energy), energy_of(&machine), "short first: {short_first}");
+        assert!(all_ok(&values(&long.boost_limit)) && all_ok(&values(&long.prochot)));
+        assert_eq!(opener.count() - before, 2 * 6 + 2, "one reading's messages");
+    }
+}
+
+/// Regression (D6): a `/dev/hsmp` that appeared after start-up was probed under the device
+/// lock, so a wedged socket blocked every request, the healthy socket's included.
+#[test]
+fn a_late_device_with_a_wedged_socket_serves_the_healthy_socket_in_time() {
+    let machine = turin(2);
+    let opener = Opener::new(&machine);
+    opener.refuse(Some(libc::ENOENT));
+    let sampler =
+        Arc::new(Sampler::new(machine.topology().clone(), Box::new(opener.clone()), None));
+    assert_eq!(sampler.sample(Families::ALL, soon()).hsmp, DeviceStatus::Absent);
+    opener.refuse(None);
+    machine.hold_socket(0);
+    for round in 0..3 {
+        let s = Arc::clone(&sampler);
+        let (tx, rx) = mpsc::channel();
+        spawn(move || tx.send(s.sample(Families::ALL, after(200))).unwrap());
+        let sample = rx.recv_timeout(Duration::from_secs(5));
+        let Ok(sample) = sample else {
+            machine.release_socket(0);
+            panic!("round {round}: no answer while socket 0 is wedged");
+        };
+        assert_eq!(sample.hsmp, DeviceStatus::Ready { protocol_version: 7 }, "{round}");
+        assert_eq!(on_socket(&machine, &sample.energy, 1), energy_of(&machine)[2..], "{round}");
+        assert!(all_ok(&on_socket(&machine, &sample.boost_limit, 1)), "{round}");
+        assert_eq!(values(&sample.prochot)[0], Err(ItemError::DeadlineExceeded));
+    }
+    machine.release_socket(0);
+}
+
+/// Regression (D11): a device that was replaced (a driver rebind) kept failing with `ENODEV`
+/// forever, since only a device that had never opened was opened again.
+#[test]
+fn a_device_gone_on_every_socket_is_reopened() {
+    let machine = turin(2);
+    let (opener, sampler) = sampler(&machine);
+    assert!(all_ok(&values(&sampler.sample(Families::ALL, soon()).energy)));
+    opener.replace();
+    let broken = sampler.sample(Families::ALL, soon());
+    assert!(values(&broken.boost_limit).iter().all(|v| *v == Err(ItemError::NoSuchSocket)));
+    let sample = sampler.sample(Families::ALL, soon());
+    assert_eq!(opener.opens(), 2);
+    assert_eq!(sample.hsmp, DeviceStatus::Ready { protocol_version: 7 });
+    assert_eq!(values(&sample.energy), energy_of(&machine));
+    assert!(all_ok(&values(&sample.boost_limit)));
+}
+
+/// A reopened device keeps the energy units it had: with the MSR fallback on a part with
+/// RAPL, energy does not switch sources (a counter reset) while the new descriptor is probed.
+#[test]
+fn a_reopened_device_keeps_its_energy_source() {
+    let machine = turin(2);
+    let topo = machine.topology().clone();
+    let msr = Arc::new(MsrEnergy::open(&topo, &machine.msr_opener()).unwrap());
+    let opener = Opener::new(&machine);
+    let sampler = Sampler::new(topo, Box::new(opener.clone()), Some(msr));
+    assert_eq!(sampler.sample(Families::ALL, soon()).energy_source, Some(EnergySource::Hsmp));
+    opener.replace();
+    sampler.sample(Families::ALL, soon());
+    let before = opener.count_of(Message::GetRaplUnits);
+    let sample = sampler.sample(Families::ALL, soon());
+    assert_eq!(opener.opens(), 2);
+    assert_eq!(sample.energy_source, Some(EnergySource::Hsmp));
+    assert_eq!(values(&sample.energy), energy_of(&machine));
+    assert_eq!(opener.count_of(Message::GetRaplUnits), before, "units taken over");
+}
+
+#[test]
+fn one_socket_failing_as_gone_does_not_reopen_the_device() {
+    let machine = turin(2);
+    machine.update_faults(|f| {
+        for core in machine.topology().cores.iter().filter(|c| c.socket == 1) {
+            f.errno.insert((Fault::BoostLimit, Target::Apic(core.apic_id)), libc::ENODEV);
+            f.errno.insert((Fault::Rapl, Target::Apic(core.apic_id)), libc::ENODEV);
+        }
+        f.errno.insert((Fault::ProcHot, Target::Socket(1)), libc::ENODEV);
+    });
+    let (opener, sampler) = sampler(&machine);
+    for _ in 0..3 {
+        let sample = sampler.sample(Families::ALL, soon());
+        assert!(all_ok(&on_socket(&machine, &sample.energy, 0)));
+    }
+    assert_eq!(opener.opens(), 1);
+}
+
+/// The socket workers are started once and reused: requests do not start threads.
+#[test]
+fn requests_reuse_one_worker_per_socket() {
+    let machine = turin(2);
+    let (_opener, sampler) = sampler(&machine);
+    for _ in 0..5 {
+        sampler.sample(Families::ALL, soon());
+    }
+    let first = sampler.workers.thread_ids();
+    assert!(first.iter().all(Option::is_some), "{first:?}");
+    for _ in 0..5 {
+        sampler.sample(Families::ALL, soon());
+        assert_eq!(sampler.workers.thread_ids(), first);
+    }
+}
+
+#[test]
+fn energy_falls_back_to_the_msrs_when_rapl_is_unsupported() {
+    let machine = genoa(3);
+    let topo = machine.topology().clone();
+    let msr = Arc::new(MsrEnergy::open(&topo, &machine.msr_opener()).unwrap());
+    let opener = Opener::new(&machine);
+    let sampler = Sampler::new(topo, Box::new(opener.clone()), Some(msr));
+    let before = opener.count();
+
+    machine.firmware().advance_all_energy(3.0).unwrap();
+    let sample = sampler.sample(Families::ALL, soon());
+    assert_eq!(sample.energy_source, Some(EnergySource::Msr));
+    let energy = values(&sample.energy);
+    assert_eq!(energy, vec![Ok(Energy { counter: 3 << 16, esu: 16 }); 6]);
+    // Only boost limits and PROCHOT went to the mailbox.
+    assert_eq!(opener.count() - before, 6 + 2);
+    assert_eq!(opener.count_of(Message::GetRaplCoreCounter), 0);
+}
+
+#[test]
+fn energy_comes_from_the_msrs_without_an_hsmp_device() {
+    let machine = genoa(2);
+    let topo = machine.topology().clone();
+    let msr = Arc::new(MsrEnergy::open(&topo, &machine.msr_opener()).unwrap());
+    let opener = Opener::new(&machine);
+    opener.refuse(Some(libc::ENOENT));
+    let sampler = Sampler::new(topo, Box::new(opener.clone()), Some(msr));
+    let sample = sampler.sample(Families::ALL, soon());
+    assert_eq!(sample.hsmp, DeviceStatus::Absent);
+    assert_eq!(sample.energy_source, Some(EnergySource::Msr));
+    assert_eq!(sample.prochot, Readings::Unavailable(Unavailable::NoDevice));
+
+    // A late device without RAPL: energy stays with the MSRs, before and after the probes.
+    opener.refuse(None);
+    for _ in 0..2 {
+        let sample = sampler.sample(Families::ALL, soon());
+        assert_eq!(sample.hsmp, DeviceStatus::Ready { protocol_version: 5 });
+        assert_eq!(sample.energy_source, Some(EnergySource::Msr));
+        assert!(all_ok(&values(&sample.energy)));
+    }
+    assert_eq!(opener.count_of(Message::GetRaplCoreCounter), 0);
+}
+
+#[test]
+fn a_failure_class_is_logged_once_not_per_request() {
+    #[derive(Clone, Default)]
+    struct Capture(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Capture {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Capture {
+        type Writer = Capture;
+        fn make_writer(&'a self) -> Capture {
+            self.clone()
+        }
+    }
+
+    let capture = Capture::default();
+    let subscriber = tracing_subscriber::fmt().with_writer(capture.clone()).with_ansi(false);
+    tracing::subscriber::with_default(subscriber.finish(), || {
+        let machine = turin(4);
+        machine.update_faults(|f| {
+            for core in machine.topology().cores.iter().take(2) {
+                let target = Target::Apic(core.apic_id);
+                f.errno.insert((Fault::BoostLimit, target), libc::EREMOTEIO);
+            }
+        });
+        let (_opener, sampler) = sampler(&machine);
+        for _ in 0..5 {
+            sampler.sample(Families::ALL, soon());
+        }
+    });
+    let log = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
+    let errno = format!("errno {}", libc::EREMOTEIO);
+    assert_eq!(log.lines().filter(|l| l.contains(&errno)).count(), 1, "{log}");
+    assert!(log.contains("boost-limit"), "{log}");
+}

@@ -1,0 +1,497 @@
+//! The landing page at `/`: the node at a glance, rendered on the server as HTML with inline
+//! SVG (no script, no external asset, everything escaped). Per-core power, from the energy of
+//! the last two samples the exporter took (its own or Prometheus' scrapes), and boost limit are
+//! shown as a heatmap per socket; then PROCHOT, the device and the broker, and a banner when the
+//! broker serves its simulator.
+//!
+//! A page view costs one sample, taken through the scrape path (`Exporter::scrape`, so it shares
+//! a broker request in flight like any scrape), never more.
+
+use crate::http::escape_html;
+use crate::metrics;
+use crate::scrape::{Budget, CoreLabel, Exporter, ScrapeReport, Telemetry};
+use amd_hsmp_proto::EnergySource;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{Html, IntoResponse, Response};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Two samples closer than this are not used for power: the sample itself takes milliseconds,
+/// which would make the watts noisy.
+pub const MIN_POWER_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Heatmap cells per row.
+const COLUMNS: usize = 32;
+/// Side of one heatmap cell, px.
+const CELL: usize = 12;
+/// Gap between cells, px.
+const GAP: usize = 1;
+
+/// A broker answer and when it landed.
+#[derive(Debug, Clone)]
+struct Stamped {
+    at: Instant,
+    telemetry: Arc<Telemetry>,
+}
+
+/// The last two broker answers at least [`MIN_POWER_INTERVAL`] apart, kept by the exporter for
+/// the landing page's power.
+#[derive(Debug, Default)]
+pub struct RecentSamples {
+    pair: Mutex<(Option<Stamped>, Option<Stamped>)>,
+}
+
+/// Per-core power between two samples.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Power {
+    /// Watts of each core whose energy was read in both samples and did not go back.
+    pub watts: Vec<(CoreLabel, f64)>,
+    /// Time between the two samples.
+    pub interval: Duration,
+}
+
+impl RecentSamples {
+    /// Records a broker answer that landed now.
+    pub fn record(&self, telemetry: &Arc<Telemetry>) {
+        self.record_at(Instant::now(), telemetry);
+    }
+
+    /// Records a broker answer that landed `at`. The latest becomes the previous one only when
+    /// the new one is at least [`MIN_POWER_INTERVAL`] later; otherwise the new one replaces the
+    /// latest, so the two are always that far apart.
+    pub fn record_at(&self, at: Instant, telemetry: &Arc<Telemetry>) {
+        let new = Stamped { at, telemetry: Arc::clone(telemetry) };
+        // Plain data, valid even if a holder panicked.
+        let mut pair = self.pair.lock().unwrap_or_else(PoisonError::into_inner);
+        let shift = pair
+            .1
+            .as_ref()
+            .is_some_and(|last| at.saturating_duration_since(last.at) >= MIN_POWER_INTERVAL);
+        if shift {
+            pair.0 = pair.1.take();
+        }
+        pair.1 = Some(new);
+    }
+
+    /// The power between the last two samples; `None` until there are two.
+    pub fn power(&self) -> Option<Power> {
+        let pair = self.pair.lock().unwrap_or_else(PoisonError::into_inner);
+        let (Some(prev), Some(last)) = (&pair.0, &pair.1) else { return None };
+        Some(power_between(prev, last))
+    }
+}
+
+fn power_between(prev: &Stamped, last: &Stamped) -> Power {
+    let interval = last.at.saturating_duration_since(prev.at);
+    let seconds = interval.as_secs_f64();
+    let before: BTreeMap<(u32, u32), f64> =
+        prev.telemetry.energy_joules.iter().map(|(l, j)| ((l.socket, l.core), *j)).collect();
+    let watts = last
+        .telemetry
+        .energy_joules
+        .iter()
+        .filter_map(|(label, joules)| {
+            let earlier = before.get(&(label.socket, label.core))?;
+            // A counter that went back (a broker restart with the MSR source) has no power.
+            (joules >= earlier && seconds > 0.0).then(|| (*label, (joules - earlier) / seconds))
+        })
+        .collect();
+    Power { watts, interval }
+}
+
+/// `GET /`: one sample through the scrape path, rendered.
+pub async fn page(State(exporter): State<Arc<Exporter>>) -> Response {
+    let Some(_permit) = exporter.admit_scrape() else {
+        let body = "Limit of concurrent requests reached, try again later.\n";
+        return (StatusCode::SERVICE_UNAVAILABLE, body).into_response();
+    };
+    let config = exporter.config();
+    let report = exporter.scrape(Budget::new(None, config.max_scrape_timeout)).await;
+    let power = exporter.recent_samples().power();
+    Html(render(&report, power.as_ref(), &config.telemetry_path)).into_response()
+}
+
+/// The page for one scrape's `report` and the `power` of the last two samples.
+pub fn render(report: &ScrapeReport, power: Option<&Power>, telemetry_path: &str) -> String {
+    let mut html = String::with_capacity(64 * 1024);
+    let t = report.telemetry.as_deref();
+    let simulated = t.and_then(|t| t.simulated.as_deref());
+    let title = match simulated {
+        Some(profile) => format!("AMD HSMP Exporter: simulated {}", escape_html(profile)),
+        None => "AMD HSMP Exporter".to_owned(),
+    };
+    // `write!` to a String cannot fail.
+    let _ = write!(
+        html,
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width\">\
+         <title>{title}</title>\n<style>{STYLE}</style></head>\n<body>\n\
+         <h1>AMD HSMP Exporter</h1>\n"
+    );
+    if let Some(profile) = simulated {
+        let _ = writeln!(
+            html,
+            "<p id=\"simulated\" class=\"banner\">SIMULATED: the broker serves its built-in \
+             simulator (profile <b>{}</b>), not this machine's devices.</p>",
+            escape_html(profile)
+        );
+    }
+    status(&mut html, report);
+    if let Some(t) = t {
+        sockets(&mut html, t, power);
+    }
+    let _ = write!(
+        html,
+        "<p class=\"foot\"><a href=\"{path}\">Metrics</a> · version {version} (revision \
+         {revision}) · this page took one sample in {ms:.0} ms; reload for fresh values</p>\n\
+         </body>\n</html>\n",
+        path = escape_html(telemetry_path),
+        version = escape_html(metrics::VERSION),
+        revision = escape_html(metrics::REVISION),
+        ms = report.duration.as_secs_f64() * 1000.0,
+    );
+    html
+}
+
+const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:70em}\
+h1{font-size:1.4em;margin:0 0 .5em}h2{font-size:1.1em;margin:1.2em 0 .4em}\
+.banner{background:#fde68a;border:2px solid #b45309;padding:.5em .8em;font-weight:600}\
+table.status{border-collapse:collapse}table.status td{padding:.15em .8em .15em 0}\
+.ok{color:#15803d;font-weight:600}.bad{color:#b91c1c;font-weight:600}\
+.maps{display:flex;flex-wrap:wrap;gap:1.5em}figure{margin:0}figcaption{font-size:.9em;margin:.2em 0}\
+.foot{margin-top:1.5em;font-size:.85em;color:#555}";
+
+fn status(html: &mut String, report: &ScrapeReport) {
+    let t = report.telemetry.as_deref();
+    let broker = if report.broker_up {
+        "<span class=\"ok\">answering</span>".to_owned()
+    } else {
+        "<span class=\"bad\">not answering</span> (is amd-hsmp-broker running, and may this user \
+         connect?)"
+            .to_owned()
+    };
+    let device = match t.map(|t| t.hsmp_protocol_version) {
+        Some(Some(v)) => format!("<span class=\"ok\">ready</span>, HSMP protocol {v}"),
+        Some(None) => "<span class=\"bad\">unavailable</span> (no usable /dev/hsmp)".to_owned(),
+        None => "unknown (no answer from the broker)".to_owned(),
+    };
+    let energy = match t.and_then(|t| t.energy_source) {
+        Some(EnergySource::Hsmp) => "HSMP RAPL",
+        Some(EnergySource::Msr) => "MSR fallback",
+        None => "none",
+    };
+    let errors: Vec<String> = report
+        .errors
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(source, n)| format!("{} {n}", escape_html(source.label())))
+        .collect();
+    let errors = if errors.is_empty() { "none".to_owned() } else { errors.join(", ") };
+    let _ = write!(
+        html,
+        "<table class=\"status\">\n\
+         <tr><td>Broker</td><td id=\"broker\">{broker}</td></tr>\n\
+         <tr><td>Device</td><td id=\"device\">{device}</td></tr>\n\
+         <tr><td>Energy source</td><td>{energy}</td></tr>\n\
+         <tr><td>PROCHOT</td><td>{prochot}</td></tr>\n\
+         <tr><td>Failed reads since start</td><td>{errors}</td></tr>\n</table>\n",
+        prochot = prochot_summary(t),
+    );
+}
+
+fn prochot_summary(t: Option<&Telemetry>) -> String {
+    let Some(t) = t.filter(|t| !t.prochot.is_empty()) else { return "not read".to_owned() };
+    t.prochot
+        .iter()
+        .map(|&(socket, asserted)| {
+            let (class, word) = if asserted { ("bad", "ASSERTED") } else { ("ok", "clear") };
+            format!(
+                "socket {socket}: <span class=\"{class} prochot\" data-socket=\"{socket}\" \
+                 data-asserted=\"{asserted}\">{word}</span>"
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// One core's cell values.
+#[derive(Debug, Clone, Copy, Default)]
+struct CoreCell {
+    watts: Option<f64>,
+    mhz: Option<f64>,
+}
+
+fn sockets(html: &mut String, t: &Telemetry, power: Option<&Power>) {
+    let mut by_socket: BTreeMap<u32, BTreeMap<u32, CoreCell>> = BTreeMap::new();
+    for (label, hz) in &t.boost_limit_hertz {
+        by_socket.entry(label.socket).or_default().entry(label.core).or_default().mhz =
+            Some(hz / 1e6);
+    }
+    for (label, _) in &t.energy_joules {
+        by_socket.entry(label.socket).or_default().entry(label.core).or_default();
+    }
+    for (label, watts) in power.map(|p| p.watts.as_slice()).unwrap_or_default() {
+        if let Some(cell) = by_socket.get_mut(&label.socket).and_then(|s| s.get_mut(&label.core)) {
+            cell.watts = Some(*watts);
+        }
+    }
+    if by_socket.is_empty() {
+        html.push_str("<p>No per-core values were read.</p>\n");
+        return;
+    }
+    // One colour scale for every socket, so that sockets compare at a glance.
+    let all = || by_socket.values().flat_map(|cores| cores.values());
+    let max_w = all().filter_map(|c| c.watts).fold(0.0f64, f64::max);
+    let min_w = all().filter_map(|c| c.watts).fold(f64::MAX, f64::min).min(max_w);
+    let note = match power {
+        Some(p) => {
+            format!("{min_w:.2} to {max_w:.2} W over the last {:.1} s", p.interval.as_secs_f64())
+        }
+        None => "appears from the second sample: reload the page".to_owned(),
+    };
+    let max_mhz = all().filter_map(|c| c.mhz).fold(0.0f64, f64::max);
+    let min_mhz = all().filter_map(|c| c.mhz).fold(f64::MAX, f64::min);
+    for (socket, cores) in &by_socket {
+        let prochot = t.prochot.iter().find(|(s, _)| s == socket).map(|&(_, a)| a);
+        let total: f64 = cores.values().filter_map(|c| c.watts).sum();
+        let boosts: Vec<f64> = cores.values().filter_map(|c| c.mhz).collect();
+        let avg = boosts.iter().sum::<f64>() / boosts.len().max(1) as f64;
+        let _ = write!(
+            html,
+            "<section class=\"socket\" data-socket=\"{socket}\">\n<h2>Socket {socket}: {n} cores\
+             {power}{boost}{hot}</h2>\n<div class=\"maps\">\n",
+            n = cores.len(),
+            power = if power.is_some() { format!(", {total:.0} W") } else { String::new() },
+            boost = if boosts.is_empty() {
+                String::new()
+            } else {
+                format!(", boost limit {avg:.0} MHz on average")
+            },
+            hot = match prochot {
+                Some(true) => ", <span class=\"bad\">PROCHOT asserted</span>",
+                _ => "",
+            },
+        );
+        heatmap(
+            html,
+            *socket,
+            cores,
+            Map::Power { min_w, max_w },
+            &format!("Power per core ({note})"),
+        );
+        heatmap(
+            html,
+            *socket,
+            cores,
+            Map::Boost { min_mhz, max_mhz },
+            &format!("Boost limit per core ({min_mhz:.0} to {max_mhz:.0} MHz)"),
+        );
+        html.push_str("</div>\n</section>\n");
+    }
+}
+
+/// Which value a heatmap shows, with its colour scale.
+#[derive(Debug, Clone, Copy)]
+enum Map {
+    /// Watts from `min_w` (pale) to `max_w` (dark red).
+    Power { min_w: f64, max_w: f64 },
+    /// MHz: `max_mhz` green, `min_mhz` (when lower) red.
+    Boost { min_mhz: f64, max_mhz: f64 },
+}
+
+fn heatmap(
+    html: &mut String,
+    socket: u32,
+    cores: &BTreeMap<u32, CoreCell>,
+    map: Map,
+    caption: &str,
+) {
+    let rows = cores.len().div_ceil(COLUMNS).max(1);
+    let width = COLUMNS * (CELL + GAP);
+    let height = rows * (CELL + GAP);
+    let kind = match map {
+        Map::Power { .. } => "power",
+        Map::Boost { .. } => "boost",
+    };
+    let _ = write!(
+        html,
+        "<figure><figcaption>{caption}</figcaption>\n<svg class=\"heatmap {kind}\" \
+         data-socket=\"{socket}\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" \
+         height=\"{height}\" viewBox=\"0 0 {width} {height}\" role=\"img\" \
+         aria-label=\"{kind} of socket {socket}\">\n",
+        caption = escape_html(caption),
+    );
+    for (n, (core, cell)) in cores.iter().enumerate() {
+        let x = (n % COLUMNS) * (CELL + GAP);
+        let y = (n / COLUMNS) * (CELL + GAP);
+        let (value, text, fill) = match map {
+            Map::Power { min_w, max_w } => match cell.watts {
+                Some(w) => (format!("{w:.3}"), format!("{w:.2} W"), power_colour(w, min_w, max_w)),
+                None => (String::new(), "not known".to_owned(), NO_VALUE.to_owned()),
+            },
+            Map::Boost { min_mhz, max_mhz } => match cell.mhz {
+                Some(m) => {
+                    (format!("{m:.0}"), format!("{m:.0} MHz"), boost_colour(m, min_mhz, max_mhz))
+                }
+                None => (String::new(), "not read".to_owned(), NO_VALUE.to_owned()),
+            },
+        };
+        let _ = writeln!(
+            html,
+            "<rect class=\"cell {kind}\" data-core=\"{core}\" data-value=\"{value}\" x=\"{x}\" \
+             y=\"{y}\" width=\"{CELL}\" height=\"{CELL}\" fill=\"{fill}\"><title>socket {socket} \
+             core {core}: {text}</title></rect>"
+        );
+    }
+    html.push_str("</svg></figure>\n");
+}
+
+/// The fill of a cell without a value.
+const NO_VALUE: &str = "#d4d4d4";
+
+/// Pale yellow at `min_w` to dark red at `max_w`.
+fn power_colour(watts: f64, min_w: f64, max_w: f64) -> String {
+    let f = if max_w > min_w { ((watts - min_w) / (max_w - min_w)).clamp(0.0, 1.0) } else { 0.0 };
+    blend((255, 247, 188), (153, 27, 30), f)
+}
+
+/// Green at the highest boost limit, through yellow to red at the lowest.
+fn boost_colour(mhz: f64, min_mhz: f64, max_mhz: f64) -> String {
+    let below = if max_mhz > min_mhz {
+        ((max_mhz - mhz) / (max_mhz - min_mhz)).clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    if below < 0.5 {
+        blend((22, 163, 74), (250, 204, 21), below * 2.0)
+    } else {
+        blend((250, 204, 21), (220, 38, 38), below * 2.0 - 1.0)
+    }
+}
+
+fn blend(a: (u8, u8, u8), b: (u8, u8, u8), f: f64) -> String {
+    let mix = |x: u8, y: u8| (f64::from(x) + (f64::from(y) - f64::from(x)) * f).round() as u8;
+    format!("#{:02x}{:02x}{:02x}", mix(a.0, b.0), mix(a.1, b.1), mix(a.2, b.2))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::process::ProcessStats;
+    use crate::scrape::ErrorSource;
+
+    fn label(socket: u32, core: u32) -> CoreLabel {
+        CoreLabel { socket, core }
+    }
+
+    fn telemetry(joules: f64, simulated: Option<&str>) -> Arc<Telemetry> {
+        Arc::new(Telemetry {
+            simulated: simulated.map(str::to_owned),
+            hsmp_protocol_version: Some(7),
+            energy_source: Some(EnergySource::Hsmp),
+            energy_joules: vec![
+                (label(0, 0), joules),
+                (label(0, 1), 2.0 * joules),
+                (label(1, 0), 5.0),
+            ],
+            boost_limit_hertz: vec![
+                (label(0, 0), 3.7e9),
+                (label(0, 1), 2.2e9),
+                (label(1, 0), 3.7e9),
+            ],
+            prochot: vec![(0, false), (1, true)],
+            deadline_exceeded: false,
+        })
+    }
+
+    fn report(t: Arc<Telemetry>) -> ScrapeReport {
+        ScrapeReport {
+            telemetry: Some(t),
+            broker_up: true,
+            errors: ErrorSource::ALL.map(|s| (s, u64::from(s == ErrorSource::Prochot))),
+            duration: Duration::from_millis(42),
+            process: ProcessStats::default(),
+        }
+    }
+
+    #[test]
+    fn power_comes_from_the_last_two_samples_at_least_a_second_apart() {
+        let recent = RecentSamples::default();
+        let t0 = Instant::now();
+        recent.record_at(t0, &telemetry(100.0, None));
+        assert_eq!(recent.power(), None);
+        // Too soon: replaces the latest, no pair yet.
+        recent.record_at(t0 + Duration::from_millis(300), &telemetry(100.5, None));
+        assert_eq!(recent.power(), None);
+        recent.record_at(t0 + Duration::from_millis(2300), &telemetry(104.5, None));
+        let power = recent.power().unwrap();
+        assert_eq!(power.interval, Duration::from_secs(2));
+        assert_eq!(power.watts, vec![(label(0, 0), 2.0), (label(0, 1), 4.0), (label(1, 0), 0.0)]);
+    }
+
+    #[test]
+    fn a_counter_that_went_back_has_no_power() {
+        let recent = RecentSamples::default();
+        let t0 = Instant::now();
+        recent.record_at(t0, &telemetry(100.0, None));
+        recent.record_at(t0 + Duration::from_secs(1), &telemetry(1.0, None));
+        let watts = recent.power().unwrap().watts;
+        assert_eq!(watts, vec![(label(1, 0), 0.0)]);
+    }
+
+    #[test]
+    fn page_has_a_cell_per_core_and_map_prochot_and_the_simulation_banner() {
+        let recent = RecentSamples::default();
+        let t0 = Instant::now();
+        recent.record_at(t0, &telemetry(100.0, Some("turin-2p")));
+        let last = telemetry(110.0, Some("turin-2p"));
+        recent.record_at(t0 + Duration::from_secs(10), &last);
+        let html = render(&report(last), recent.power().as_ref(), "/metrics");
+        assert!(html.contains("id=\"simulated\""), "{html}");
+        assert!(html.contains("profile <b>turin-2p</b>"));
+        assert_eq!(html.matches("<rect class=\"cell power\"").count(), 3);
+        assert_eq!(html.matches("<rect class=\"cell boost\"").count(), 3);
+        assert!(html.contains("data-core=\"1\" data-value=\"2.000\""), "{html}");
+        assert!(html.contains("data-core=\"1\" data-value=\"2200\""));
+        assert!(html.contains("data-socket=\"1\" data-asserted=\"true\">ASSERTED"));
+        assert!(html.contains("data-socket=\"0\" data-asserted=\"false\">clear"));
+        assert!(html.contains("Socket 0: 2 cores, 3 W"), "{html}");
+        assert!(html.contains("HSMP protocol 7") && html.contains("prochot 1"));
+        assert!(!html.contains("<script"), "no script");
+        assert!(!html.contains("src=") && !html.contains("href=\"http"), "no external asset");
+    }
+
+    #[test]
+    fn page_without_broker_says_so_and_has_no_maps() {
+        let mut r = report(telemetry(1.0, None));
+        r.telemetry = None;
+        r.broker_up = false;
+        let html = render(&r, None, "/metrics");
+        assert!(html.contains("not answering") && !html.contains("<svg"));
+        assert!(!html.contains("SIMULATED"));
+    }
+
+    #[test]
+    fn everything_from_outside_is_escaped() {
+        let mut t = (*telemetry(1.0, Some("<script>x</script>"))).clone();
+        t.simulated = Some("<script>\"x\"&</script>".into());
+        let html = render(&report(Arc::new(t)), None, "/m\"><script>");
+        assert!(!html.contains("<script"), "{html}");
+        assert!(html.contains("&lt;script&gt;&quot;x&quot;&amp;&lt;/script&gt;"));
+        assert!(html.contains("href=\"/m&quot;&gt;&lt;script&gt;\""));
+    }
+
+    #[test]
+    fn colours_run_from_cool_to_hot() {
+        assert_eq!(power_colour(0.5, 0.5, 2.0), "#fff7bc");
+        assert_eq!(power_colour(2.0, 0.5, 2.0), "#991b1e");
+        assert_eq!(power_colour(1.0, 1.0, 1.0), "#fff7bc");
+        assert_eq!(boost_colour(3700.0, 2200.0, 3700.0), "#16a34a");
+        assert_eq!(boost_colour(2200.0, 2200.0, 3700.0), "#dc2626");
+        assert_eq!(boost_colour(3700.0, 3700.0, 3700.0), "#16a34a");
+    }
+}

@@ -1,0 +1,367 @@
+//! The translation of a broker sample into the series to export (absent, never a sentinel)
+//! and the cumulative error counters, counted once per broker request.
+
+use crate::broker::BrokerInfo;
+use amd_hsmp_proto::{Core, DeviceStatus, EnergySource, ItemError, Readings, Sample, Topology};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The `collector` label values of `amd_hsmp_scrape_errors_total`, all present from the first
+/// scrape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorSource {
+    /// `/dev/hsmp` exists but cannot be used: opening it was refused
+    /// (`DeviceStatus::PermissionDenied`, a misconfiguration) or it did not answer
+    /// (`DeviceStatus::Failed`). A device that is absent is no error: the machine may simply
+    /// not have one.
+    Hsmp,
+    /// One core's energy read failed.
+    CoreEnergy,
+    /// One core's boost-limit read failed.
+    BoostLimit,
+    /// One socket's PROCHOT read failed.
+    Prochot,
+    /// The scrape ran out of time (frontend timeout, or items the broker left unread).
+    Scrape,
+    /// The broker could not be reached or answered something unusable.
+    Broker,
+}
+
+impl ErrorSource {
+    /// Every value, in exposition order.
+    pub const ALL: [ErrorSource; 6] = [
+        ErrorSource::Hsmp,
+        ErrorSource::CoreEnergy,
+        ErrorSource::BoostLimit,
+        ErrorSource::Prochot,
+        ErrorSource::Scrape,
+        ErrorSource::Broker,
+    ];
+
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            ErrorSource::Hsmp => "hsmp",
+            ErrorSource::CoreEnergy => "core-energy",
+            ErrorSource::BoostLimit => "boost-limit",
+            ErrorSource::Prochot => "prochot",
+            ErrorSource::Scrape => "scrape",
+            ErrorSource::Broker => "broker",
+        }
+    }
+}
+
+/// Error counts since the process started, one field per [`ErrorSource`].
+#[derive(Debug, Default)]
+pub struct ErrorCounters {
+    hsmp: AtomicU64,
+    core_energy: AtomicU64,
+    boost_limit: AtomicU64,
+    prochot: AtomicU64,
+    scrape: AtomicU64,
+    broker: AtomicU64,
+    /// The broker instance last answered and its cumulative `Sample::energy_resets` then.
+    energy_resets_seen: std::sync::Mutex<Option<(u64, u64)>>,
+}
+
+impl ErrorCounters {
+    fn counter(&self, source: ErrorSource) -> &AtomicU64 {
+        match source {
+            ErrorSource::Hsmp => &self.hsmp,
+            ErrorSource::CoreEnergy => &self.core_energy,
+            ErrorSource::BoostLimit => &self.boost_limit,
+            ErrorSource::Prochot => &self.prochot,
+            ErrorSource::Scrape => &self.scrape,
+            ErrorSource::Broker => &self.broker,
+        }
+    }
+
+    pub(crate) fn add(&self, source: ErrorSource, n: u64) {
+        if n > 0 {
+            self.counter(source).fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Adds the energy counter resets broker `instance` reports (`total` since it started) that
+    /// were not counted yet: the increase over its last report, or all of them for an instance
+    /// not seen before (a restarted broker counts from 0 again).
+    fn add_energy_resets(&self, instance: u64, total: u64) {
+        let mut seen = self.energy_resets_seen.lock().unwrap_or_else(|p| p.into_inner());
+        let new = match *seen {
+            Some((last_instance, last)) if last_instance == instance => total.saturating_sub(last),
+            _ => total,
+        };
+        self.add(ErrorSource::CoreEnergy, new);
+        // An older reply that arrives late never lowers the mark.
+        let last = seen.filter(|&(i, _)| i == instance).map_or(0, |(_, last)| last);
+        *seen = Some((instance, total.max(last)));
+    }
+
+    /// The count of one source.
+    pub fn get(&self, source: ErrorSource) -> u64 {
+        self.counter(source).load(Ordering::Relaxed)
+    }
+
+    /// The current counts, in the order of [`ErrorSource::ALL`].
+    pub fn snapshot(&self) -> [(ErrorSource, u64); 6] {
+        ErrorSource::ALL.map(|s| (s, self.get(s)))
+    }
+}
+
+/// One core's series labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CoreLabel {
+    /// `physical_package_id`.
+    pub socket: u32,
+    /// sysfs `core_id`.
+    pub core: u32,
+}
+
+impl From<&Core> for CoreLabel {
+    fn from(c: &Core) -> Self {
+        CoreLabel { socket: c.socket, core: c.core }
+    }
+}
+
+/// What a broker answer turns into: only the values that exist.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Telemetry {
+    /// `Some(profile)` when the broker serves its simulator.
+    pub simulated: Option<String>,
+    /// HSMP protocol version when the device is ready; `None` means `amd_hsmp_up 0`.
+    pub hsmp_protocol_version: Option<u32>,
+    /// Energy source, set when at least one energy series exists.
+    pub energy_source: Option<EnergySource>,
+    /// Per-core energy in joules.
+    pub energy_joules: Vec<(CoreLabel, f64)>,
+    /// Per-core boost limit in hertz.
+    pub boost_limit_hertz: Vec<(CoreLabel, f64)>,
+    /// Per-socket PROCHOT.
+    pub prochot: Vec<(u32, bool)>,
+    /// Some items were not read because the broker's deadline passed.
+    pub deadline_exceeded: bool,
+}
+
+/// Turns one sample into the series to export, counting each failed item once.
+pub fn translate(
+    info: &BrokerInfo,
+    topology: &Topology,
+    sample: &Sample,
+    errors: &ErrorCounters,
+) -> Telemetry {
+    let mut out = Telemetry { simulated: info.simulated.clone(), ..Telemetry::default() };
+    match sample.hsmp {
+        DeviceStatus::Ready { protocol_version } => {
+            out.hsmp_protocol_version = Some(protocol_version);
+        }
+        DeviceStatus::Failed(e) => {
+            tracing::debug!(error = %e, "HSMP device failed");
+            errors.add(ErrorSource::Hsmp, 1);
+        }
+        DeviceStatus::PermissionDenied => {
+            tracing::debug!("HSMP device permission denied");
+            errors.add(ErrorSource::Hsmp, 1);
+        }
+        DeviceStatus::Absent => {}
+    }
+    errors.add_energy_resets(info.instance, sample.energy_resets);
+
+    let cores: Vec<CoreLabel> = topology.cores.iter().map(CoreLabel::from).collect();
+    let mut read = Collector { errors, deadline_exceeded: false };
+    out.energy_joules =
+        read.collect(ErrorSource::CoreEnergy, &sample.energy, &cores, |e| e.joules());
+    out.energy_source = if out.energy_joules.is_empty() { None } else { sample.energy_source };
+    out.boost_limit_hertz =
+        read.collect(ErrorSource::BoostLimit, &sample.boost_limit, &cores, |mhz| {
+            f64::from(mhz) * 1e6
+        });
+    out.prochot = read.collect(ErrorSource::Prochot, &sample.prochot, &topology.sockets, |a| a);
+    out.deadline_exceeded = read.deadline_exceeded;
+    out
+}
+
+/// Collects the families of one sample, counting their failed items.
+struct Collector<'a> {
+    errors: &'a ErrorCounters,
+    /// Some item was left unread by the broker's deadline.
+    deadline_exceeded: bool,
+}
+
+impl Collector<'_> {
+    /// The values of one family that were read, paired with their labels. A failed item is left
+    /// out and counted under `source`; an item the deadline left unread is left out and flags
+    /// the deadline. A reading not aligned with the topology is a broker fault: the whole
+    /// family is left out and counted under `broker`.
+    fn collect<T: Copy, L: Copy, V>(
+        &mut self,
+        source: ErrorSource,
+        readings: &Readings<T>,
+        labels: &[L],
+        convert: impl Fn(T) -> V,
+    ) -> Vec<(L, V)> {
+        let Readings::Values(values) = readings else {
+            // NotRequested or Unavailable: the family is absent, and that is not an error.
+            return Vec::new();
+        };
+        if values.len() != labels.len() {
+            tracing::warn!(
+                family = source.label(),
+                values = values.len(),
+                items = labels.len(),
+                "broker reply not aligned with its topology; family left out"
+            );
+            self.errors.add(ErrorSource::Broker, 1);
+            return Vec::new();
+        }
+        let mut out = Vec::with_capacity(values.len());
+        let mut failed = 0;
+        for (label, value) in labels.iter().zip(values) {
+            match value {
+                Ok(v) => out.push((*label, convert(*v))),
+                Err(ItemError::DeadlineExceeded) => self.deadline_exceeded = true,
+                Err(e) => {
+                    failed += 1;
+                    tracing::debug!(family = source.label(), error = %e, "read failed");
+                }
+            }
+        }
+        self.errors.add(source, failed);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use amd_hsmp_proto::{Energy, Unavailable};
+
+    fn topology() -> Topology {
+        Topology {
+            cpu_family: 0x1A,
+            cpu_model: 0x11,
+            sockets: vec![0, 1],
+            cores: vec![
+                Core { socket: 0, core: 0, cpu: 0, apic_id: 0 },
+                Core { socket: 0, core: 8, cpu: 1, apic_id: 16 },
+                Core { socket: 1, core: 0, cpu: 2, apic_id: 256 },
+            ],
+        }
+    }
+
+    fn info() -> BrokerInfo {
+        BrokerInfo { broker_version: "0.1.0".into(), instance: 7, simulated: None }
+    }
+
+    fn sample() -> Sample {
+        Sample {
+            hsmp: DeviceStatus::Ready { protocol_version: 7 },
+            energy_source: Some(EnergySource::Hsmp),
+            energy: Readings::Values(vec![
+                Ok(Energy { counter: 3 << 16, esu: 16 }),
+                Err(ItemError::Io { errno: 5 }),
+                Ok(Energy { counter: 1 << 15, esu: 16 }),
+            ]),
+            boost_limit: Readings::Values(vec![
+                Ok(3700),
+                Ok(3600),
+                Err(ItemError::DeadlineExceeded),
+            ]),
+            prochot: Readings::Unavailable(Unavailable::Unsupported),
+            energy_resets: 0,
+        }
+    }
+
+    fn count(errors: &ErrorCounters, source: ErrorSource) -> u64 {
+        errors.get(source)
+    }
+
+    #[test]
+    fn failed_core_is_absent_and_counted_under_its_collector() {
+        let errors = ErrorCounters::default();
+        let t = translate(&info(), &topology(), &sample(), &errors);
+        assert_eq!(
+            t.energy_joules,
+            vec![(CoreLabel { socket: 0, core: 0 }, 3.0), (CoreLabel { socket: 1, core: 0 }, 0.5)]
+        );
+        assert_eq!(count(&errors, ErrorSource::CoreEnergy), 1);
+        assert_eq!(t.energy_source, Some(EnergySource::Hsmp));
+        assert_eq!(t.hsmp_protocol_version, Some(7));
+    }
+
+    #[test]
+    fn energy_counter_resets_count_as_core_energy_errors_once_per_broker_instance() {
+        let errors = ErrorCounters::default();
+        let at = |instance, energy_resets| {
+            let info = BrokerInfo { instance, ..info() };
+            let s = Sample { energy_resets, energy: Readings::NotRequested, ..sample() };
+            translate(&info, &topology(), &s, &errors);
+            count(&errors, ErrorSource::CoreEnergy)
+        };
+        assert_eq!(at(7, 0), 0);
+        assert_eq!(at(7, 3), 3, "three resets since the broker started");
+        assert_eq!(at(7, 3), 3, "the same three, not counted again");
+        assert_eq!(at(7, 5), 5);
+        assert_eq!(at(7, 4), 5, "a late older reply adds nothing");
+        assert_eq!(at(7, 6), 6);
+        assert_eq!(at(8, 2), 8, "a restarted broker's resets all count");
+    }
+
+    #[test]
+    fn deadline_exceeded_item_is_absent_and_flags_the_scrape_not_the_collector() {
+        let errors = ErrorCounters::default();
+        let t = translate(&info(), &topology(), &sample(), &errors);
+        assert_eq!(
+            t.boost_limit_hertz,
+            vec![
+                (CoreLabel { socket: 0, core: 0 }, 3.7e9),
+                (CoreLabel { socket: 0, core: 8 }, 3.6e9)
+            ]
+        );
+        assert!(t.deadline_exceeded);
+        assert_eq!(count(&errors, ErrorSource::BoostLimit), 0);
+    }
+
+    #[test]
+    fn unsupported_family_is_absent_without_error() {
+        let errors = ErrorCounters::default();
+        let t = translate(&info(), &topology(), &sample(), &errors);
+        assert!(t.prochot.is_empty());
+        assert_eq!(count(&errors, ErrorSource::Prochot), 0);
+    }
+
+    #[test]
+    fn failed_device_counts_hsmp_and_reports_down() {
+        let errors = ErrorCounters::default();
+        let mut s = sample();
+        s.hsmp = DeviceStatus::Failed(ItemError::TimedOut);
+        let t = translate(&info(), &topology(), &s, &errors);
+        assert_eq!(t.hsmp_protocol_version, None);
+        assert_eq!(count(&errors, ErrorSource::Hsmp), 1);
+        let absent = Sample { hsmp: DeviceStatus::Absent, ..sample() };
+        translate(&info(), &topology(), &absent, &errors);
+        assert_eq!(count(&errors, ErrorSource::Hsmp), 1);
+        let denied = Sample { hsmp: DeviceStatus::PermissionDenied, ..sample() };
+        translate(&info(), &topology(), &denied, &errors);
+        assert_eq!(count(&errors, ErrorSource::Hsmp), 2);
+    }
+
+    #[test]
+    fn misaligned_reply_drops_the_family_and_counts_broker() {
+        let errors = ErrorCounters::default();
+        let mut s = sample();
+        s.prochot = Readings::Values(vec![Ok(true)]);
+        let t = translate(&info(), &topology(), &s, &errors);
+        assert!(t.prochot.is_empty());
+        assert_eq!(count(&errors, ErrorSource::Broker), 1);
+    }
+
+    #[test]
+    fn energy_source_is_absent_when_no_energy_series_is() {
+        let errors = ErrorCounters::default();
+        let mut s = sample();
+        s.energy_source = Some(EnergySource::Msr);
+        s.energy = Readings::Values(vec![Err(ItemError::Busy); 3]);
+        let t = translate(&info(), &topology(), &s, &errors);
+        assert!(t.energy_joules.is_empty());
+        assert_eq!(t.energy_source, None);
+    }
+}

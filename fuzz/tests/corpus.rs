@@ -1,0 +1,199 @@
+//! Replays every committed corpus file of every fuzz target through its property, so a
+//! `cargo test` checks what the fuzzer found and kept. `AMD_HSMP_FUZZ_SEEDS=1` (re)writes the
+//! hand-made seed inputs (`seed-*`) the corpora started from.
+
+use amd_hsmp_fuzz::Alloc;
+use amd_hsmp_proto::{
+    Core, DeviceStatus, Energy, EnergySource, Families, ItemError, Message, PROTOCOL_VERSION,
+    Readings, Reply, Request, RequestError, Sample, Topology, Unavailable,
+};
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+#[global_allocator]
+static ALLOC: Alloc = Alloc::new(std::alloc::System, usize::MAX);
+
+/// The allocation limit is process-wide: one replay at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+type Property = fn(&[u8], &Alloc);
+
+const TARGETS: &[(&str, Property)] = &[
+    ("frame_request", amd_hsmp_fuzz::frame_request),
+    ("frame_reply", amd_hsmp_fuzz::frame_reply),
+    ("timeout_header", amd_hsmp_fuzz::timeout_header),
+    ("accept", amd_hsmp_fuzz::accept),
+    ("topology", amd_hsmp_fuzz::topology),
+];
+
+fn corpus(target: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("corpus").join(target)
+}
+
+fn replay(target: &str) {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    if std::env::var_os("AMD_HSMP_FUZZ_SEEDS").is_some() {
+        write_seeds(target);
+    }
+    let property = TARGETS.iter().find(|(name, _)| *name == target).unwrap().1;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(corpus(target))
+        .unwrap_or_else(|e| panic!("no corpus for {target}: {e}"))
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert!(files.iter().any(|f| name_of(f).starts_with("seed-")), "{target} has no seeds");
+    for file in &files {
+        let data = std::fs::read(file).unwrap();
+        let outcome = std::panic::catch_unwind(|| property(&data, &ALLOC));
+        assert!(outcome.is_ok(), "{target}: property failed on {}", file.display());
+    }
+}
+
+fn name_of(path: &std::path::Path) -> String {
+    path.file_name().unwrap().to_string_lossy().into_owned()
+}
+
+#[test]
+fn frame_request_corpus_holds() {
+    replay("frame_request");
+}
+
+#[test]
+fn frame_reply_corpus_holds() {
+    replay("frame_reply");
+}
+
+#[test]
+fn timeout_header_corpus_holds() {
+    replay("timeout_header");
+}
+
+#[test]
+fn accept_corpus_holds() {
+    replay("accept");
+}
+
+#[test]
+fn topology_corpus_holds() {
+    replay("topology");
+}
+
+#[test]
+fn every_target_has_a_replay_and_a_libfuzzer_binary() {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("cargo-fuzz/Cargo.toml");
+    let manifest = std::fs::read_to_string(manifest).unwrap();
+    for (name, _) in TARGETS {
+        assert!(manifest.contains(&format!("name = \"{name}\"")), "no fuzz binary for {name}");
+    }
+}
+
+#[test]
+fn the_topology_seed_is_discovered_not_refused() {
+    let seed = std::fs::read(corpus("topology").join("seed-00")).unwrap();
+    let t = amd_hsmp_fuzz::discover_from(&seed).expect("the seed describes a machine");
+    assert_eq!(t.cores.len(), 2, "{t:?}");
+    assert_eq!(t.cores[1].apic_id, 2);
+}
+
+/// A property that fails must fail the replay: the check above is not vacuous.
+#[test]
+fn a_broken_topology_fails_its_property() {
+    let core = |socket, core, apic_id| Core { socket, core, cpu: core, apic_id };
+    let mut t = Topology {
+        cpu_family: 0x19,
+        cpu_model: 0x11,
+        sockets: vec![0],
+        cores: vec![core(0, 0, 0), core(0, 1, 2)],
+    };
+    amd_hsmp_fuzz::check_topology(&t);
+    t.cores[1].apic_id = 0;
+    assert!(std::panic::catch_unwind(|| amd_hsmp_fuzz::check_topology(&t)).is_err());
+}
+
+fn write_seeds(target: &str) {
+    let dir = corpus(target);
+    std::fs::create_dir_all(&dir).unwrap();
+    let seeds: Vec<Vec<u8>> = match target {
+        "frame_request" => requests().iter().map(|r| r.to_frame().unwrap()).collect(),
+        "frame_reply" => replies().iter().map(|r| r.to_frame().unwrap()).collect(),
+        "timeout_header" => ["10", "0.5", "1e300", "NaN", "-1", "0.001", " 2.5 ", "inf"]
+            .iter()
+            .map(|s| s.as_bytes().to_vec())
+            .collect(),
+        "accept" => [
+            "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+            "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,text/plain;version=0.0.4;q=0.2,*/*;q=0.1",
+            "*/*",
+            "text/plain;q=0.9, application/openmetrics-text;q=0.5",
+        ]
+        .iter()
+        .map(|s| s.as_bytes().to_vec())
+        .collect(),
+        "topology" => vec![topology_seed()],
+        _ => unreachable!(),
+    };
+    for (i, seed) in seeds.iter().enumerate() {
+        std::fs::write(dir.join(format!("seed-{i:02}")), seed).unwrap();
+    }
+}
+
+fn requests() -> Vec<Request> {
+    vec![
+        Request::Hello { protocol_version: PROTOCOL_VERSION },
+        Request::Topology,
+        Request::Sample { what: Families::ALL, deadline_ms: 9750 },
+    ]
+}
+
+fn replies() -> Vec<Reply> {
+    let topology = Topology {
+        cpu_family: 0x1A,
+        cpu_model: 0x11,
+        sockets: vec![0, 1],
+        cores: vec![
+            Core { socket: 0, core: 0, cpu: 0, apic_id: 0 },
+            Core { socket: 1, core: 8, cpu: 1, apic_id: 256 },
+        ],
+    };
+    let sample = Sample {
+        hsmp: DeviceStatus::Ready { protocol_version: 7 },
+        energy_source: Some(EnergySource::Hsmp),
+        energy: Readings::Values(vec![
+            Ok(Energy { counter: 3 << 16, esu: 16 }),
+            Err(ItemError::Io { errno: 5 }),
+        ]),
+        boost_limit: Readings::Values(vec![Ok(3700), Err(ItemError::DeadlineExceeded)]),
+        prochot: Readings::Unavailable(Unavailable::Unsupported),
+        energy_resets: 3,
+    };
+    vec![
+        Reply::Hello {
+            protocol_version: PROTOCOL_VERSION,
+            broker_version: "0.1.0".into(),
+            instance: 7,
+            simulated: Some("turin-2p".into()),
+        },
+        Reply::Topology(topology),
+        Reply::Sample(sample),
+        Reply::Error(RequestError::VersionMismatch { broker: 2, peer: 1 }),
+    ]
+}
+
+/// Milan 1P-like: four threads, two cores (SMT), APIC ids apart from CPU numbers.
+fn topology_seed() -> Vec<u8> {
+    let mut cpuinfo = String::new();
+    for (cpu, apic) in [(0, 0), (1, 2), (2, 1), (3, 3)] {
+        cpuinfo.push_str(&format!(
+            "processor\t: {cpu}\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\n\
+             physical id\t: 0\napicid\t\t: {apic}\nflags\t\t: fpu vme\n\n"
+        ));
+    }
+    let mut out = cpuinfo.into_bytes();
+    out.extend_from_slice(b"\x000-3\n");
+    for core in ["0", "1", "0", "1"] {
+        out.push(0);
+        out.extend_from_slice(format!("{core}\n").as_bytes());
+        out.extend_from_slice(b"\x000\n");
+    }
+    out
+}

@@ -1,0 +1,555 @@
+//! The live machine behind [`crate::Mode::Live`]: per-core power that follows a daily load
+//! pattern and stays within the simulated SKU's TDP, boost limits at the SKU's maximum that drop
+//! only during power or thermal events, and PROCHOT episodes that occur and clear, all a pure
+//! function of the seed, the [`Scenario`] and the time read from a [`Clock`].
+//!
+//! The model, per socket `s` and core `i` at simulated time `t` (seconds since start):
+//!
+//! - load `L_i(t)` in [0, 1]: a daily wave of the socket (0.3 at night to 0.8 at the peak, the
+//!   same phase on every socket of the machine), a job wave of 15 to 45 minutes (±0.08), and a
+//!   wave of the core (±0.03 to ±0.12, 2 to 10 minutes) around a bias of its own (±0.05);
+//! - power `P_i(t) = idle + (core_max − idle) × L_i(t)`, where `core_max` is the cores' share of
+//!   the TDP ([`CORE_SHARE_OF_TDP`]) divided among the socket's cores and `idle` is
+//!   [`IDLE_SHARE`] of it, so the cores of a socket never draw more than 75 % of its TDP (the
+//!   rest is the I/O die's); under PROCHOT it is [`PROCHOT_POWER`] of that;
+//! - energy: the integral of the power over real time in steps of one second, plus a starting
+//!   offset drawn from the seed (up to one 32-bit MSR wrap, so wraps come at different times);
+//! - boost limit: the SKU's maximum, except during a power event (the socket's load above
+//!   [`POWER_EVENT_LOAD`]: its loaded cores lose 100 to 400 MHz, redrawn every 30 s) and under
+//!   PROCHOT (every core of the socket at [`PROCHOT_BOOST`] of the maximum);
+//! - PROCHOT: in [`Scenario::Normal`], short episodes (10 s to 2 min) in about 3 % of each
+//!   socket's 15-minute slots, none in the first slot; the other scenarios add a schedule.
+
+use crate::profile::MachineSpec;
+use std::f64::consts::TAU;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// Share of a socket's TDP its cores draw at full load; the rest is the I/O die and uncore.
+pub const CORE_SHARE_OF_TDP: f64 = 0.75;
+/// A core's idle power as a share of its full-load power.
+pub const IDLE_SHARE: f64 = 0.15;
+/// Socket load above which the socket is at its power limit and trims its loaded cores' boost.
+pub const POWER_EVENT_LOAD: f64 = 0.8;
+/// Boost limit under PROCHOT, as a share of the SKU's maximum.
+pub const PROCHOT_BOOST: f64 = 0.6;
+/// Power under PROCHOT, as a share of what the load would draw.
+pub const PROCHOT_POWER: f64 = 0.55;
+/// When a scenario's first event starts, s: long enough for a Prometheus scraping every 15 s
+/// to see the socket healthy first (AmdHsmpBoostLimitLow compares with the day's maximum).
+pub const SCENARIO_WARM_UP_S: f64 = 15.0;
+
+/// Integration step of the energy counters, s.
+const STEP_S: f64 = 1.0;
+/// One day, s.
+const DAY_S: f64 = 86_400.0;
+/// PROCHOT slot of [`Scenario::Normal`], s.
+const THERMAL_SLOT_S: f64 = 900.0;
+/// Share of the slots with an episode.
+const THERMAL_SLOT_SHARE: f64 = 0.03;
+/// How long a power event's boost trim of one core lasts before it is redrawn, s.
+const POWER_SLOT_S: f64 = 30.0;
+
+/// A schedule of events on top of the normal machine: what `--simulate.scenario` selects, for
+/// demos and for the live check of the alerts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Scenario {
+    /// The machine as it usually is: load following the day, rare short PROCHOT episodes, boost
+    /// trims at the daily peak. No alert of the mixin fires on it.
+    #[default]
+    Normal,
+    /// The last socket overheats: from 15 s after start it holds PROCHOT for 20 minutes, its
+    /// boost limits at 60 % of the maximum and its power cut, then recovers; every hour. Fires
+    /// AmdHsmpProchotAsserted (after 5 minutes), AmdHsmpBoostLimitLow (after 15 minutes) and,
+    /// since 20 minutes is a third of an hour, AmdHsmpProchotFrequent.
+    ThermalEvent,
+    /// Socket 0 throttles again and again: from 15 s after start, PROCHOT for 1 minute of every
+    /// 3. Fires AmdHsmpProchotFrequent (a third of the hour) and never AmdHsmpProchotAsserted
+    /// (no episode lasts 5 minutes) nor AmdHsmpBoostLimitLow (no dip lasts 15 minutes).
+    ProchotFlapping,
+}
+
+/// A scenario name that is not one of [`Scenario::ALL`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown simulator scenario {name:?}, expected one of: {}", Scenario::names().join(", "))]
+pub struct UnknownScenario {
+    /// The name given.
+    pub name: String,
+}
+
+impl Scenario {
+    /// Every scenario.
+    pub const ALL: [Scenario; 3] =
+        [Scenario::Normal, Scenario::ThermalEvent, Scenario::ProchotFlapping];
+
+    /// The name accepted by `--simulate.scenario`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Scenario::Normal => "normal",
+            Scenario::ThermalEvent => "thermal-event",
+            Scenario::ProchotFlapping => "prochot-flapping",
+        }
+    }
+
+    /// The names of [`Scenario::ALL`].
+    pub fn names() -> Vec<&'static str> {
+        Scenario::ALL.iter().map(|s| s.name()).collect()
+    }
+
+    /// Whether the scenario's own schedule holds PROCHOT on `socket` of `sockets` at `t`.
+    fn scheduled_prochot(self, socket: u32, sockets: u32, t: f64) -> bool {
+        match self {
+            Scenario::Normal => false,
+            Scenario::ThermalEvent => {
+                socket + 1 == sockets && in_window(t, SCENARIO_WARM_UP_S, 1200.0, 3600.0)
+            }
+            Scenario::ProchotFlapping => {
+                socket == 0 && in_window(t, SCENARIO_WARM_UP_S, 60.0, 180.0)
+            }
+        }
+    }
+}
+
+impl fmt::Display for Scenario {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Scenario {
+    type Err = UnknownScenario;
+
+    fn from_str(s: &str) -> Result<Scenario, UnknownScenario> {
+        Scenario::ALL
+            .into_iter()
+            .find(|sc| sc.name() == s)
+            .ok_or_else(|| UnknownScenario { name: s.to_owned() })
+    }
+}
+
+/// Whether `t` falls in `[start + k × period, start + k × period + len)` for some `k ≥ 0`.
+fn in_window(t: f64, start: f64, len: f64, period: f64) -> bool {
+    t >= start && (t - start).rem_euclid(period) < len
+}
+
+/// Where the live firmware reads the time from.
+#[derive(Debug, Clone)]
+pub enum Clock {
+    /// Wall-clock time since this instant: what `--simulate` uses.
+    Wall(Instant),
+    /// Time set by a test, shared with every clone of the handle.
+    Manual(ManualClock),
+}
+
+impl Clock {
+    /// Wall-clock time from now on.
+    pub fn wall() -> Clock {
+        Clock::Wall(Instant::now())
+    }
+
+    /// Seconds since the machine started.
+    pub fn now_s(&self) -> f64 {
+        match self {
+            Clock::Wall(start) => start.elapsed().as_secs_f64(),
+            Clock::Manual(manual) => manual.get().as_secs_f64(),
+        }
+    }
+}
+
+impl PartialEq for Clock {
+    fn eq(&self, other: &Clock) -> bool {
+        match (self, other) {
+            (Clock::Wall(a), Clock::Wall(b)) => a == b,
+            (Clock::Manual(a), Clock::Manual(b)) => Arc::ptr_eq(&a.0, &b.0),
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Clock {}
+
+/// A clock that moves only when told: tests put the live machine at any instant of its day.
+#[derive(Debug, Clone, Default)]
+pub struct ManualClock(Arc<AtomicU64>);
+
+impl ManualClock {
+    /// A clock at `t` since the start.
+    pub fn at(t: Duration) -> ManualClock {
+        let clock = ManualClock::default();
+        clock.set(t);
+        clock
+    }
+
+    /// The time since the start.
+    pub fn get(&self) -> Duration {
+        Duration::from_nanos(self.0.load(Ordering::SeqCst))
+    }
+
+    /// Sets the time since the start.
+    pub fn set(&self, t: Duration) {
+        self.0.store(u64::try_from(t.as_nanos()).unwrap_or(u64::MAX), Ordering::SeqCst);
+    }
+
+    /// Moves the clock on by `d`.
+    pub fn advance(&self, d: Duration) {
+        self.set(self.get().saturating_add(d));
+    }
+}
+
+/// One socket's load waves.
+#[derive(Debug, Clone, Copy)]
+struct SocketWave {
+    day_phase: f64,
+    job_omega: f64,
+    job_phase: f64,
+}
+
+/// One core's load wave.
+#[derive(Debug, Clone, Copy)]
+struct CoreWave {
+    socket: u32,
+    bias: f64,
+    amp: f64,
+    omega: f64,
+    phase: f64,
+    offset_j: f64,
+}
+
+/// A core's energy integrated up to a whole step.
+#[derive(Debug, Clone, Copy, Default)]
+struct Integral {
+    steps: u64,
+    joules: f64,
+}
+
+/// The live model of one machine; see the module documentation.
+#[derive(Debug)]
+pub struct Live {
+    seed: u64,
+    scenario: Scenario,
+    sockets: u32,
+    boost_mhz: u32,
+    core_max_w: f64,
+    idle_w: f64,
+    socket_waves: Vec<SocketWave>,
+    cores: Vec<CoreWave>,
+    integrals: Vec<Mutex<Integral>>,
+}
+
+impl Live {
+    /// The live model of `spec`, whose cores are numbered in (socket, core) order.
+    pub fn new(spec: &MachineSpec, seed: u64, scenario: Scenario) -> Live {
+        let per_socket = spec.core_ids.len().max(1) as f64;
+        let core_max_w = CORE_SHARE_OF_TDP * f64::from(spec.tdp_w) / per_socket;
+        // The whole machine shares one day; sockets differ in their jobs.
+        let day_phase = TAU * unit(seed, 0xDA7, 0);
+        let socket_waves = (0..spec.sockets)
+            .map(|s| SocketWave {
+                day_phase,
+                job_omega: TAU / (900.0 + 1800.0 * unit(seed, 0x50C, u64::from(s))),
+                job_phase: TAU * unit(seed, 0x50D, u64::from(s)),
+            })
+            .collect();
+        let mut cores = Vec::new();
+        for socket in 0..spec.sockets {
+            for _ in &spec.core_ids {
+                let i = cores.len() as u64;
+                cores.push(CoreWave {
+                    socket,
+                    bias: 0.1 * unit(seed, i, 1) - 0.05,
+                    amp: 0.03 + 0.09 * unit(seed, i, 2),
+                    omega: TAU / (120.0 + 480.0 * unit(seed, i, 3)),
+                    phase: TAU * unit(seed, i, 4),
+                    offset_j: 65_536.0 * unit(seed, i, 5),
+                });
+            }
+        }
+        Live {
+            seed,
+            scenario,
+            sockets: spec.sockets,
+            boost_mhz: spec.boost_mhz,
+            core_max_w,
+            idle_w: IDLE_SHARE * core_max_w,
+            socket_waves,
+            integrals: cores.iter().map(|_| Mutex::new(Integral::default())).collect(),
+            cores,
+        }
+    }
+
+    /// The scenario.
+    pub fn scenario(&self) -> Scenario {
+        self.scenario
+    }
+
+    /// Most power one core can draw, W.
+    pub fn core_max_w(&self) -> f64 {
+        self.core_max_w
+    }
+
+    /// The load of `socket` at `t`, without the cores' own waves: the daily and the job wave.
+    pub fn socket_load(&self, socket: u32, t: f64) -> f64 {
+        let Some(w) = self.socket_waves.get(socket as usize) else { return 0.0 };
+        0.55 + 0.25 * (TAU * t / DAY_S + w.day_phase).sin()
+            + 0.08 * (w.job_omega * t + w.job_phase).sin()
+    }
+
+    /// The load of core `i` at `t`, in [0, 1].
+    pub fn core_load(&self, i: usize, t: f64) -> f64 {
+        let c = &self.cores[i];
+        (self.socket_load(c.socket, t) + c.bias + c.amp * (c.omega * t + c.phase).sin())
+            .clamp(0.0, 1.0)
+    }
+
+    /// The power of core `i` at `t`, W.
+    pub fn power_w(&self, i: usize, t: f64) -> f64 {
+        let c = &self.cores[i];
+        let p = self.idle_w + (self.core_max_w - self.idle_w) * self.core_load(i, t);
+        if self.prochot(c.socket, t) { p * PROCHOT_POWER } else { p }
+    }
+
+    /// The energy core `i` has counted at `t`, J: the offset plus the power integrated in
+    /// steps of [`STEP_S`]. Never decreases as `t` grows.
+    pub fn energy_j(&self, i: usize, t: f64) -> f64 {
+        let t = t.max(0.0);
+        let whole = (t / STEP_S).floor() as u64;
+        // Plain numbers, valid even if a holder panicked.
+        let mut integral = self.integrals[i].lock().unwrap_or_else(PoisonError::into_inner);
+        if integral.steps > whole {
+            // A manual clock set back: integrate again from the start.
+            *integral = Integral::default();
+        }
+        while integral.steps < whole {
+            integral.joules += self.power_w(i, integral.steps as f64 * STEP_S) * STEP_S;
+            integral.steps += 1;
+        }
+        let partial = t - whole as f64 * STEP_S;
+        self.cores[i].offset_j + integral.joules + self.power_w(i, whole as f64 * STEP_S) * partial
+    }
+
+    /// The boost limit of core `i` at `t`, MHz.
+    pub fn boost_mhz(&self, i: usize, t: f64) -> u32 {
+        let c = &self.cores[i];
+        if self.prochot(c.socket, t) {
+            return throttled_mhz(self.boost_mhz);
+        }
+        if self.socket_load(c.socket, t) > POWER_EVENT_LOAD && self.core_load(i, t) > 0.7 {
+            let slot = (t / POWER_SLOT_S).floor() as u64;
+            let trim = 100 * (1 + (hash(self.seed ^ 0xB005_7000, i as u64, slot) % 4) as u32);
+            return self.boost_mhz.saturating_sub(trim);
+        }
+        self.boost_mhz
+    }
+
+    /// Whether `socket` has PROCHOT asserted at `t`.
+    pub fn prochot(&self, socket: u32, t: f64) -> bool {
+        self.scenario.scheduled_prochot(socket, self.sockets, t) || self.thermal_episode(socket, t)
+    }
+
+    /// The rare short episodes of the normal machine.
+    fn thermal_episode(&self, socket: u32, t: f64) -> bool {
+        if t < THERMAL_SLOT_S {
+            return false;
+        }
+        let slot = (t / THERMAL_SLOT_S).floor();
+        let key = slot as u64;
+        let seed = self.seed ^ 0x9807_4074;
+        if unit(seed, u64::from(socket), key) >= THERMAL_SLOT_SHARE {
+            return false;
+        }
+        let length = 10.0 + 110.0 * unit(seed ^ 1, u64::from(socket), key);
+        let start = slot * THERMAL_SLOT_S
+            + (THERMAL_SLOT_S - length) * unit(seed ^ 2, u64::from(socket), key);
+        (start..start + length).contains(&t)
+    }
+}
+
+/// The boost limit under PROCHOT: [`PROCHOT_BOOST`] of the maximum, in 25 MHz steps.
+pub fn throttled_mhz(max_mhz: u32) -> u32 {
+    ((f64::from(max_mhz) * PROCHOT_BOOST / 25.0).round() as u32) * 25
+}
+
+/// SplitMix64 finaliser: a well-mixed deterministic hash of `x`.
+fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A deterministic hash of (seed, a, b).
+fn hash(seed: u64, a: u64, b: u64) -> u64 {
+    mix(seed ^ mix(a ^ mix(b)))
+}
+
+/// A deterministic number in [0, 1) from (seed, a, b).
+fn unit(seed: u64, a: u64, b: u64) -> f64 {
+    (hash(seed, a, b) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::Profile;
+
+    /// Socket power at `t` (the sum of its cores' power), W.
+    fn socket_power(live: &Live, spec: &MachineSpec, socket: u32, t: f64) -> f64 {
+        let n = spec.core_ids.len();
+        (socket as usize * n..(socket as usize + 1) * n).map(|i| live.power_w(i, t)).sum()
+    }
+
+    #[test]
+    fn socket_power_stays_within_the_tdp_and_follows_the_day() {
+        for profile in Profile::ALL {
+            let spec = profile.spec();
+            let live = Live::new(&spec, 3, Scenario::Normal);
+            let (mut low, mut high) = (f64::MAX, 0.0f64);
+            for hour in 0..48 {
+                let t = f64::from(hour) * 1800.0;
+                let w = socket_power(&live, &spec, 0, t);
+                assert!(w <= f64::from(spec.tdp_w) * CORE_SHARE_OF_TDP, "{profile} at {t}: {w} W");
+                low = low.min(w);
+                high = high.max(w);
+            }
+            let tdp = f64::from(spec.tdp_w);
+            // Night and day differ by at least a fifth of the TDP; the night is not idle.
+            assert!(high - low > 0.2 * tdp, "{profile}: {low}..{high} W of {tdp}");
+            assert!(low > 0.15 * tdp, "{profile}: {low} W");
+        }
+    }
+
+    #[test]
+    fn turin_2p_draws_a_believable_share_of_its_500_w() {
+        let spec = Profile::Turin2p.spec();
+        assert_eq!(spec.tdp_w, 500);
+        let live = Live::new(&spec, 0, Scenario::Normal);
+        let day: Vec<f64> =
+            (0..96).map(|q| socket_power(&live, &spec, 1, f64::from(q) * 900.0)).collect();
+        let mean = day.iter().sum::<f64>() / day.len() as f64;
+        assert!((150.0..=300.0).contains(&mean), "{mean} W");
+        assert!(day.iter().all(|&w| w < 375.0), "{day:?}");
+    }
+
+    #[test]
+    fn cores_differ_and_energy_integrates_the_power() {
+        let spec = Profile::Genoa2p.spec();
+        let live = Live::new(&spec, 1, Scenario::Normal);
+        assert_ne!(live.power_w(0, 100.0), live.power_w(1, 100.0));
+        let e0 = live.energy_j(5, 1000.0);
+        let e1 = live.energy_j(5, 1010.0);
+        let expected: f64 = (1000..1010).map(|s| live.power_w(5, f64::from(s))).sum();
+        assert!((e1 - e0 - expected).abs() < 1e-6, "{} vs {expected}", e1 - e0);
+        // Reading an earlier time again gives the same answer (a manual clock set back).
+        assert_eq!(live.energy_j(5, 1000.0), e0);
+    }
+
+    #[test]
+    fn energy_never_decreases() {
+        let live = Live::new(&Profile::Turin2p.spec(), 9, Scenario::ThermalEvent);
+        let mut last = 0.0;
+        for step in 0..5000 {
+            let e = live.energy_j(383, f64::from(step) * 0.7);
+            assert!(e >= last, "step {step}: {last} -> {e}");
+            last = e;
+        }
+    }
+
+    #[test]
+    fn normal_boost_is_at_the_maximum_unless_an_event_runs() {
+        let spec = Profile::Turin2p.spec();
+        let live = Live::new(&spec, 0, Scenario::Normal);
+        let (mut at_max, mut trimmed) = (0, 0);
+        for m in 0..(2 * 24 * 60) {
+            let t = f64::from(m) * 60.0;
+            for i in [0usize, 77, 191, 300] {
+                let mhz = live.boost_mhz(i, t);
+                let socket = (i / 192) as u32;
+                if mhz == spec.boost_mhz {
+                    at_max += 1;
+                } else {
+                    trimmed += 1;
+                    let power_event = live.socket_load(socket, t) > POWER_EVENT_LOAD;
+                    assert!(power_event || live.prochot(socket, t), "dip at {t} without event");
+                    assert!(mhz >= throttled_mhz(spec.boost_mhz));
+                }
+            }
+        }
+        assert!(trimmed > 0 && at_max > 2 * trimmed, "{at_max} at max, {trimmed} trimmed");
+    }
+
+    /// Episodes of `socket` as (start, length) in minutes, sampled every 5 s for `hours`.
+    fn episodes(live: &Live, socket: u32, hours: u32) -> Vec<(f64, f64)> {
+        let mut out = Vec::new();
+        let mut start = None;
+        for k in 0..hours * 720 {
+            let t = f64::from(k) * 5.0;
+            match (live.prochot(socket, t), start) {
+                (true, None) => start = Some(t),
+                (false, Some(s)) => {
+                    out.push((s / 60.0, (t - s) / 60.0));
+                    start = None;
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn normal_prochot_episodes_are_rare_short_and_clear() {
+        let live = Live::new(&Profile::Genoa2p.spec(), 11, Scenario::Normal);
+        let found = episodes(&live, 1, 24 * 14);
+        // About 3 % of 96 slots a day for 14 days: 40 expected.
+        assert!((15..=80).contains(&found.len()), "{} episodes", found.len());
+        assert!(found.iter().all(|&(start, len)| start >= 15.0 && len <= 2.1), "{found:?}");
+    }
+
+    #[test]
+    fn thermal_event_holds_the_last_socket_for_20_minutes_every_hour() {
+        let spec = Profile::Turin2p.spec();
+        let live = Live::new(&spec, 0, Scenario::ThermalEvent);
+        assert!(!live.prochot(1, 10.0) && live.prochot(1, 16.0) && live.prochot(1, 1214.0));
+        assert!(!live.prochot(1, 1216.0) || live.thermal_episode(1, 1216.0));
+        assert!(live.prochot(1, 3616.0));
+        let first = episodes(&live, 1, 3)[0];
+        assert!((first.1 - 20.0).abs() < 0.1, "{first:?}");
+        assert_eq!(live.boost_mhz(300, 600.0), 2225);
+        assert!(live.power_w(300, 600.0) < PROCHOT_POWER * live.core_max_w() + 1e-9);
+        let share = (0..720).filter(|&k| live.prochot(1, 3600.0 + f64::from(k) * 5.0)).count();
+        assert!(share > 720 / 4, "{share} of 720");
+    }
+
+    #[test]
+    fn prochot_flapping_is_a_third_of_the_time_in_one_minute_episodes() {
+        let live = Live::new(&Profile::Milan1p.spec(), 0, Scenario::ProchotFlapping);
+        let found = episodes(&live, 0, 2);
+        let scheduled: Vec<_> = found.iter().filter(|&&(_, len)| (len - 1.0).abs() < 0.1).collect();
+        assert!(scheduled.len() >= 36, "{found:?}");
+        assert!(found.iter().all(|&(_, len)| len < 5.0), "{found:?}");
+        let on = (0..720).filter(|&k| live.prochot(0, 3600.0 + f64::from(k) * 5.0)).count();
+        assert!((230..=290).contains(&on), "{on} of 720");
+    }
+
+    #[test]
+    fn scenario_names_round_trip() {
+        for s in Scenario::ALL {
+            assert_eq!(s.to_string().parse::<Scenario>(), Ok(s));
+        }
+        let e = "meltdown".parse::<Scenario>().unwrap_err().to_string();
+        assert!(e.contains("meltdown") && e.contains("thermal-event"), "{e}");
+    }
+
+    #[test]
+    fn manual_clock_moves_only_when_told() {
+        let manual = ManualClock::at(Duration::from_secs(5));
+        let clock = Clock::Manual(manual.clone());
+        assert_eq!(clock.now_s(), 5.0);
+        manual.advance(Duration::from_millis(1500));
+        assert_eq!(clock.now_s(), 6.5);
+        assert_eq!(clock, Clock::Manual(manual));
+        assert_ne!(clock, Clock::Manual(ManualClock::default()));
+    }
+}

@@ -1,0 +1,687 @@
+//! The measurements: a rig of fake device, broker and exporters per fixture machine, the paired
+//! floor client, CPU and memory from procfs, message counts from the fake, start-up times.
+
+use crate::Cli;
+use crate::report::{
+    Concurrent, Cpu, Disabled, FixtureReport, Host, Idle, LatencyReport, Memory, Percentiles,
+    Report, Startup, StartupFigures,
+};
+use amd_hsmp_device::{DevHsmp, HsmpMessage, HsmpTransport, Message};
+use amd_hsmp_e2e::fake::{FakeConfig, FakeDevice, NodeState, WireMessage};
+use amd_hsmp_e2e::fixtures;
+use amd_hsmp_e2e::harness::{self, Binaries, Proc};
+use amd_hsmp_e2e::scenario::{DEFAULT_SCRAPE_TIMEOUT, PROMETHEUS_ACCEPT};
+use amd_hsmp_sim::{FirmwareConfig, Machine, MachineSpec, Mode};
+use anyhow::{Context, Result, bail};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::os::unix::net::{UnixDatagram, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Barrier, mpsc};
+use std::time::{Duration, Instant};
+
+/// Scrapes before each measured series, so one-time work (connections, first probes, page
+/// faults) is not counted.
+const WARM_UP: usize = 3;
+/// How long nothing is scraped while the fake counts what the broker sends on its own.
+const IDLE_WINDOW: Duration = Duration::from_secs(2);
+/// The collector the second exporter runs without.
+const DISABLED_FLAG: &str = "--no-collector.boost-limit";
+/// Scrapes of the exporter with a disabled collector.
+const DISABLED_SCRAPES: usize = 3;
+/// Linux reports process times in `USER_HZ` ticks, 100 per second on every architecture
+/// the exporter supports (it is part of the user-space ABI, unlike the kernel's `HZ`).
+const USER_HZ: u64 = 100;
+
+/// Runs every measurement `cli` asks for.
+pub fn run(cli: &Cli, bins: &Binaries) -> Result<Report> {
+    let mut fixtures_out = Vec::new();
+    for name in &cli.fixtures {
+        eprintln!("bench: {name}: {} scrapes at each latency", cli.scrapes);
+        fixtures_out.push(fixture(cli, bins, name).with_context(|| format!("fixture {name}"))?);
+    }
+    let largest = fixtures::machines()
+        .into_iter()
+        .max_by_key(|(_, spec)| spec.topology().cores.len())
+        .map(|(name, _)| name)
+        .context("no fixture machines")?;
+    eprintln!(
+        "bench: {largest}: {} broker start-ups with and without the MSR fallback",
+        cli.startups
+    );
+    let startup = startup(bins, largest, cli.startups).context("start-up")?;
+    let command = command_line(std::env::args().skip(1));
+    Ok(Report::new(host(), command, cli.scrapes, fixtures_out, startup))
+}
+
+/// The command that reran this benchmark: its arguments without the `--bin-dir` that
+/// `cargo xtask bench` adds.
+fn command_line(mut args: impl Iterator<Item = String>) -> String {
+    let mut kept = Vec::new();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--bin-dir" => {
+                args.next();
+            }
+            a if a.starts_with("--bin-dir=") => {}
+            _ => kept.push(arg),
+        }
+    }
+    format!("cargo xtask bench {}", kept.join(" ")).trim_end().to_owned()
+}
+
+/// The fake device for `spec`, with static firmware values and no faults.
+fn mount(spec: MachineSpec) -> Result<(Arc<Machine>, FakeDevice)> {
+    let cpus: Vec<u32> = spec.cpus().iter().filter(|c| c.online).map(|c| c.cpu).collect();
+    let machine = Machine::new(spec, FirmwareConfig::new(Mode::Static));
+    let hsmp_state =
+        if machine.firmware().has_hsmp() { NodeState::Present } else { NodeState::Absent };
+    let device = FakeDevice::mount(FakeConfig {
+        hsmp: Arc::new(Arc::clone(&machine)),
+        msr: Arc::new(machine.msr_opener()),
+        cpus,
+        hsmp_state,
+        msr_state: NodeState::Present,
+    })
+    .context("cannot mount the fake device (needs root, /dev/fuse and fusermount3 from fuse3)")?;
+    Ok((machine, device))
+}
+
+/// The broker's command line for fixture machine `name` served by `device`, on `socket`.
+fn broker_args(device: &FakeDevice, name: &str, socket: &Path) -> Vec<String> {
+    let tree = fixtures::tree(&fixtures::fixtures_dir(), name);
+    let mut args = vec!["--listen".into(), socket.display().to_string()];
+    args.extend(device.broker_args(&tree));
+    args
+}
+
+/// The fake device, the broker and two exporters (one with every collector, one without
+/// [`DISABLED_FLAG`]). Field order is drop order: processes before the mount.
+struct Rig {
+    exporter: Proc,
+    exporter_off: Proc,
+    broker: Proc,
+    addr: SocketAddr,
+    addr_off: SocketAddr,
+    device: FakeDevice,
+    machine: Arc<Machine>,
+    _dir: tempfile::TempDir,
+}
+
+impl Rig {
+    fn start(bins: &Binaries, name: &str, spec: MachineSpec) -> Result<Rig> {
+        let (machine, device) = mount(spec)?;
+        let dir = tempfile::Builder::new().prefix("amd-hsmp-bench-").tempdir()?;
+        let socket = dir.path().join("broker.sock");
+        let args = broker_args(&device, name, &socket);
+        let mut broker =
+            Proc::spawn("amd-hsmp-broker", &bins.broker, &args, dir.path().join("broker.log"))?;
+        harness::wait_until(&mut broker, "broker socket", || UnixStream::connect(&socket).is_ok())?;
+        let exe = &bins.exporter;
+        let (exporter, addr) =
+            harness::start_exporter_from(exe, &socket, &[], None, dir.path(), "exporter")?;
+        let off = [DISABLED_FLAG.to_owned()];
+        let (exporter_off, addr_off) =
+            harness::start_exporter_from(exe, &socket, &off, None, dir.path(), "exporter-off")?;
+        Ok(Rig { exporter, exporter_off, broker, addr, addr_off, device, machine, _dir: dir })
+    }
+
+    /// Scrapes `addr` as Prometheus does; fails unless the answer is complete and healthy.
+    fn scrape(&mut self, addr: SocketAddr) -> Result<Scraped> {
+        let response = scrape(addr)?;
+        self.broker.check_running()?;
+        self.exporter.check_running()?;
+        self.exporter_off.check_running()?;
+        Ok(response)
+    }
+
+    fn messages(&self) -> usize {
+        self.device.message_count()
+    }
+}
+
+/// One scrape's times.
+#[derive(Debug, Clone, Copy)]
+struct Scraped {
+    /// From sending the request to the end of the body.
+    wall: Duration,
+    /// The exporter's own `amd_hsmp_scrape_duration_seconds`: the broker request and the
+    /// metric families, without HTTP and the encoding of the body.
+    collect: Duration,
+}
+
+fn scrape(addr: SocketAddr) -> Result<Scraped> {
+    let headers = [
+        ("Accept", PROMETHEUS_ACCEPT),
+        ("X-Prometheus-Scrape-Timeout-Seconds", DEFAULT_SCRAPE_TIMEOUT),
+    ];
+    let response = harness::http_get(addr, "/metrics", &headers, Duration::from_secs(30))?;
+    if response.status != 200 {
+        bail!("scrape answered {}:\n{}", response.status, response.body);
+    }
+    for line in ["amd_hsmp_up 1", "amd_hsmp_broker_up 1"] {
+        if !response.body.lines().any(|l| l == line) {
+            bail!("scrape lacks {line:?}:\n{}", response.body);
+        }
+    }
+    let collect = response
+        .body
+        .lines()
+        .find_map(|l| l.strip_prefix("amd_hsmp_scrape_duration_seconds "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .context("scrape lacks amd_hsmp_scrape_duration_seconds")?;
+    Ok(Scraped { wall: response.elapsed, collect: Duration::from_secs_f64(collect) })
+}
+
+/// HSMP messages expected in one steady scrape with every collector on: boost limit and energy
+/// per core plus PROCHOT per socket where the firmware has the RAPL messages; no energy
+/// message otherwise (it comes from the MSRs or is absent).
+fn expected_messages(spec: &MachineSpec, cores: usize, sockets: usize) -> usize {
+    match (spec.hsmp_protocol, spec.rapl_messages) {
+        (None, _) => 0,
+        (Some(_), true) => 2 * cores + sockets,
+        (Some(_), false) => cores + sockets,
+    }
+}
+
+fn fixture(cli: &Cli, bins: &Binaries, name: &str) -> Result<FixtureReport> {
+    let spec = fixtures::machine(name).context("unknown fixture")?;
+    let topology = spec.topology();
+    let (cores, sockets) = (topology.cores.len(), topology.sockets.len());
+    let expected = expected_messages(&spec, cores, sockets);
+    if spec.hsmp_protocol.is_none() {
+        bail!("{name} has no HSMP device: no mailbox message to time against the floor");
+    }
+    let mut rig = Rig::start(bins, name, spec)?;
+    let result = measure_fixture(cli, &mut rig, name, cores, sockets, expected);
+    result.with_context(|| format!("logs:\n{}\n{}", rig.broker.log(), rig.exporter.log()))
+}
+
+fn measure_fixture(
+    cli: &Cli,
+    rig: &mut Rig,
+    name: &str,
+    cores: usize,
+    sockets: usize,
+    expected: usize,
+) -> Result<FixtureReport> {
+    let floor = Floor::start(&rig.device.hsmp_path(), sockets)?;
+    let mut latencies = Vec::new();
+    for &us in &cli.latencies_us {
+        eprintln!("bench: {name}: {us} µs per message");
+        rig.machine.update_faults(|f| f.latency = Duration::from_micros(us));
+        latencies.push(series(rig, &floor, cli.scrapes, us)?);
+    }
+    // Concurrency and the idle window at the highest latency: the longest flights.
+    let highest = cli.latencies_us.iter().copied().max().unwrap_or(0);
+    rig.machine.update_faults(|f| f.latency = Duration::from_micros(highest));
+    let concurrent = concurrent(rig, cli.concurrent_rounds, highest)?;
+    let disabled = disabled(rig)?;
+    let idle = idle(rig)?;
+    let memory = Memory {
+        broker_peak_kib: status_kib(rig.broker.pid(), "VmHWM")?,
+        broker_steady_kib: status_kib(rig.broker.pid(), "VmRSS")?,
+        exporter_peak_kib: status_kib(rig.exporter.pid(), "VmHWM")?,
+        exporter_steady_kib: status_kib(rig.exporter.pid(), "VmRSS")?,
+        broker_anon_kib: status_kib(rig.broker.pid(), "RssAnon")?,
+        exporter_anon_kib: status_kib(rig.exporter.pid(), "RssAnon")?,
+    };
+    Ok(FixtureReport {
+        fixture: name.to_owned(),
+        sockets,
+        cores,
+        expected_messages: expected,
+        latencies,
+        concurrent,
+        disabled_collector: disabled,
+        idle,
+        memory,
+        targets: Vec::new(),
+    })
+}
+
+/// `scrapes` scrapes, each followed by the floor client sending the same messages.
+fn series(rig: &mut Rig, floor: &Floor, scrapes: usize, latency_us: u64) -> Result<LatencyReport> {
+    for _ in 0..WARM_UP {
+        let before = rig.messages();
+        rig.scrape(rig.addr)?;
+        floor.replay(&rig.device.messages_from(before))?;
+    }
+    let (broker0, exporter0) = (cpu_time(rig.broker.pid())?, cpu_time(rig.exporter.pid())?);
+    let mut scrape_walls = Vec::with_capacity(scrapes);
+    let mut collects = Vec::with_capacity(scrapes);
+    let mut collect_ratios = Vec::with_capacity(scrapes);
+    let mut floor_walls = Vec::with_capacity(scrapes);
+    let mut ratios = Vec::with_capacity(scrapes);
+    let mut floor_cpu = Duration::ZERO;
+    let mut by_type: Option<BTreeMap<String, usize>> = None;
+    let mut identical = true;
+    let (mut min_total, mut max_total) = (usize::MAX, 0);
+    let mut between = 0;
+    let mut mark = rig.messages();
+    for _ in 0..scrapes {
+        let before = rig.messages();
+        between += before - mark;
+        let scraped = rig.scrape(rig.addr)?;
+        let sent = rig.device.messages_from(before);
+        let counts = count_by_type(&sent);
+        identical &= by_type.as_ref().is_none_or(|c| *c == counts);
+        by_type.get_or_insert(counts);
+        (min_total, max_total) = (min_total.min(sent.len()), max_total.max(sent.len()));
+
+        let after_scrape = rig.messages();
+        let run = floor.replay(&sent)?;
+        // Anything else the fake saw while the floor ran came from the broker on its own.
+        between += rig.messages() - after_scrape - sent.len();
+        mark = rig.messages();
+
+        let floor_s = run.wall.as_secs_f64().max(1e-9);
+        scrape_walls.push(scraped.wall);
+        collects.push(scraped.collect);
+        floor_walls.push(run.wall);
+        ratios.push(scraped.wall.as_secs_f64() / floor_s);
+        collect_ratios.push(scraped.collect.as_secs_f64() / floor_s);
+        floor_cpu += run.cpu;
+    }
+    let broker = cpu_time(rig.broker.pid())?.saturating_sub(broker0);
+    let exporter = cpu_time(rig.exporter.pid())?.saturating_sub(exporter0);
+    let per = |d: Duration| d.as_secs_f64() * 1e3 / scrapes as f64;
+    let (broker, exporter, floor_cpu) = (per(broker), per(exporter), per(floor_cpu));
+    Ok(LatencyReport {
+        latency_us,
+        scrapes,
+        scrape_ms: Percentiles::of(&scrape_walls),
+        floor_ms: Percentiles::of(&floor_walls),
+        ratio_median: median(&mut ratios),
+        collect_ms: Percentiles::of(&collects),
+        collect_ratio_median: median(&mut collect_ratios),
+        cpu_ms_per_scrape: Cpu {
+            broker,
+            exporter,
+            both: broker + exporter,
+            floor: floor_cpu,
+            ratio: (broker + exporter) / floor_cpu.max(1e-9),
+        },
+        messages_per_scrape: by_type.unwrap_or_default(),
+        messages_identical: identical,
+        messages_min: if min_total == usize::MAX { 0 } else { min_total },
+        messages_max: max_total,
+        messages_between: between,
+    })
+}
+
+/// `rounds` pairs of simultaneous scrapes: with single flight (and shared readings) a pair
+/// costs one reading.
+fn concurrent(rig: &mut Rig, rounds: usize, latency_us: u64) -> Result<Concurrent> {
+    let start = rig.messages();
+    let addr = rig.addr;
+    let mut answered = 0;
+    for _ in 0..rounds {
+        let barrier = Barrier::new(2);
+        let results: Vec<Result<Scraped>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..2)
+                .map(|_| {
+                    s.spawn(|| {
+                        barrier.wait();
+                        scrape(addr)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("scraper panicked"))))
+                .collect()
+        });
+        for r in results {
+            r?;
+            answered += 1;
+        }
+    }
+    rig.broker.check_running()?;
+    let messages = rig.messages() - start;
+    Ok(Concurrent {
+        latency_us,
+        rounds,
+        answered,
+        messages,
+        per_answered: messages as f64 / answered.max(1) as f64,
+    })
+}
+
+/// Scrapes of the exporter started with [`DISABLED_FLAG`].
+fn disabled(rig: &mut Rig) -> Result<Disabled> {
+    let start = rig.messages();
+    for _ in 0..DISABLED_SCRAPES {
+        rig.scrape(rig.addr_off)?;
+    }
+    let sent = rig.device.messages_from(start);
+    let boost = sent.iter().filter(|m| m.msg_id == Message::GetBoostLimit.id()).count();
+    let mut by_type = count_by_type(&sent);
+    for n in by_type.values_mut() {
+        *n /= DISABLED_SCRAPES;
+    }
+    Ok(Disabled {
+        flag: DISABLED_FLAG.to_owned(),
+        scrapes: DISABLED_SCRAPES,
+        messages_per_scrape: by_type,
+        boost_limit_messages: boost,
+    })
+}
+
+/// What the broker sends while nobody scrapes.
+fn idle(rig: &Rig) -> Result<Idle> {
+    let (messages, reads) = (rig.messages(), rig.device.msr_reads().len());
+    std::thread::sleep(IDLE_WINDOW);
+    Ok(Idle {
+        seconds: IDLE_WINDOW.as_secs_f64(),
+        hsmp_messages: rig.messages() - messages,
+        msr_reads: rig.device.msr_reads().len() - reads,
+    })
+}
+
+fn count_by_type(messages: &[WireMessage]) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for m in messages {
+        let name = Message::from_id(m.msg_id)
+            .map_or_else(|| format!("{:#04x}", m.msg_id), |m| m.name().to_owned());
+        *counts.entry(name).or_default() += 1;
+    }
+    counts
+}
+
+/// The floor: a bare client with one thread per socket, each sending its socket's messages
+/// back to back through the device crate's ioctl, on one descriptor of the same fake node.
+struct Floor {
+    workers: Vec<FloorWorker>,
+}
+
+struct FloorWorker {
+    jobs: mpsc::Sender<Vec<HsmpMessage>>,
+    done: mpsc::Receiver<std::result::Result<FloorRun, String>>,
+}
+
+/// One socket's share of a replay, or the whole replay.
+#[derive(Debug, Clone, Copy)]
+struct FloorRun {
+    /// From handing out the messages to the last answer.
+    wall: Duration,
+    /// CPU time of the sending threads.
+    cpu: Duration,
+}
+
+impl Floor {
+    fn start(hsmp: &Path, sockets: usize) -> Result<Floor> {
+        let device = Arc::new(
+            DevHsmp::open(hsmp)
+                .map_err(|e| anyhow::anyhow!("cannot open {}: errno {e}", hsmp.display()))?,
+        );
+        let mut workers = Vec::new();
+        for socket in 0..sockets {
+            let (jobs, job_rx) = mpsc::channel::<Vec<HsmpMessage>>();
+            let (done_tx, done) = mpsc::channel();
+            let device = Arc::clone(&device);
+            std::thread::Builder::new().name(format!("floor-{socket}")).spawn(move || {
+                for job in job_rx {
+                    let run = send_all(device.as_ref(), job);
+                    if done_tx.send(run).is_err() {
+                        break;
+                    }
+                }
+            })?;
+            workers.push(FloorWorker { jobs, done });
+        }
+        Ok(Floor { workers })
+    }
+
+    /// Sends `messages` again, each socket's on its own thread, all sockets at once.
+    fn replay(&self, messages: &[WireMessage]) -> Result<FloorRun> {
+        let mut per_socket: Vec<Vec<HsmpMessage>> = vec![Vec::new(); self.workers.len()];
+        for m in messages {
+            let message = Message::from_id(m.msg_id).with_context(|| {
+                format!("message {:#04x} is not one the broker sends", m.msg_id)
+            })?;
+            let queue = per_socket.get_mut(usize::from(m.sock_ind)).with_context(|| {
+                format!("message to socket {} of {}", m.sock_ind, self.workers.len())
+            })?;
+            queue.push(message.request(m.sock_ind, m.arg0));
+        }
+        let started = Instant::now();
+        for (worker, job) in self.workers.iter().zip(per_socket) {
+            worker.jobs.send(job).context("floor thread gone")?;
+        }
+        let mut cpu = Duration::ZERO;
+        for worker in &self.workers {
+            let run = worker.done.recv().context("floor thread gone")?;
+            cpu += run.map_err(|e| anyhow::anyhow!("floor client: {e}"))?.cpu;
+        }
+        Ok(FloorRun { wall: started.elapsed(), cpu })
+    }
+}
+
+fn send_all(device: &DevHsmp, job: Vec<HsmpMessage>) -> std::result::Result<FloorRun, String> {
+    let started = Instant::now();
+    let cpu0 = thread_cpu()?;
+    for mut msg in job {
+        device.send(&mut msg).map_err(|e| format!("message {:#04x}: errno {e}", msg.msg_id))?;
+    }
+    let cpu = thread_cpu()?.saturating_sub(cpu0);
+    Ok(FloorRun { wall: started.elapsed(), cpu })
+}
+
+/// CPU time of the calling thread, in nanoseconds precision (`/proc/thread-self/schedstat`).
+fn thread_cpu() -> std::result::Result<Duration, String> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat")
+        .map_err(|e| format!("cannot read /proc/thread-self/schedstat: {e}"))?;
+    parse_schedstat(&text).ok_or_else(|| format!("malformed schedstat {text:?}"))
+}
+
+/// The run time (first field, ns) of a `schedstat` line.
+pub fn parse_schedstat(text: &str) -> Option<Duration> {
+    text.split_whitespace().next()?.parse().ok().map(Duration::from_nanos)
+}
+
+/// User plus system time of every thread of `pid`, living or exited (`/proc/PID/stat`).
+fn cpu_time(pid: u32) -> Result<Duration> {
+    let path = format!("/proc/{pid}/stat");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
+    parse_stat_cpu(&text).with_context(|| format!("malformed {path}: {text:?}"))
+}
+
+/// `utime + stime` of a `/proc/PID/stat` line. The command name (field 2) may hold spaces and
+/// parentheses, so fields are counted from the last `)`: utime and stime are fields 14 and 15.
+pub fn parse_stat_cpu(text: &str) -> Option<Duration> {
+    let rest = &text[text.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(Duration::from_millis((utime + stime) * 1000 / USER_HZ))
+}
+
+/// A `Vm*` line of `/proc/PID/status`, KiB.
+fn status_kib(pid: u32, field: &str) -> Result<u64> {
+    let path = format!("/proc/{pid}/status");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
+    parse_status_kib(&text, field).with_context(|| format!("{path} has no {field} line"))
+}
+
+/// The value of `field` (`VmHWM`, `VmRSS`) in a `/proc/PID/status` text, KiB.
+pub fn parse_status_kib(text: &str, field: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The median of `values` (the mean of the middle two for an even count); 0 when empty.
+pub fn median(values: &mut [f64]) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n % 2 == 1 { values[n / 2] } else { (values[n / 2 - 1] + values[n / 2]) / 2.0 }
+}
+
+/// A broker killed and reaped when dropped, started without `setpriv` so that nothing but
+/// the broker runs between the spawn and its notification.
+struct Broker(Child);
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Broker start-ups on fixture `name`: spawn to `READY=1` on `NOTIFY_SOCKET` (sent once the
+/// listening socket is bound), without and with the MSR fallback.
+fn startup(bins: &Binaries, name: &str, runs: usize) -> Result<Startup> {
+    let spec = fixtures::machine(name).context("unknown fixture")?;
+    let cores = spec.topology().cores.len();
+    let (_machine, device) = mount(spec)?;
+    let dir = tempfile::Builder::new().prefix("amd-hsmp-bench-").tempdir()?;
+    let mut figures = Vec::new();
+    for msr in [false, true] {
+        let mut ready = Vec::new();
+        let mut peak = 0;
+        for run in 0..runs.max(1) {
+            let (time, hwm) = start_once(bins, &device, name, dir.path(), msr, run)?;
+            ready.push(time.as_secs_f64() * 1e3);
+            peak = peak.max(hwm);
+        }
+        let (min, max) = ready.iter().fold((f64::MAX, 0f64), |(a, b), &v| (a.min(v), b.max(v)));
+        figures.push(StartupFigures {
+            msr_fallback: msr,
+            runs: ready.len(),
+            ready_ms_median: median(&mut ready),
+            ready_ms_min: min,
+            ready_ms_max: max,
+            peak_rss_kib: peak,
+        });
+    }
+    let with_msr = figures.pop().context("no start-up figures")?;
+    let without_msr = figures.pop().context("no start-up figures")?;
+    Ok(Startup { fixture: name.to_owned(), cores, without_msr, with_msr })
+}
+
+fn start_once(
+    bins: &Binaries,
+    device: &FakeDevice,
+    name: &str,
+    dir: &Path,
+    msr: bool,
+    run: usize,
+) -> Result<(Duration, u64)> {
+    let notify: PathBuf = dir.join(format!("notify-{run}-{msr}"));
+    let socket = dir.join(format!("broker-{run}-{msr}.sock"));
+    let listener =
+        UnixDatagram::bind(&notify).with_context(|| format!("cannot bind {}", notify.display()))?;
+    listener.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut args = broker_args(device, name, &socket);
+    if msr {
+        args.push("--collector.core-energy.msr-fallback".into());
+    }
+    let log = dir.join(format!("broker-{run}-{msr}.log"));
+    let err = std::fs::File::create(&log)?;
+    let started = Instant::now();
+    let child = Command::new(&bins.broker)
+        .args(&args)
+        .env("NOTIFY_SOCKET", &notify)
+        .stdin(Stdio::null())
+        .stdout(err.try_clone()?)
+        .stderr(err)
+        .spawn()
+        .with_context(|| format!("cannot start {}", bins.broker.display()))?;
+    let broker = Broker(child);
+    let mut buf = [0u8; 256];
+    loop {
+        let n = listener.recv(&mut buf).with_context(|| {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            format!("no READY=1 from the broker; its log:\n{text}")
+        })?;
+        if String::from_utf8_lossy(&buf[..n]).lines().any(|l| l == "READY=1") {
+            break;
+        }
+    }
+    let elapsed = started.elapsed();
+    UnixStream::connect(&socket).context("READY sent but the socket does not accept")?;
+    let hwm = status_kib(broker.0.id(), "VmHWM")?;
+    drop(broker);
+    Ok((elapsed, hwm))
+}
+
+/// The machine the figures came from.
+fn host() -> Host {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu_model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name")?.split_once(':').map(|(_, v)| v.trim()))
+        .unwrap_or("unknown")
+        .to_owned();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "unknown".into());
+    let nproc = std::thread::available_parallelism().map_or(0, usize::from);
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_default();
+    Host { nproc, cpu_model, kernel, load_average_1m: load }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn process_cpu_time_is_counted_from_the_last_parenthesis() {
+        // A command name with spaces and a parenthesis; utime 250, stime 50 ticks.
+        let stat = "4242 (a b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 3 0";
+        assert_eq!(parse_stat_cpu(stat), Some(Duration::from_secs(3)));
+        assert_eq!(parse_stat_cpu("4242 (x) S 1"), None);
+    }
+
+    #[test]
+    fn schedstat_run_time_is_in_nanoseconds() {
+        assert_eq!(
+            parse_schedstat("114422142 744847391 57\n"),
+            Some(Duration::from_nanos(114422142))
+        );
+        assert_eq!(parse_schedstat(""), None);
+    }
+
+    #[test]
+    fn status_fields_are_read_in_kib() {
+        let status = "Name:\tx\nVmHWM:\t    3712 kB\nVmRSS:\t    3400 kB\n";
+        assert_eq!(parse_status_kib(status, "VmHWM"), Some(3712));
+        assert_eq!(parse_status_kib(status, "VmRSS"), Some(3400));
+        assert_eq!(parse_status_kib(status, "VmSwap"), None);
+    }
+
+    #[test]
+    fn the_echoed_command_leaves_out_the_xtasks_bin_dir() {
+        let args = ["--scrapes", "5", "--bin-dir", "/t/release", "--json", "f", "--bin-dir=/x"];
+        let echoed = command_line(args.into_iter().map(String::from));
+        assert_eq!(echoed, "cargo xtask bench --scrapes 5 --json f");
+        assert_eq!(command_line(std::iter::empty()), "cargo xtask bench");
+    }
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&mut []), 0.0);
+    }
+
+    #[test]
+    fn a_steady_scrape_costs_two_messages_per_core_and_one_per_socket_with_rapl() {
+        let turin = fixtures::machine("turin-2p").unwrap();
+        assert_eq!(expected_messages(&turin, 384, 2), 770);
+        let genoa = fixtures::machine("genoa-2p").unwrap();
+        assert_eq!(expected_messages(&genoa, 64, 2), 66);
+        let rome = fixtures::machine("rome-1p").unwrap();
+        assert_eq!(expected_messages(&rome, 64, 1), 0);
+    }
+}

@@ -1,0 +1,37 @@
+//! `cargo xtask bench [ARGS]`: builds the release binaries and runs the benchmark (the e2e
+//! crate's `bench` program) with `ARGS`; `cargo xtask bench --help` lists them. Needs root and
+//! `/dev/fuse` for the fake device. Not part of `cargo xtask test`: it reports figures.
+
+use anyhow::{Result, bail};
+use std::path::PathBuf;
+use std::process::Command;
+
+/// Builds `amd-hsmp-broker`, `amd-hsmp-exporter` and `bench` in release mode, then runs
+/// `bench ARGS`.
+pub fn run(args: &[String]) -> Result<()> {
+    if !rustix::process::geteuid().is_root() {
+        bail!("the benchmark mounts a FUSE fake device: run it as root (with /dev/fuse)");
+    }
+    crate::cargo(&[
+        "build",
+        "--quiet",
+        "--release",
+        "-p",
+        "amd-hsmp-broker",
+        "-p",
+        "amd-hsmp-exporter",
+        "-p",
+        "amd-hsmp-e2e",
+        "--bins",
+    ])?;
+    let bin = target_dir().join("release");
+    crate::run_cmd(Command::new(bin.join("bench")).args(args).arg("--bin-dir").arg(&bin))
+}
+
+/// Where cargo puts its output: `CARGO_TARGET_DIR` if set, else `target/` in the workspace.
+fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => crate::root().join(dir),
+        None => crate::root().join("target"),
+    }
+}
