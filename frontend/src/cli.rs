@@ -2,27 +2,18 @@
 //! `--no-collector.NAME`, `--log.*`).
 
 use crate::server::{Limits, RESERVED_FDS, connection_room};
+use amd_hsmp_cli::CommonArgs;
 use amd_hsmp_proto::Families;
-use clap::{Parser, ValueEnum};
+use clap::{CommandFactory as _, Parser};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
-
-/// Version string printed by `--version`: package version, git revision and compiler.
-pub const LONG_VERSION: &str = concat!(
-    env!("CARGO_PKG_VERSION"),
-    " (revision ",
-    env!("AMD_HSMP_REVISION"),
-    ", rustc ",
-    env!("AMD_HSMP_RUSTVERSION"),
-    ")"
-);
 
 /// Prometheus exporter for AMD EPYC HSMP telemetry (per-core energy, boost limit, PROCHOT).
 ///
 /// This process holds no device and no privilege: it asks amd-hsmp-broker over a Unix socket.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "amd-hsmp-exporter", version = LONG_VERSION)]
+#[command(name = "amd-hsmp-exporter", disable_version_flag = true)]
 pub struct Args {
     /// Address to listen on for HTTP, `host:port`; `:PORT` means every address. Repeatable.
     #[arg(long = "web.listen-address", value_name = "ADDR", default_value = ":10054",
@@ -104,13 +95,13 @@ pub struct Args {
     #[arg(long = "no-collector.prochot", overrides_with = "prochot")]
     no_prochot: bool,
 
-    /// Least severe log level written to standard error.
-    #[arg(long = "log.level", value_name = "LEVEL", default_value = "info")]
-    pub log_level: LogLevel,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
 
-    /// Log line format.
-    #[arg(long = "log.format", value_name = "FORMAT", default_value = "text")]
-    pub log_format: LogFormat,
+/// The exporter's `clap` definition, for the man page and the completions.
+pub fn command() -> clap::Command {
+    Args::command()
 }
 
 /// Default of `--web.max-connections`.
@@ -177,40 +168,6 @@ impl Args {
             prochot: !self.no_prochot,
         }
     }
-}
-
-/// `--log.level`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogLevel {
-    /// Everything, including each broker reconnect attempt.
-    Debug,
-    /// Start-up, broker lost and found again.
-    Info,
-    /// Problems that cost telemetry.
-    Warn,
-    /// Only what stops the process.
-    Error,
-}
-
-impl LogLevel {
-    /// The matching `tracing` level.
-    pub fn as_tracing(self) -> tracing::Level {
-        match self {
-            LogLevel::Debug => tracing::Level::DEBUG,
-            LogLevel::Info => tracing::Level::INFO,
-            LogLevel::Warn => tracing::Level::WARN,
-            LogLevel::Error => tracing::Level::ERROR,
-        }
-    }
-}
-
-/// `--log.format`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
 }
 
 /// One `--web.listen-address`.
@@ -314,8 +271,9 @@ mod tests {
         assert_eq!(args.broker_socket, PathBuf::from("/run/amd-hsmp/broker.sock"));
         assert_eq!(args.max_scrape_timeout, Duration::from_secs(10));
         assert_eq!(args.families(), Families::ALL);
-        assert_eq!(args.log_level, LogLevel::Info);
-        assert_eq!(args.log_format, LogFormat::Text);
+        assert_eq!(args.common.log_level, amd_hsmp_cli::LogLevel::Info);
+        assert_eq!(args.common.log_format, amd_hsmp_cli::LogFormat::Logfmt);
+        assert!(!args.common.version);
         assert!(!args.systemd_socket);
         assert_eq!(args.web_config_file, None);
     }

@@ -7,13 +7,12 @@
 //! device is never a reason to exit.
 #![forbid(unsafe_code)]
 
-use amd_hsmp_exporter::cli::{Args, LogFormat};
+use amd_hsmp_exporter::cli::Args;
 use amd_hsmp_exporter::server::{self, Admission};
 use amd_hsmp_exporter::web_config::WebState;
 use amd_hsmp_exporter::{Config, Exporter};
 use anyhow::Context as _;
 use clap::Parser as _;
-use std::io::IsTerminal as _;
 use std::process::ExitCode;
 use std::sync::Arc;
 use tokio::net::TcpListener;
@@ -22,7 +21,14 @@ use tokio::sync::watch;
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    init_logging(&args);
+    if args.common.version {
+        print!("{}", amd_hsmp_cli::version::report("amd-hsmp-exporter"));
+        return ExitCode::SUCCESS;
+    }
+    if let Err(e) = amd_hsmp_cli::log::init(args.common.log_level, args.common.log_format) {
+        eprintln!("amd-hsmp-exporter: cannot set up logging: {e}");
+        return ExitCode::FAILURE;
+    }
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -30,19 +36,6 @@ fn main() -> ExitCode {
             eprintln!("amd-hsmp-exporter: {e:#}");
             ExitCode::FAILURE
         }
-    }
-}
-
-fn init_logging(args: &Args) {
-    let builder = tracing_subscriber::fmt()
-        .with_max_level(args.log_level.as_tracing())
-        .with_writer(std::io::stderr)
-        // Colours only on a terminal, not in the journal or a log file.
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false);
-    match args.log_format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
     }
 }
 
@@ -81,7 +74,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     let config = web.current();
     tracing::info!(
-        version = amd_hsmp_exporter::cli::LONG_VERSION,
+        version = %amd_hsmp_cli::version::summary(),
         broker_socket = %args.broker_socket.display(),
         telemetry_path = %args.telemetry_path,
         core_energy = families.core_energy,

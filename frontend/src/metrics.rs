@@ -16,9 +16,9 @@ use std::sync::Arc;
 /// Package version, exported in `amd_hsmp_build_info`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// Git revision at build time, or `unknown`.
-pub const REVISION: &str = env!("AMD_HSMP_REVISION");
+pub const REVISION: &str = amd_hsmp_cli::version::REVISION;
 /// Version of the compiler that built this binary, e.g. `1.88.0`.
-pub const RUSTVERSION: &str = env!("AMD_HSMP_RUSTVERSION");
+pub const RUSTVERSION: &str = amd_hsmp_cli::version::RUSTVERSION;
 
 /// An exposition format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

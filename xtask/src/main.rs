@@ -2,7 +2,7 @@
 //!
 //! Tasks: `demo` (both processes on the simulated machine), `test` (the whole suite, installing
 //! the Debian packages it needs when run as root), `deps` (only the installs), `packaging` (the
-//! packaging checks alone), `mixin [--live]` (the monitoring mixin's checks alone; `--live` adds
+//! packaging checks alone), `man OUTDIR` (man pages and shell completions, see `man.rs`), `mixin [--live]` (the monitoring mixin's checks alone; `--live` adds
 //! a real Prometheus scraping the simulated machine, which `test` always runs), `vm-test` (the
 //! real driver and the package under systemd in a QEMU guest whose SMU is the simulator; see
 //! `vm/mod.rs`), `bench` (the benchmark of a scrape's cost; not part of `test`).
@@ -12,6 +12,7 @@
 mod bench;
 mod demo;
 mod deps;
+mod man;
 mod mixin;
 mod packaging;
 mod tidy;
@@ -21,7 +22,8 @@ use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "usage: cargo xtask <demo [--scenario NAME]|test|deps|packaging|mixin [--live]|vm-test|bench [--help]>";
+const USAGE: &str = "usage: cargo xtask <demo [--scenario NAME]|test|deps|packaging|man OUTDIR|\
+                     mixin [--live]|vm-test|bench [--help]>";
 
 fn main() -> ExitCode {
     match run() {
@@ -40,6 +42,10 @@ fn run() -> Result<()> {
         Some("bench") => bench::run(&args[1..]),
         Some("deps") => deps::install(),
         Some("packaging") => packaging::check(&root()),
+        Some("man") => match args.get(1) {
+            Some(outdir) => man::run(Path::new(outdir)),
+            None => bail!("usage: cargo xtask man OUTDIR"),
+        },
         Some("mixin") => mixin::check(&root(), args.get(1).is_some_and(|a| a == "--live")),
         Some("vm-test") => vm::run(&args[1..]),
         Some("test") => {

@@ -91,10 +91,8 @@ const ALLOWED_SONAMES: &[&str] =
     &["libc.so.6", "libm.so.6", "libgcc_s.so.1", "ld-linux-x86-64.so.2", "rtld(GNU_HASH)"];
 
 /// Lintian tags accepted, each with its reason.
-const LINTIAN_ACCEPTED: &[(&str, &str)] = &[
-    ("no-manual-page", "the binaries document their flags with --help; no man pages yet"),
-    ("initial-upload-closes-no-bugs", "the package is not uploaded to the Debian archive"),
-];
+const LINTIAN_ACCEPTED: &[(&str, &str)] =
+    &[("initial-upload-closes-no-bugs", "the package is not uploaded to the Debian archive")];
 
 /// Runs every packaging check, printing what each measured.
 pub fn check(root: &Path) -> Result<()> {
@@ -826,6 +824,14 @@ fn rpm(
         ensure!(release.join(bin).is_file(), "no release binary {}", release.join(bin).display());
     }
 
+    // What a release build passes for the tarball's missing git history.
+    let revision = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(root)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map_or_else(|| "unknown".to_string(), |o| stdout(&o).trim().to_string());
     let macros = |cmd: &mut Command| {
         cmd.arg("--load")
             .arg(root.join(RPM_SHIM))
@@ -834,7 +840,9 @@ fn rpm(
             .arg("--define")
             .arg(format!("shim_dir {}", root.join("packaging/rpm").display()))
             .arg("--define")
-            .arg(format!("prebuilt_bindir {}", release.display()));
+            .arg(format!("prebuilt_bindir {}", release.display()))
+            .arg("--define")
+            .arg(format!("revision {revision}"));
     };
 
     let mut parse = Command::new("rpmspec");
@@ -1101,8 +1109,14 @@ fn same_install_tree(
             && !path.ends_with("/copyright")
             && !path.ends_with("/changelog.Debian.gz")
     };
-    let rpm: BTreeSet<&String> = rpm.iter().filter(shared).collect();
-    let deb: BTreeSet<&String> = deb.iter().filter(shared).collect();
+    let rpm: BTreeSet<String> = rpm.iter().filter(shared).cloned().collect();
+    // zsh looks for vendor completions in site-functions on Fedora and EL, vendor-completions on
+    // Debian.
+    let deb: BTreeSet<String> = deb
+        .iter()
+        .filter(shared)
+        .map(|p| p.replace("/usr/share/zsh/vendor-completions/", "/usr/share/zsh/site-functions/"))
+        .collect();
     ensure!(
         rpm == deb,
         "the packages install different files: only in the RPM {:?}, only in the .deb {:?}",
@@ -1112,10 +1126,7 @@ fn same_install_tree(
     for unit in UNITS {
         let text = read(&root.join("packaging/systemd").join(unit))?;
         for doc in text.lines().filter_map(|l| l.strip_prefix("Documentation=file://")) {
-            ensure!(
-                rpm.contains(&doc.to_string()),
-                "{unit} documents {doc}, which neither package installs"
-            );
+            ensure!(rpm.contains(doc), "{unit} documents {doc}, which neither package installs");
         }
     }
     Ok(format!("{} files in common", rpm.len()))
@@ -1125,7 +1136,7 @@ fn same_install_tree(
 // Helpers
 
 /// Compares `actual` with the expected file, or rewrites it when `UPDATE_GOLDEN=1`.
-fn expect_file(path: &Path, actual: &str) -> Result<()> {
+pub(crate) fn expect_file(path: &Path, actual: &str) -> Result<()> {
     if std::env::var_os("UPDATE_GOLDEN").is_some_and(|v| v == "1") {
         if let Some(dir) = path.parent() {
             fs::create_dir_all(dir)?;
@@ -1136,7 +1147,7 @@ fn expect_file(path: &Path, actual: &str) -> Result<()> {
     }
     let expected = fs::read_to_string(path).with_context(|| {
         format!(
-            "cannot read {}; create it with UPDATE_GOLDEN=1 cargo xtask packaging",
+            "cannot read {}; create it by running the check with UPDATE_GOLDEN=1",
             path.display()
         )
     })?;
@@ -1156,8 +1167,9 @@ fn expect_file(path: &Path, actual: &str) -> Result<()> {
         diff.push_str("(same lines, different order or repetition)\n");
     }
     bail!(
-        "{} differs from what was built (- expected, + built):\n{diff}accept with UPDATE_GOLDEN=1 \
-         cargo xtask packaging and review the diff",
+        "{} differs from what was built (- expected, + built):\n{diff}accept by running the check \
+         again with UPDATE_GOLDEN=1 (cargo xtask packaging, cargo test -p xtask) and review the \
+         diff",
         path.display()
     )
 }

@@ -1,0 +1,132 @@
+//! The broker's command line: every flag, its default and its help text.
+//!
+//! A library module so that `cargo xtask man` renders the man page and the shell completions
+//! from the same definition `main` parses.
+
+use amd_hsmp_cli::CommonArgs;
+use amd_hsmp_sim as sim;
+use clap::{CommandFactory as _, Parser};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Reads AMD EPYC telemetry from /dev/hsmp (and optionally the MSR devices) and answers typed
+/// requests from amd-hsmp-exporter on a Unix socket. It never touches the network.
+#[derive(Debug, Parser)]
+#[command(name = "amd-hsmp-broker", about, long_about = None, disable_version_flag = true)]
+pub struct Cli {
+    /// Create and listen on this Unix socket (mode --listen.mode). Without it, the socket passed by
+    /// systemd socket activation (LISTEN_FDS) is used.
+    #[arg(long, value_name = "PATH")]
+    pub listen: Option<PathBuf>,
+
+    /// Mode of the --listen socket, octal, 0600 to 0666: connecting needs write permission.
+    /// Created by the broker's user and group; 0666 lets any local user reach the allow-list
+    /// (the exporter by hand as `nobody`), which then alone decides who is served.
+    #[arg(long = "listen.mode", value_name = "MODE", default_value = "0660",
+          value_parser = parse_socket_mode, requires = "listen")]
+    pub listen_mode: u32,
+
+    /// Serve peers with this uid (repeatable). Root is always served.
+    #[arg(long = "allow-uid", value_name = "UID")]
+    pub allow_uid: Vec<u32>,
+
+    /// Serve peers whose effective gid is this (repeatable).
+    #[arg(long = "allow-gid", value_name = "GID")]
+    pub allow_gid: Vec<u32>,
+
+    /// Serve peers running as this user (repeatable); resolved once at start-up.
+    #[arg(long = "allow-user", value_name = "NAME")]
+    pub allow_user: Vec<String>,
+
+    /// Serve peers whose effective group is this (repeatable); resolved once at start-up.
+    #[arg(long = "allow-group", value_name = "NAME")]
+    pub allow_group: Vec<String>,
+
+    /// The HSMP device node.
+    #[arg(long = "hsmp.device", value_name = "PATH", default_value = "/dev/hsmp")]
+    pub hsmp_device: PathBuf,
+
+    /// Read per-core energy from the MSR devices where HSMP lacks the RAPL messages
+    /// (needs CAP_SYS_RAWIO at start-up; dropped right after the devices are opened).
+    #[arg(long = "collector.core-energy.msr-fallback")]
+    pub msr_fallback: bool,
+
+    /// Directory holding <cpu>/msr device nodes.
+    #[arg(long = "msr.device-root", value_name = "PATH", default_value = "/dev/cpu")]
+    pub msr_device_root: PathBuf,
+
+    /// How often the 32-bit MSR energy counters are read to extend them to 64 bits. Shortened
+    /// to a quarter of the shortest wrap at 100 W a core (164 s at the usual ESU of 16); a core
+    /// not read for a whole wrap period restarts its count and the reset is counted.
+    #[arg(long = "msr.poll-interval", value_name = "DURATION", default_value = "30s",
+          value_parser = parse_poll_interval)]
+    pub msr_poll_interval: Duration,
+
+    /// Connection slots each peer uid may hold at once. Each --allow-uid/--allow-user/
+    /// --allow-gid/--allow-group identity has this many slots kept for it alone, so the
+    /// exporter (which holds at most 2) always connects, whoever else squats.
+    #[arg(long = "connections.per-uid", value_name = "N", default_value_t = 2,
+          value_parser = clap::value_parser!(u16).range(2..=64))]
+    pub connections_per_uid: u16,
+
+    /// Connection slots shared by every allowed peer (root included), beyond the reserved ones.
+    #[arg(long = "connections.shared", value_name = "N", default_value_t = 4,
+          value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub connections_shared: u16,
+
+    /// A connection with no request for this long is closed (the exporter reconnects).
+    #[arg(long = "connections.idle-timeout", value_name = "DURATION", default_value = "60s",
+          value_parser = parse_idle_timeout)]
+    pub idle_timeout: Duration,
+
+    /// procfs mount point (for cpuinfo).
+    #[arg(long = "path.procfs", value_name = "PATH", default_value = "/proc")]
+    pub procfs: PathBuf,
+
+    /// sysfs mount point (for CPU topology).
+    #[arg(long = "path.sysfs", value_name = "PATH", default_value = "/sys")]
+    pub sysfs: PathBuf,
+
+    /// Serve the built-in firmware simulator for this machine profile instead of the devices.
+    /// The broker also serves its own uid, so that a user runs the demo without root.
+    #[arg(long, value_name = "PROFILE")]
+    pub simulate: Option<sim::Profile>,
+
+    /// Simulation only: the events the simulated machine goes through (for demos and the live
+    /// check of the alerts): normal, thermal-event, prochot-flapping.
+    #[arg(long = "simulate.scenario", value_name = "SCENARIO", requires = "simulate",
+          default_value_t = sim::Scenario::Normal)]
+    pub simulate_scenario: sim::Scenario,
+
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+pub fn parse_poll_interval(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    if d < Duration::from_millis(10) || d > Duration::from_secs(600) {
+        return Err("must be between 10ms and 10m (the counter wraps after ~65536 J)".into());
+    }
+    Ok(d)
+}
+
+pub fn parse_socket_mode(s: &str) -> Result<u32, String> {
+    let mode = u32::from_str_radix(s, 8).map_err(|_| format!("{s:?} is not an octal mode"))?;
+    if mode & !0o666 != 0 || mode & 0o600 != 0o600 {
+        return Err("must be between 0600 and 0666: read and write for the owner, no x bits".into());
+    }
+    Ok(mode)
+}
+
+pub fn parse_idle_timeout(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    if d < Duration::from_secs(1) || d > Duration::from_secs(240) {
+        return Err("must be between 1s and 4m".into());
+    }
+    Ok(d)
+}
+
+/// The broker's `clap` definition, for the man page and the completions.
+pub fn command() -> clap::Command {
+    Cli::command()
+}
