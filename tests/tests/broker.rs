@@ -277,7 +277,8 @@ fn an_unknown_group_name_stops_the_start_with_a_clear_error() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
+    // The start-up error is a logfmt line: quotes inside `msg="..."` are escaped.
+    let err = String::from_utf8_lossy(&out.stderr).replace("\\\"", "\"");
     assert!(err.contains("--allow-group \"no-such-group-here\": no such group"), "{err}");
     assert!(!dir.path().join("s.sock").exists(), "no socket may be created");
 }
