@@ -522,3 +522,88 @@ impl ClientCertVerifier for AnyClientCert {
         self.algorithms.supported_schemes()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn section(yaml: &str) -> TlsSection {
+        serde_norway::from_str(yaml).unwrap()
+    }
+
+    fn error(yaml: &str) -> String {
+        match TlsFiles::from_section(section(yaml), Path::new("/etc/x")) {
+            Ok(_) => panic!("accepted:\n{yaml}"),
+            Err(KeyError { key, message }) => format!("{key}: {message}"),
+        }
+    }
+
+    const FILES: &str = "cert_file: c.pem\nkey_file: k.pem\n";
+
+    #[test]
+    fn settings_that_rustls_cannot_honour_name_their_key() {
+        let e = error(&format!("{FILES}min_version: TLS11\n"));
+        assert!(e.starts_with("tls_server_config.min_version: TLS11 is not supported"), "{e}");
+        let e = error(&format!("{FILES}max_version: TLS10\n"));
+        assert!(e.starts_with("tls_server_config.max_version:"), "{e}");
+        let e = error(&format!("{FILES}cipher_suites: [TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA]\n"));
+        assert!(e.contains("not supported by rustls"), "{e}");
+        let e = error(&format!("{FILES}cipher_suites: [TLS_MADE_UP]\n"));
+        assert!(e.contains("unknown cipher suite") && e.contains("supported:"), "{e}");
+        let e = error(&format!("{FILES}curve_preferences: [CurveP521]\n"));
+        assert!(e.starts_with("tls_server_config.curve_preferences:"), "{e}");
+        let e = error(&format!("{FILES}client_allowed_sans: [a]\n"));
+        assert!(e.starts_with("tls_server_config.client_allowed_sans:"), "{e}");
+        let e = error(&format!("{FILES}client_auth_type: Sometimes\n"));
+        assert!(e.starts_with("tls_server_config.client_auth_type:"), "{e}");
+    }
+
+    #[test]
+    fn client_auth_and_client_ca_must_agree() {
+        let e = error(&format!("{FILES}client_ca_file: ca.pem\n"));
+        assert!(e.contains("NoClientCert"), "{e}");
+        let e = error(&format!("{FILES}client_auth_type: RequireAndVerifyClientCert\n"));
+        assert!(e.starts_with("tls_server_config.client_ca_file: required"), "{e}");
+        let e = error("cert: x\ncert_file: c.pem\nkey_file: k.pem\n");
+        assert!(e.contains("give one of cert_file and cert"), "{e}");
+        let e = error("min_version: TLS12\n");
+        assert!(e.contains("without cert_file"), "{e}");
+        assert!(error("cert_file: c.pem\n").starts_with("tls_server_config.key_file: missing"));
+    }
+
+    #[test]
+    fn suites_narrow_only_the_version_they_name_and_paths_are_relative_to_the_file() {
+        let yaml = format!(
+            "{FILES}cipher_suites: [TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384]\n\
+             curve_preferences: [CurveP384, X25519]\nclient_auth_type: RequireClientCert\n"
+        );
+        let files = TlsFiles::from_section(section(&yaml), Path::new("/etc/x")).unwrap().unwrap();
+        assert!(matches!(&files.cert, Source::File(p) if p == Path::new("/etc/x/c.pem")));
+        assert_eq!(files.section.client_auth, ClientAuth::RequireAnyClientCert);
+        let provider = files.section.provider().unwrap();
+        let names: Vec<String> =
+            provider.cipher_suites.iter().map(|s| format!("{:?}", s.suite())).collect();
+        assert_eq!(names.iter().filter(|n| n.starts_with("TLS13_")).count(), 3, "{names:?}");
+        assert_eq!(names.last().unwrap(), "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384", "{names:?}");
+        assert_eq!(names.len(), 4);
+        let groups: Vec<String> =
+            provider.kx_groups.iter().map(|g| format!("{:?}", g.name())).collect();
+        assert_eq!(groups, ["secp384r1", "X25519"]);
+    }
+
+    #[test]
+    fn a_key_that_does_not_go_with_the_certificate_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let one = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let two = rcgen::KeyPair::generate().unwrap();
+        std::fs::write(dir.path().join("c.pem"), one.cert.pem()).unwrap();
+        std::fs::write(dir.path().join("k.pem"), two.serialize_pem()).unwrap();
+        let files = TlsFiles::from_section(section(FILES), dir.path()).unwrap();
+        let e = Tls::load(files).unwrap_err();
+        assert_eq!(e.key, "tls_server_config.key_file", "{}", e.message);
+        std::fs::write(dir.path().join("k.pem"), one.signing_key.serialize_pem()).unwrap();
+        let files = TlsFiles::from_section(section(FILES), dir.path()).unwrap();
+        let tls = Tls::load(files).unwrap().unwrap();
+        assert_eq!(*tls.stamps(), tls.files().stamps());
+    }
+}

@@ -338,6 +338,17 @@ pub fn start_exporter_from(
     Err(last.unwrap_or_else(|| anyhow::anyhow!("exporter did not start")))
 }
 
+/// Held by a test whose claim is a wall-clock bound (a scrape answered in time, a counter read
+/// within its wrap window) or that loads the machine (connect loops, floods, many scrapers),
+/// so that such tests of one test binary run one at a time: on a loaded 2-core machine they
+/// would otherwise slow each other past the bounds they assert. Cargo runs the test binaries
+/// one after another, so one lock per binary is enough.
+pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static TIMED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    // A failed test poisons the lock; the next one still runs alone.
+    TIMED.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// A protocol client of the broker, past the handshake. Tests speak to the broker directly
 /// through it; any I/O or protocol error panics, naming what was expected.
 #[derive(Debug)]

@@ -6,7 +6,7 @@
 use amd_hsmp_e2e::energy::{UNITS_PER_WRAP, WrappingEnergy};
 use amd_hsmp_e2e::fake::{FakeConfig, FakeDevice, NodeState};
 use amd_hsmp_e2e::fixtures;
-use amd_hsmp_e2e::harness::{self, BrokerClient, Proc, values};
+use amd_hsmp_e2e::harness::{self, BrokerClient, Proc, one_at_a_time, values};
 use amd_hsmp_proto::{self as proto, Families, Readings};
 use rustix::process::{Pid, Signal};
 use std::io::{BufRead, Read, Write};
@@ -16,20 +16,11 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// How long any awaited condition may take.
 const PATIENCE: Duration = Duration::from_secs(20);
-
-/// Held by the tests whose claim rests on the broker keeping time (the MSR wrap window) and by
-/// the one that loads the machine (the squatters' connect loops), so that they run one at a
-/// time and none of them slows another's broker past its wrap window.
-fn one_at_a_time() -> MutexGuard<'static, ()> {
-    static TIMED: Mutex<()> = Mutex::new(());
-    // A failed test poisons the lock; the next one still runs alone.
-    TIMED.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// Polls `ready` until it holds; panics with `what` after [`PATIENCE`].
 fn until(what: &str, mut ready: impl FnMut() -> bool) {

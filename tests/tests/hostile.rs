@@ -96,6 +96,7 @@ fn slowloris(from: IpAddr, addr: SocketAddr, target: usize, stop: &AtomicBool) -
 
 #[test]
 fn slowloris_beyond_the_fd_limit_from_one_address_leaves_another_scraper_answered() {
+    let _alone = harness::one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     // 256 descriptors: 192 connections, 32 per client address.
     let (_broker, exporter, addr) = simulated(dir.path(), Some(256), &[]);
@@ -175,6 +176,7 @@ fn slow_turin(exporter_flags: &str) -> Rig {
 
 #[test]
 fn a_flood_of_1ms_timeout_headers_costs_a_normal_scraper_no_data() {
+    let _alone = harness::one_at_a_time();
     let mut rig = slow_turin("");
     let addr = rig.addr();
     let stop = Arc::new(AtomicBool::new(false));
@@ -280,6 +282,7 @@ fn sighup_to_both_processes_keeps_both_serving() {
 
 #[test]
 fn sixty_four_concurrent_scrapers_get_complete_answers_from_few_broker_samples() {
+    let _alone = harness::one_at_a_time();
     let mut rig = slow_turin("\"--web.max-requests\", \"100\"");
     rig.take_traffic();
     let addr = rig.addr();

@@ -4,7 +4,7 @@
 //! ordered with the simulator's mailbox gates; wall time is asserted only where it is the claim.
 
 use amd_hsmp_e2e::fake::{Node, NodeState};
-use amd_hsmp_e2e::harness::{BrokerClient, Exposition, values};
+use amd_hsmp_e2e::harness::{self, BrokerClient, Exposition, values};
 use amd_hsmp_e2e::scenario::{self, Rig, Scrape};
 use amd_hsmp_proto::{DeviceStatus, Families, ItemError, Sample, Topology};
 use amd_hsmp_sim::Machine;
@@ -92,6 +92,7 @@ const SOCKET_1: [&str; 3] = [
 /// up, one per request.
 #[test]
 fn a_wedged_socket_keeps_the_healthy_socket_served_and_piles_nothing_up() {
+    let _alone = harness::one_at_a_time();
     let mut rig = rig("turin-2p", "");
     let pid = rig.broker_pid().unwrap();
     let machine = Arc::clone(rig.machine());
@@ -148,6 +149,7 @@ fn a_wedged_socket_keeps_the_healthy_socket_served_and_piles_nothing_up() {
 /// indexed an emptied vector and panicked, thousands of times under short deadlines.
 #[test]
 fn samples_whose_deadline_passes_mid_sample_never_panic() {
+    let _alone = harness::one_at_a_time();
     // 1 ms per message: a full sample takes about 0.4 s per socket.
     let rig = rig("turin-2p", "[faults]\nlatency-ms = 1\n");
     let stop = Instant::now() + Duration::from_secs(6);
@@ -181,6 +183,7 @@ fn samples_whose_deadline_passes_mid_sample_never_panic() {
 /// lock, with no deadline, so one wedged socket left every request without data.
 #[test]
 fn a_late_device_with_a_wedged_socket_serves_the_healthy_socket_in_time() {
+    let _alone = harness::one_at_a_time();
     let mut rig = rig("turin-2p", "hsmp = \"absent\"\n");
     let topology = rig.machine().topology().clone();
     let m = scrape(&mut rig, &one_second());
@@ -225,6 +228,7 @@ fn a_device_replaced_under_the_running_broker_is_reopened() {
 /// the long one with the complete reading.
 #[test]
 fn concurrent_samples_with_different_deadlines_share_one_reading() {
+    let _alone = harness::one_at_a_time();
     let rig = rig("turin-2p", "");
     let machine = Arc::clone(rig.machine());
     let topology = machine.topology().clone();

@@ -6,8 +6,13 @@ mod tests {
     use std::process::Command;
 
     /// Parses "1.88" or "1.88.0" into comparable numbers.
+    /// `1.88`, `1.88.0` → `[1, 88]`: trailing zero parts do not make a version newer.
     fn version(s: &str) -> Vec<u64> {
-        s.split('.').map(|p| p.parse().unwrap_or(0)).collect()
+        let mut parts: Vec<u64> = s.split('.').map(|p| p.parse().unwrap_or(0)).collect();
+        while parts.len() > 1 && parts.last() == Some(&0) {
+            parts.pop();
+        }
+        parts
     }
 
     fn workspace_rust_version(root: &Path) -> String {
@@ -53,6 +58,9 @@ mod tests {
         assert!(version("1.89") > version("1.88"));
         assert!(version("1.88.1") > version("1.88"));
         assert!(version("1.85.0") < version("1.88"));
+        // Regression: time 0.3.55 declares 1.88.0, which is not above 1.88.
+        assert_eq!(version("1.88.0"), version("1.88"));
+        assert!(version("1.88.0") <= version("1.88"));
     }
 
     /// Every Rust source file says what it is for in its first line.

@@ -23,7 +23,12 @@ fn documented() -> BTreeMap<String, Family> {
     let mut families = BTreeMap::new();
     for row in table.lines().filter(|l| l.starts_with("| `")) {
         let cells: Vec<&str> = row.trim().trim_matches('|').split('|').map(str::trim).collect();
-        assert_eq!(cells.len(), 5, "row with {} cells: {row}", cells.len());
+        assert_eq!(cells.len(), 6, "row with {} cells: {row}", cells.len());
+        let since = cells[5].split('.').map(str::parse::<u32>).collect::<Result<Vec<_>, _>>();
+        assert!(
+            since.is_ok_and(|parts| parts.len() == 3),
+            "the last cell says since which version the family exists, as MAJOR.MINOR.PATCH: {row}"
+        );
         let name = cells[0].trim_matches('`').to_owned();
         let labels = cells[2]
             .split(',')
