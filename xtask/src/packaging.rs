@@ -1004,17 +1004,7 @@ fn deb(
     deb_copyright_covers(&read(&root.join("packaging/deb/copyright"))?, licenses)?;
 
     fs::create_dir_all(work)?;
-    let work_str = work.to_str().context("the work directory path is not UTF-8")?;
-    crate::cargo(&[
-        "deb",
-        "--package",
-        "amd-hsmp-exporter",
-        "--no-build",
-        "--locked",
-        "--fast",
-        "--output",
-        work_str,
-    ])?;
+    cargo_deb(work)?;
     let deb = work.join(format!("{RPM_NAME}_{version}-1_amd64.deb"));
     ensure!(deb.is_file(), "cargo deb did not write {}", deb.display());
 
@@ -1224,6 +1214,21 @@ fn set_mode(path: &Path, mode: u32) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     fs::set_permissions(path, fs::Permissions::from_mode(mode))
         .with_context(|| format!("cannot chmod {}", path.display()))
+}
+
+/// Builds the project's `.deb` from the release binaries already built, into `out`.
+pub(crate) fn cargo_deb(out: &Path) -> Result<()> {
+    let out = out.to_str().context("the .deb output path is not UTF-8")?;
+    crate::cargo(&[
+        "deb",
+        "--package",
+        "amd-hsmp-exporter",
+        "--no-build",
+        "--locked",
+        "--fast",
+        "--output",
+        out,
+    ])
 }
 
 #[cfg(test)]

@@ -441,17 +441,7 @@ pub fn deb(cache: &Cache) -> Result<PathBuf> {
         fs::remove_dir_all(&out)?;
     }
     fs::create_dir_all(&out)?;
-    let out_str = out.to_str().context("the cache path is not UTF-8")?;
-    crate::cargo(&[
-        "deb",
-        "--package",
-        "amd-hsmp-exporter",
-        "--no-build",
-        "--locked",
-        "--fast",
-        "--output",
-        out_str,
-    ])?;
+    crate::packaging::cargo_deb(&out)?;
     let debs: Vec<PathBuf> = fs::read_dir(&out)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|e| e == "deb"))
