@@ -8,13 +8,18 @@ use amd_hsmp_proto::{
     Readings, Reply, Request, RequestError, Sample, Topology, Unavailable,
 };
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 #[global_allocator]
 static ALLOC: Alloc = Alloc::new(std::alloc::System, usize::MAX);
 
-/// The allocation limit is process-wide: one replay at a time.
+/// The allocation limit is process-wide: one test at a time. A test that allocated while a
+/// replay's limit was set would see its allocation fail, and a panic's backtrace allocates.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 type Property = fn(&[u8], &Alloc);
 
@@ -31,7 +36,7 @@ fn corpus(target: &str) -> PathBuf {
 }
 
 fn replay(target: &str) {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = one_at_a_time();
     if std::env::var_os("AMD_HSMP_FUZZ_SEEDS").is_some() {
         write_seeds(target);
     }
@@ -80,6 +85,7 @@ fn topology_corpus_holds() {
 
 #[test]
 fn every_target_has_a_replay_and_a_libfuzzer_binary() {
+    let _one = one_at_a_time();
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("cargo-fuzz/Cargo.toml");
     let manifest = std::fs::read_to_string(manifest).unwrap();
     for (name, _) in TARGETS {
@@ -89,6 +95,7 @@ fn every_target_has_a_replay_and_a_libfuzzer_binary() {
 
 #[test]
 fn the_topology_seed_is_discovered_not_refused() {
+    let _one = one_at_a_time();
     let seed = std::fs::read(corpus("topology").join("seed-00")).unwrap();
     let t = amd_hsmp_fuzz::discover_from(&seed).expect("the seed describes a machine");
     assert_eq!(t.cores.len(), 2, "{t:?}");
@@ -98,6 +105,7 @@ fn the_topology_seed_is_discovered_not_refused() {
 /// A property that fails must fail the replay: the check above is not vacuous.
 #[test]
 fn a_broken_topology_fails_its_property() {
+    let _one = one_at_a_time();
     let core = |socket, core, apic_id| Core { socket, core, cpu: core, apic_id };
     let mut t = Topology {
         cpu_family: 0x19,
