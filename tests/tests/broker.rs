@@ -133,9 +133,12 @@ fn probe_as(uid: u32, socket: &Path) -> (bool, String) {
     std::fs::copy(probe, &copy).unwrap();
     // A concurrent test's fork can briefly inherit the copy's write descriptor (ETXTBSY):
     // that is a property of fork + exec in a multi-threaded test process, not of the broker.
+    // Retried for at most 5 s (250 × 20 ms); a longer ETXTBSY is a real failure.
+    let mut tries = 0;
     let out = loop {
         match Command::new(&copy).arg(socket).uid(uid).gid(uid).output() {
-            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 250 => {
+                tries += 1;
                 std::thread::sleep(std::time::Duration::from_millis(20))
             }
             other => break other.unwrap(),
