@@ -62,6 +62,14 @@ pub struct Cli {
           value_parser = parse_poll_interval)]
     pub msr_poll_interval: Duration,
 
+    /// Freshness bound: every value the broker returns was read no earlier than this before the
+    /// request arrived. Requests within it share reads, and it caps the mailbox load any peer
+    /// can cause at one read of each item per this interval. 0 shares only reads that begin
+    /// after a request arrived.
+    #[arg(long = "sample.max-age", value_name = "DURATION", default_value = "500ms",
+          value_parser = parse_max_age)]
+    pub sample_max_age: Duration,
+
     /// Connection slots each peer uid may hold at once. Each --allow-uid/--allow-user/
     /// --allow-gid/--allow-group identity has this many slots kept for it alone, so the
     /// exporter (which holds at most 2) always connects, whoever else squats.
@@ -116,6 +124,18 @@ pub fn parse_socket_mode(s: &str) -> Result<u32, String> {
         return Err("must be between 0600 and 0666: read and write for the owner, no x bits".into());
     }
     Ok(mode)
+}
+
+pub fn parse_max_age(s: &str) -> Result<Duration, String> {
+    let d = if s == "0" {
+        Duration::ZERO
+    } else {
+        humantime::parse_duration(s).map_err(|e| e.to_string())?
+    };
+    if d > Duration::from_secs(10) {
+        return Err("must be at most 10s (well under a scrape interval)".into());
+    }
+    Ok(d)
 }
 
 pub fn parse_idle_timeout(s: &str) -> Result<Duration, String> {

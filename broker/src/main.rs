@@ -182,7 +182,12 @@ fn run(cli: Cli) -> Result<()> {
     } else {
         None
     };
-    let sampler = Sampler::new(machine.topology.clone(), machine.hsmp, msr_energy.clone());
+    let sampler = Sampler::with_max_age(
+        machine.topology.clone(),
+        machine.hsmp,
+        msr_energy.clone(),
+        cli.sample_max_age,
+    );
 
     lockdown::drop_privileges().context("cannot drop privileges")?;
     let (listener, socket_file) = listener(cli.listen.as_deref(), cli.listen_mode)?;

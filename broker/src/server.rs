@@ -548,6 +548,8 @@ mod tests {
                 boost_limit: Readings::NotRequested,
                 prochot: r(what.prochot),
                 energy_resets: 0,
+                max_age_ms: 0,
+                oldest_read_us: 0,
             }
         }
     }

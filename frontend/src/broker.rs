@@ -126,6 +126,9 @@ pub struct Snapshot {
     pub topology: Arc<Topology>,
     /// The readings.
     pub sample: Sample,
+    /// When the request was sent: the broker received it no earlier, so no value in the
+    /// sample was read before this minus [`Sample::oldest_read_us`].
+    pub sent: Instant,
 }
 
 /// An established, handshaken connection.
@@ -190,10 +193,12 @@ impl BrokerClient {
             Some(conn) => (conn, true),
             None => (self.connect_by(reply_by).await?, false),
         };
+        let mut sent = Instant::now();
         let result = match conn.sample(what, deadline, reply_by).await {
             Err(e) if reused && e.is_connection_lost() => {
                 tracing::debug!(error = %chain(&e), "broker connection lost, reconnecting");
                 conn = self.connect_by(reply_by).await?;
+                sent = Instant::now();
                 conn.sample(what, deadline, reply_by).await
             }
             other => other,
@@ -206,7 +211,7 @@ impl BrokerClient {
             }
         };
         let snapshot =
-            Snapshot { info: conn.info.clone(), topology: conn.topology.clone(), sample };
+            Snapshot { info: conn.info.clone(), topology: conn.topology.clone(), sample, sent };
         self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(conn);
         Ok(snapshot)
     }

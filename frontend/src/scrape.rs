@@ -47,11 +47,32 @@ pub struct Config {
     pub procfs: PathBuf,
 }
 
+/// The broker's answer to one flight, and how fresh it is.
+#[derive(Debug, Clone)]
+struct Answer {
+    telemetry: Arc<Telemetry>,
+    /// When the flight's request was sent (the broker received it no earlier).
+    sent: Instant,
+    /// How long before the broker received the request its oldest value was read.
+    oldest: Duration,
+    /// The broker's freshness bound.
+    max_age: Duration,
+}
+
+impl Answer {
+    /// Whether every value was read no earlier than the broker's freshness bound before
+    /// `arrived`, when a scrape reached the exporter: always for the scrape that sent the
+    /// request, and for a scrape that joined it only if it came soon enough after.
+    fn fresh_for(&self, arrived: Instant) -> bool {
+        self.sent + self.max_age >= arrived + self.oldest
+    }
+}
+
 /// How one flight (one broker request) ended.
 #[derive(Debug, Clone)]
 enum Outcome {
     /// The broker answered (possibly with items its deadline left unread).
-    Answered(Arc<Telemetry>),
+    Answered(Answer),
     /// The broker could not be reached or answered something unusable (counted by the flight).
     BrokerFailed,
     /// No answer in time: no connection was free before the deadline, or the reply had not
@@ -163,12 +184,13 @@ impl Exporter {
         let deadline = started + budget.broker_deadline;
         let answer_by = started + budget.wait;
         let tolerance = budget.broker_deadline / JOIN_TOLERANCE_DIVISOR;
-        let (telemetry, broker_up) = match self.collect(deadline, answer_by, tolerance).await {
-            Outcome::Answered(t) => {
-                if t.deadline_exceeded {
+        let outcome = self.collect(started, deadline, answer_by, tolerance).await;
+        let (telemetry, broker_up) = match outcome {
+            Outcome::Answered(Answer { telemetry, .. }) => {
+                if telemetry.deadline_exceeded {
                     self.errors.add(ErrorSource::Scrape, 1);
                 }
-                (Some(t), true)
+                (Some(telemetry), true)
             }
             Outcome::TimedOut => {
                 if let Some(suppressed) = self.timeout_log.check() {
@@ -192,11 +214,14 @@ impl Exporter {
         }
     }
 
-    /// The answer for a scrape with broker deadline `deadline` that must answer by
-    /// `answer_by`. A joined flight that comes back partial (its shorter deadline left items
-    /// unread) is followed by another flight with the time left, if there is enough.
+    /// The answer for a scrape that arrived at `arrived`, with broker deadline `deadline`,
+    /// that must answer by `answer_by`. A joined flight that comes back partial (its shorter
+    /// deadline left items unread) is followed by another flight with the time left, if there
+    /// is enough; so is one whose values are older than the broker's freshness bound allows
+    /// for this scrape, which is never served to it.
     async fn collect(
         self: &Arc<Self>,
+        arrived: Instant,
         deadline: Instant,
         answer_by: Instant,
         tolerance: Duration,
@@ -214,15 +239,21 @@ impl Exporter {
                 // The flight task died; nothing was counted for it.
                 Landing::Lost => Outcome::BrokerFailed,
             };
+            let time_left = deadline.saturating_duration_since(Instant::now()) >= MIN_RETRY;
             match outcome {
-                Outcome::Answered(t)
-                    if t.deadline_exceeded
-                        && joined
-                        && deadline.saturating_duration_since(Instant::now()) >= MIN_RETRY =>
-                {
-                    partial = Some(t);
+                Outcome::Answered(a) if !a.fresh_for(arrived) => {
+                    tracing::debug!(
+                        oldest_ms = a.oldest.as_millis() as u64,
+                        "a joined broker answer is too old for this scrape; asking again"
+                    );
+                    if !time_left {
+                        break;
+                    }
                 }
-                Outcome::Answered(t) => return Outcome::Answered(t),
+                Outcome::Answered(a) if a.telemetry.deadline_exceeded && joined && time_left => {
+                    partial = Some(a);
+                }
+                Outcome::Answered(a) => return Outcome::Answered(a),
                 other => return partial.map_or(other, Outcome::Answered),
             }
         }
@@ -241,7 +272,13 @@ impl Exporter {
                     translate(&snapshot.info, &snapshot.topology, &snapshot.sample, &self.errors);
                 let telemetry = Arc::new(telemetry);
                 self.recent.record(&telemetry);
-                Outcome::Answered(telemetry)
+                let sample = &snapshot.sample;
+                Outcome::Answered(Answer {
+                    telemetry,
+                    sent: snapshot.sent,
+                    oldest: Duration::from_micros(sample.oldest_read_us.into()),
+                    max_age: Duration::from_millis(sample.max_age_ms.into()),
+                })
             }
             // Every connection was busy with other flights until the deadline.
             Err(BrokerError::Busy) => Outcome::TimedOut,

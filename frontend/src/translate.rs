@@ -267,6 +267,8 @@ mod tests {
             ]),
             prochot: Readings::Unavailable(Unavailable::Unsupported),
             energy_resets: 0,
+            max_age_ms: 500,
+            oldest_read_us: 0,
         }
     }
 

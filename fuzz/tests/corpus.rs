@@ -173,6 +173,8 @@ fn replies() -> Vec<Reply> {
         boost_limit: Readings::Values(vec![Ok(3700), Err(ItemError::DeadlineExceeded)]),
         prochot: Readings::Unavailable(Unavailable::Unsupported),
         energy_resets: 3,
+        max_age_ms: 500,
+        oldest_read_us: 120_000,
     };
     vec![
         Reply::Hello {

@@ -34,10 +34,15 @@ pub use frame::{FrameError, Message};
 pub mod version {
     /// The first protocol: handshake, topology and samples of energy, boost limit and PROCHOT.
     pub const V1: u32 = 1;
+    /// Samples say how fresh their values are ([`Sample::max_age_ms`],
+    /// [`Sample::oldest_read_us`](crate::Sample::oldest_read_us)).
+    ///
+    /// [`Sample::max_age_ms`]: crate::Sample::max_age_ms
+    pub const V2: u32 = 2;
 }
 
 /// Version of this protocol. Bumped on any change an older peer cannot decode.
-pub const PROTOCOL_VERSION: u32 = version::V1;
+pub const PROTOCOL_VERSION: u32 = version::V2;
 
 impl Message for Request {
     /// Requests are a few bytes.
@@ -174,6 +179,15 @@ pub struct Sample {
     /// time a core's count restarted from 0 because a wrap of its 32-bit MSR counter may have
     /// gone unseen. Cumulative, so a lost reply loses no reset; 0 without the MSR fallback.
     pub energy_resets: u64,
+    /// Since [`version::V2`]. The broker's freshness bound (`--sample.max-age`), in
+    /// milliseconds: no value in this reply was read more than this long before the broker
+    /// received the request. Requests within it share readings.
+    pub max_age_ms: u32,
+    /// Since [`version::V2`]. How long before the broker received the request the oldest value
+    /// in this reply was read, in microseconds rounded up; 0 when every value was read after it
+    /// (or nothing was read). Never above `max_age_ms` × 1000. A client that hands this reply
+    /// to a request which arrived later can tell whether it is still within the bound.
+    pub oldest_read_us: u32,
 }
 
 /// State of the HSMP device.

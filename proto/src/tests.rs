@@ -87,20 +87,21 @@ fn reply() -> impl Strategy<Value = Reply> {
             readings(energy),
             readings(any::<u32>()),
             readings(any::<bool>()),
-            any::<u64>()
+            (any::<u64>(), any::<u32>(), any::<u32>())
         )
-            .prop_map(
-                |(hsmp, energy_source, energy, boost_limit, prochot, energy_resets)| {
-                    Reply::Sample(Sample {
-                        hsmp,
-                        energy_source,
-                        energy,
-                        boost_limit,
-                        prochot,
-                        energy_resets,
-                    })
-                }
-            ),
+            .prop_map(|(hsmp, energy_source, energy, boost_limit, prochot, freshness)| {
+                let (energy_resets, max_age_ms, oldest_read_us) = freshness;
+                Reply::Sample(Sample {
+                    hsmp,
+                    energy_source,
+                    energy,
+                    boost_limit,
+                    prochot,
+                    energy_resets,
+                    max_age_ms,
+                    oldest_read_us,
+                })
+            }),
         (any::<u32>(), any::<u32>()).prop_map(|(broker, peer)| Reply::Error(
             RequestError::VersionMismatch { broker, peer }
         )),

@@ -419,6 +419,12 @@ impl Rig {
             let mut args: Vec<String> = vec!["--listen".into(), path(&socket)];
             args.extend(device.broker_args(&tree));
             args.extend(["--log.level".into(), "debug".into()]);
+            // A scenario checks what each scrape reads; with a freshness allowance a scrape
+            // that follows another within it would be answered from the same reads. The
+            // allowance itself is pinned by `tests/tests/sampler_faults.rs`.
+            if !scenario.broker_flags.iter().any(|f| f.starts_with("--sample.max-age")) {
+                args.extend(["--sample.max-age".into(), "0".into()]);
+            }
             args.extend(scenario.broker_flags.iter().cloned());
             let mut broker =
                 Proc::spawn("amd-hsmp-broker", &bins.broker, &args, dir.path().join("broker.log"))?;

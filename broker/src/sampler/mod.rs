@@ -1,45 +1,63 @@
 //! Reads the requested telemetry families from the HSMP device (and the MSR fallback): one
-//! long-lived worker per socket, a shared reading per burst of concurrent requests, each
+//! long-lived worker per socket, reads shared by every request they are fresh enough for, each
 //! requester answered at its own deadline.
 //!
 //! Costs: after the one-time probes (`GET_PROTO_VER`, then `GET_RAPL_UNITS` per socket, when the
 //! device is opened) a sample of every family sends exactly 2 × cores + sockets mailbox
 //! messages; a family not asked for, or remembered unsupported, sends none.
 //!
-//! How a request is served (see [`Sampler::sample`]):
+//! How a request is served (see [`Sampler::sample`]): every socket has a board
+//! (`board.rs`) holding, per item, the latest read (value, when it was read, through which
+//! source) and whether some request still wants it read.
 //!
-//! - If a reading of at least the requested families is still running, the request joins it:
-//!   the reading's end moves to the later of the two deadlines, and no message is sent twice.
-//! - Otherwise a new reading is planned: one decision per family (read from where, or the
-//!   reply already decided), then the reading is handed to every socket's worker that is idle.
-//!   A worker still inside a mailbox message takes no new work: its socket's items stay
-//!   [`ItemError::DeadlineExceeded`], so a wedged socket holds one message at most and never
-//!   queues.
-//! - Each worker checks the reading's end before every message, so nothing is sent after the
-//!   latest deadline of the requests that asked for it.
-//! - The requester waits until the reading is complete or its own deadline, whichever is first,
-//!   and answers what has been read by then.
+//! - **Freshness.** A request takes an item's latest read only if it began no earlier than
+//!   `max_age` (`--sample.max-age`) before the request arrived; every other item it asks for
+//!   is marked wanted until its deadline. So every value returned was read no earlier than the
+//!   bound before the request arrived, however the request came, and the reply says how old
+//!   its oldest value is ([`Sample::oldest_read_us`]).
+//! - **A busy socket queues.** The socket's worker (one thread per socket) reads wanted items
+//!   one message at a time, going round the items in order, and hands each read to every
+//!   waiting request it is recent enough for. A request that arrives while the worker is
+//!   inside a message only adds its wants: the wanted marks are the socket's one pending
+//!   reading, merging every request, read as soon as the worker is free. A wedged socket holds
+//!   one message and queues nothing beyond those marks.
+//! - **Deadlines.** An item stays wanted until the latest deadline of the requests that want
+//!   it and no longer: the worker checks before every message, so nothing is sent after the
+//!   deadlines of the requests that asked, and no request's deadline keeps another's items
+//!   from being read afresh.
+//! - **Cost.** An item is read again only for a request its latest read is too old for, so a
+//!   peer that asks as fast as it can causes at most one read of each item per `max_age`;
+//!   requests for different families share what they have in common and never wait for each
+//!   other's families.
+//! - The requester waits until it has every item or its own deadline, whichever is first, and
+//!   answers what it has by then.
 //!
 //! No lock is held across mailbox I/O: a `/dev/hsmp` opened after start-up is probed by the
 //! socket workers, under the deadline, so a wedged socket never blocks a healthy one.
 
-mod reading;
+mod board;
 mod workers;
 
 #[cfg(test)]
 mod tests;
 
 use crate::msr::MsrEnergy;
+use amd_hsmp_device::errno::means_device_gone;
 use amd_hsmp_device::{self as device, HsmpOpener, HsmpTransport, messages};
 use amd_hsmp_proto::{
     DeviceStatus, Energy, EnergySource, Families, ItemError, Readings, Sample, Topology,
     Unavailable,
 };
-use reading::{Items, Reading};
-use std::sync::atomic::{AtomicBool, Ordering};
+use board::{Items, Source, Waiter};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use workers::Workers;
+
+/// The default of `--sample.max-age`: how long before a request arrived its values may have
+/// been read. Well under any scrape interval, long enough for Prometheus replicas and the
+/// landing page to share readings.
+pub const DEFAULT_MAX_AGE: Duration = Duration::from_millis(500);
 
 /// A message family that can be remembered unsupported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +102,9 @@ impl Unsupported {
 /// An open HSMP device and what its probes found so far.
 #[derive(Debug)]
 struct OpenDevice {
+    /// Unique among the devices this sampler opened: values read through another descriptor
+    /// are never handed out as this one's.
+    id: u64,
     transport: Arc<dyn HsmpTransport>,
     /// The protocol version, once a socket has answered `GET_PROTO_VER`.
     version: OnceLock<u32>,
@@ -93,16 +114,70 @@ struct OpenDevice {
     /// Per socket: the RAPL energy status unit, `None` until probed. A failure other than
     /// `Unsupported` is asked again when energy is next read.
     esu: Vec<Mutex<Option<Result<u8, ItemError>>>>,
+    /// Per socket: the error of its last `GET_PROTO_VER` probe, until it answers one.
+    version_failed: Vec<Mutex<Option<ItemError>>>,
+    /// Per socket: how its last message ended.
+    heard: Vec<Mutex<Heard>>,
+}
+
+/// How the last message to a socket ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum Heard {
+    /// No message yet.
+    #[default]
+    Nothing,
+    /// Answered, or failed in a way a working device fails.
+    Alive,
+    /// Failed as if the device were gone (`ENODEV`, `ENXIO`, `EBADF`, ...).
+    Gone(ItemError),
 }
 
 impl OpenDevice {
-    fn new(transport: Arc<dyn HsmpTransport>, sockets: usize) -> OpenDevice {
+    fn new(transport: Arc<dyn HsmpTransport>, sockets: usize, id: u64) -> OpenDevice {
         OpenDevice {
+            id,
             transport,
             version: OnceLock::new(),
             confirmed: (0..sockets).map(|_| AtomicBool::new(false)).collect(),
             esu: (0..sockets).map(|_| Mutex::new(None)).collect(),
+            version_failed: (0..sockets).map(|_| Mutex::new(None)).collect(),
+            heard: (0..sockets).map(|_| Mutex::new(Heard::Nothing)).collect(),
         }
+    }
+
+    /// Socket `socket` failed its version probe with `error`.
+    fn version_failed(&self, socket: usize, error: ItemError) {
+        if let Some(slot) = self.version_failed.get(socket) {
+            *lock(slot) = Some(error);
+        }
+    }
+
+    /// The error of the version probe if the last one failed on every socket.
+    fn version_failure(&self) -> Option<ItemError> {
+        let mut errors = self.version_failed.iter().map(|e| *lock(e));
+        let first = errors.next().flatten()?;
+        errors.all(|e| e.is_some()).then_some(first)
+    }
+
+    /// Notes how a message to socket `socket` ended.
+    fn heard<T>(&self, socket: usize, result: &Result<T, ItemError>) {
+        if let Some(slot) = self.heard.get(socket) {
+            *lock(slot) = match result {
+                Err(e) if means_device_gone(*e) => Heard::Gone(*e),
+                _ => Heard::Alive,
+            };
+        }
+    }
+
+    /// If the last message to every socket failed as if the device were gone, one of those
+    /// errors.
+    fn device_gone(&self) -> Option<ItemError> {
+        let mut gone = self.heard.iter().map(|h| match *lock(h) {
+            Heard::Gone(e) => Some(e),
+            Heard::Nothing | Heard::Alive => None,
+        });
+        let first = gone.next().flatten()?;
+        gone.all(|e| e.is_some()).then_some(first)
     }
 
     fn is_confirmed(&self, socket: usize) -> bool {
@@ -115,6 +190,9 @@ impl OpenDevice {
         }
         if let Some(c) = self.confirmed.get(socket) {
             c.store(true, Ordering::Release);
+        }
+        if let Some(slot) = self.version_failed.get(socket) {
+            *lock(slot) = None;
         }
     }
 
@@ -161,24 +239,42 @@ enum Device {
     Open(Arc<OpenDevice>),
 }
 
-/// Where energy is read from in one reading.
+/// Where energy is read from for one request.
 #[derive(Debug, Clone)]
 enum EnergyReader {
     Hsmp(Arc<OpenDevice>),
     Msr(Arc<MsrEnergy>),
 }
 
-/// What one reading reads, decided once per family: how to read it, or (`Err`) the reply
+/// What one request reads, decided once per family: how to read it, or (`Err`) the reply
 /// already decided without a message.
 #[derive(Debug)]
 struct Plan {
-    /// The device the reading talks to, or why there is none.
+    /// The device the request talks to, or why there is none.
     device: Result<Arc<OpenDevice>, DeviceStatus>,
     /// Whether the workers ask `GET_RAPL_UNITS` of a socket whose unit is not known yet.
     probe_esu: bool,
     prochot: Result<Arc<OpenDevice>, Readings<bool>>,
     energy: Result<EnergyReader, Readings<Energy>>,
     boost_limit: Result<Arc<OpenDevice>, Readings<u32>>,
+}
+
+impl Plan {
+    /// Where the plan reads `family` from; `None` when it does not read it.
+    fn source(&self, family: Family) -> Option<Source> {
+        fn hsmp<T>(device: &Result<Arc<OpenDevice>, T>) -> Option<Source> {
+            device.as_ref().ok().map(|d| Source::Hsmp(d.id))
+        }
+        match family {
+            Family::Prochot => hsmp(&self.prochot),
+            Family::BoostLimit => hsmp(&self.boost_limit),
+            Family::Energy => match &self.energy {
+                Ok(EnergyReader::Hsmp(d)) => Some(Source::Hsmp(d.id)),
+                Ok(EnergyReader::Msr(_)) => Some(Source::Msr),
+                Err(_) => None,
+            },
+        }
+    }
 }
 
 /// What the requests share: the machine, the device and what has been learnt about it.
@@ -194,13 +290,15 @@ struct Shared {
     unsupported: Unsupported,
     /// Failure classes already logged, so each is logged once and not on every request.
     logged: Mutex<Vec<(&'static str, ItemError)>>,
+    /// The id of the next device opened.
+    next_device: AtomicU64,
 }
 
 /// Reads telemetry for the requests of every connection; shared by all connection threads.
 ///
-/// Requests that overlap share one reading (see the module documentation), so concurrent
-/// peers do not multiply the mailbox traffic and a short deadline does not cut a longer one's
-/// answer short.
+/// Requests share reads within the freshness bound (see the module documentation), so
+/// concurrent peers do not multiply the mailbox traffic, a short deadline does not cut a
+/// longer one's answer short, and a long one holds nothing for anyone else.
 ///
 /// The socket workers start with the first sample, not in [`Sampler::new`]: the broker creates
 /// the sampler before it drops its capabilities, which must happen while it is single-threaded.
@@ -208,20 +306,31 @@ struct Shared {
 pub struct Sampler {
     shared: Shared,
     workers: Workers,
-    /// The latest reading: requests that come while it runs join it.
-    current: Mutex<Option<Arc<Reading>>>,
+    max_age: Duration,
 }
 
 impl Sampler {
     /// A sampler for `topology` that reads HSMP through the device `hsmp` opens and, when RAPL
-    /// is not available, energy from `msr`. Opens the device and probes it now, on the calling
-    /// thread, and logs the outcome.
+    /// is not available, energy from `msr`, with the freshness bound [`DEFAULT_MAX_AGE`].
+    /// Opens the device and probes it now, on the calling thread, and logs the outcome.
     pub fn new(
         topology: Topology,
         hsmp: Box<dyn HsmpOpener>,
         msr: Option<Arc<MsrEnergy>>,
     ) -> Sampler {
-        let workers = Workers::new(&topology);
+        Sampler::with_max_age(topology, hsmp, msr, DEFAULT_MAX_AGE)
+    }
+
+    /// [`Sampler::new`] with the freshness bound `max_age`: every value a request gets was
+    /// read no earlier than this before the request arrived. Zero shares only reads that begin
+    /// after a request arrived.
+    pub fn with_max_age(
+        topology: Topology,
+        hsmp: Box<dyn HsmpOpener>,
+        msr: Option<Arc<MsrEnergy>>,
+        max_age: Duration,
+    ) -> Sampler {
+        let workers = Workers::new(&topology, max_age);
         let shared = Shared {
             topology,
             opener: hsmp,
@@ -230,11 +339,12 @@ impl Sampler {
             units: Mutex::new(Vec::new()),
             unsupported: Unsupported::default(),
             logged: Mutex::new(Vec::new()),
+            next_device: AtomicU64::new(0),
         };
         let device = shared.open_and_probe();
         log_device(None, &device, shared.msr.is_some());
         *lock(&shared.device) = device;
-        Sampler { shared, workers, current: Mutex::new(None) }
+        Sampler { shared, workers, max_age }
     }
 
     /// The machine this sampler reads.
@@ -243,13 +353,22 @@ impl Sampler {
     }
 
     /// Reads the families in `what`, answering by `deadline` at the latest with what has been
-    /// read by then (the rest [`ItemError::DeadlineExceeded`]). No message is sent once the
-    /// latest deadline of the requests sharing the reading has passed.
+    /// read by then (the rest [`ItemError::DeadlineExceeded`]). Every value was read no
+    /// earlier than the freshness bound before this call; nothing is sent for this request
+    /// after `deadline`.
     pub fn sample(&self, what: Families, deadline: Instant) -> Sample {
-        let reading = self.reading_for(what, deadline);
-        let items = reading.wait(deadline);
-        self.shared.settle(&reading);
-        self.shared.answer(&reading, what, items)
+        let arrived = Instant::now();
+        let plan = Arc::new(self.shared.plan(what, deadline));
+        let topology = &self.shared.topology;
+        let waiter = Arc::new(Waiter::new(what, plan, arrived, self.max_age, deadline, topology));
+        self.workers.register(&waiter);
+        let (items, oldest) = waiter.wait();
+        self.workers.deregister(&waiter);
+        self.shared.settle(&waiter.plan);
+        let mut sample = self.shared.answer(&waiter.plan, what, items);
+        sample.max_age_ms = u32::try_from(self.max_age.as_millis()).unwrap_or(u32::MAX);
+        sample.oldest_read_us = u32::try_from(oldest.as_nanos().div_ceil(1000)).unwrap_or(u32::MAX);
+        sample
     }
 
     /// Waits until every socket's worker is idle.
@@ -257,29 +376,13 @@ impl Sampler {
     fn wait_idle(&self) {
         self.workers.wait_idle(std::time::Duration::from_secs(20));
     }
-
-    /// The running reading `what` can join, or a new one handed to the idle workers.
-    fn reading_for(&self, what: Families, deadline: Instant) -> Arc<Reading> {
-        let mut current = lock(&self.current);
-        if let Some(running) = current.as_ref() {
-            if running.join(what, deadline) {
-                return Arc::clone(running);
-            }
-            self.shared.settle(running);
-        }
-        let plan = self.shared.plan(what, deadline);
-        let reading = Arc::new(Reading::new(what, plan, deadline, &self.shared.topology));
-        if Instant::now() < deadline {
-            for index in 0..self.shared.topology.sockets.len() {
-                self.workers.dispatch(index, &reading);
-            }
-        }
-        *current = Some(Arc::clone(&reading));
-        reading
-    }
 }
 
 impl Shared {
+    fn device_id(&self) -> u64 {
+        self.next_device.fetch_add(1, Ordering::Relaxed)
+    }
+
     /// Opens the device and runs the probes on this thread: `GET_PROTO_VER` on the first
     /// socket, then `GET_RAPL_UNITS` on each. Only used before the workers exist.
     fn open_and_probe(&self) -> Device {
@@ -288,7 +391,8 @@ impl Shared {
             Err(errno) => return Device::Closed(open_status(errno)),
         };
         let t = transport.as_ref();
-        let device = OpenDevice::new(Arc::clone(&transport), self.topology.sockets.len());
+        let device =
+            OpenDevice::new(Arc::clone(&transport), self.topology.sockets.len(), self.device_id());
         let first_socket = self.topology.sockets.first().copied().unwrap_or(0);
         match messages::proto_version(t, first_socket) {
             Ok(version) => {
@@ -312,7 +416,8 @@ impl Shared {
         if matches!(*device, Device::Closed(_)) && Instant::now() < deadline {
             let next = match self.opener.open() {
                 Ok(transport) => {
-                    let open = OpenDevice::new(transport, self.topology.sockets.len());
+                    let open =
+                        OpenDevice::new(transport, self.topology.sockets.len(), self.device_id());
                     for (socket, esu) in lock(&self.units).iter().enumerate() {
                         if let Some(esu) = *esu {
                             open.set_esu(socket, esu);
@@ -380,12 +485,12 @@ impl Shared {
         }
     }
 
-    /// Acts on what a reading found about its device: a device whose every socket failed the
-    /// version probe, or answered every message as a device that is gone (`ENODEV`, `ENXIO`,
-    /// `EBADF`, ...), is closed, and opened again on the next sample.
-    fn settle(&self, reading: &Reading) {
-        let Ok(open) = &reading.plan.device else { return };
-        let why = match (reading.version_failure(), reading.device_gone()) {
+    /// Acts on what the workers found about the device a request used: a device whose every
+    /// socket failed its last version probe, or answered its last message as a device that is
+    /// gone (`ENODEV`, `ENXIO`, `EBADF`, ...), is closed, and opened again on the next sample.
+    fn settle(&self, plan: &Plan) {
+        let Ok(open) = &plan.device else { return };
+        let why = match (open.version_failure(), open.device_gone()) {
             (Some(error), _) => error,
             (None, Some(error)) => error,
             (None, None) => return,
@@ -398,15 +503,12 @@ impl Shared {
         }
     }
 
-    /// The reply to one requester: its families, from what the reading had by its deadline.
-    fn answer(&self, reading: &Reading, what: Families, items: Items) -> Sample {
-        let plan = &reading.plan;
+    /// The reply to one requester: its families, from what it had by its deadline.
+    fn answer(&self, plan: &Plan, what: Families, items: Items) -> Sample {
         let hsmp = match &plan.device {
             Err(status) => *status,
             Ok(open) => open.status().unwrap_or_else(|| {
-                DeviceStatus::Failed(
-                    reading.version_failure().unwrap_or(ItemError::DeadlineExceeded),
-                )
+                DeviceStatus::Failed(open.version_failure().unwrap_or(ItemError::DeadlineExceeded))
             }),
         };
         // A device that failed its probes on every socket answers nothing.
@@ -443,6 +545,8 @@ impl Shared {
                 items.prochot,
             ),
             energy_resets: self.msr.as_ref().map_or(0, |msr| msr.resets()),
+            max_age_ms: 0,
+            oldest_read_us: 0,
         }
     }
 

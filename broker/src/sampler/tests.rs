@@ -143,9 +143,16 @@ fn genoa(cores: usize) -> Arc<Machine> {
     Machine::new(spec, FirmwareConfig::new(Mode::Static))
 }
 
+/// A sampler with no freshness allowance: a request takes only reads that begin after it
+/// arrived, so every request that comes alone reads the mailbox.
 fn sampler(machine: &Arc<Machine>) -> (Opener, Sampler) {
+    sampler_with_max_age(machine, Duration::ZERO)
+}
+
+fn sampler_with_max_age(machine: &Arc<Machine>, max_age: Duration) -> (Opener, Sampler) {
     let opener = Opener::new(machine);
-    let sampler = Sampler::new(machine.topology().clone(), Box::new(opener.clone()), None);
+    let topology = machine.topology().clone();
+    let sampler = Sampler::with_max_age(topology, Box::new(opener.clone()), None, max_age);
     (opener, sampler)
 }
 
@@ -365,7 +372,12 @@ fn a_device_that_appears_later_is_picked_up() {
     let machine = genoa(2);
     let opener = Opener::new(&machine);
     opener.refuse(Some(libc::ENOENT));
-    let sampler = Sampler::new(machine.topology().clone(), Box::new(opener.clone()), None);
+    let sampler = Sampler::with_max_age(
+        machine.topology().clone(),
+        Box::new(opener.clone()),
+        None,
+        Duration::ZERO,
+    );
     for _ in 0..3 {
         let sample = sampler.sample(Families::ALL, soon());
         assert_eq!(sample.hsmp, DeviceStatus::Absent);
@@ -404,7 +416,12 @@ fn open_errors_give_the_device_status() {
         let machine = genoa(1);
         let opener = Opener::new(&machine);
         opener.refuse(Some(errno));
-        let sampler = Sampler::new(machine.topology().clone(), Box::new(opener), None);
+        let sampler = Sampler::with_max_age(
+            machine.topology().clone(),
+            Box::new(opener),
+            None,
+            Duration::ZERO,
+        );
         assert_eq!(sampler.sample(Families::ALL, soon()).hsmp, want, "errno {errno}");
     }
 }
@@ -501,26 +518,124 @@ fn a_wedged_socket_holds_one_message_and_queues_no_work() {
     assert!(all_ok(&values(&sample.energy)));
 }
 
-/// A request that finds a socket's worker busy does not wait for it: the socket's items are
-/// answered at once, not at the deadline.
+/// Regression (N2): a request that found a socket's worker busy, even for a moment, skipped
+/// that socket for its whole deadline. Now it waits for the worker, which reads its items as
+/// soon as the message in flight is done.
 #[test]
-fn a_busy_socket_is_answered_at_once_as_not_read() {
+fn a_busy_socket_queues_the_request_and_serves_it_when_free() {
     let machine = turin(2);
     let (_opener, sampler) = sampler(&machine);
     let sampler = Arc::new(sampler);
     machine.hold_socket(1);
     sampler.sample(Families::ALL, after(10));
     machine.wait_mailbox(1, GATE, |b| b.pending == 1).unwrap();
-    // A request with a long deadline is answered while socket 1 is still held.
+    // A request with a long deadline while socket 1 is still inside the first one's message.
     let s = Arc::clone(&sampler);
     let (tx, rx) = mpsc::channel();
     let request = spawn(move || tx.send(s.sample(Families::ALL, soon())).unwrap());
-    let sample = rx.recv_timeout(GATE).expect("answered while the busy socket is still held");
-    assert!(all_ok(&on_socket(&machine, &sample.energy, 0)));
-    assert!(all_deadline(&on_socket(&machine, &sample.boost_limit, 1)));
-    assert_eq!(values(&sample.prochot)[1], Err(ItemError::DeadlineExceeded));
     machine.release_socket(1);
+    let sample = rx.recv_timeout(GATE).expect("answered once the socket is free");
+    assert_eq!(values(&sample.energy), energy_of(&machine));
+    assert!(all_ok(&values(&sample.boost_limit)) && all_ok(&values(&sample.prochot)));
     request.join().unwrap();
+}
+
+/// Regression (N2): a request for families the running reading did not cover started a reading
+/// of its own, which skipped every socket still busy with the first one.
+#[test]
+fn a_request_for_other_families_shares_the_socket_and_is_not_starved() {
+    let machine = turin(3);
+    let (opener, sampler) = sampler_with_max_age(&machine, Duration::from_secs(60));
+    let sampler = Arc::new(sampler);
+    let before = opener.count();
+    let socket_1 = machine.mailbox(1).entered;
+    machine.hold_socket(0);
+    let energy_only = Families { core_energy: true, ..Families::default() };
+    let s = Arc::clone(&sampler);
+    let first = spawn(move || s.sample(energy_only, soon()));
+    machine.wait_mailbox(0, GATE, |b| b.pending == 1).unwrap();
+    let s = Arc::clone(&sampler);
+    let second = spawn(move || s.sample(Families::ALL, soon()));
+    // Socket 1 serves both (3 energy counters, PROCHOT, 3 boost limits) while socket 0 is held.
+    machine.wait_mailbox(1, GATE, |b| b.pending == 0 && b.entered == socket_1 + 7).unwrap();
+    machine.release_socket(0);
+    let (first, second) = (first.join().unwrap(), second.join().unwrap());
+    assert_eq!(values(&first.energy), energy_of(&machine));
+    assert_eq!(values(&second.energy), energy_of(&machine));
+    assert!(all_ok(&values(&second.boost_limit)) && all_ok(&values(&second.prochot)));
+    // The energy counters were read once for both.
+    assert_eq!(opener.count() - before, 2 * 6 + 2, "each item read once");
+}
+
+/// Regression (N6): a request that joined a running reading got the values read when that
+/// reading began, however long before it arrived, and one long deadline kept the reading (and
+/// its old values) alive for every later request.
+#[test]
+fn a_later_request_never_gets_values_read_before_the_bound_while_a_long_one_waits() {
+    let max_age = Duration::from_millis(50);
+    let machine = turin(3);
+    let (opener, sampler) = sampler_with_max_age(&machine, max_age);
+    let sampler = Arc::new(sampler);
+    let socket_0_before = machine.mailbox(0).entered;
+    machine.hold_socket(1);
+    // A peer's request with a long deadline: socket 0 is read, socket 1 is wedged.
+    let s = Arc::clone(&sampler);
+    let long = spawn(move || s.sample(Families::ALL, soon()));
+    machine.wait_mailbox(0, GATE, |b| b.pending == 0 && b.entered == socket_0_before + 7).unwrap();
+    let socket_0 = || opener.sent().iter().filter(|m| m.sock_ind == 0).count();
+    let read_once = socket_0();
+    // Past the bound the energy has moved on; a new request must see it.
+    std::thread::sleep(max_age * 2);
+    machine.firmware().advance_all_energy(5.0).unwrap();
+    let later = sampler.sample(Families::ALL, after(2000));
+    assert_eq!(on_socket(&machine, &later.energy, 0), energy_of(&machine)[..3]);
+    assert!(all_ok(&on_socket(&machine, &later.boost_limit, 0)));
+    assert_eq!(socket_0(), read_once + 7, "socket 0 read again for the later request");
+    assert!(later.oldest_read_us <= 50_000, "oldest value {} µs old", later.oldest_read_us);
+    assert_eq!(later.max_age_ms, 50);
+    machine.release_socket(1);
+    long.join().unwrap();
+}
+
+/// Requests within the freshness bound share reads: the second is answered from the first's
+/// values without a message, and says how old they are.
+#[test]
+fn a_request_within_the_bound_takes_the_reads_before_it_and_says_how_old_they_are() {
+    let machine = turin(3);
+    let (opener, sampler) = sampler_with_max_age(&machine, Duration::from_secs(60));
+    let first = sampler.sample(Families::ALL, soon());
+    assert_eq!(first.oldest_read_us, 0, "everything was read after the request arrived");
+    let before = opener.count();
+    let second = sampler.sample(Families::ALL, soon());
+    assert_eq!(opener.count(), before, "no message");
+    assert_eq!(second.energy, first.energy);
+    assert!(second.oldest_read_us > 0 && second.oldest_read_us <= 60_000_000);
+    assert_eq!(second.max_age_ms, 60_000);
+}
+
+/// Regression (D12): one connection looping requests drove the mailbox as fast as it answered.
+/// Now each item is read at most once per freshness bound, whoever asks how often.
+#[test]
+fn requests_in_a_loop_read_each_item_at_most_once_per_max_age() {
+    let max_age = Duration::from_millis(100);
+    let machine = turin(3);
+    let (opener, sampler) = sampler_with_max_age(&machine, max_age);
+    let before = opener.count();
+    let started = Instant::now();
+    let mut samples = 0;
+    while started.elapsed() < Duration::from_millis(500) {
+        let sample = sampler.sample(Families::ALL, after(1000));
+        assert!(all_ok(&values(&sample.energy)));
+        samples += 1;
+    }
+    let elapsed = started.elapsed();
+    let reads = (elapsed.as_millis() / max_age.as_millis() + 1) as usize;
+    let sent = opener.count() - before;
+    assert!(sent <= reads * 14, "{sent} messages for {samples} samples in {elapsed:?}");
+    assert!(
+        samples > 2 * reads,
+        "{samples} samples: the loop was not served from the shared reads"
+    );
 }
 
 /// Two requests that overlap share one reading: the mailbox sees one sample's messages, the
@@ -530,7 +645,7 @@ fn a_busy_socket_is_answered_at_once_as_not_read() {
 fn concurrent_samples_share_one_reading_each_answered_at_its_own_deadline() {
     for short_first in [true, false] {
         let machine = turin(3);
-        let (opener, sampler) = sampler(&machine);
+        let (opener, sampler) = sampler_with_max_age(&machine, Duration::from_secs(60));
         let sampler = Arc::new(sampler);
         let before = opener.count();
         machine.hold_socket(0);
@@ -563,8 +678,12 @@ fn a_late_device_with_a_wedged_socket_serves_the_healthy_socket_in_time() {
     let machine = turin(2);
     let opener = Opener::new(&machine);
     opener.refuse(Some(libc::ENOENT));
-    let sampler =
-        Arc::new(Sampler::new(machine.topology().clone(), Box::new(opener.clone()), None));
+    let sampler = Arc::new(Sampler::with_max_age(
+        machine.topology().clone(),
+        Box::new(opener.clone()),
+        None,
+        Duration::ZERO,
+    ));
     assert_eq!(sampler.sample(Families::ALL, soon()).hsmp, DeviceStatus::Absent);
     opener.refuse(None);
     machine.hold_socket(0);
@@ -610,7 +729,7 @@ fn a_reopened_device_keeps_its_energy_source() {
     let topo = machine.topology().clone();
     let msr = Arc::new(MsrEnergy::open(&topo, &machine.msr_opener()).unwrap());
     let opener = Opener::new(&machine);
-    let sampler = Sampler::new(topo, Box::new(opener.clone()), Some(msr));
+    let sampler = Sampler::with_max_age(topo, Box::new(opener.clone()), Some(msr), Duration::ZERO);
     assert_eq!(sampler.sample(Families::ALL, soon()).energy_source, Some(EnergySource::Hsmp));
     opener.replace();
     sampler.sample(Families::ALL, soon());
@@ -662,7 +781,7 @@ fn energy_falls_back_to_the_msrs_when_rapl_is_unsupported() {
     let topo = machine.topology().clone();
     let msr = Arc::new(MsrEnergy::open(&topo, &machine.msr_opener()).unwrap());
     let opener = Opener::new(&machine);
-    let sampler = Sampler::new(topo, Box::new(opener.clone()), Some(msr));
+    let sampler = Sampler::with_max_age(topo, Box::new(opener.clone()), Some(msr), Duration::ZERO);
     let before = opener.count();
 
     machine.firmware().advance_all_energy(3.0).unwrap();
@@ -682,7 +801,7 @@ fn energy_comes_from_the_msrs_without_an_hsmp_device() {
     let msr = Arc::new(MsrEnergy::open(&topo, &machine.msr_opener()).unwrap());
     let opener = Opener::new(&machine);
     opener.refuse(Some(libc::ENOENT));
-    let sampler = Sampler::new(topo, Box::new(opener.clone()), Some(msr));
+    let sampler = Sampler::with_max_age(topo, Box::new(opener.clone()), Some(msr), Duration::ZERO);
     let sample = sampler.sample(Families::ALL, soon());
     assert_eq!(sample.hsmp, DeviceStatus::Absent);
     assert_eq!(sample.energy_source, Some(EnergySource::Msr));

@@ -186,6 +186,8 @@ pub fn healthy(topology: &Topology, what: Families, _deadline_ms: u32) -> Sample
             Readings::NotRequested
         },
         energy_resets: 0,
+        max_age_ms: 500,
+        oldest_read_us: 0,
     }
 }
 

@@ -1,0 +1,415 @@
+//! One socket's board: for every item of the socket the latest read (its value, when it was
+//! read and through which source) and whether a request still wants it read, the requests
+//! waiting on the socket, and the plan its worker reads with.
+//!
+//! The board is where requests meet: a request takes every item whose latest read is recent
+//! enough for it and marks the others wanted; the socket's worker reads wanted items one
+//! message at a time and hands each read to every waiting request it is recent enough for.
+//! So requests that overlap share messages, a busy socket queues its requests (the wanted
+//! marks are the one pending reading, merged), and no item is read more often than the
+//! freshness bound lets a request reuse it.
+
+use super::{Family, Plan, lock};
+use amd_hsmp_proto::{Energy, Families, ItemError, Topology};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// One item as a socket worker delivers it; the index is into [`Topology::cores`] (energy,
+/// boost limit) or [`Topology::sockets`] (PROCHOT).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Item {
+    Prochot(usize, Result<bool, ItemError>),
+    Energy(usize, Result<Energy, ItemError>),
+    BoostLimit(usize, Result<u32, ItemError>),
+}
+
+/// Every item of a request, aligned with the topology; an item not read (yet) is
+/// [`ItemError::DeadlineExceeded`].
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Items {
+    pub(super) energy: Vec<Result<Energy, ItemError>>,
+    pub(super) boost_limit: Vec<Result<u32, ItemError>>,
+    pub(super) prochot: Vec<Result<bool, ItemError>>,
+}
+
+impl Items {
+    fn unread(topology: &Topology) -> Items {
+        const UNREAD: ItemError = ItemError::DeadlineExceeded;
+        Items {
+            energy: vec![Err(UNREAD); topology.cores.len()],
+            boost_limit: vec![Err(UNREAD); topology.cores.len()],
+            prochot: vec![Err(UNREAD); topology.sockets.len()],
+        }
+    }
+
+    fn put(&mut self, item: Item) {
+        fn set<T>(items: &mut [T], index: usize, value: T) {
+            if let Some(slot) = items.get_mut(index) {
+                *slot = value;
+            }
+        }
+        match item {
+            Item::Prochot(i, r) => set(&mut self.prochot, i, r),
+            Item::Energy(i, r) => set(&mut self.energy, i, r),
+            Item::BoostLimit(i, r) => set(&mut self.boost_limit, i, r),
+        }
+    }
+}
+
+/// Where a value was read from: a request takes only values of the source its plan chose, so
+/// a device reopened or an energy source switched never mixes two counters in one answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Source {
+    /// The HSMP device with this id ([`super::OpenDevice::id`]).
+    Hsmp(u64),
+    /// The MSR fallback.
+    Msr,
+}
+
+/// What an item of a socket is, by its position on the board: PROCHOT first, then every
+/// core's energy, then every core's boost limit (the order the worker reads them in).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    Prochot,
+    /// The position of the core among the socket's cores.
+    Energy(usize),
+    BoostLimit(usize),
+}
+
+impl Kind {
+    pub(super) fn family(self) -> Family {
+        match self {
+            Kind::Prochot => Family::Prochot,
+            Kind::Energy(_) => Family::Energy,
+            Kind::BoostLimit(_) => Family::BoostLimit,
+        }
+    }
+}
+
+/// The position of every item of a socket with `cores` cores.
+fn kinds(cores: usize) -> impl Iterator<Item = Kind> {
+    let energy = (0..cores).map(Kind::Energy);
+    let boost = (0..cores).map(Kind::BoostLimit);
+    std::iter::once(Kind::Prochot).chain(energy).chain(boost)
+}
+
+/// A read of one item.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Read {
+    pub(super) item: Item,
+    /// When the read began (before its message was sent): the value is no older.
+    pub(super) at: Instant,
+    pub(super) source: Source,
+}
+
+/// Requests want an item read.
+#[derive(Debug, Clone, Copy)]
+struct Want {
+    /// The latest deadline of the requests that want it: nothing is sent for it after this.
+    until: Instant,
+    /// When the latest of them arrived: a read begun at `at` serves them all if
+    /// `newest <= at + max_age`.
+    newest: Instant,
+}
+
+#[derive(Debug)]
+struct Cell {
+    kind: Kind,
+    last: Option<Read>,
+    want: Option<Want>,
+}
+
+/// A request waiting on this socket, and which of the socket's items it still needs.
+#[derive(Debug)]
+struct Entry {
+    waiter: Arc<Waiter>,
+    needs: Vec<bool>,
+}
+
+#[derive(Debug)]
+struct State {
+    cells: Vec<Cell>,
+    waiters: Vec<Entry>,
+    /// The plan of the latest request that wanted something: what the worker reads with.
+    plan: Option<Arc<Plan>>,
+    /// Where the worker looks for the next wanted item: it goes round the items in order, so
+    /// a socket slower than the requests still reads every item in turn.
+    cursor: usize,
+    /// The position of the worker's last task; `None` after it was idle.
+    last: Option<usize>,
+    /// The worker is between taking an item and storing its read.
+    reading: bool,
+    /// The sampler is gone: the worker ends.
+    stopped: bool,
+}
+
+impl State {
+    fn take_next(&mut self, now: Instant) -> Option<Task> {
+        let len = self.cells.len();
+        for step in 0..len {
+            let position = (self.cursor + step) % len;
+            let plan = self.plan.as_ref();
+            let Some(cell) = self.cells.get_mut(position) else { continue };
+            let Some(want) = cell.want else { continue };
+            let readable = plan.is_some_and(|p| p.source(cell.kind.family()).is_some());
+            if want.until <= now || !readable {
+                cell.want = None;
+                continue;
+            }
+            let (kind, plan) = (cell.kind, Arc::clone(plan?));
+            let new_round = self.last.is_none_or(|last| position < last);
+            self.last = Some(position);
+            self.cursor = position;
+            self.reading = true;
+            return Some(Task { position, kind, plan, new_round });
+        }
+        None
+    }
+}
+
+/// One socket's board, shared by the requests and the socket's worker.
+#[derive(Debug)]
+pub(super) struct Board {
+    state: Mutex<State>,
+    /// Wakes the worker when an item is wanted (or the sampler is dropped).
+    work: Condvar,
+    max_age: Duration,
+}
+
+/// What the worker is to read next.
+#[derive(Debug)]
+pub(super) struct Task {
+    pub(super) position: usize,
+    pub(super) kind: Kind,
+    pub(super) plan: Arc<Plan>,
+    /// The worker was idle or went round the items since its last task.
+    pub(super) new_round: bool,
+}
+
+impl Board {
+    pub(super) fn new(cores: usize, max_age: Duration) -> Board {
+        let cells = kinds(cores).map(|kind| Cell { kind, last: None, want: None }).collect();
+        Board {
+            state: Mutex::new(State {
+                cells,
+                waiters: Vec::new(),
+                plan: None,
+                cursor: 0,
+                last: None,
+                reading: false,
+                stopped: false,
+            }),
+            work: Condvar::new(),
+            max_age,
+        }
+    }
+
+    /// Gives `waiter` every item of this socket it asks for whose latest read is recent
+    /// enough, and marks the others wanted until its deadline. `true` if something is wanted
+    /// (the worker must run).
+    pub(super) fn register(&self, waiter: &Arc<Waiter>) -> bool {
+        let mut state = lock(&self.state);
+        let mut needs = Vec::with_capacity(state.cells.len());
+        let mut needed = 0;
+        let wants = waiter.deadline > Instant::now();
+        for cell in &mut state.cells {
+            let Some(source) = waiter.source(cell.kind) else {
+                needs.push(false);
+                continue;
+            };
+            match cell.last {
+                Some(read) if waiter.accepts(&read, source) => {
+                    waiter.deliver(&read, false);
+                    needs.push(false);
+                }
+                _ if !wants => needs.push(false),
+                _ => {
+                    let want = cell
+                        .want
+                        .get_or_insert(Want { until: waiter.deadline, newest: waiter.arrived });
+                    want.until = want.until.max(waiter.deadline);
+                    want.newest = want.newest.max(waiter.arrived);
+                    needs.push(true);
+                    needed += 1;
+                }
+            }
+        }
+        if needed == 0 {
+            return false;
+        }
+        waiter.expect(needed);
+        state.plan = Some(Arc::clone(&waiter.plan));
+        state.waiters.push(Entry { waiter: Arc::clone(waiter), needs });
+        self.work.notify_one();
+        true
+    }
+
+    /// Takes `waiter` off the board; what it still wanted is read only if another request
+    /// wants it too.
+    pub(super) fn deregister(&self, waiter: &Arc<Waiter>) {
+        lock(&self.state).waiters.retain(|e| !Arc::ptr_eq(&e.waiter, waiter));
+    }
+
+    /// Waits for the next wanted item whose deadline has not passed, in order from where the
+    /// worker left off; `None` when the sampler is gone. Wants whose deadlines have passed,
+    /// or that the current plan does not read, are dropped on the way.
+    pub(super) fn next(&self) -> Option<Task> {
+        let mut state = lock(&self.state);
+        state.reading = false;
+        loop {
+            if state.stopped {
+                return None;
+            }
+            if let Some(task) = state.take_next(Instant::now()) {
+                return Some(task);
+            }
+            state.last = None;
+            state.cursor = 0;
+            state = self.work.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+
+    /// Stores the read of the item at `position` and hands it to every waiting request it is
+    /// recent enough for; the item stays wanted only for requests that arrived too late for
+    /// it (after the read began by more than the freshness bound).
+    pub(super) fn store(&self, position: usize, read: Read) {
+        let mut state = lock(&self.state);
+        let state = &mut *state;
+        let Some(cell) = state.cells.get_mut(position) else { return };
+        cell.last = Some(read);
+        if cell.want.is_some_and(|w| w.newest <= read.at + self.max_age) {
+            cell.want = None;
+        }
+        state.cursor = position + 1;
+        for entry in &mut state.waiters {
+            let Some(need) = entry.needs.get_mut(position) else { continue };
+            if *need && entry.waiter.accepts(&read, read.source) {
+                *need = false;
+                entry.waiter.deliver(&read, true);
+            }
+        }
+    }
+
+    /// Drops the want of the item at `position`, which the worker cannot read.
+    pub(super) fn skip(&self, position: usize) {
+        let mut state = lock(&self.state);
+        if let Some(cell) = state.cells.get_mut(position) {
+            cell.want = None;
+        }
+        state.cursor = position + 1;
+    }
+
+    /// Ends the worker.
+    pub(super) fn stop(&self) {
+        lock(&self.state).stopped = true;
+        self.work.notify_all();
+    }
+
+    /// Nothing is wanted and the worker is not reading.
+    #[cfg(test)]
+    pub(super) fn is_idle(&self) -> bool {
+        let now = Instant::now();
+        let state = lock(&self.state);
+        !state.reading && state.cells.iter().all(|c| c.want.is_none_or(|w| w.until <= now))
+    }
+}
+
+/// One request: what it asks for, from when its values must be, and what it has been given.
+#[derive(Debug)]
+pub(super) struct Waiter {
+    /// When the request arrived.
+    arrived: Instant,
+    /// The oldest read it takes: `max_age` before it arrived.
+    not_before: Instant,
+    deadline: Instant,
+    what: Families,
+    pub(super) plan: Arc<Plan>,
+    state: Mutex<WaiterState>,
+    /// Signalled when the request has every item it waits for.
+    complete: std::sync::Condvar,
+}
+
+#[derive(Debug)]
+struct WaiterState {
+    items: Items,
+    /// Items still expected from the socket workers.
+    remaining: usize,
+    /// When the oldest value it was given was read.
+    oldest: Option<Instant>,
+}
+
+impl Waiter {
+    pub(super) fn new(
+        what: Families,
+        plan: Arc<Plan>,
+        arrived: Instant,
+        max_age: Duration,
+        deadline: Instant,
+        topology: &Topology,
+    ) -> Waiter {
+        Waiter {
+            arrived,
+            // Only in the first moments after boot can this not be represented; then nothing
+            // read before the request arrived is taken.
+            not_before: arrived.checked_sub(max_age).unwrap_or(arrived),
+            deadline,
+            what,
+            plan,
+            state: Mutex::new(WaiterState {
+                items: Items::unread(topology),
+                remaining: 0,
+                oldest: None,
+            }),
+            complete: std::sync::Condvar::new(),
+        }
+    }
+
+    /// The source the request takes an item of `kind` from; `None` when it does not read it.
+    fn source(&self, kind: Kind) -> Option<Source> {
+        let asked = match kind.family() {
+            Family::Energy => self.what.core_energy,
+            Family::BoostLimit => self.what.boost_limit,
+            Family::Prochot => self.what.prochot,
+        };
+        if asked { self.plan.source(kind.family()) } else { None }
+    }
+
+    fn accepts(&self, read: &Read, source: Source) -> bool {
+        read.source == source && read.at >= self.not_before
+    }
+
+    fn expect(&self, items: usize) {
+        lock(&self.state).remaining += items;
+    }
+
+    fn deliver(&self, read: &Read, expected: bool) {
+        let mut state = lock(&self.state);
+        state.items.put(read.item);
+        state.oldest = Some(state.oldest.map_or(read.at, |o| o.min(read.at)));
+        if expected {
+            state.remaining = state.remaining.saturating_sub(1);
+            if state.remaining == 0 {
+                self.complete.notify_all();
+            }
+        }
+    }
+
+    /// Waits until the request has every item it waits for or its deadline has passed, and
+    /// returns its items with how long before its arrival the oldest of them was read.
+    pub(super) fn wait(&self) -> (Items, Duration) {
+        let mut state = lock(&self.state);
+        while state.remaining > 0 {
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            state = self
+                .complete
+                .wait_timeout(state, left)
+                .map_or_else(|e| e.into_inner().0, |(guard, _)| guard);
+        }
+        let oldest =
+            state.oldest.map_or(Duration::ZERO, |o| self.arrived.saturating_duration_since(o));
+        (state.items.clone(), oldest)
+    }
+}
