@@ -84,6 +84,17 @@ pub struct WireMessage {
     pub result: Result<(), Errno>,
 }
 
+/// One HSMP message with when it reached the fake device and what it answered: the value of
+/// a per-core reading was read no earlier than `at`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimedMessage {
+    pub message: WireMessage,
+    /// When the ioctl reached the fake device.
+    pub at: std::time::Instant,
+    /// `args[0]` and `args[1]` after the call: the reply words of an answered message.
+    pub reply: [u32; 2],
+}
+
 /// One `pread` of an MSR node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MsrRead {
@@ -159,7 +170,7 @@ struct Shared {
     handles: Mutex<HashMap<u64, Handle>>,
     next_fh: AtomicU64,
     opens: Mutex<Vec<OpenRecord>>,
-    messages: Mutex<Vec<WireMessage>>,
+    messages: Mutex<Vec<TimedMessage>>,
     msr_reads: Mutex<Vec<MsrRead>>,
     created: SystemTime,
 }
@@ -456,15 +467,18 @@ impl Filesystem for FakeFs {
         };
         let mut msg = HsmpMessage::from_bytes(bytes);
         let sent = msg;
+        let at = std::time::Instant::now();
         let result = self.0.send(generation, device.as_ref(), &mut msg);
-        lock(&self.0.messages).push(WireMessage {
+        let message = WireMessage {
             msg_id: sent.msg_id,
             sock_ind: sent.sock_ind,
             arg0: sent.args[0],
             num_args: sent.num_args,
             response_sz: sent.response_sz,
             result,
-        });
+        };
+        let words = [msg.args[0], msg.args[1]];
+        lock(&self.0.messages).push(TimedMessage { message, at, reply: words });
         match result {
             Ok(()) => reply.ioctl(0, &msg.to_bytes()),
             Err(e) => reply.error(errno(e)),
@@ -570,6 +584,11 @@ impl FakeDevice {
 
     /// Every HSMP message so far, in the order they were answered.
     pub fn messages(&self) -> Vec<WireMessage> {
+        lock(&self.shared.messages).iter().map(|m| m.message).collect()
+    }
+
+    /// Every HSMP message so far with when it reached the device and its reply words.
+    pub fn timed_messages(&self) -> Vec<TimedMessage> {
         lock(&self.shared.messages).clone()
     }
 
@@ -581,14 +600,15 @@ impl FakeDevice {
     /// The messages from the `start`-th on (none if there are fewer), without copying the
     /// earlier ones: for long runs such as the benchmark's.
     pub fn messages_from(&self, start: usize) -> Vec<WireMessage> {
-        lock(&self.shared.messages).get(start..).map(<[_]>::to_vec).unwrap_or_default()
+        let messages = lock(&self.shared.messages);
+        messages.get(start..).map(|m| m.iter().map(|m| m.message).collect()).unwrap_or_default()
     }
 
     /// Number of messages so far, by message id.
     pub fn message_counts(&self) -> BTreeMap<u32, usize> {
         let mut counts = BTreeMap::new();
         for m in lock(&self.shared.messages).iter() {
-            *counts.entry(m.msg_id).or_default() += 1;
+            *counts.entry(m.message.msg_id).or_default() += 1;
         }
         counts
     }

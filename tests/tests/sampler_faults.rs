@@ -8,7 +8,9 @@ use amd_hsmp_e2e::harness::{self, BrokerClient, Exposition, values};
 use amd_hsmp_e2e::scenario::{self, Rig, Scrape};
 use amd_hsmp_proto::{DeviceStatus, Families, ItemError, Sample, Topology};
 use amd_hsmp_sim::Machine;
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long any awaited condition may take.
@@ -69,6 +71,33 @@ fn energy_on(topology: &Topology, sample: &Sample, socket: u32) -> Vec<Result<u6
     let energy = values(&sample.energy);
     let on = topology.cores.iter().zip(energy).filter(|(c, _)| c.socket == socket);
     on.map(|(_, e)| e.map(|e| e.counter)).collect()
+}
+
+/// The broker's default freshness bound, given explicitly (the scenario rigs turn it off).
+const MAX_AGE: &str = r#"broker-flags = ["--sample.max-age", "500ms"]"#;
+const MAX_AGE_MS: u64 = 500;
+
+/// Messages a full sample of one Turin socket sends: PROCHOT, 192 counters, 192 boost limits.
+const TURIN_SOCKET: u64 = 1 + 2 * 192;
+
+/// A scrape of the exporter at `addr` with the scrape timeout header `timeout`.
+fn scrape_at(addr: SocketAddr, timeout: &str) -> Exposition {
+    let headers = [("X-Prometheus-Scrape-Timeout-Seconds", timeout)];
+    let response = harness::http_get(addr, "/metrics", &headers, PATIENCE).unwrap();
+    assert_eq!(response.status, 200, "{}", response.body);
+    Exposition::parse(&response.body).unwrap()
+}
+
+/// The energy series of `core` on `socket`.
+fn energy_series(socket: u32, core: u32) -> String {
+    format!(r#"amd_hsmp_core_energy_joules_total{{core="{core}",socket="{socket}"}}"#)
+}
+
+/// Every series of the Turin 2P contract is in `m`: 384 energy, 384 boost limits, 2 PROCHOT.
+fn complete(m: &Exposition) -> bool {
+    m.count("amd_hsmp_core_energy_joules_total") == 384
+        && m.count("amd_hsmp_core_boost_limit_hertz") == 384
+        && m.count("amd_hsmp_prochot_active") == 2
 }
 
 /// Threads of process `pid`.
@@ -252,4 +281,226 @@ fn concurrent_samples_with_different_deadlines_share_one_reading() {
     assert_eq!(values(&long.prochot), [Ok(false), Ok(false)]);
     let sent = machine.counters().mailbox_total() - before;
     assert_eq!(sent, 2 * 384 + 2, "one reading's messages");
+}
+
+/// Regression (N6): with one socket slow, a second scraper (a second Prometheus replica) whose
+/// request reached the broker while the first one's reading still ran got the healthy socket's
+/// values from when that reading began, seconds before it asked, as fresh. The fake's message
+/// log says when each value was read.
+#[test]
+fn a_scrape_after_another_never_gets_values_read_before_the_freshness_bound() {
+    let _alone = harness::one_at_a_time();
+    let rig = rig("turin-2p", MAX_AGE);
+    let machine = Arc::clone(rig.machine());
+    let topology = machine.topology().clone();
+    let addr = rig.addr();
+    let socket_0 = machine.mailbox(0).entered;
+    // Socket 1 answers slowly: not at all until it is let go.
+    let held = Held::new(&machine, 1);
+    let first = std::thread::spawn(move || scrape_at(addr, "10"));
+    let read =
+        |n| move |b: &amd_hsmp_sim::MailboxState| b.pending == 0 && b.entered == socket_0 + n;
+    machine.wait_mailbox(0, PATIENCE, read(TURIN_SOCKET)).unwrap();
+    // Past the bound the energy has moved on when the second scraper asks.
+    std::thread::sleep(Duration::from_millis(2 * MAX_AGE_MS));
+    machine.firmware().advance_all_energy(5.0).unwrap();
+    let asked = Instant::now();
+    let second = std::thread::spawn(move || scrape_at(addr, "10"));
+    // Its request has socket 0 read again, while socket 1 is still held.
+    let reread = machine.wait_mailbox(0, PATIENCE, read(2 * TURIN_SOCKET));
+    drop(held);
+    reread.unwrap_or_else(|b| panic!("socket 0 not read again for the second scraper: {b:?}"));
+    let (first, second) = (first.join().unwrap(), second.join().unwrap());
+    assert!(complete(&first) && complete(&second), "{}", rig.logs());
+
+    let log = rig.device().timed_messages();
+    for core in topology.cores.iter().filter(|c| c.socket == 0) {
+        let joules = second.value(&energy_series(0, core.core)).unwrap();
+        let counter = (joules * 65536.0).round() as u64;
+        let read_at = log
+            .iter()
+            .filter(|m| m.message.msg_id == 0x31 && m.message.sock_ind == 0)
+            .filter(|m| m.message.arg0 == core.apic_id)
+            .filter(|m| u64::from(m.reply[1]) << 32 | u64::from(m.reply[0]) == counter)
+            .map(|m| m.at)
+            .min()
+            .unwrap_or_else(|| panic!("no message answered core {} with {counter}", core.core));
+        let bound = Duration::from_millis(MAX_AGE_MS);
+        assert!(
+            read_at + bound >= asked,
+            "core {}: read {:?} before the second scraper asked",
+            core.core,
+            asked - read_at
+        );
+    }
+}
+
+/// Regression (N6): one allowed peer's request with a long deadline, while a socket is wedged,
+/// kept its reading alive, and every scrape joined it: the healthy socket's energy did not move
+/// in 39 consecutive scrapes.
+#[test]
+fn a_peer_with_a_long_deadline_beside_a_wedged_socket_holds_no_value_for_the_scrapes() {
+    let _alone = harness::one_at_a_time();
+    let mut rig = rig("turin-2p", MAX_AGE);
+    let machine = Arc::clone(rig.machine());
+    let topology = machine.topology().clone();
+    let socket_0 = machine.mailbox(0).entered;
+    let held = Held::new(&machine, 1);
+    let mut peer = Client::connect(&rig);
+    let peer = std::thread::spawn(move || peer.sample(60_000));
+    let read =
+        |b: &amd_hsmp_sim::MailboxState| b.pending == 0 && b.entered == socket_0 + TURIN_SOCKET;
+    machine.wait_mailbox(0, PATIENCE, read).unwrap();
+    std::thread::sleep(Duration::from_millis(MAX_AGE_MS + 100));
+    let fw = machine.firmware();
+    for round in 0..5 {
+        fw.advance_all_energy(1.0).unwrap();
+        // Each scrape takes its whole second (socket 1 is wedged): the next one comes past the
+        // bound.
+        let m = scrape(&mut rig, &one_second());
+        for core in topology.cores.iter().filter(|c| c.socket == 0) {
+            let now = fw.energy_counter(0, core.core).unwrap() as f64 / 65536.0;
+            let got = m.value(&energy_series(0, core.core));
+            assert_eq!(got, Some(now), "round {round}, core {}\n{}", core.core, rig.logs());
+        }
+        assert!(m.value(SOCKET_1[1]).is_none(), "socket 1 is wedged");
+    }
+    drop(held);
+    let peer = peer.join().unwrap();
+    assert!(values(&peer.energy).iter().all(Result::is_ok), "the peer is served in the end");
+}
+
+/// Regression (N2): a request for other families than the running reading's (a second exporter
+/// with `--no-collector.prochot`, a peer asking for energy only) started a reading of its own
+/// that skipped every socket still busy: the first exporter lost whole sockets.
+#[test]
+fn requests_for_other_families_beside_a_scraper_cost_it_no_series() {
+    let _alone = harness::one_at_a_time();
+    // No freshness allowance: every request reads, so the requests really meet on the boards.
+    let flags = r#"broker-flags = ["--sample.max-age", "0", "--connections.per-uid", "8"]"#;
+    let mut rig = rig("turin-2p", flags);
+    let machine = Arc::clone(rig.machine());
+    // The representative mailbox: 100 µs a message, 40 ms a full sample of a socket.
+    machine.update_faults(|f| f.latency = Duration::from_micros(100));
+    let dir = tempfile::tempdir().unwrap();
+    let no_prochot = ["--no-collector.prochot".to_string()];
+    let (_second, second) =
+        harness::start_exporter(&rig.broker_socket(), &no_prochot, None, dir.path()).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let beside = Arc::new(AtomicUsize::new(0));
+    let (run, count) = (Arc::clone(&stop), Arc::clone(&beside));
+    let second = std::thread::spawn(move || {
+        while !run.load(Ordering::Relaxed) {
+            let m = scrape_at(second, "1");
+            assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 384);
+            count.fetch_add(1, Ordering::Relaxed);
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    });
+    for n in 0..40 {
+        let m = scrape(&mut rig, &Scrape::default());
+        assert!(complete(&m), "scrape {n} beside the second exporter\n{}", rig.logs());
+    }
+    stop.store(true, Ordering::Relaxed);
+    second.join().unwrap();
+    assert!(beside.load(Ordering::Relaxed) >= 5, "the second exporter scraped too");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut peer = Client::connect(&rig);
+    let (run, count) = (Arc::clone(&stop), Arc::new(AtomicUsize::new(0)));
+    let peer_count = Arc::clone(&count);
+    let peer = std::thread::spawn(move || {
+        let energy = Families { core_energy: true, ..Families::default() };
+        while !run.load(Ordering::Relaxed) {
+            peer.0.sample(energy, 1000);
+            peer_count.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    for n in 0..40 {
+        let m = scrape(&mut rig, &Scrape::default());
+        assert!(complete(&m), "scrape {n} beside an energy-only peer\n{}", rig.logs());
+    }
+    stop.store(true, Ordering::Relaxed);
+    peer.join().unwrap();
+    assert!(count.load(Ordering::Relaxed) >= 40, "the peer looped");
+}
+
+/// Regression (D12): one connection looping requests drove 62,640 mailbox messages a second.
+/// Now each item is read at most once per freshness bound, however many requests come.
+#[test]
+fn a_peer_looping_on_two_connections_costs_at_most_one_read_per_item_per_bound() {
+    let _alone = harness::one_at_a_time();
+    // Root's two peer connections beside the exporter's two.
+    let flags = r#"broker-flags = ["--sample.max-age", "500ms", "--connections.per-uid", "4"]"#;
+    let mut rig = rig("turin-2p", flags);
+    let machine = Arc::clone(rig.machine());
+    let before = machine.counters().mailbox_total();
+    let started = Instant::now();
+    let run_for = Duration::from_secs(5);
+    let loops: Vec<_> = (0..2)
+        .map(|_| {
+            let mut peer = Client::connect(&rig);
+            std::thread::spawn(move || {
+                let mut samples = 0;
+                while started.elapsed() < run_for {
+                    peer.sample(1000);
+                    samples += 1;
+                }
+                samples
+            })
+        })
+        .collect();
+    let mut scrapes = 0;
+    while started.elapsed() < run_for {
+        let m = scrape(&mut rig, &one_second());
+        assert!(complete(&m), "scrape {scrapes} beside the looping peer\n{}", rig.logs());
+        scrapes += 1;
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let samples: u64 = loops.into_iter().map(|l| l.join().unwrap()).sum();
+    let elapsed = started.elapsed();
+    let sent = machine.counters().mailbox_total() - before;
+    let bound = 770 * (elapsed.as_millis() as u64 / MAX_AGE_MS + 1);
+    println!(
+        "{samples} peer samples and {scrapes} scrapes in {elapsed:.1?}: {sent} messages, {:.0}/s \
+         (at most {bound})",
+        sent as f64 / elapsed.as_secs_f64()
+    );
+    assert!(sent <= bound, "{sent} messages for {samples} samples in {elapsed:?}");
+    assert!(samples > 100, "the peer looped ({samples} samples)");
+}
+
+/// Regression (N8): with a full sample slower than a 0.1 s flood's deadlines, the flood's
+/// readings were made while a worker was busy, and a normal scrape that joined one lost the
+/// sockets it had skipped.
+#[test]
+fn a_flood_of_short_deadlines_costs_a_slower_normal_scrape_no_socket() {
+    let _alone = harness::one_at_a_time();
+    // No freshness allowance: the flood's requests and the scrapes all read.
+    let mut rig = rig("turin-2p", r#"broker-flags = ["--sample.max-age", "0"]"#);
+    let machine = Arc::clone(rig.machine());
+    // 600 µs a message: a full sample of a socket takes 0.23 s, longer than the flood's 0.1 s.
+    machine.update_faults(|f| f.latency = Duration::from_micros(600));
+    let stop = Arc::new(AtomicBool::new(false));
+    let addr = rig.addr();
+    let flood: Vec<_> = (0..2)
+        .map(|_| {
+            let run = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let mut n = 0;
+                while !run.load(Ordering::Relaxed) {
+                    scrape_at(addr, "0.1");
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    for n in 0..10 {
+        let m = scrape(&mut rig, &Scrape { timeout_header: Some("5".into()), ..Scrape::default() });
+        assert!(complete(&m), "scrape {n} during the flood\n{}", rig.logs());
+    }
+    stop.store(true, Ordering::Relaxed);
+    let answered: u32 = flood.into_iter().map(|f| f.join().unwrap()).sum();
+    assert!(answered >= 10, "the flood ran ({answered} answers)");
 }

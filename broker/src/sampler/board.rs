@@ -130,8 +130,9 @@ struct Entry {
 struct State {
     cells: Vec<Cell>,
     waiters: Vec<Entry>,
-    /// The plan of the latest request that wanted something: what the worker reads with.
-    plan: Option<Arc<Plan>>,
+    /// Per family, the plan of the latest request that wanted it read: what the worker reads
+    /// that family's items with.
+    plans: Plans,
     /// Where the worker looks for the next wanted item: it goes round the items in order, so
     /// a socket slower than the requests still reads every item in turn.
     cursor: usize,
@@ -148,15 +149,18 @@ impl State {
         let len = self.cells.len();
         for step in 0..len {
             let position = (self.cursor + step) % len;
-            let plan = self.plan.as_ref();
             let Some(cell) = self.cells.get_mut(position) else { continue };
             let Some(want) = cell.want else { continue };
-            let readable = plan.is_some_and(|p| p.source(cell.kind.family()).is_some());
-            if want.until <= now || !readable {
+            let plan = self.plans.of(cell.kind.family()).clone();
+            let Some(plan) = plan.filter(|p| p.source(cell.kind.family()).is_some()) else {
+                cell.want = None;
+                continue;
+            };
+            if want.until <= now {
                 cell.want = None;
                 continue;
             }
-            let (kind, plan) = (cell.kind, Arc::clone(plan?));
+            let kind = cell.kind;
             let new_round = self.last.is_none_or(|last| position < last);
             self.last = Some(position);
             self.cursor = position;
@@ -164,6 +168,24 @@ impl State {
             return Some(Task { position, kind, plan, new_round });
         }
         None
+    }
+}
+
+/// One plan per family.
+#[derive(Debug, Default)]
+struct Plans {
+    prochot: Option<Arc<Plan>>,
+    energy: Option<Arc<Plan>>,
+    boost_limit: Option<Arc<Plan>>,
+}
+
+impl Plans {
+    fn of(&mut self, family: Family) -> &mut Option<Arc<Plan>> {
+        match family {
+            Family::Prochot => &mut self.prochot,
+            Family::Energy => &mut self.energy,
+            Family::BoostLimit => &mut self.boost_limit,
+        }
     }
 }
 
@@ -193,7 +215,7 @@ impl Board {
             state: Mutex::new(State {
                 cells,
                 waiters: Vec::new(),
-                plan: None,
+                plans: Plans::default(),
                 cursor: 0,
                 last: None,
                 reading: false,
@@ -213,7 +235,7 @@ impl Board {
         let mut needed = 0;
         let wants = waiter.deadline > Instant::now();
         for cell in &mut state.cells {
-            let Some(source) = waiter.source(cell.kind) else {
+            let Some(source) = waiter.source(cell.kind.family()) else {
                 needs.push(false);
                 continue;
             };
@@ -238,7 +260,11 @@ impl Board {
             return false;
         }
         waiter.expect(needed);
-        state.plan = Some(Arc::clone(&waiter.plan));
+        for family in [Family::Prochot, Family::Energy, Family::BoostLimit] {
+            if waiter.source(family).is_some() {
+                *state.plans.of(family) = Some(Arc::clone(&waiter.plan));
+            }
+        }
         state.waiters.push(Entry { waiter: Arc::clone(waiter), needs });
         self.work.notify_one();
         true
@@ -364,14 +390,15 @@ impl Waiter {
         }
     }
 
-    /// The source the request takes an item of `kind` from; `None` when it does not read it.
-    fn source(&self, kind: Kind) -> Option<Source> {
-        let asked = match kind.family() {
+    /// The source the request takes `family` from; `None` when it does not have it read (not
+    /// asked for, or answered without a read).
+    fn source(&self, family: Family) -> Option<Source> {
+        let asked = match family {
             Family::Energy => self.what.core_energy,
             Family::BoostLimit => self.what.boost_limit,
             Family::Prochot => self.what.prochot,
         };
-        if asked { self.plan.source(kind.family()) } else { None }
+        if asked { self.plan.source(family) } else { None }
     }
 
     fn accepts(&self, read: &Read, source: Source) -> bool {
