@@ -2,19 +2,23 @@
 //! no RAPL messages: the 32-bit hardware counter extended to a monotonic 64-bit count by a
 //! supervised background poll.
 //!
-//! **Invariant:** the extended count is never silently short. A core's counter can wrap at most
-//! once in [`wrap_window`] (the wrap period at [`MAX_CORE_WATTS`]); if two successful readings of
-//! a core are further apart than that, a wrap may have gone unseen, so the core's count restarts
-//! from 0 (a counter reset, as Prometheus understands it) and the reset is counted
-//! ([`MsrEnergy::resets`]).
+//! **Invariant:** the extended count is never silently short and never gains energy the core
+//! could not have drawn. Time is the boot clock ([`BootTime`], `CLOCK_BOOTTIME`), which counts a
+//! suspend. A core's counter can wrap at most once in [`wrap_window`] (the wrap period at
+//! [`MAX_CORE_WATTS`]); if two successful readings of a core are further apart than that, a wrap
+//! may have gone unseen. If the counter moved further than [`MAX_CORE_WATTS`] allows in the time
+//! between the readings, plus [`RESTART_TOLERANCE`] (a drop taken as a wrap, or a rise), the
+//! hardware counter restarted. In both cases the core's count restarts from 0 (a counter reset,
+//! as Prometheus understands it) and the reset is counted ([`MsrEnergy::resets`]).
 
 use amd_hsmp_device::msr::{MSR_CORE_ENERGY_STAT, MSR_RAPL_PWR_UNIT, energy_status_unit};
 use amd_hsmp_device::{Errno, MsrOpener, MsrTransport};
 use amd_hsmp_proto::{Energy, ItemError, Topology};
+use std::fmt::Debug;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Default period of the background poll. At ESU 16 the counter wraps every 65,536 J, over
 /// half an hour for a core drawing 30 W, so two wraps can never fit in one period.
@@ -31,6 +35,34 @@ pub const MAX_CORE_WATTS: f64 = 100.0;
 pub fn wrap_window(esu: u8) -> Duration {
     let joules = f64::from(u32::MAX) * 0.5f64.powi(i32::from(esu));
     Duration::from_secs_f64(joules / MAX_CORE_WATTS)
+}
+
+/// The most time a core's counter may seem to run ahead of the clock at [`MAX_CORE_WATTS`]
+/// before it is taken for a restart: 1 s (100 J), at most an eighth of the wrap window (coarse
+/// units, where a wrap takes about a second). A counter that advances in steps, readings a few
+/// microseconds apart, and a simulated machine that adds a few joules at once are not restarts.
+pub const RESTART_TOLERANCE: Duration = Duration::from_secs(1);
+
+/// A clock for the wrap window: the time since some fixed start, counting the time the machine
+/// was suspended, so a suspend longer than a wrap cannot hide one. The broker's is [`BootTime`];
+/// a test injects its own to emulate a suspend.
+pub trait Clock: Debug + Send + Sync {
+    /// Now; an errno if the clock cannot be read.
+    fn now(&self) -> Result<Duration, Errno>;
+}
+
+/// `CLOCK_BOOTTIME`: monotonic and, unlike `CLOCK_MONOTONIC` (`std::time::Instant`), advancing
+/// while the machine is suspended (S3 or s2idle). Served by the vDSO; the seccomp filter admits
+/// `clock_gettime` for any clock all the same.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BootTime;
+
+impl Clock for BootTime {
+    fn now(&self) -> Result<Duration, Errno> {
+        let now = rustix::time::clock_gettime_dynamic(rustix::time::DynamicClockId::Boottime)
+            .map_err(|e| e.raw_os_error())?;
+        Duration::try_from(now).map_err(|_| libc::EOVERFLOW)
+    }
 }
 
 /// Extends a wrapping 32-bit counter to a monotonic 64-bit count that starts at 0 on the first
@@ -54,6 +86,12 @@ impl WrapCounter {
         }
         self.last = Some(raw);
         self.total
+    }
+
+    /// The units `raw` would add to the count, a drop taken as a wrap; `None` before the first
+    /// reading.
+    pub fn step(&self, raw: u32) -> Option<u32> {
+        self.last.map(|last| raw.wrapping_sub(last))
     }
 
     /// The extended count after the last reading.
@@ -101,11 +139,11 @@ fn hint(errno: Errno) -> &'static str {
     }
 }
 
-/// A core's extended counter and when its last successful reading started.
+/// A core's extended counter and when its last successful reading started, on the [`Clock`].
 #[derive(Debug)]
 struct CoreCount {
     counter: WrapCounter,
-    last_ok: Instant,
+    last_ok: Duration,
 }
 
 /// One core's open device, its energy unit and its extended counter.
@@ -117,43 +155,69 @@ struct MsrCore {
     count: Mutex<CoreCount>,
 }
 
+/// Why a core's count restarted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reset {
+    /// No reading for longer than the wrap window: a wrap may have gone unseen.
+    Unread,
+    /// The counter moved further than the core can draw in the time between the readings.
+    Restarted,
+}
+
 /// The counter resets of every core: the total, and the cores not yet logged.
 #[derive(Debug, Default)]
 struct Resets {
     total: AtomicU64,
-    unlogged: Mutex<Vec<usize>>,
+    unlogged: Mutex<Vec<(usize, Reset)>>,
 }
 
 impl MsrCore {
-    fn read(&self, index: usize, resets: &Resets) -> Result<Energy, ItemError> {
+    fn read(&self, index: usize, resets: &Resets, clock: &dyn Clock) -> Result<Energy, ItemError> {
+        let io = |errno| ItemError::Io { errno };
         // The register is read while the lock is held: a reading older than the one already
         // taken would look like a wrap of almost 2^32 units.
         let mut count = self.count.lock().unwrap_or_else(PoisonError::into_inner);
-        let started = Instant::now();
-        let raw =
-            self.device.read(MSR_CORE_ENERGY_STAT).map_err(|errno| ItemError::Io { errno })?;
-        let ended = Instant::now();
-        // A reading that itself took longer than a wrap can take (the process was stopped or
-        // frozen inside it) holds a value from an unknown moment of that span: as a new start
-        // it would be a second reset at the next reading. It is not used; the next reading,
-        // further than a window from the last good one, restarts the count once.
-        if ended.saturating_duration_since(started) > self.window {
+        let started = clock.now().map_err(io)?;
+        let raw = self.device.read(MSR_CORE_ENERGY_STAT).map_err(io)?;
+        let ended = clock.now().map_err(io)?;
+        // A reading that itself took longer than a wrap can take (the process was stopped,
+        // frozen or suspended inside it) holds a value from an unknown moment of that span: as
+        // a new start it would be a second reset at the next reading. It is not used; the next
+        // reading, further than a window from the last good one, restarts the count once.
+        if ended.saturating_sub(started) > self.window {
             return Err(ItemError::TimedOut);
         }
         // From the start of the last good reading to the end of this one: the widest span the
         // two register values can be apart.
-        let gap = ended.saturating_duration_since(count.last_ok);
+        let gap = ended.saturating_sub(count.last_ok);
         count.last_ok = started;
         // Only bits 31:0 hold the counter.
         let raw = raw as u32;
-        let counter = if gap > self.window {
-            resets.total.fetch_add(1, Ordering::Relaxed);
-            resets.unlogged.lock().unwrap_or_else(PoisonError::into_inner).push(index);
-            count.counter.restart(raw)
+        let reset = if gap > self.window {
+            Some(Reset::Unread)
+        } else if count.counter.step(raw).is_some_and(|units| units > self.most_units(gap)) {
+            Some(Reset::Restarted)
         } else {
-            count.counter.update(raw)
+            None
+        };
+        let counter = match reset {
+            Some(why) => {
+                resets.total.fetch_add(1, Ordering::Relaxed);
+                resets.unlogged.lock().unwrap_or_else(PoisonError::into_inner).push((index, why));
+                count.counter.restart(raw)
+            }
+            None => count.counter.update(raw),
         };
         Ok(Energy { counter, esu: self.esu })
+    }
+
+    /// The most units the core can add in `gap` at [`MAX_CORE_WATTS`], with the
+    /// [`RESTART_TOLERANCE`].
+    fn most_units(&self, gap: Duration) -> u32 {
+        let time = gap.saturating_add(RESTART_TOLERANCE.min(self.window / 8));
+        let units = MAX_CORE_WATTS * time.as_secs_f64() * 2f64.powi(i32::from(self.esu));
+        // Saturating: from a window on, any step is possible.
+        units as u32
     }
 }
 
@@ -162,6 +226,7 @@ impl MsrCore {
 pub struct MsrEnergy {
     /// Aligned with [`Topology::cores`]; a core whose device failed keeps its error.
     cores: Vec<Result<MsrCore, ItemError>>,
+    clock: Box<dyn Clock>,
     resets: Resets,
     poller_failures: AtomicU64,
 }
@@ -172,7 +237,17 @@ impl MsrEnergy {
     ///
     /// A core that fails is kept as a per-core error; only if no core works is it an error.
     pub fn open(topology: &Topology, opener: &dyn MsrOpener) -> Result<MsrEnergy, MsrOpenError> {
-        let cores: Vec<_> = topology.cores.iter().map(|core| open_core(opener, core.cpu)).collect();
+        MsrEnergy::open_with_clock(topology, opener, Box::new(BootTime))
+    }
+
+    /// [`MsrEnergy::open`], measuring the wrap window on `clock`.
+    pub fn open_with_clock(
+        topology: &Topology,
+        opener: &dyn MsrOpener,
+        clock: Box<dyn Clock>,
+    ) -> Result<MsrEnergy, MsrOpenError> {
+        let cores: Vec<_> =
+            topology.cores.iter().map(|core| open_core(opener, core.cpu, clock.as_ref())).collect();
         let failed: Vec<_> = topology
             .cores
             .iter()
@@ -198,11 +273,17 @@ impl MsrEnergy {
         if cores.is_empty() {
             return Err(MsrOpenError::EmptyTopology);
         }
-        Ok(MsrEnergy { cores, resets: Resets::default(), poller_failures: AtomicU64::new(0) })
+        Ok(MsrEnergy {
+            cores,
+            clock,
+            resets: Resets::default(),
+            poller_failures: AtomicU64::new(0),
+        })
     }
 
-    /// Counter resets since the broker started: readings of a core further apart than its
-    /// [`wrap_window`], after which its count restarted from 0.
+    /// Counter resets since the broker started, after which a core's count restarted from 0:
+    /// readings of a core further apart than its [`wrap_window`], and hardware counters that
+    /// moved further than [`MAX_CORE_WATTS`] allows between two readings.
     pub fn resets(&self) -> u64 {
         self.resets.total.load(Ordering::Relaxed)
     }
@@ -222,13 +303,18 @@ impl MsrEnergy {
         let cores = std::mem::take(
             &mut *self.resets.unlogged.lock().unwrap_or_else(PoisonError::into_inner),
         );
-        if let Some(first) = cores.first() {
+        if let Some((first, _)) = cores.first() {
+            let restarted = cores.iter().filter(|(_, why)| *why == Reset::Restarted).count();
             tracing::warn!(
                 cores = cores.len(),
                 first_core_index = first,
+                unread_for_a_window = cores.len() - restarted,
+                hardware_restarts = restarted,
                 total = self.resets(),
                 window = ?self.shortest_wrap(),
-                "energy counters restarted from 0: no reading for longer than a wrap can take"
+                "energy counters restarted from 0: no reading for longer than a wrap can take \
+                 (a stop or a suspend), or a counter that moved more than the core can draw \
+                 (the hardware restarted it)"
             );
         }
     }
@@ -246,7 +332,7 @@ impl MsrEnergy {
     /// Reads core `index` (an index into [`Topology::cores`]) and returns its extended count.
     pub fn read(&self, index: usize) -> Result<Energy, ItemError> {
         match self.cores.get(index) {
-            Some(Ok(core)) => core.read(index, &self.resets),
+            Some(Ok(core)) => core.read(index, &self.resets, self.clock.as_ref()),
             Some(Err(e)) => Err(*e),
             // Like the MSR driver for a CPU it does not know.
             None => Err(ItemError::Io { errno: libc::ENXIO }),
@@ -258,7 +344,7 @@ impl MsrEnergy {
     pub fn poll_all(&self) {
         for (index, core) in self.cores.iter().enumerate() {
             let Ok(core) = core else { continue };
-            if let Err(error) = core.read(index, &self.resets) {
+            if let Err(error) = core.read(index, &self.resets, self.clock.as_ref()) {
                 tracing::debug!(index, %error, "energy MSR poll failed");
             }
         }
@@ -280,13 +366,14 @@ impl MsrEnergy {
     }
 }
 
-fn open_core(opener: &dyn MsrOpener, cpu: u32) -> Result<MsrCore, ItemError> {
+fn open_core(opener: &dyn MsrOpener, cpu: u32, clock: &dyn Clock) -> Result<MsrCore, ItemError> {
     let io = |errno| ItemError::Io { errno };
     let device = opener.open(cpu).map_err(io)?;
     let esu = energy_status_unit(device.read(MSR_RAPL_PWR_UNIT).map_err(io)?);
-    let count = Mutex::new(CoreCount { counter: WrapCounter::new(), last_ok: Instant::now() });
+    let last_ok = clock.now().map_err(io)?;
+    let count = Mutex::new(CoreCount { counter: WrapCounter::new(), last_ok });
     let core = MsrCore { device, esu, window: wrap_window(esu), count };
-    core.read(0, &Resets::default())?;
+    core.read(0, &Resets::default(), clock)?;
     Ok(core)
 }
 
@@ -339,6 +426,27 @@ mod tests {
     use std::os::unix::fs::FileExt;
     use std::time::Instant;
 
+    /// A clock that moves only when told: a suspend, a stop or hours of running in a statement.
+    #[derive(Debug, Clone, Default)]
+    struct FakeClock(Arc<Mutex<Duration>>);
+
+    impl FakeClock {
+        fn advance(&self, by: Duration) {
+            *self.0.lock().unwrap() += by;
+        }
+    }
+
+    impl Clock for FakeClock {
+        fn now(&self) -> Result<Duration, Errno> {
+            Ok(*self.0.lock().unwrap())
+        }
+    }
+
+    /// Units of `2^-16` J (ESU 16, every EPYC's) in `joules`.
+    fn esu16(joules: f64) -> u64 {
+        (joules * 65_536.0) as u64
+    }
+
     #[test]
     fn wrap_counter_starts_at_zero_and_follows_a_wrap() {
         let mut c = WrapCounter::new();
@@ -357,8 +465,9 @@ mod tests {
         energy_reads: usize,
         /// The next energy read panics, as a bug in a poll would.
         panic_next: bool,
-        /// The next energy read takes this long, as one the process was stopped inside would.
-        stall_next: Option<Duration>,
+        /// The next energy read moves the clock this far, as one the process was stopped inside
+        /// would.
+        stall_next: Option<(FakeClock, Duration)>,
     }
 
     #[derive(Debug, Clone, Default)]
@@ -385,6 +494,20 @@ mod tests {
             regs.energy_reads
         }
 
+        /// Adds `units` to the 32-bit energy counter, any number of wraps.
+        fn advance_units(&self, mut units: u64) {
+            while units > 0 {
+                let step = units.min(1 << 31);
+                self.advance(step as u32);
+                units -= step;
+            }
+        }
+
+        /// The counter's raw value now.
+        fn raw(&self) -> u32 {
+            self.0.lock().unwrap().values[&MSR_CORE_ENERGY_STAT] as u32
+        }
+
         fn energy_reads(&self) -> usize {
             self.0.lock().unwrap().energy_reads
         }
@@ -399,11 +522,8 @@ mod tests {
                     drop(regs);
                     panic!("injected poll panic");
                 }
-                if let Some(stall) = regs.stall_next.take() {
-                    let value = regs.values.get(&msr).copied();
-                    drop(regs);
-                    std::thread::sleep(stall);
-                    return value.ok_or(libc::EIO);
+                if let Some((clock, stall)) = regs.stall_next.take() {
+                    clock.advance(stall);
                 }
             }
             regs.values.get(&msr).copied().ok_or(libc::EIO)
@@ -437,8 +557,17 @@ mod tests {
     }
 
     fn open(cpus: &[(u32, FakeCpu)], topo: &[u32]) -> Result<MsrEnergy, MsrOpenError> {
+        open_on(&FakeClock::default(), cpus, topo)
+    }
+
+    /// Opens the cores with `clock` as the wrap window's clock.
+    fn open_on(
+        clock: &FakeClock,
+        cpus: &[(u32, FakeCpu)],
+        topo: &[u32],
+    ) -> Result<MsrEnergy, MsrOpenError> {
         let opener = FakeOpener { cpus: cpus.iter().cloned().collect(), errno: libc::EPERM };
-        MsrEnergy::open(&topology(topo), &opener)
+        MsrEnergy::open_with_clock(&topology(topo), &opener, Box::new(clock.clone()))
     }
 
     #[test]
@@ -461,10 +590,14 @@ mod tests {
 
     #[test]
     fn a_wrap_between_two_polls_is_counted_exactly() {
+        let clock = FakeClock::default();
         let cpu = FakeCpu::new(16, 0xFFFF_0000);
-        let energy = open(&[(0, cpu.clone())], &[0]).unwrap();
+        let energy = open_on(&clock, &[(0, cpu.clone())], &[0]).unwrap();
+        // 32,768 J each, in 400 s: 82 W, within the 655 s window.
+        clock.advance(Duration::from_secs(400));
         cpu.advance(0x8000_0000);
         energy.poll_all();
+        clock.advance(Duration::from_secs(400));
         cpu.advance(0x8000_0000 + 0x1_8000); // passes 0xFFFF_FFFF
         energy.poll_all();
         let e = energy.read(0).unwrap();
@@ -474,11 +607,15 @@ mod tests {
 
     #[test]
     fn the_poller_sees_every_wrap_while_nobody_reads() {
+        let clock = FakeClock::default();
         let cpu = FakeCpu::new(16, 7);
-        let energy = Arc::new(open(&[(3, cpu.clone())], &[3]).unwrap());
+        let energy = Arc::new(open_on(&clock, &[(3, cpu.clone())], &[3]).unwrap());
         spawn_poller(Arc::clone(&energy), Duration::from_millis(1)).unwrap();
         let step = 3_000_000_000u32; // 4 steps wrap the 32-bit counter almost 3 times
         for _ in 0..4 {
+            // 45,776 J in 500 s: 92 W, within the 655 s window; the clock first, so a reading
+            // never sees the energy before the time it took.
+            clock.advance(Duration::from_secs(500));
             let reads_before = cpu.advance(step);
             // The count was taken under the same lock as the change: any later read saw it.
             let until = Instant::now() + Duration::from_secs(10);
@@ -501,11 +638,12 @@ mod tests {
     #[test]
     fn a_core_unread_for_longer_than_a_wrap_can_take_restarts_from_zero_and_is_counted() {
         // ESU 27: 2^32 units are 32 J, 320 ms at MAX_CORE_WATTS.
+        let clock = FakeClock::default();
         let cpu = FakeCpu::new(27, 0);
-        let energy = open(&[(0, cpu.clone())], &[0]).unwrap();
+        let energy = open_on(&clock, &[(0, cpu.clone())], &[0]).unwrap();
         cpu.advance(1000);
         assert_eq!(energy.read(0).unwrap().counter, 1000);
-        std::thread::sleep(wrap_window(27) + Duration::from_millis(10));
+        clock.advance(wrap_window(27) + Duration::from_millis(10));
         cpu.advance(500);
         assert_eq!(energy.read(0).unwrap().counter, 0, "a new start, not 1500 nor a guess");
         assert_eq!(energy.resets(), 1);
@@ -518,11 +656,13 @@ mod tests {
     #[test]
     fn a_reading_stopped_inside_for_longer_than_a_wrap_is_not_used_and_resets_the_count_once() {
         // ESU 27: 2^32 units are 32 J, 320 ms at MAX_CORE_WATTS.
+        let clock = FakeClock::default();
         let cpu = FakeCpu::new(27, 0);
-        let energy = open(&[(0, cpu.clone())], &[0]).unwrap();
+        let energy = open_on(&clock, &[(0, cpu.clone())], &[0]).unwrap();
         cpu.advance(1000);
         assert_eq!(energy.read(0).unwrap().counter, 1000);
-        cpu.0.lock().unwrap().stall_next = Some(wrap_window(27) + Duration::from_millis(10));
+        let stall = wrap_window(27) + Duration::from_millis(10);
+        cpu.0.lock().unwrap().stall_next = Some((clock.clone(), stall));
         assert_eq!(energy.read(0), Err(ItemError::TimedOut), "a value from an unknown moment");
         assert_eq!(energy.resets(), 0);
         cpu.advance(500);
@@ -532,11 +672,134 @@ mod tests {
         assert_eq!(energy.resets(), 1, "one reset for one stop");
     }
 
+    /// Regression (N9): the window was measured on `CLOCK_MONOTONIC`, which stops during a
+    /// suspend, so a core that kept counting through many wraps while the machine slept (s2idle:
+    /// cores idle but powered) lost them silently. The boot clock counts the suspend.
+    #[test]
+    fn a_suspend_longer_than_the_wrap_window_is_a_counted_reset() {
+        let clock = FakeClock::default();
+        let cpu = FakeCpu::new(16, 12_345);
+        let energy = open_on(&clock, &[(0, cpu.clone())], &[0]).unwrap();
+        clock.advance(Duration::from_secs(10));
+        cpu.advance_units(esu16(300.0));
+        assert_eq!(energy.read(0).unwrap().joules(), 300.0);
+        // Two hours asleep at 30 W: 216,000 J, three wraps and more, while the process (and its
+        // monotonic clock) saw nothing of it.
+        let monotonic = Instant::now();
+        clock.advance(Duration::from_secs(7200));
+        cpu.advance_units(esu16(216_000.0));
+        assert_eq!(energy.read(0).unwrap().counter, 0, "a new start, not 300 J plus a guess");
+        assert!(monotonic.elapsed() < wrap_window(16), "the monotonic clock barely moved");
+        assert_eq!(energy.resets(), 1);
+        assert_eq!(*energy.resets.unlogged.lock().unwrap(), [(0, Reset::Unread)]);
+        clock.advance(Duration::from_secs(10));
+        cpu.advance_units(esu16(300.0));
+        assert_eq!(energy.read(0).unwrap().joules(), 300.0, "and the count goes on from it");
+        assert_eq!(energy.resets(), 1);
+    }
+
+    #[test]
+    fn a_suspend_shorter_than_the_wrap_window_continues_the_count_exactly() {
+        let clock = FakeClock::default();
+        let cpu = FakeCpu::new(16, 0xFFFF_FC00);
+        let energy = open_on(&clock, &[(0, cpu.clone())], &[0]).unwrap();
+        // Ten minutes asleep at 30 W: 18,000 J, across the counter's wrap, within the window.
+        clock.advance(Duration::from_secs(600));
+        cpu.advance_units(esu16(18_000.0));
+        assert_eq!(energy.read(0).unwrap().joules(), 18_000.0);
+        assert_eq!(energy.resets(), 0);
+    }
+
+    /// Regression (N9): a counter the hardware restarted (S3 powers the cores off) dropped, and
+    /// the drop was taken as a wrap: up to 65,536 J a core that were never drawn.
+    #[test]
+    fn a_hardware_counter_restart_is_a_counted_reset_not_a_phantom_wrap() {
+        let clock = FakeClock::default();
+        let cpu = FakeCpu::new(16, 1 << 30);
+        let energy = open_on(&clock, &[(0, cpu.clone())], &[0]).unwrap();
+        clock.advance(Duration::from_secs(10));
+        cpu.advance_units(esu16(300.0));
+        assert_eq!(energy.read(0).unwrap().joules(), 300.0);
+        // A minute later the counter reads 0x100: as a wrap, 49,000 J in 60 s, 816 W.
+        clock.advance(Duration::from_secs(60));
+        cpu.set(MSR_CORE_ENERGY_STAT, 0x100);
+        assert_eq!(energy.read(0).unwrap().counter, 0, "a new start, not a phantom wrap");
+        assert_eq!(energy.resets(), 1);
+        assert_eq!(*energy.resets.unlogged.lock().unwrap(), [(0, Reset::Restarted)]);
+        clock.advance(Duration::from_secs(10));
+        cpu.advance_units(esu16(300.0));
+        assert_eq!(energy.read(0).unwrap().joules(), 300.0, "and the count goes on from it");
+        assert_eq!(energy.resets(), 1, "one reset for one restart");
+        energy.poll_all();
+        assert!(energy.resets.unlogged.lock().unwrap().is_empty(), "logged by the poll");
+    }
+
+    #[test]
+    fn a_counter_rising_faster_than_a_core_can_draw_is_a_counted_reset() {
+        let clock = FakeClock::default();
+        let cpu = FakeCpu::new(16, 0);
+        let energy = open_on(&clock, &[(0, cpu.clone())], &[0]).unwrap();
+        // 5,000 J in 10 s is 500 W (a counter restarted at a higher value), beyond the 100 W a
+        // core and the 1 s tolerance (1,100 J).
+        clock.advance(Duration::from_secs(10));
+        cpu.advance_units(esu16(5_000.0));
+        assert_eq!(energy.read(0).unwrap().counter, 0);
+        assert_eq!(energy.resets(), 1);
+        assert_eq!(*energy.resets.unlogged.lock().unwrap(), [(0, Reset::Restarted)]);
+    }
+
+    /// The restart rule must never fire on energy a core can draw: up to [`MAX_CORE_WATTS`] for
+    /// the time between the readings, across a wrap, and steps of a counter read twice within
+    /// microseconds.
+    #[test]
+    fn a_core_at_maximum_power_is_never_taken_for_a_restart() {
+        let clock = FakeClock::default();
+        let cpu = FakeCpu::new(16, 0xFFFF_FFFA);
+        let energy = open_on(&clock, &[(0, cpu.clone())], &[0]).unwrap();
+        let mut joules = 0.0;
+        for secs in [1, 10, 300, 600] {
+            clock.advance(Duration::from_secs(secs));
+            cpu.advance_units(esu16(MAX_CORE_WATTS * secs as f64));
+            joules += MAX_CORE_WATTS * secs as f64;
+            assert_eq!(energy.read(0).unwrap().joules(), joules, "{secs} s at 100 W");
+        }
+        // No time at all: a step of the counter between two readings, or a simulated machine
+        // adding a few joules at once, within the 100 J tolerance.
+        cpu.advance_units(esu16(99.0));
+        assert_eq!(energy.read(0).unwrap().joules(), joules + 99.0);
+        assert_eq!(energy.resets(), 0);
+        // Just past it, and past 100 W, is a restart.
+        clock.advance(Duration::from_secs(1));
+        let raw = cpu.raw();
+        cpu.advance_units(esu16(200.0) + 1);
+        assert_eq!(energy.read(0).unwrap().counter, 0);
+        assert_eq!(energy.resets(), 1);
+        // A drop of 200 J taken as a wrap is 65,336 J, beyond 100 W for 10 s: a restart too.
+        clock.advance(Duration::from_secs(10));
+        cpu.set(MSR_CORE_ENERGY_STAT, u64::from(raw));
+        assert_eq!(energy.read(0).unwrap().counter, 0);
+        assert_eq!(energy.resets(), 2);
+    }
+
+    #[test]
+    fn the_window_clock_counts_from_boot_like_the_uptime() {
+        let uptime = || -> f64 {
+            let text = std::fs::read_to_string("/proc/uptime").unwrap();
+            text.split_whitespace().next().unwrap().parse().unwrap()
+        };
+        let before = uptime();
+        let now = BootTime.now().unwrap().as_secs_f64();
+        let after = uptime();
+        // /proc/uptime is CLOCK_BOOTTIME in hundredths of a second.
+        assert!(before - 0.01 <= now && now <= after + 0.01, "{before} <= {now} <= {after}");
+    }
+
     #[test]
     fn readings_within_the_wrap_window_continue_the_count() {
+        let clock = FakeClock::default();
         let cpu = FakeCpu::new(16, 0);
-        let energy = open(&[(0, cpu.clone())], &[0]).unwrap();
-        std::thread::sleep(Duration::from_millis(20));
+        let energy = open_on(&clock, &[(0, cpu.clone())], &[0]).unwrap();
+        clock.advance(Duration::from_millis(20));
         cpu.advance(0xFFFF_FFF0);
         cpu.advance(0x20);
         energy.poll_all();
@@ -546,8 +809,9 @@ mod tests {
 
     #[test]
     fn a_poller_that_panics_is_restarted_and_its_failure_counted() {
+        let clock = FakeClock::default();
         let cpu = FakeCpu::new(16, 7);
-        let energy = Arc::new(open(&[(3, cpu.clone())], &[3]).unwrap());
+        let energy = Arc::new(open_on(&clock, &[(3, cpu.clone())], &[3]).unwrap());
         cpu.0.lock().unwrap().panic_next = true;
         spawn_poller(Arc::clone(&energy), Duration::from_millis(1)).unwrap();
         let until = Instant::now() + Duration::from_secs(10);
@@ -555,6 +819,8 @@ mod tests {
             assert!(Instant::now() < until, "the poll never panicked");
             std::thread::sleep(Duration::from_millis(1));
         }
+        // 45,776 J in 500 s: 92 W.
+        clock.advance(Duration::from_secs(500));
         let reads = cpu.advance(3_000_000_000);
         while cpu.energy_reads() <= reads + 1 {
             assert!(Instant::now() < until, "the poller was not restarted");

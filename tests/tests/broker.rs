@@ -1,7 +1,7 @@
 //! The real `amd-hsmp-broker` binary on its own, spoken to over its socket: the sample, bad
 //! frames, the peer allow-list, the lock-down and its seccomp filter, signals, PID namespaces,
-//! connection squatters, and the MSR energy count under stops, freezes and ptrace, checked to
-//! the unit against the fake's fast-wrapping counters.
+//! connection squatters, and the MSR energy count under stops, freezes, ptrace and hardware
+//! counter restarts, checked to the unit against the fake's fast-wrapping counters.
 
 use amd_hsmp_e2e::energy::{UNITS_PER_WRAP, WrappingEnergy};
 use amd_hsmp_e2e::fake::{FakeConfig, FakeDevice, NodeState};
@@ -522,7 +522,7 @@ fn respawn_at(socket: &Path, args: &[String], mut old: Broker) -> Broker {
     Broker { proc, socket: socket.to_owned(), dir: old.dir }
 }
 
-// ---- MSR energy under stops, freezes and ptrace ----
+// ---- MSR energy under stops, freezes, ptrace and counter restarts ----
 
 /// The fake's counters: ESU 25 (2^32 units are 128 J) at 80 to 95 W a core wrap every 1.3 to
 /// 1.6 s. The broker's wrap window at its 100 W bound is 1.28 s; it polls every 100 ms, so a
@@ -542,10 +542,15 @@ struct WrapRig {
 
 impl WrapRig {
     fn start() -> WrapRig {
+        WrapRig::start_with(ESU)
+    }
+
+    /// The rig with counters of `2^-esu` J units at 80 to 95 W.
+    fn start_with(esu: u8) -> WrapRig {
         let alone = one_at_a_time();
         let spec = fixtures::machine("rome-1p").unwrap();
         let cpus: Vec<u32> = spec.cpus().iter().filter(|c| c.online).map(|c| c.cpu).collect();
-        let model = WrappingEnergy::new(ESU, BASE_WATTS);
+        let model = WrappingEnergy::new(esu, BASE_WATTS);
         let machine = amd_hsmp_sim::Machine::new(
             spec,
             amd_hsmp_sim::FirmwareConfig::new(amd_hsmp_sim::Mode::Static),
@@ -610,6 +615,31 @@ impl WrapRig {
         assert!(!log.contains("MSR poller stopped"), "the poller's sleep failed: {log}");
         assert!(!log.contains("energy counters restarted"), "{log}");
     }
+
+    /// Freezes the fake's counters, checks that the broker counted one reset per core, the
+    /// exporter at `addr` each of them, and that the broker logged them once per poll; returns
+    /// the broker's counts.
+    fn freeze_after_one_reset_per_core(&self, addr: std::net::SocketAddr) -> Vec<u64> {
+        self.model.freeze();
+        let mut client = self.broker.client();
+        let counts = energy(&mut client);
+        let what = Families { core_energy: true, ..Families::default() };
+        let resets = client.sample(what, DEADLINE_MS).energy_resets;
+        assert_eq!(resets, self.cpus.len() as u64, "one reset per core");
+        let errors = core_energy_errors(addr);
+        assert_eq!(errors, self.cpus.len() as f64, "the exporter counts each reset");
+        let log = self.broker.log();
+        assert!(!log.contains("panicked"), "{log}");
+        let lines = log.matches("energy counters restarted").count();
+        assert!((1..=2).contains(&lines), "logged once per event, not per core: {lines}\n{log}");
+        counts
+    }
+}
+
+/// The exporter's `amd_hsmp_scrape_errors_total{collector="core-energy"}`.
+fn core_energy_errors(addr: std::net::SocketAddr) -> f64 {
+    let scrape = harness::http_get(addr, "/metrics", &[], Duration::from_secs(10)).unwrap();
+    harness::Exposition::parse(&scrape.body).unwrap().errors("core-energy")
 }
 
 #[test]
@@ -722,11 +752,7 @@ fn a_broker_stopped_longer_than_a_wrap_restarts_the_count_and_counts_the_reset()
     let rig = WrapRig::start();
     let (_exporter, addr) =
         harness::start_exporter(&rig.broker.socket, &[], None, rig.broker.dir.path()).unwrap();
-    let core_energy_errors = || {
-        let scrape = harness::http_get(addr, "/metrics", &[], Duration::from_secs(10)).unwrap();
-        harness::Exposition::parse(&scrape.body).unwrap().errors("core-energy")
-    };
-    assert_eq!(core_energy_errors(), 0.0);
+    assert_eq!(core_energy_errors(addr), 0.0);
     rig.wait_for_wraps(1);
     let before = energy(&mut rig.broker.client());
     rig.broker.signal(Signal::STOP);
@@ -736,16 +762,7 @@ fn a_broker_stopped_longer_than_a_wrap_restarts_the_count_and_counts_the_reset()
     let seen: Vec<usize> = rig.cpus.iter().map(|&c| rig.model.readings(c).len()).collect();
     rig.broker.signal(Signal::CONT);
     rig.wait_for_a_poll();
-    rig.model.freeze();
-    let mut client = rig.broker.client();
-    let after = energy(&mut client);
-    let what = Families { core_energy: true, ..Families::default() };
-    assert_eq!(
-        client.sample(what, DEADLINE_MS).energy_resets,
-        rig.cpus.len() as u64,
-        "one reset per core"
-    );
-    assert_eq!(core_energy_errors(), rig.cpus.len() as f64, "the exporter counts each reset");
+    let after = rig.freeze_after_one_reset_per_core(addr);
     for (i, &cpu) in rig.cpus.iter().enumerate() {
         assert!(after[i] < before[i], "cpu {cpu}: {} then {}: no reset", before[i], after[i]);
         // The count restarted at a reading after the stop (or the one in flight when it came)
@@ -758,8 +775,44 @@ fn a_broker_stopped_longer_than_a_wrap_restarts_the_count_and_counts_the_reset()
             after[i]
         );
     }
+}
+
+/// Regression (N9): every core's hardware counter restarting at a small value (a part powered
+/// off in S3) was taken as a wrap, tens of kilojoules a core that were never drawn, and no
+/// reset was counted.
+#[test]
+fn a_hardware_counter_restart_is_a_counted_reset_not_a_phantom_wrap() {
+    // ESU 20: a wrap is 4,096 J, 41 s at 100 W. The counters restart long before they come
+    // near their first wrap, where the drop cannot pass for one: the broker's rule allows only
+    // 100 W for the time since its last reading, plus 100 J.
+    let rig = WrapRig::start_with(20);
+    let (_exporter, addr) =
+        harness::start_exporter(&rig.broker.socket, &[], None, rig.broker.dir.path()).unwrap();
+    assert_eq!(core_energy_errors(addr), 0.0);
+    rig.wait_for_a_poll();
+    let seen = rig.model.restart(0x100);
+    for &cpu in &rig.cpus {
+        let last = rig.model.readings(cpu)[seen[&cpu] - 1];
+        assert!(last < UNITS_PER_WRAP / 2, "cpu {cpu}: {last} units, too near a wrap");
+    }
+    // The first poll sees the restart, the second counts on from it.
+    rig.wait_for_a_poll();
+    rig.wait_for_a_poll();
+    let after = rig.freeze_after_one_reset_per_core(addr);
+    let frozen: Vec<u64> = rig.cpus.iter().map(|&c| rig.model.units(c)).collect();
+    for (i, &cpu) in rig.cpus.iter().enumerate() {
+        // From the first reading of the restarted counter on, exact: no phantom energy, and
+        // nothing lost that the reset does not account for.
+        let first = rig.model.readings(cpu)[seen[&cpu]];
+        assert_eq!(after[i], frozen[i] - first, "cpu {cpu}: not the energy since the restart");
+    }
+    // Logged as what they were: hardware restarts, not readings a window apart.
     let log = rig.broker.log();
-    assert!(!log.contains("panicked"), "{log}");
-    let lines = log.matches("energy counters restarted").count();
-    assert!((1..=2).contains(&lines), "logged once per event, not per core: {lines}\n{log}");
+    let logged: usize = log
+        .split("hardware_restarts=")
+        .skip(1)
+        .map(|rest| rest.split(|c: char| !c.is_ascii_digit()).next().unwrap().parse::<usize>())
+        .map(Result::unwrap)
+        .sum();
+    assert_eq!(logged, rig.cpus.len(), "{log}");
 }
