@@ -533,6 +533,9 @@ fn a_busy_socket_queues_the_request_and_serves_it_when_free() {
     let s = Arc::clone(&sampler);
     let (tx, rx) = mpsc::channel();
     let request = spawn(move || tx.send(s.sample(Families::ALL, soon())).unwrap());
+    // It waits for the socket rather than answering without it.
+    let early = rx.recv_timeout(Duration::from_millis(50));
+    assert!(early.is_err(), "answered while socket 1 was busy: {early:?}");
     machine.release_socket(1);
     let sample = rx.recv_timeout(GATE).expect("answered once the socket is free");
     assert_eq!(values(&sample.energy), energy_of(&machine));
