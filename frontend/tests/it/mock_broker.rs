@@ -2,7 +2,9 @@
 //! must turn into absent series and counted errors.
 
 use crate::support::*;
-use amd_hsmp_proto::{DeviceStatus, Families, ItemError, Readings, RequestError, Unavailable};
+use amd_hsmp_proto::{
+    DeviceStatus, Families, ItemError, Readings, RequestError, Topology, Unavailable,
+};
 use axum::http::StatusCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -383,6 +385,38 @@ async fn concurrent_scrapes_with_the_same_timeout_share_one_broker_request() {
     // Once the flight has landed, the next scrape asks again.
     gate.add_permits(1);
     scrape(&router).await;
+    assert_eq!(broker.samples(), 2);
+}
+
+/// A scrape that joins a flight gets its answer only if every value in it was read no earlier
+/// than the broker's freshness bound before the scrape itself arrived; otherwise it asks again.
+#[tokio::test]
+async fn a_joined_answer_older_than_the_bound_for_the_joiner_is_never_served_to_it() {
+    let dir = socket_dir();
+    // The broker's bound is 50 ms, and its oldest value was read 40 ms before the request came.
+    let (behaviour, gate) = held(Arc::new(|t: &Topology, what, deadline| {
+        let mut sample = healthy(t, what, deadline);
+        sample.max_age_ms = 50;
+        sample.oldest_read_us = 40_000;
+        sample
+    }));
+    let broker = MockBroker::start(&dir.path, behaviour);
+    let (exporter, router) = exporter_and_router(config(&dir.path));
+
+    let first = spawn_scrape(&router, "10");
+    until("the first scrape's Sample reached the broker", || broker.samples() == 1).await;
+    // More than the 10 ms the bound leaves after the first request was sent.
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let second = spawn_scrape(&router, "10");
+    until("the second scrape joined", || exporter.joins() == 1).await;
+    gate.add_permits(1);
+    until("the joiner asked again", || broker.samples() == 2).await;
+    gate.add_permits(1);
+    for answer in [first.await.unwrap(), second.await.unwrap()] {
+        let m = Exposition::parse(&answer.body);
+        assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 8, "{}", m.text);
+        assert_eq!(m.errors("scrape"), 0.0);
+    }
     assert_eq!(broker.samples(), 2);
 }
 
