@@ -7,6 +7,7 @@ complete -c amd-hsmp-broker -l allow-group -d 'Serve peers whose effective group
 complete -c amd-hsmp-broker -l hsmp.device -d 'The HSMP device node' -r -F
 complete -c amd-hsmp-broker -l msr.device-root -d 'Directory holding <cpu>/msr device nodes' -r -F
 complete -c amd-hsmp-broker -l msr.poll-interval -d 'How often the 32-bit MSR energy counters are read to extend them to 64 bits. Shortened to a quarter of the shortest wrap at 100 W a core (164 s at the usual ESU of 16); a core not read for a whole wrap period restarts its count and the reset is counted' -r
+complete -c amd-hsmp-broker -l sample.max-age -d 'Freshness bound: every value the broker returns was read no earlier than this before the request arrived. Requests within it share reads, and it caps the mailbox load any peer can cause at one read of each item per this interval. 0 shares only reads that begin after a request arrived' -r
 complete -c amd-hsmp-broker -l connections.per-uid -d 'Connection slots each peer uid may hold at once. Each --allow-uid/--allow-user/ --allow-gid/--allow-group identity has this many slots kept for it alone, so the exporter (which holds at most 2) always connects, whoever else squats' -r
 complete -c amd-hsmp-broker -l connections.shared -d 'Connection slots shared by every allowed peer (root included), beyond the reserved ones' -r
 complete -c amd-hsmp-broker -l connections.idle-timeout -d 'A connection with no request for this long is closed (the exporter reconnects)' -r
