@@ -55,9 +55,13 @@ pub struct Power {
 }
 
 impl RecentSamples {
-    /// Records a broker answer that landed now.
-    pub fn record(&self, telemetry: &Arc<Telemetry>) {
-        self.record_at(Instant::now(), telemetry);
+    /// Records a broker answer that landed now, if its values were all read after its request
+    /// reached the broker (`oldest` zero): an answer that took reads made up to the broker's
+    /// freshness bound before (another request's) has no read time good enough for power.
+    pub fn record(&self, telemetry: &Arc<Telemetry>, oldest: Duration) {
+        if oldest.is_zero() {
+            self.record_at(Instant::now(), telemetry);
+        }
     }
 
     /// Records a broker answer that landed `at`. The latest becomes the previous one only when
@@ -431,6 +435,18 @@ mod tests {
         let power = recent.power().unwrap();
         assert_eq!(power.interval, Duration::from_secs(2));
         assert_eq!(power.watts, vec![(label(0, 0), 2.0), (label(0, 1), 4.0), (label(1, 0), 0.0)]);
+    }
+
+    #[test]
+    fn an_answer_taken_from_earlier_reads_is_not_kept_for_power() {
+        let recent = RecentSamples::default();
+        recent.record(&telemetry(100.0, None), Duration::ZERO);
+        recent.record(&telemetry(100.5, None), Duration::from_millis(300));
+        let pair = recent.pair.lock().unwrap();
+        assert_eq!(
+            pair.1.as_ref().map(|s| s.telemetry.energy_joules.clone()),
+            Some(telemetry(100.0, None).energy_joules.clone())
+        );
     }
 
     #[test]

@@ -271,12 +271,13 @@ impl Exporter {
                 let telemetry =
                     translate(&snapshot.info, &snapshot.topology, &snapshot.sample, &self.errors);
                 let telemetry = Arc::new(telemetry);
-                self.recent.record(&telemetry);
                 let sample = &snapshot.sample;
+                let oldest = Duration::from_micros(sample.oldest_read_us.into());
+                self.recent.record(&telemetry, oldest);
                 Outcome::Answered(Answer {
                     telemetry,
                     sent: snapshot.sent,
-                    oldest: Duration::from_micros(sample.oldest_read_us.into()),
+                    oldest,
                     max_age: Duration::from_millis(sample.max_age_ms.into()),
                 })
             }
