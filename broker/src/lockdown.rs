@@ -5,7 +5,7 @@
 //! it will ever need has been opened (the MSR driver checks `CAP_SYS_RAWIO` only at `open()`), and
 //! [`install_seccomp`] runs before any request is served.
 
-use caps::{CapSet, Capability};
+use rustix::thread::{CapabilitySet, CapabilitySets};
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
     SeccompRule,
@@ -32,7 +32,7 @@ pub enum LockdownError {
         set: &'static str,
         /// The cause.
         #[source]
-        source: caps::errors::CapsError,
+        source: std::io::Error,
     },
     /// Some capability survived the drop.
     #[error("capabilities still held after the drop: {0}")]
@@ -59,28 +59,46 @@ pub fn drop_privileges() -> Result<(), LockdownError> {
     if threads != 1 {
         return Err(LockdownError::NotSingleThreaded(threads));
     }
-    let caps_err = |set| move |source| LockdownError::Caps { set, source };
-    if caps::has_cap(None, CapSet::Effective, Capability::CAP_SETPCAP).unwrap_or(false) {
-        let bounding = caps::read(None, CapSet::Bounding).map_err(caps_err("bounding"))?;
-        for cap in bounding {
-            caps::drop(None, CapSet::Bounding, cap).map_err(caps_err("bounding"))?;
+    let caps_err = |set| move |e: rustix::io::Errno| LockdownError::Caps { set, source: e.into() };
+    let own = rustix::thread::capabilities(None).map_err(caps_err("effective"))?;
+    // A capability newer than the running kernel is in no set: the kernel answers EINVAL.
+    let known = |held: rustix::io::Result<bool>| match held {
+        Err(rustix::io::Errno::INVAL) => Ok(false),
+        other => other,
+    };
+    if own.effective.contains(CapabilitySet::SETPCAP) {
+        for cap in CapabilitySet::all().iter() {
+            if known(rustix::thread::capability_is_in_bounding_set(cap))
+                .map_err(caps_err("bounding"))?
+            {
+                rustix::thread::remove_capability_from_bounding_set(cap)
+                    .map_err(caps_err("bounding"))?;
+            }
         }
     }
-    caps::clear(None, CapSet::Ambient).map_err(caps_err("ambient"))?;
-    caps::clear(None, CapSet::Inheritable).map_err(caps_err("inheritable"))?;
-    caps::clear(None, CapSet::Effective).map_err(caps_err("effective"))?;
-    caps::clear(None, CapSet::Permitted).map_err(caps_err("permitted"))?;
+    rustix::thread::clear_ambient_capability_set().map_err(caps_err("ambient"))?;
+    let none = CapabilitySet::empty();
+    let sets = CapabilitySets { effective: none, permitted: none, inheritable: none };
+    rustix::thread::set_capabilities(None, sets).map_err(caps_err("permitted"))?;
     let mut held = Vec::new();
+    let left = rustix::thread::capabilities(None).map_err(caps_err("effective"))?;
     for (name, set) in [
-        ("effective", CapSet::Effective),
-        ("permitted", CapSet::Permitted),
-        ("inheritable", CapSet::Inheritable),
-        ("ambient", CapSet::Ambient),
+        ("effective", left.effective),
+        ("permitted", left.permitted),
+        ("inheritable", left.inheritable),
     ] {
-        let left = caps::read(None, set).map_err(caps_err(name))?;
-        if !left.is_empty() {
-            held.push(format!("{name} {left:?}"));
+        if !set.is_empty() {
+            held.push(format!("{name} {set:?}"));
         }
+    }
+    let mut ambient = CapabilitySet::empty();
+    for cap in CapabilitySet::all().iter() {
+        if known(rustix::thread::capability_is_in_ambient_set(cap)).map_err(caps_err("ambient"))? {
+            ambient |= cap;
+        }
+    }
+    if !ambient.is_empty() {
+        held.push(format!("ambient {ambient:?}"));
     }
     if !held.is_empty() {
         return Err(LockdownError::StillHeld(held.join(", ")));
