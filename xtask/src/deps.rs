@@ -31,7 +31,11 @@ pub const PACKAGES: &[(&str, &str)] = &[
 /// Cargo subcommands the suite uses: crate, pinned version (the packaging checks compare the
 /// maintainer scripts it generates with expected files), command. Installed with
 /// `cargo install --locked` when missing or at another version.
-pub const CARGO_TOOLS: &[(&str, &str, &str)] = &[("cargo-deb", "3.8.0", "cargo-deb")];
+pub const CARGO_TOOLS: &[(&str, &str, &str)] = &[
+    ("cargo-deb", "3.8.0", "cargo-deb"),
+    // `cargo deny check bans licenses sources` (deny.toml) in `cargo xtask test`.
+    ("cargo-deny", "0.20.2", "cargo-deny"),
+];
 
 /// Installs missing packages with apt-get when running as root (otherwise fails listing them),
 /// then missing cargo tools.
