@@ -1,6 +1,7 @@
 //! `amd-hsmp-exporter`: parses the flags, sets up logging, loads the web configuration file,
 //! binds the listen addresses (or takes systemd's sockets) and serves until SIGTERM or SIGINT.
-//! SIGHUP re-reads the web configuration file; SIGUSR1 and SIGUSR2 are logged and ignored.
+//! SIGHUP re-reads the web configuration file (on a thread of its own, so a file that blocks
+//! never delays SIGTERM); SIGUSR1 and SIGUSR2 are logged and ignored.
 //!
 //! Exit codes: 0 after a clean shutdown, 1 when start-up fails (e.g. an address cannot be
 //! bound, the web configuration file is invalid), 2 for invalid flags. A missing broker or
@@ -184,18 +185,9 @@ impl Signals {
             let (index, name) = tokio::select! {
                 _ = self.term.recv() => return,
                 _ = self.int.recv() => return,
+                // Never waits for the file: the file thread reads it and logs the outcome.
                 _ = self.hup.recv() => {
-                    if let Some(path) = web.path() {
-                        match web.reload() {
-                            Ok(()) => tracing::info!(
-                                file = %path.display(),
-                                "SIGHUP: web configuration reloaded"
-                            ),
-                            Err(e) => tracing::error!(
-                                error = %amd_hsmp_exporter::broker::chain(&e),
-                                "SIGHUP: web configuration not reloaded, the old one stays"
-                            ),
-                        }
+                    if web.request_reload() {
                         continue;
                     }
                     (0, "SIGHUP")
