@@ -298,6 +298,13 @@ impl Checks {
         hash: String,
     ) -> Option<oneshot::Receiver<bool>> {
         let mut queue = lock(&self.shared.queue);
+        // Checks of requests that have gone (their client hung up) hold no place.
+        if let Some(jobs) = queue.clients.get_mut(&client) {
+            let before = jobs.len();
+            jobs.retain(|job| !job.reply.is_closed());
+            let gone = before - jobs.len();
+            queue.queued -= gone;
+        }
         if queue.queued >= MAX_QUEUED
             || queue.clients.get(&client).is_some_and(|jobs| jobs.len() >= QUEUED_PER_CLIENT)
         {
@@ -315,11 +322,11 @@ impl Checks {
             }
         }
         let (reply, answer) = oneshot::channel();
-        let jobs = queue.clients.entry(client).or_default();
-        jobs.push_back(Job { password, hash, reply });
-        if jobs.len() == 1 {
+        // A client is in the ring exactly while it has an entry in `clients`.
+        if !queue.clients.contains_key(&client) {
             queue.ring.push_back(client);
         }
+        queue.clients.entry(client).or_default().push_back(Job { password, hash, reply });
         queue.queued += 1;
         drop(queue);
         self.shared.ready.notify_one();

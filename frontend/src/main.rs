@@ -121,7 +121,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
 async fn bind(address: amd_hsmp_exporter::cli::ListenAddress) -> anyhow::Result<TcpListener> {
     let mut last = None;
     for candidate in address.candidates() {
-        match TcpListener::bind(candidate).await {
+        match listen(candidate) {
             Ok(listener) => return Ok(listener),
             Err(e) => last = Some(e),
         }
@@ -129,6 +129,23 @@ async fn bind(address: amd_hsmp_exporter::cli::ListenAddress) -> anyhow::Result<
     let error = last.unwrap_or_else(|| std::io::Error::other("no address to bind"));
     Err(error).with_context(|| format!("cannot listen on {address}"))
 }
+
+/// A listening socket on `addr` with a backlog of [`BACKLOG`] (capped by the kernel's
+/// `net.core.somaxconn`), so a burst of connections waits in the kernel for the accept loop
+/// instead of losing SYNs (and their clients a second to retransmission).
+fn listen(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(BACKLOG)
+}
+
+/// The listen backlog of the sockets the exporter binds itself.
+const BACKLOG: u32 = 1024;
 
 /// `--web.systemd-socket`: every socket systemd passed (`LISTEN_FDS`, for this process's
 /// `LISTEN_PID`), each a listening TCP socket.

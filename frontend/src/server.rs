@@ -52,6 +52,13 @@ const REFUSED_ALERT: &[u8] = &[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x50];
 /// 8 KiB): a Prometheus request is under 1 KiB, and a longer head gets `431`.
 pub const MAX_HEAD_BYTES: usize = 16 * 1024;
 
+/// Evicted connections whose sockets may still be open before the accept loop waits for them;
+/// well within the descriptors [`RESERVED_FDS`] keeps free of connections.
+const MAX_CLOSING: usize = 16;
+
+/// How long the accept loop waits for a connection evicted to make room to close.
+const EVICTION_WAIT: Duration = Duration::from_millis(100);
+
 /// How long a shutdown waits for open connections to finish their request.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
 
@@ -99,6 +106,8 @@ struct Open {
     table: BTreeMap<u64, (IpAddr, Shared)>,
     next: u64,
     evicted: u64,
+    /// Connections evicted whose sockets are not closed yet.
+    closing: usize,
 }
 
 /// An admitted connection's place; given back on drop.
@@ -107,6 +116,8 @@ pub struct Slot {
     admission: Arc<Admission>,
     id: u64,
     watch: Shared,
+    /// The connection evicted to make room for this one, if any.
+    made_room: Option<Shared>,
 }
 
 /// The address a request came from, as an extension of every request the server hands on.
@@ -142,6 +153,7 @@ impl Admission {
         if open.per_client.get(&client).is_some_and(|held| *held >= self.limits.max_per_client) {
             return Err(Refusal::ClientShare);
         }
+        let mut made_room = None;
         if open.total >= self.limits.max_connections {
             let victim = open
                 .table
@@ -153,7 +165,10 @@ impl Admission {
             };
             open.release(victim_client);
             open.evicted += 1;
+            open.closing += 1;
+            watch.evicted.store(true, Ordering::SeqCst);
             watch.close.notify_one();
+            made_room = Some(watch);
             if let Some(suppressed) = self.evictions.check() {
                 tracing::info!(
                     client = %victim_client,
@@ -172,15 +187,22 @@ impl Admission {
             phase: Mutex::new(Phase::Idle { since: Instant::now() }),
             head_started: Notify::new(),
             served: AtomicBool::new(false),
+            evicted: AtomicBool::new(false),
             close: Notify::new(),
+            gone: Notify::new(),
         });
         open.table.insert(id, (client, Arc::clone(&watch)));
-        Ok(Slot { admission: Arc::clone(self), id, watch })
+        Ok(Slot { admission: Arc::clone(self), id, watch, made_room })
     }
 
     /// Connections open now.
     pub fn open(&self) -> usize {
         self.open.lock().unwrap_or_else(|p| p.into_inner()).total
+    }
+
+    /// Connections evicted whose sockets are not closed yet.
+    fn closing(&self) -> usize {
+        self.open.lock().unwrap_or_else(|p| p.into_inner()).closing
     }
 
     /// Connections closed so far to make room for others.
@@ -208,6 +230,11 @@ impl Drop for Slot {
         if let Some((client, _)) = open.table.remove(&self.id) {
             open.release(client);
         }
+        if self.watch.evicted.load(Ordering::SeqCst) {
+            open.closing -= 1;
+        }
+        drop(open);
+        self.watch.gone.notify_one();
     }
 }
 
@@ -256,7 +283,8 @@ pub async fn serve(
             }
         };
         match admission.admit(peer.ip()) {
-            Ok(slot) => {
+            Ok(mut slot) => {
+                let made_room = slot.made_room.take();
                 let router = router.clone();
                 let stop = stop.clone();
                 let limits = admission.limits;
@@ -271,6 +299,13 @@ pub async fn serve(
                     }
                     drop(slot);
                 });
+                // Evictions never outrun the descriptors: past a few sockets still to close,
+                // the next accept waits for this one's victim (a stuck task not for long).
+                if let Some(victim) = made_room
+                    && admission.closing() > MAX_CLOSING
+                {
+                    let _ = tokio::time::timeout(EVICTION_WAIT, victim.gone.notified()).await;
+                }
             }
             Err(refusal) => refuse(stream, peer, refusal, &admission, web.current().tls.is_some()),
         }
@@ -352,8 +387,12 @@ struct Watch {
     head_started: Notify,
     /// A request head was completed on this connection: it is no longer evicted for room.
     served: AtomicBool,
+    /// The connection was evicted (and told to close) to make room for another.
+    evicted: AtomicBool,
     /// Notified when the connection is evicted to make room for another.
     close: Notify,
+    /// Notified when its slot is given back (its socket closed).
+    gone: Notify,
 }
 
 type Shared = Arc<Watch>;
