@@ -349,6 +349,11 @@ fn cpu_time(pid: u32) -> Duration {
     Duration::from_millis(ticks * 10)
 }
 
+/// Threads of `pid` now.
+fn threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count())
+}
+
 /// The exporter behind `--web.config.file` with `yaml`, no broker.
 fn with_web_config(dir: &Path, yaml: &str, nofile: Option<u64>) -> (Proc, SocketAddr) {
     let config = dir.join("web.yml");
@@ -407,10 +412,15 @@ fn a_flood_of_wrong_passwords_that_hang_up_keeps_bcrypt_to_one_core() {
             })
         })
         .collect();
+    let threads_before = threads(exporter.pid());
     std::thread::sleep(Duration::from_millis(500));
     let (cpu_before, at) = (cpu_time(exporter.pid()), Instant::now());
     let sent_before = sent.load(Ordering::SeqCst);
-    std::thread::sleep(Duration::from_secs(4));
+    let mut most_threads = 0;
+    while at.elapsed() < Duration::from_secs(4) {
+        most_threads = most_threads.max(threads(exporter.pid()));
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let cpu = cpu_time(exporter.pid()) - cpu_before;
     let elapsed = at.elapsed();
     let rate = (sent.load(Ordering::SeqCst) - sent_before) as f64 / elapsed.as_secs_f64();
@@ -421,9 +431,13 @@ fn a_flood_of_wrong_passwords_that_hang_up_keeps_bcrypt_to_one_core() {
     let per_second = cpu.as_secs_f64() / elapsed.as_secs_f64();
     eprintln!(
         "hang-up flood: bcrypt cost {cost} ({took:?} a check here), {rate:.0} connections/s; \
-         exporter CPU {per_second:.2} s/s"
+         exporter CPU {per_second:.2} s/s, threads {threads_before} before, at most \
+         {most_threads} during"
     );
     assert!(rate >= 200.0, "the flood reached only {rate:.0} connections/s");
+    // The one bcrypt thread (started by the first check) and nothing else: no check runs on
+    // after its client hung up while another starts.
+    assert!(most_threads <= threads_before + 1, "{threads_before} → {most_threads} threads");
     // One core for bcrypt, and a little for accepting 300 connections a second.
     assert!(per_second <= 1.2, "exporter CPU {per_second:.2} s/s under the hang-up flood");
     let answer =
@@ -448,6 +462,13 @@ fn an_uncached_scraper_is_answered_in_time_after_a_reload_during_a_wrong_passwor
     // Checked once: remembered.
     assert_eq!(get_with(loopback(3), addr, &prometheus, timeout).unwrap().status, 200);
 
+    // A reload of the same file keeps what was remembered.
+    exporter.signal(libc::SIGHUP).unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while !exporter.log().contains("web configuration reloaded") {
+        assert!(Instant::now() < until, "no reload:\n{}", exporter.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let answers = Arc::new(AtomicUsize::new(0));
     // 32 keep-alive connections from each of two addresses, each sending a wrong password as
@@ -491,14 +512,8 @@ fn an_uncached_scraper_is_answered_in_time_after_a_reload_during_a_wrong_passwor
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_secs(1));
-    // A reload of the same file keeps what was remembered.
-    exporter.signal(libc::SIGHUP).unwrap();
-    let until = Instant::now() + Duration::from_secs(10);
-    while !exporter.log().contains("web configuration reloaded") {
-        assert!(Instant::now() < until, "no reload:\n{}", exporter.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    // Long enough for every flooding connection to have a check waiting.
+    std::thread::sleep(Duration::from_millis(1500));
     let cached = get_with(loopback(3), addr, &prometheus, timeout);
     // A scraper whose credentials were never checked, from a third address.
     let uncached = get_with(loopback(4), addr, &basic("replica", "an0ther"), timeout);
@@ -679,7 +694,7 @@ fn a_hundred_silent_addresses(tls: bool) {
     };
     // Wait until every address has opened its 32 connections (the table is full long before).
     let until = Instant::now() + Duration::from_secs(30);
-    while opened_so_far.load(Ordering::SeqCst) < 3200 {
+    while opened_so_far.load(Ordering::SeqCst) < 3200 || exporter.open_fds().unwrap() < 512 {
         assert!(Instant::now() < until, "the crowd could not connect:\n{}", exporter.log());
         std::thread::sleep(Duration::from_millis(20));
     }
