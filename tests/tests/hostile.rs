@@ -434,7 +434,7 @@ fn a_flood_of_wrong_passwords_that_hang_up_keeps_bcrypt_to_one_core() {
          exporter CPU {per_second:.2} s/s, threads {threads_before} before, at most \
          {most_threads} during"
     );
-    assert!(rate >= 200.0, "the flood reached only {rate:.0} connections/s");
+    assert!(rate >= 150.0, "the flood reached only {rate:.0} connections/s");
     // The one bcrypt thread (started by the first check) and nothing else: no check runs on
     // after its client hung up while another starts.
     assert!(most_threads <= threads_before + 1, "{threads_before} → {most_threads} threads");
