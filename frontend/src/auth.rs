@@ -1,42 +1,212 @@
 //! HTTP basic authentication against `basic_auth_users` (bcrypt hashes as `htpasswd -B` makes
 //! them), and the middleware that applies it and the configured headers to every path.
 //!
-//! A bcrypt check costs tens of milliseconds by design, so a successful (user, password) pair
-//! is remembered, under an HMAC of the pair with a key made at start-up (no password is kept),
-//! in a bounded cache; a scraper that sends the same credentials every 15 s pays once. Checks
-//! run off the async workers, one at a time. An unknown user is checked against a configured
-//! hash of the highest cost (the decoy), so the time taken does not tell whether a user exists.
+//! A bcrypt check costs tens of milliseconds by design, so its cost is bounded here:
+//! - The checks run on [`BCRYPT_THREADS`] threads of their own, never on the async workers and
+//!   never on tokio's blocking pool. The bound is the number of threads, so a client that hangs
+//!   up frees nothing early: a running check runs to its end on its thread, and the next one
+//!   starts only then.
+//! - Checks wait in a queue per client address (IPv6 by /64, as the connection share), at most
+//!   [`QUEUED_PER_CLIENT`] each and [`MAX_QUEUED`] in all, and the threads take them round-robin
+//!   over the addresses, so a flood from a few addresses costs a scraper from another address at
+//!   most one check per flooding address. Past either bound a request gets `503` with
+//!   `Retry-After` at once. A queued check whose client has gone is dropped unverified.
+//! - A successful (user, hash, password) is remembered, under an HMAC with a key made at
+//!   start-up (no password is kept), in a bounded cache that lives as long as the process: a
+//!   reload or a certificate rotation keeps it, and a user whose hash changed misses it.
+//! - Every configured hash has the same cost (a file that mixes costs is refused at load), and
+//!   an unknown user is checked against a configured hash (the decoy), so the time a failed
+//!   check takes does not tell whether a user exists.
+//! - bcrypt uses the first 72 bytes of a password only; a presented password longer than
+//!   [`MAX_PASSWORD_BYTES`] is refused without a check, so no suffix rides along.
 
 use crate::ratelimit::RateLimit;
+use crate::server::{ClientAddr, client_key};
 use crate::web_config::{KeyError, WebState, key_error};
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
-use std::collections::{BTreeMap, HashSet, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
-use tokio::sync::Semaphore;
+use tokio::sync::oneshot;
 
-/// Successful checks remembered per configuration; the oldest is forgotten first.
+/// Successful checks remembered; the oldest is forgotten first.
 pub const CACHE_SIZE: usize = 64;
 
-/// At most one "authentication failed" line per this interval.
+/// Threads that run bcrypt: at most this many cores are spent on checks.
+pub const BCRYPT_THREADS: usize = 1;
+
+/// Checks one client address (IPv6: one /64) may have waiting.
+pub const QUEUED_PER_CLIENT: usize = 4;
+
+/// Checks waiting over all client addresses.
+pub const MAX_QUEUED: usize = 64;
+
+/// The longest password bcrypt takes whole.
+pub const MAX_PASSWORD_BYTES: usize = 72;
+
+/// At most one "authentication failed" (or "refused") line per this interval.
 const FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The realm sent in `WWW-Authenticate`.
 const CHALLENGE: &str = "Basic realm=\"amd-hsmp-exporter\", charset=\"UTF-8\"";
 
-/// The users of one configuration, and its cache.
+/// The users of one configuration.
 #[derive(Debug)]
 pub struct Users {
     hashes: BTreeMap<String, String>,
     decoy: String,
-    key: ring::hmac::Key,
+}
+
+impl Users {
+    /// Users from `user → bcrypt hash`; a hash that is not bcrypt, or whose cost differs from
+    /// the others', is an error naming the user.
+    pub(crate) fn new(hashes: BTreeMap<String, String>) -> Result<Users, KeyError> {
+        let mut first: Option<(&str, u32)> = None;
+        for (user, hash) in &hashes {
+            let key = format!("basic_auth_users.{user}");
+            if user.contains(':') {
+                return Err(key_error(key, "a user name cannot contain ':' in basic auth"));
+            }
+            let parts: bcrypt::HashParts = hash.parse().map_err(|e| {
+                key_error(
+                    &key,
+                    format!("not a bcrypt hash (make one with htpasswd -nBC 10 \"\"): {e}"),
+                )
+            })?;
+            let cost = parts.get_cost();
+            match first {
+                None => first = Some((user, cost)),
+                Some((other, c)) if c != cost => {
+                    return Err(key_error(
+                        key,
+                        format!(
+                            "bcrypt cost {cost} differs from cost {c} of {other}: every user \
+                             needs the same cost, or the time a failed check takes tells which \
+                             users exist; make the hash again with htpasswd -nBC {c} \"\""
+                        ),
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        let decoy = hashes.values().next().cloned().unwrap_or_default();
+        Ok(Users { hashes, decoy })
+    }
+}
+
+/// What a check concluded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// A configured user with the right password.
+    Pass,
+    /// No credentials, an unknown user or a wrong password.
+    Fail,
+    /// The queue of checks is full for this client or overall; try again later.
+    Busy,
+}
+
+/// The process's checks: their threads and queue, the success cache and its key. One for the
+/// whole process, so a reload keeps it.
+#[derive(Debug)]
+pub struct Auth {
+    key: OnceLock<Option<ring::hmac::Key>>,
     cache: Mutex<Cache>,
-    bcrypt: Arc<Semaphore>,
+    checks: Checks,
     failures: RateLimit,
+    busy: RateLimit,
+}
+
+impl Default for Auth {
+    fn default() -> Auth {
+        Auth::new(BCRYPT_THREADS)
+    }
+}
+
+impl Auth {
+    /// Checks on at most `threads` threads (at least one).
+    pub fn new(threads: usize) -> Auth {
+        Auth {
+            key: OnceLock::new(),
+            cache: Mutex::new(Cache::default()),
+            checks: Checks::new(threads.max(1)),
+            failures: RateLimit::new(FAILURE_LOG_INTERVAL),
+            busy: RateLimit::new(FAILURE_LOG_INTERVAL),
+        }
+    }
+
+    /// Whether `authorization` (the header's value) names one of `users` with the right
+    /// password; `client` is the address the request came from.
+    pub async fn check(
+        &self,
+        users: &Users,
+        client: IpAddr,
+        authorization: Option<&HeaderValue>,
+    ) -> Verdict {
+        let Some((user, password)) = authorization.and_then(credentials) else {
+            return Verdict::Fail;
+        };
+        if password.len() > MAX_PASSWORD_BYTES {
+            return Verdict::Fail;
+        }
+        let known = users.hashes.get(&user);
+        let hash = known.unwrap_or(&users.decoy);
+        let tag = self.tag(&user, hash, &password);
+        if known.is_some() && tag.is_some_and(|t| lock(&self.cache).set.contains(&t)) {
+            return Verdict::Pass;
+        }
+        let Some(reply) = self.checks.submit(client_key(client), password, hash.clone()) else {
+            return Verdict::Busy;
+        };
+        let verified = reply.await.unwrap_or(false);
+        if !(verified && known.is_some()) {
+            return Verdict::Fail;
+        }
+        if let Some(tag) = tag {
+            lock(&self.cache).insert(tag);
+        }
+        Verdict::Pass
+    }
+
+    /// Successful checks remembered now.
+    pub fn cached(&self) -> usize {
+        lock(&self.cache).set.len()
+    }
+
+    /// bcrypt computations running now.
+    pub fn running(&self) -> usize {
+        self.checks.shared.running.load(Ordering::SeqCst)
+    }
+
+    /// Checks waiting now.
+    pub fn queued(&self) -> usize {
+        lock(&self.checks.shared.queue).queued
+    }
+
+    fn tag(&self, user: &str, hash: &str, password: &str) -> Option<[u8; 32]> {
+        let key = self.key.get_or_init(|| {
+            let rng = ring::rand::SystemRandom::new();
+            ring::hmac::Key::generate(ring::hmac::HMAC_SHA256, &rng).ok()
+        });
+        let mut ctx = ring::hmac::Context::with_key(key.as_ref()?);
+        for part in [user, hash] {
+            ctx.update(&(part.len() as u64).to_le_bytes());
+            ctx.update(part.as_bytes());
+        }
+        ctx.update(password.as_bytes());
+        let mut tag = [0u8; 32];
+        tag.copy_from_slice(ctx.sign().as_ref());
+        Some(tag)
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[derive(Debug, Default)]
@@ -59,75 +229,137 @@ impl Cache {
     }
 }
 
-impl Users {
-    /// Users from `user → bcrypt hash`; a hash that is not bcrypt is an error naming the user.
-    pub(crate) fn new(hashes: BTreeMap<String, String>) -> Result<Users, KeyError> {
-        let mut decoy: Option<(u32, &String)> = None;
-        for (user, hash) in &hashes {
-            let key = format!("basic_auth_users.{user}");
-            if user.contains(':') {
-                return Err(key_error(key, "a user name cannot contain ':' in basic auth"));
+/// The bcrypt threads and their queue, fair over client addresses.
+#[derive(Debug)]
+struct Checks {
+    shared: Arc<Shared>,
+    threads: usize,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    queue: Mutex<Queue>,
+    ready: Condvar,
+    running: AtomicUsize,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    /// The checks waiting, per client address.
+    clients: HashMap<IpAddr, VecDeque<Job>>,
+    /// The client addresses with checks waiting, in the order they are served.
+    ring: VecDeque<IpAddr>,
+    queued: usize,
+    /// Threads started.
+    started: usize,
+    closed: bool,
+}
+
+#[derive(Debug)]
+struct Job {
+    password: String,
+    hash: String,
+    reply: oneshot::Sender<bool>,
+}
+
+impl Queue {
+    /// The next check to run: the first of the next client in the ring; checks whose client
+    /// has gone are dropped.
+    fn next(&mut self) -> Option<Job> {
+        while let Some(client) = self.ring.pop_front() {
+            let Some(jobs) = self.clients.get_mut(&client) else { continue };
+            let job = jobs.pop_front();
+            if jobs.is_empty() {
+                self.clients.remove(&client);
+            } else {
+                self.ring.push_back(client);
             }
-            let parts: bcrypt::HashParts = hash.parse().map_err(|e| {
-                key_error(
-                    &key,
-                    format!("not a bcrypt hash (make one with htpasswd -nBC 10 \"\"): {e}"),
-                )
-            })?;
-            let cost = parts.get_cost();
-            if decoy.is_none_or(|(c, _)| cost > c) {
-                decoy = Some((cost, hash));
+            let Some(job) = job else { continue };
+            self.queued -= 1;
+            if !job.reply.is_closed() {
+                return Some(job);
             }
         }
-        let decoy = decoy.map(|(_, h)| h.clone()).unwrap_or_default();
-        let rng = ring::rand::SystemRandom::new();
-        let key = ring::hmac::Key::generate(ring::hmac::HMAC_SHA256, &rng)
-            .map_err(|_| key_error("basic_auth_users", "no randomness for the cache key"))?;
-        Ok(Users {
-            hashes,
-            decoy,
-            key,
-            cache: Mutex::new(Cache::default()),
-            bcrypt: Arc::new(Semaphore::new(1)),
-            failures: RateLimit::new(FAILURE_LOG_INTERVAL),
-        })
+        None
+    }
+}
+
+impl Checks {
+    fn new(threads: usize) -> Checks {
+        Checks { shared: Arc::default(), threads }
     }
 
-    /// Whether `authorization` (the header's value) names a user with the right password.
-    pub async fn check(&self, authorization: Option<&HeaderValue>) -> bool {
-        let Some((user, password)) = authorization.and_then(credentials) else { return false };
-        let known = self.hashes.get(&user);
-        let hash = known.unwrap_or(&self.decoy).clone();
-        let tag = self.tag(&user, &password);
-        if known.is_some()
-            && self.cache.lock().unwrap_or_else(|p| p.into_inner()).set.contains(&tag)
+    /// Queues a check for `client`; its answer, or `None` when the queue is full for `client`
+    /// or overall.
+    fn submit(
+        &self,
+        client: IpAddr,
+        password: String,
+        hash: String,
+    ) -> Option<oneshot::Receiver<bool>> {
+        let mut queue = lock(&self.shared.queue);
+        // Checks of requests that have gone (their client hung up) hold no place.
+        if let Some(jobs) = queue.clients.get_mut(&client) {
+            let before = jobs.len();
+            jobs.retain(|job| !job.reply.is_closed());
+            let gone = before - jobs.len();
+            queue.queued -= gone;
+        }
+        if queue.queued >= MAX_QUEUED
+            || queue.clients.get(&client).is_some_and(|jobs| jobs.len() >= QUEUED_PER_CLIENT)
         {
-            return true;
+            return None;
         }
-        let Ok(_permit) = self.bcrypt.acquire().await else { return false };
-        let verified = tokio::task::spawn_blocking(move || bcrypt::verify(password, &hash))
-            .await
-            .is_ok_and(|r| r.unwrap_or(false));
-        let ok = verified && known.is_some();
-        if ok {
-            self.cache.lock().unwrap_or_else(|p| p.into_inner()).insert(tag);
+        if queue.started < self.threads {
+            let shared = Arc::clone(&self.shared);
+            match std::thread::Builder::new().name("bcrypt".into()).spawn(move || work(&shared)) {
+                Ok(_) => queue.started += 1,
+                Err(e) if queue.started == 0 => {
+                    tracing::error!(error = %e, "cannot start a thread for basic-auth checks");
+                    return None;
+                }
+                Err(_) => {}
+            }
         }
-        ok
+        let (reply, answer) = oneshot::channel();
+        // A client is in the ring exactly while it has an entry in `clients`.
+        if !queue.clients.contains_key(&client) {
+            queue.ring.push_back(client);
+        }
+        queue.clients.entry(client).or_default().push_back(Job { password, hash, reply });
+        queue.queued += 1;
+        drop(queue);
+        self.shared.ready.notify_one();
+        Some(answer)
     }
+}
 
-    /// Successful checks remembered now.
-    pub fn cached(&self) -> usize {
-        self.cache.lock().unwrap_or_else(|p| p.into_inner()).set.len()
+impl Drop for Checks {
+    fn drop(&mut self) {
+        lock(&self.shared.queue).closed = true;
+        self.shared.ready.notify_all();
     }
+}
 
-    fn tag(&self, user: &str, password: &str) -> [u8; 32] {
-        let mut ctx = ring::hmac::Context::with_key(&self.key);
-        ctx.update(&(user.len() as u64).to_le_bytes());
-        ctx.update(user.as_bytes());
-        ctx.update(password.as_bytes());
-        let mut tag = [0u8; 32];
-        tag.copy_from_slice(ctx.sign().as_ref());
-        tag
+/// A bcrypt thread: runs checks one after the other until the queue is closed.
+fn work(shared: &Shared) {
+    loop {
+        let job = {
+            let mut queue = lock(&shared.queue);
+            loop {
+                if queue.closed {
+                    return;
+                }
+                if let Some(job) = queue.next() {
+                    break job;
+                }
+                queue = shared.ready.wait(queue).unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        shared.running.fetch_add(1, Ordering::SeqCst);
+        let verified = bcrypt::verify(&job.password, &job.hash).unwrap_or(false);
+        shared.running.fetch_sub(1, Ordering::SeqCst);
+        let _ = job.reply.send(verified);
     }
 }
 
@@ -146,7 +378,7 @@ fn credentials(value: &HeaderValue) -> Option<(String, String)> {
 
 /// The middleware in front of every path: the configured headers on every response, and a
 /// `401` with `WWW-Authenticate` for a request without valid credentials when users are
-/// configured.
+/// configured (a `503` with `Retry-After` when its client's checks are queued full).
 pub async fn middleware(
     State(web): State<Arc<WebState>>,
     request: Request,
@@ -157,22 +389,45 @@ pub async fn middleware(
         None => next.run(request).await,
         Some(users) => {
             let authorization = request.headers().get(header::AUTHORIZATION).cloned();
-            if users.check(authorization.as_ref()).await {
-                next.run(request).await
-            } else {
-                if let Some(suppressed) = users.failures.check() {
-                    tracing::info!(
-                        path = %request.uri().path(),
-                        credentials = authorization.is_some(),
-                        suppressed,
-                        "HTTP request refused: basic authentication failed"
-                    );
+            let client = request
+                .extensions()
+                .get::<ClientAddr>()
+                .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0);
+            let auth = web.auth();
+            match auth.check(users, client, authorization.as_ref()).await {
+                Verdict::Pass => next.run(request).await,
+                Verdict::Fail => {
+                    if let Some(suppressed) = auth.failures.check() {
+                        tracing::info!(
+                            path = %request.uri().path(),
+                            credentials = authorization.is_some(),
+                            suppressed,
+                            "HTTP request refused: basic authentication failed"
+                        );
+                    }
+                    let mut response = (StatusCode::UNAUTHORIZED, "Unauthorized\n").into_response();
+                    response
+                        .headers_mut()
+                        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(CHALLENGE));
+                    response
                 }
-                let mut response = (StatusCode::UNAUTHORIZED, "Unauthorized\n").into_response();
-                response
-                    .headers_mut()
-                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(CHALLENGE));
-                response
+                Verdict::Busy => {
+                    if let Some(suppressed) = auth.busy.check() {
+                        tracing::warn!(
+                            client = %client,
+                            queued_per_client = QUEUED_PER_CLIENT,
+                            max_queued = MAX_QUEUED,
+                            suppressed,
+                            "HTTP request refused: too many basic-auth checks waiting"
+                        );
+                    }
+                    let body = "Too many credentials waiting to be checked, try again later.\n";
+                    let mut response = (StatusCode::SERVICE_UNAVAILABLE, body).into_response();
+                    response
+                        .headers_mut()
+                        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                    response
+                }
             }
         }
     };
@@ -192,40 +447,47 @@ mod tests {
         HeaderValue::from_str(&format!("Basic {encoded}")).unwrap()
     }
 
+    fn hash(password: &str, cost: u32) -> String {
+        bcrypt::hash_with_result(password, cost).unwrap().format_for_version(bcrypt::Version::TwoY)
+    }
+
     fn users(list: &[(&str, &str)]) -> Users {
-        let hashes = list
-            .iter()
-            .map(|(u, p)| {
-                let parts = bcrypt::hash_with_result(p, 4).unwrap();
-                (u.to_string(), parts.format_for_version(bcrypt::Version::TwoY))
-            })
-            .collect();
-        Users::new(hashes).unwrap()
+        Users::new(list.iter().map(|(u, p)| (u.to_string(), hash(p, 4))).collect()).unwrap()
+    }
+
+    fn ip(last: u8) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::new(127, 0, 0, last))
     }
 
     #[tokio::test]
     async fn right_password_passes_wrong_and_unknown_do_not() {
+        let auth = Auth::default();
         let users = users(&[("prometheus", "s3cret"), ("other", "x")]);
-        assert!(users.check(Some(&basic("prometheus", "s3cret"))).await);
-        assert!(!users.check(Some(&basic("prometheus", "wrong"))).await);
-        assert!(!users.check(Some(&basic("nobody", "s3cret"))).await);
-        assert!(!users.check(None).await);
-        assert!(!users.check(Some(&HeaderValue::from_static("Bearer abc"))).await);
-        assert!(!users.check(Some(&HeaderValue::from_static("Basic !!!"))).await);
+        let check = |h: Option<HeaderValue>| {
+            let (auth, users) = (&auth, &users);
+            async move { auth.check(users, ip(2), h.as_ref()).await }
+        };
+        assert_eq!(check(Some(basic("prometheus", "s3cret"))).await, Verdict::Pass);
+        assert_eq!(check(Some(basic("prometheus", "wrong"))).await, Verdict::Fail);
+        assert_eq!(check(Some(basic("nobody", "s3cret"))).await, Verdict::Fail);
+        assert_eq!(check(None).await, Verdict::Fail);
+        assert_eq!(check(Some(HeaderValue::from_static("Bearer abc"))).await, Verdict::Fail);
+        assert_eq!(check(Some(HeaderValue::from_static("Basic !!!"))).await, Verdict::Fail);
         // The password may contain ':'; the user may not.
         let users = self::users(&[("a", "b:c")]);
-        assert!(users.check(Some(&basic("a", "b:c"))).await);
+        assert_eq!(auth.check(&users, ip(2), Some(&basic("a", "b:c"))).await, Verdict::Pass);
     }
 
     #[tokio::test]
     async fn only_successes_are_cached_and_the_cache_is_bounded() {
+        let auth = Auth::default();
         let users = users(&[("u", "p")]);
-        assert!(!users.check(Some(&basic("u", "bad"))).await);
-        assert!(!users.check(Some(&basic("ghost", "p"))).await);
-        assert_eq!(users.cached(), 0);
-        assert!(users.check(Some(&basic("u", "p"))).await);
-        assert!(users.check(Some(&basic("u", "p"))).await);
-        assert_eq!(users.cached(), 1);
+        assert_eq!(auth.check(&users, ip(2), Some(&basic("u", "bad"))).await, Verdict::Fail);
+        assert_eq!(auth.check(&users, ip(2), Some(&basic("ghost", "p"))).await, Verdict::Fail);
+        assert_eq!(auth.cached(), 0);
+        assert_eq!(auth.check(&users, ip(2), Some(&basic("u", "p"))).await, Verdict::Pass);
+        assert_eq!(auth.check(&users, ip(2), Some(&basic("u", "p"))).await, Verdict::Pass);
+        assert_eq!(auth.cached(), 1);
         let mut cache = Cache::default();
         for i in 0..(CACHE_SIZE as u8 + 10) {
             cache.insert([i; 32]);
@@ -236,15 +498,133 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_unknown_user_is_checked_against_the_costliest_hash() {
-        let cheap = bcrypt::hash("a", 4).unwrap();
-        let dear = bcrypt::hash("b", 6).unwrap();
-        let users =
-            Users::new([("a".into(), cheap), ("b".into(), dear.clone())].into_iter().collect())
-                .unwrap();
-        assert_eq!(users.decoy, dear);
-        // The decoy's own password does not let an unknown user in.
-        assert!(!users.check(Some(&basic("ghost", "b"))).await);
+    async fn the_cache_outlives_a_reload_for_an_unchanged_hash_and_not_for_a_changed_one() {
+        let auth = Auth::default();
+        let before = users(&[("u", "p")]);
+        assert_eq!(auth.check(&before, ip(2), Some(&basic("u", "p"))).await, Verdict::Pass);
+        // The same file read again: the remembered success still holds, without a queue.
+        let reloaded = Users::new(before.hashes.clone()).unwrap();
+        let auth_without_threads = Auth { checks: Checks::new(0), ..auth };
+        assert_eq!(
+            auth_without_threads.check(&reloaded, ip(2), Some(&basic("u", "p"))).await,
+            Verdict::Pass
+        );
+        // A new hash for the user (same password): not in the cache, so a check is queued.
+        let changed = users(&[("u", "p")]);
+        let header = basic("u", "p");
+        let pending = auth_without_threads.check(&changed, ip(2), Some(&header));
+        tokio::pin!(pending);
+        assert!(futures_poll_once(pending.as_mut()).await.is_none());
+        assert_eq!(auth_without_threads.queued(), 1);
+    }
+
+    /// Polls `future` once: its output if ready.
+    async fn futures_poll_once<F: std::future::Future + Unpin>(mut future: F) -> Option<F::Output> {
+        std::future::poll_fn(|cx| match std::pin::Pin::new(&mut future).poll(cx) {
+            std::task::Poll::Ready(out) => std::task::Poll::Ready(Some(out)),
+            std::task::Poll::Pending => std::task::Poll::Ready(None),
+        })
+        .await
+    }
+
+    #[test]
+    fn hashes_of_different_costs_are_refused_naming_the_user() {
+        let e = Users::new([("a".into(), hash("a", 4)), ("b".into(), hash("b", 5))].into())
+            .unwrap_err();
+        assert_eq!(e.key, "basic_auth_users.b");
+        assert!(e.message.contains("cost 5 differs from cost 4 of a"), "{}", e.message);
+        assert!(e.message.contains("htpasswd -nBC 4"), "{}", e.message);
+        let same = Users::new([("a".into(), hash("a", 4)), ("b".into(), hash("b", 4))].into());
+        assert!(same.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_password_longer_than_72_bytes_is_refused_even_if_its_first_72_bytes_match() {
+        let auth = Auth::default();
+        let long = "x".repeat(80);
+        let users = users(&[("u", &long), ("v", &long[..72])]);
+        // bcrypt alone would take any 80 bytes that start with the right 72.
+        assert!(bcrypt::verify(format!("{}yyyyyyyy", &long[..72]), &users.hashes["u"]).unwrap());
+        for password in [long.clone(), format!("{}yyyyyyyy", &long[..72])] {
+            assert_eq!(
+                auth.check(&users, ip(2), Some(&basic("u", &password))).await,
+                Verdict::Fail
+            );
+        }
+        assert_eq!(auth.check(&users, ip(2), Some(&basic("v", &long[..72]))).await, Verdict::Pass);
+    }
+
+    #[test]
+    fn checks_are_taken_round_robin_over_client_addresses() {
+        let checks = Checks::new(0);
+        let mut answers = Vec::new();
+        for (client, password) in [(2, "a1"), (2, "a2"), (2, "a3"), (3, "b1"), (4, "c1"), (3, "b2")]
+        {
+            answers.push(checks.submit(ip(client), password.into(), String::new()).unwrap());
+        }
+        let mut queue = lock(&checks.shared.queue);
+        let order: Vec<String> = std::iter::from_fn(|| queue.next()).map(|j| j.password).collect();
+        assert_eq!(order, ["a1", "b1", "c1", "a2", "b2", "a3"]);
+        assert_eq!(queue.queued, 0);
+    }
+
+    #[test]
+    fn past_its_share_or_the_whole_queue_a_check_is_refused_at_once_and_gone_clients_are_skipped() {
+        let checks = Checks::new(0);
+        let mut answers = Vec::new();
+        for _ in 0..QUEUED_PER_CLIENT {
+            answers.push(checks.submit(ip(2), "p".into(), String::new()).unwrap());
+        }
+        assert!(checks.submit(ip(2), "p".into(), String::new()).is_none());
+        // Another address still gets in, up to the whole queue's bound.
+        let mut last = 3u8;
+        while lock(&checks.shared.queue).queued < MAX_QUEUED {
+            last += 1;
+            for _ in 0..QUEUED_PER_CLIENT {
+                if lock(&checks.shared.queue).queued < MAX_QUEUED {
+                    answers.push(checks.submit(ip(last), "p".into(), String::new()).unwrap());
+                }
+            }
+        }
+        assert!(checks.submit(ip(250), "p".into(), String::new()).is_none());
+        // Clients that went away leave their checks to be dropped unverified.
+        answers.clear();
+        assert!(lock(&checks.shared.queue).next().is_none());
+        assert_eq!(lock(&checks.shared.queue).queued, 0);
+        let kept = checks.submit(ip(2), "kept".into(), String::new());
+        let mut queue = lock(&checks.shared.queue);
+        assert_eq!(queue.next().map(|j| j.password), Some("kept".into()));
+        drop(kept);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_that_hangs_up_during_basic_auth_frees_no_bcrypt_thread_early() {
+        let auth = Arc::new(Auth::new(1));
+        let users = Arc::new(Users::new([("u".into(), hash("p", 9))].into()).unwrap());
+        let mut peak = 0;
+        for round in 0..3u8 {
+            let (a, u) = (Arc::clone(&auth), Arc::clone(&users));
+            let first =
+                tokio::spawn(async move { a.check(&u, ip(2), Some(&basic("u", "x"))).await });
+            while auth.running() == 0 {
+                tokio::task::yield_now().await;
+            }
+            // The client hangs up while its bcrypt runs; others arrive at once.
+            first.abort();
+            let others: Vec<_> = (0..4u8)
+                .map(|i| {
+                    let (a, u) = (Arc::clone(&auth), Arc::clone(&users));
+                    tokio::spawn(async move {
+                        a.check(&u, ip(10 + round * 4 + i), Some(&basic("u", "y"))).await
+                    })
+                })
+                .collect();
+            while others.iter().any(|o| !o.is_finished()) {
+                peak = peak.max(auth.running());
+                tokio::task::yield_now().await;
+            }
+        }
+        assert_eq!(peak, 1, "bcrypt ran {peak} at once");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `amd-hsmp-exporter`: parses the flags, sets up logging, loads the web configuration file,
 //! binds the listen addresses (or takes systemd's sockets) and serves until SIGTERM or SIGINT.
-//! SIGHUP re-reads the web configuration file; SIGUSR1 and SIGUSR2 are logged and ignored.
+//! SIGHUP re-reads the web configuration file (on a thread of its own, so a file that blocks
+//! never delays SIGTERM); SIGUSR1 and SIGUSR2 are logged and ignored.
 //!
 //! Exit codes: 0 after a clean shutdown, 1 when start-up fails (e.g. an address cannot be
 //! bound, the web configuration file is invalid), 2 for invalid flags. A missing broker or
@@ -120,7 +121,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
 async fn bind(address: amd_hsmp_exporter::cli::ListenAddress) -> anyhow::Result<TcpListener> {
     let mut last = None;
     for candidate in address.candidates() {
-        match TcpListener::bind(candidate).await {
+        match listen(candidate) {
             Ok(listener) => return Ok(listener),
             Err(e) => last = Some(e),
         }
@@ -128,6 +129,23 @@ async fn bind(address: amd_hsmp_exporter::cli::ListenAddress) -> anyhow::Result<
     let error = last.unwrap_or_else(|| std::io::Error::other("no address to bind"));
     Err(error).with_context(|| format!("cannot listen on {address}"))
 }
+
+/// A listening socket on `addr` with a backlog of [`BACKLOG`] (capped by the kernel's
+/// `net.core.somaxconn`), so a burst of connections waits in the kernel for the accept loop
+/// instead of losing SYNs (and their clients a second to retransmission).
+fn listen(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(BACKLOG)
+}
+
+/// The listen backlog of the sockets the exporter binds itself.
+const BACKLOG: u32 = 1024;
 
 /// `--web.systemd-socket`: every socket systemd passed (`LISTEN_FDS`, for this process's
 /// `LISTEN_PID`), each a listening TCP socket.
@@ -184,18 +202,9 @@ impl Signals {
             let (index, name) = tokio::select! {
                 _ = self.term.recv() => return,
                 _ = self.int.recv() => return,
+                // Never waits for the file: the file thread reads it and logs the outcome.
                 _ = self.hup.recv() => {
-                    if let Some(path) = web.path() {
-                        match web.reload() {
-                            Ok(()) => tracing::info!(
-                                file = %path.display(),
-                                "SIGHUP: web configuration reloaded"
-                            ),
-                            Err(e) => tracing::error!(
-                                error = %amd_hsmp_exporter::broker::chain(&e),
-                                "SIGHUP: web configuration not reloaded, the old one stays"
-                            ),
-                        }
+                    if web.request_reload() {
                         continue;
                     }
                     (0, "SIGHUP")

@@ -3,18 +3,27 @@
 //! limit), serves each admitted connection with hyper's HTTP/1 server and a timer, and closes a
 //! connection that is idle too long or too slow to send its request head. With a
 //! `--web.config.file` that configures TLS, an admitted connection's handshake comes first,
-//! within the header-read timeout. Refusals are logged at a bounded rate. Excess connections are
-//! closed at once, never queued.
+//! within the header-read timeout.
+//!
+//! A full table makes room for a newcomer by closing the oldest connection that has not yet
+//! completed a request head (a silent one, a slow head, a TLS handshake in progress), so
+//! connections that send nothing cannot lock a scraper out, however many addresses hold them.
+//! Only when every open connection has completed a request, or the newcomer's address holds its
+//! share, is the newcomer refused: closed at once, never queued, with a cleartext `503` on plain
+//! HTTP and a TLS alert on a TLS listener. Refusals and evictions are logged at a bounded rate.
+//! A request head is read into at most [`MAX_HEAD_BYTES`]; an HTTP/1.1 request without exactly
+//! one `Host` gets `400`.
 
 use crate::ratelimit::RateLimit;
 use crate::web_config::WebState;
 use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -35,6 +44,20 @@ const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// Sent to a refused connection before it is closed, if the socket takes it at once.
 const REFUSED_RESPONSE: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\n\
 Content-Type: text/plain; charset=utf-8\r\nContent-Length: 25\r\n\r\ntoo many open connections";
+
+/// Sent to a refused connection on a TLS listener: a fatal `internal_error` alert record.
+const REFUSED_ALERT: &[u8] = &[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x50];
+
+/// The most a connection buffers of a request head (hyper's `max_buf_size`; its minimum is
+/// 8 KiB): a Prometheus request is under 1 KiB, and a longer head gets `431`.
+pub const MAX_HEAD_BYTES: usize = 16 * 1024;
+
+/// Evicted connections whose sockets may still be open before the accept loop waits for them;
+/// well within the descriptors [`RESERVED_FDS`] keeps free of connections.
+const MAX_CLOSING: usize = 16;
+
+/// How long the accept loop waits for a connection evicted to make room to close.
+const EVICTION_WAIT: Duration = Duration::from_millis(100);
 
 /// How long a shutdown waits for open connections to finish their request.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
@@ -65,31 +88,46 @@ pub fn connection_room(fd_limit: Option<u64>) -> usize {
     }
 }
 
-/// Counts connections, overall and per client address.
+/// Counts connections, overall and per client address, and knows each one's age and whether
+/// it has completed a request head.
 #[derive(Debug)]
 pub struct Admission {
     limits: Limits,
     open: Mutex<Open>,
     refusals: RateLimit,
+    evictions: RateLimit,
 }
 
 #[derive(Debug, Default)]
 struct Open {
     total: usize,
     per_client: HashMap<IpAddr, usize>,
+    /// Every open connection by admission number: the oldest first.
+    table: BTreeMap<u64, (IpAddr, Shared)>,
+    next: u64,
+    evicted: u64,
+    /// Connections evicted whose sockets are not closed yet.
+    closing: usize,
 }
 
 /// An admitted connection's place; given back on drop.
 #[derive(Debug)]
 pub struct Slot {
     admission: Arc<Admission>,
-    client: IpAddr,
+    id: u64,
+    watch: Shared,
+    /// The connection evicted to make room for this one, if any.
+    made_room: Option<Shared>,
 }
+
+/// The address a request came from, as an extension of every request the server hands on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientAddr(pub IpAddr);
 
 /// Why a connection was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
-    /// `max_connections` are open.
+    /// `max_connections` are open and every one has completed a request head.
     Full,
     /// This client address holds `max_per_client` connections.
     ClientShare,
@@ -102,41 +140,101 @@ impl Admission {
             limits,
             open: Mutex::new(Open::default()),
             refusals: RateLimit::new(REFUSAL_LOG_INTERVAL),
+            evictions: RateLimit::new(REFUSAL_LOG_INTERVAL),
         })
     }
 
-    /// A slot for a connection from `peer`, or why there is none.
+    /// A slot for a connection from `peer`, or why there is none. When the table is full, the
+    /// oldest connection that has not completed a request head is told to close and its place
+    /// given to `peer`.
     pub fn admit(self: &Arc<Self>, peer: IpAddr) -> Result<Slot, Refusal> {
         let client = client_key(peer);
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        if open.total >= self.limits.max_connections {
-            return Err(Refusal::Full);
-        }
-        let held = open.per_client.entry(client).or_insert(0);
-        if *held >= self.limits.max_per_client {
+        if open.per_client.get(&client).is_some_and(|held| *held >= self.limits.max_per_client) {
             return Err(Refusal::ClientShare);
         }
-        *held += 1;
+        let mut made_room = None;
+        if open.total >= self.limits.max_connections {
+            let victim = open
+                .table
+                .iter()
+                .find(|(_, (_, watch))| !watch.served.load(Ordering::SeqCst))
+                .map(|(id, _)| *id);
+            let Some((victim_client, watch)) = victim.and_then(|id| open.table.remove(&id)) else {
+                return Err(Refusal::Full);
+            };
+            open.release(victim_client);
+            open.evicted += 1;
+            open.closing += 1;
+            watch.evicted.store(true, Ordering::SeqCst);
+            watch.close.notify_one();
+            made_room = Some(watch);
+            if let Some(suppressed) = self.evictions.check() {
+                tracing::info!(
+                    client = %victim_client,
+                    max_connections = self.limits.max_connections,
+                    suppressed,
+                    "HTTP connection closed to make room: --web.max-connections reached and it \
+                     had not completed a request head"
+                );
+            }
+        }
+        *open.per_client.entry(client).or_insert(0) += 1;
         open.total += 1;
-        Ok(Slot { admission: Arc::clone(self), client })
+        let id = open.next;
+        open.next += 1;
+        let watch: Shared = Arc::new(Watch {
+            phase: Mutex::new(Phase::Idle { since: Instant::now() }),
+            head_started: Notify::new(),
+            served: AtomicBool::new(false),
+            evicted: AtomicBool::new(false),
+            close: Notify::new(),
+            gone: Notify::new(),
+        });
+        open.table.insert(id, (client, Arc::clone(&watch)));
+        Ok(Slot { admission: Arc::clone(self), id, watch, made_room })
     }
 
     /// Connections open now.
     pub fn open(&self) -> usize {
         self.open.lock().unwrap_or_else(|p| p.into_inner()).total
     }
+
+    /// Connections evicted whose sockets are not closed yet.
+    fn closing(&self) -> usize {
+        self.open.lock().unwrap_or_else(|p| p.into_inner()).closing
+    }
+
+    /// Connections closed so far to make room for others.
+    pub fn evicted(&self) -> u64 {
+        self.open.lock().unwrap_or_else(|p| p.into_inner()).evicted
+    }
+}
+
+impl Open {
+    fn release(&mut self, client: IpAddr) {
+        self.total = self.total.saturating_sub(1);
+        if let Some(held) = self.per_client.get_mut(&client) {
+            *held -= 1;
+            if *held == 0 {
+                self.per_client.remove(&client);
+            }
+        }
+    }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
         let mut open = self.admission.open.lock().unwrap_or_else(|p| p.into_inner());
-        open.total = open.total.saturating_sub(1);
-        if let Some(held) = open.per_client.get_mut(&self.client) {
-            *held -= 1;
-            if *held == 0 {
-                open.per_client.remove(&self.client);
-            }
+        // Not in the table any more when it was evicted: its place was given away then.
+        if let Some((client, _)) = open.table.remove(&self.id) {
+            open.release(client);
         }
+        if self.watch.evicted.load(Ordering::SeqCst) {
+            open.closing -= 1;
+        }
+        drop(open);
+        self.watch.gone.notify_one();
     }
 }
 
@@ -185,37 +283,31 @@ pub async fn serve(
             }
         };
         match admission.admit(peer.ip()) {
-            Ok(slot) => {
+            Ok(mut slot) => {
+                let made_room = slot.made_room.take();
                 let router = router.clone();
                 let stop = stop.clone();
                 let limits = admission.limits;
                 let web = Arc::clone(&web);
                 connections.spawn(async move {
-                    let config = web.for_connection();
-                    match &config.tls {
-                        None => serve_connection(stream, peer, router, limits, stop).await,
-                        Some(tls) => {
-                            let acceptor = tls.acceptor();
-                            drop(config);
-                            let handshake = acceptor.accept(stream);
-                            match tokio::time::timeout(limits.header_read_timeout, handshake).await
-                            {
-                                Ok(Ok(stream)) => {
-                                    serve_connection(stream, peer, router, limits, stop).await;
-                                }
-                                Ok(Err(e)) => {
-                                    tracing::debug!(client = %peer, error = %e, "TLS handshake failed");
-                                }
-                                Err(_) => {
-                                    tracing::debug!(client = %peer, "TLS handshake too slow");
-                                }
-                            }
+                    let watch = Arc::clone(&slot.watch);
+                    tokio::select! {
+                        () = connection(stream, peer, router, limits, &web, Arc::clone(&watch), stop) => {}
+                        () = watch.close.notified() => {
+                            tracing::debug!(client = %peer, "HTTP connection closed to make room");
                         }
                     }
                     drop(slot);
                 });
+                // Evictions never outrun the descriptors: past a few sockets still to close,
+                // the next accept waits for this one's victim (a stuck task not for long).
+                if let Some(victim) = made_room
+                    && admission.closing() > MAX_CLOSING
+                {
+                    let _ = tokio::time::timeout(EVICTION_WAIT, victim.gone.notified()).await;
+                }
             }
-            Err(refusal) => refuse(stream, peer, refusal, &admission),
+            Err(refusal) => refuse(stream, peer, refusal, &admission, web.current().tls.is_some()),
         }
     }
     drop(listener);
@@ -227,9 +319,35 @@ pub async fn serve(
     }
 }
 
-fn refuse(stream: TcpStream, peer: SocketAddr, refusal: Refusal, admission: &Admission) {
-    // Best effort, never waiting: a client that does not read simply gets the close.
-    let _ = stream.try_write(REFUSED_RESPONSE);
+/// One admitted connection: its TLS handshake if the configuration in force has TLS (within
+/// the header-read timeout), then HTTP.
+async fn connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    router: Router,
+    limits: Limits,
+    web: &WebState,
+    watch: Shared,
+    stop: watch::Receiver<bool>,
+) {
+    let config = web.for_connection().await;
+    let Some(tls) = &config.tls else {
+        drop(config);
+        return serve_connection(stream, peer, router, limits, watch, stop).await;
+    };
+    let acceptor = tls.acceptor();
+    drop(config);
+    match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => serve_connection(stream, peer, router, limits, watch, stop).await,
+        Ok(Err(e)) => tracing::debug!(client = %peer, error = %e, "TLS handshake failed"),
+        Err(_) => tracing::debug!(client = %peer, "TLS handshake too slow"),
+    }
+}
+
+fn refuse(stream: TcpStream, peer: SocketAddr, refusal: Refusal, admission: &Admission, tls: bool) {
+    // Best effort, never waiting: a client that does not read simply gets the close. A TLS
+    // client gets a TLS alert, which it can report, not cleartext it cannot parse.
+    let _ = stream.try_write(if tls { REFUSED_ALERT } else { REFUSED_RESPONSE });
     drop(stream);
     if let Some(suppressed) = admission.refusals.check() {
         let limits = admission.limits;
@@ -261,12 +379,20 @@ enum Phase {
     Busy,
 }
 
-/// A connection's phase, shared by its stream, its service and its watchdog, which is woken
-/// when a request's first byte arrives (its deadline moves closer).
+/// A connection's phase, shared by its stream, its service, its watchdog, which is woken
+/// when a request's first byte arrives (its deadline moves closer), and the admission table.
 #[derive(Debug)]
 struct Watch {
     phase: Mutex<Phase>,
     head_started: Notify,
+    /// A request head was completed on this connection: it is no longer evicted for room.
+    served: AtomicBool,
+    /// The connection was evicted (and told to close) to make room for another.
+    evicted: AtomicBool,
+    /// Notified when the connection is evicted to make room for another.
+    close: Notify,
+    /// Notified when its slot is given back (its socket closed).
+    gone: Notify,
 }
 
 type Shared = Arc<Watch>;
@@ -284,27 +410,32 @@ async fn serve_connection<S>(
     peer: SocketAddr,
     router: Router,
     limits: Limits,
+    phase: Shared,
     mut stop: watch::Receiver<bool>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let phase: Shared = Arc::new(Watch {
-        phase: Mutex::new(Phase::Idle { since: Instant::now() }),
-        head_started: Notify::new(),
-    });
+    set(&phase, Phase::Idle { since: Instant::now() });
     let io = TokioIo::new(Watched { io: stream, phase: Arc::clone(&phase) });
     let service_phase = Arc::clone(&phase);
-    let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+    let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
+        service_phase.served.store(true, Ordering::SeqCst);
         let busy = BusyGuard::new(Arc::clone(&service_phase));
-        let response = router.clone().oneshot(request);
+        let router = router.clone();
         async move {
-            let response = response.await;
+            let response = if host_is_valid(&request) {
+                request.extensions_mut().insert(ClientAddr(peer.ip()));
+                router.oneshot(request).await
+            } else {
+                Ok(bad_request())
+            };
             drop(busy);
             response
         }
     });
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
+        .max_buf_size(MAX_HEAD_BYTES)
         // Hyper's own head timer runs from when the connection waits for a request, so it
         // also bounds idle keep-alive time; it backs up the watchdog below.
         .header_read_timeout(limits.idle_timeout + limits.header_read_timeout);
@@ -343,6 +474,21 @@ async fn serve_connection<S>(
             }
         }
     }
+}
+
+/// RFC 9112 §3.2: an HTTP/1.1 request carries exactly one `Host` (HTTP/1.0 may omit it).
+fn host_is_valid<B>(request: &hyper::Request<B>) -> bool {
+    let hosts = request.headers().get_all(axum::http::header::HOST).iter().count();
+    match request.version() {
+        axum::http::Version::HTTP_10 | axum::http::Version::HTTP_09 => hosts <= 1,
+        _ => hosts == 1,
+    }
+}
+
+fn bad_request() -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let body = "Bad Request: an HTTP/1.1 request needs exactly one Host header\n";
+    (axum::http::StatusCode::BAD_REQUEST, body).into_response()
 }
 
 /// Marks the connection busy while a request is handled, idle again when it is done (also
@@ -470,10 +616,40 @@ mod tests {
     fn the_global_cap_holds_over_all_clients_and_frees_on_drop() {
         let admission = Admission::new(limits(4, 4));
         let held: Vec<Slot> = (1..=4).map(|i| admission.admit(ip(i)).unwrap()).collect();
+        for slot in &held {
+            slot.watch.served.store(true, Ordering::SeqCst);
+        }
         assert_eq!(admission.admit(ip(9)).unwrap_err(), Refusal::Full);
         drop(held);
         assert_eq!(admission.open(), 0);
         assert!(admission.open.lock().unwrap().per_client.is_empty());
+    }
+
+    #[test]
+    fn a_full_table_evicts_the_oldest_connection_without_a_request_head() {
+        let admission = Admission::new(limits(3, 3));
+        let held: Vec<Slot> = (1..=3).map(|i| admission.admit(ip(i)).unwrap()).collect();
+        // The oldest has completed a request: the next oldest, silent, makes room.
+        held[0].watch.served.store(true, Ordering::SeqCst);
+        let newcomer = admission.admit(ip(9)).unwrap();
+        assert_eq!((admission.open(), admission.evicted()), (3, 1));
+        let open = admission.open.lock().unwrap();
+        assert!(!open.per_client.contains_key(&ip(2)), "{:?}", open.per_client);
+        assert_eq!(open.table.keys().copied().collect::<Vec<_>>(), [0, 2, 3]);
+        drop(open);
+        // The evicted connection was told to close; its slot's drop gives back nothing twice.
+        assert!(futures_now(held[1].watch.close.notified()));
+        drop(held);
+        assert_eq!(admission.open(), 1);
+        drop(newcomer);
+        assert_eq!(admission.open(), 0);
+    }
+
+    /// Whether `future` is ready at its first poll.
+    fn futures_now<F: std::future::Future>(future: F) -> bool {
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        std::pin::pin!(future).poll(&mut cx).is_ready()
     }
 
     #[test]

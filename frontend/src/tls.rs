@@ -3,7 +3,7 @@
 //! TLS 1.2/1.3 bounds, cipher suites and curves by their Go names, and the file stamps that
 //! tell when a rotated certificate is to be loaded.
 
-use crate::web_config::{KeyError, TlsSection, key_error};
+use crate::web_config::{KeyError, MAX_FILE_BYTES, TlsSection, key_error, read_regular};
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::{CryptoProvider, SupportedKxGroup, WebPkiSupportedAlgorithms};
 use rustls::pki_types::pem::PemObject as _;
@@ -18,6 +18,10 @@ use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio_rustls::TlsAcceptor;
+
+/// The largest certificate chain served, in DER bytes: a TLS 1.3 `Certificate` message above
+/// 64 KiB is refused by rustls clients (and Go's limit for other handshake messages is the same).
+pub const MAX_CHAIN_BYTES: usize = 60 * 1024;
 
 /// Where the certificate, key and client CA come from.
 #[derive(Debug, Clone)]
@@ -359,7 +363,7 @@ impl Tls {
 fn read(source: &Source, key: &str) -> Result<Vec<u8>, KeyError> {
     match source {
         Source::Inline(pem) => Ok(pem.as_bytes().to_vec()),
-        Source::File(path) => std::fs::read(path).map_err(|e| {
+        Source::File(path) => read_regular(path, MAX_FILE_BYTES).map_err(|e| {
             key_error(
                 format!("tls_server_config.{key}"),
                 format!("cannot read {}: {e}", path.display()),
@@ -391,6 +395,17 @@ impl TlsFiles {
         let cert_key = self.names("cert_file", "cert", &self.cert);
         let key_key = self.names("key_file", "key", &self.key);
         let chain = certificates(&read(&self.cert, cert_key)?, cert_key)?;
+        let size: usize = chain.iter().map(|c| c.len()).sum();
+        if size > MAX_CHAIN_BYTES {
+            return Err(key_error(
+                format!("tls_server_config.{cert_key}"),
+                format!(
+                    "the certificate chain is {size} bytes ({} certificates) in DER, above the \
+                     {MAX_CHAIN_BYTES}-byte limit: TLS clients refuse a chain that large",
+                    chain.len()
+                ),
+            ));
+        }
         let key = PrivateKeyDer::from_pem_slice(&read(&self.key, key_key)?).map_err(|e| {
             key_error(
                 format!("tls_server_config.{key_key}"),
@@ -605,5 +620,28 @@ mod tests {
         let files = TlsFiles::from_section(section(FILES), dir.path()).unwrap();
         let tls = Tls::load(files).unwrap().unwrap();
         assert_eq!(*tls.stamps(), tls.files().stamps());
+    }
+
+    #[test]
+    fn a_certificate_chain_above_the_limit_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let one = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let pem = one.cert.pem();
+        let copies = MAX_CHAIN_BYTES / one.cert.der().len() + 1;
+        std::fs::write(dir.path().join("c.pem"), pem.repeat(copies)).unwrap();
+        std::fs::write(dir.path().join("k.pem"), one.signing_key.serialize_pem()).unwrap();
+        let files = TlsFiles::from_section(section(FILES), dir.path()).unwrap();
+        let e = Tls::load(files).unwrap_err();
+        assert_eq!(e.key, "tls_server_config.cert_file", "{}", e.message);
+        assert!(e.message.contains(&format!("{copies} certificates")), "{}", e.message);
+        // A file above the read cap is refused before it is parsed.
+        std::fs::write(
+            dir.path().join("c.pem"),
+            pem.repeat(MAX_FILE_BYTES as usize / pem.len() + 1),
+        )
+        .unwrap();
+        let files = TlsFiles::from_section(section(FILES), dir.path()).unwrap();
+        let e = Tls::load(files).unwrap_err();
+        assert!(e.message.contains("byte limit"), "{}", e.message);
     }
 }

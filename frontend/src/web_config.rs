@@ -1,9 +1,10 @@
 //! `--web.config.file`: the exporter-toolkit web configuration (`tls_server_config`,
 //! `http_server_config`, `basic_auth_users`), parsed strictly (an unknown key, a setting this
 //! exporter cannot honour or a bad value is an error naming the key), turned into what the
-//! server uses ([`Web`]), and re-read on SIGHUP or when a TLS file changes ([`WebState`]).
+//! server uses ([`Web`]), and re-read on SIGHUP or when a TLS file changes ([`WebState`]), on a
+//! thread of its own with a timeout: regular files only, each at most [`MAX_FILE_BYTES`].
 
-use crate::auth::Users;
+use crate::auth::{Auth, Users};
 use crate::tls::{self, Stamps, TlsFiles};
 use axum::http::{HeaderName, HeaderValue};
 use serde::Deserialize;
@@ -11,7 +12,10 @@ use serde::de::{Deserializer, MapAccess, Visitor};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+use tokio::sync::watch;
 
 /// What can be wrong with a web configuration file.
 #[derive(Debug, thiserror::Error)]
@@ -129,8 +133,10 @@ impl Web {
 /// Reads and validates `path`, loading the certificates and keys it names (relative paths are
 /// taken from the file's directory, as exporter-toolkit does).
 pub fn load(path: &Path) -> Result<Web, WebConfigError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|source| WebConfigError::Read { path: path.to_owned(), source })?;
+    let read = |source| WebConfigError::Read { path: path.to_owned(), source };
+    let bytes = read_regular(path, MAX_FILE_BYTES).map_err(read)?;
+    let text =
+        String::from_utf8(bytes).map_err(|_| read(std::io::Error::other("not UTF-8 text")))?;
     parse(&text, path.parent().unwrap_or(Path::new("."))).map_err(|e| match e {
         ParseError::Yaml(source) => WebConfigError::Parse { path: path.to_owned(), source },
         ParseError::Key(KeyError { key, message }) => {
@@ -251,15 +257,115 @@ fn unique_map<'de, D: Deserializer<'de>>(
     deserializer.deserialize_option(Unique)
 }
 
+/// The largest web configuration, certificate, key or CA file read (1 MiB).
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
+
+/// How long reading the web configuration file and the files it names may take; past it the
+/// read is given up (its thread left to finish alone) and the old configuration stays.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a new TLS connection waits for the check that its certificate files have not
+/// changed (a `stat` of each, on the file thread).
+const ROTATION_WAIT: Duration = Duration::from_secs(1);
+
+/// Reads `path` if it is a regular file of at most `cap` bytes. It is opened with
+/// `O_NONBLOCK`, so a FIFO cannot hold the open, and checked before any read: a FIFO, a
+/// directory, a device or a socket is refused.
+pub(crate) fn read_regular(path: &Path, cap: u64) -> std::io::Result<Vec<u8>> {
+    use rustix::fs::{Mode, OFlags};
+    use std::io::Read as _;
+    let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY;
+    let file = std::fs::File::from(rustix::fs::open(path, flags, Mode::empty())?);
+    let meta = file.metadata()?;
+    let kind = meta.file_type();
+    if !kind.is_file() {
+        use std::os::unix::fs::FileTypeExt as _;
+        let what = if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_dir() {
+            "a directory"
+        } else if kind.is_block_device() || kind.is_char_device() {
+            "a device"
+        } else if kind.is_socket() {
+            "a socket"
+        } else {
+            "not a file"
+        };
+        return Err(std::io::Error::other(format!("not a regular file ({what})")));
+    }
+    let too_big = || std::io::Error::other(format!("larger than the {cap}-byte limit"));
+    if meta.len() > cap {
+        return Err(too_big());
+    }
+    let mut data = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    file.take(cap + 1).read_to_end(&mut data)?;
+    if data.len() as u64 > cap {
+        return Err(too_big());
+    }
+    Ok(data)
+}
+
+/// [`load`] on a thread of its own, waited for at most [`READ_TIMEOUT`]. `reading` is set
+/// while such a thread runs: one that never returned (a file on a hung mount) is not joined
+/// by another.
+fn load_in_time(path: &Path, reading: &Arc<AtomicBool>) -> Result<Web, WebConfigError> {
+    let stuck = |message: &str| WebConfigError::Invalid {
+        path: path.to_owned(),
+        key: "--web.config.file".into(),
+        message: message.into(),
+    };
+    if reading.swap(true, Ordering::SeqCst) {
+        return Err(stuck(
+            "the last read of this file or of a file it names has not returned yet (a file on              a hung mount?); not read again until it does",
+        ));
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (owned, flag) = (path.to_owned(), Arc::clone(reading));
+    let spawned = std::thread::Builder::new().name("web-config-read".into()).spawn(move || {
+        let _ = tx.send(load(&owned));
+        flag.store(false, Ordering::SeqCst);
+    });
+    if let Err(e) = spawned {
+        reading.store(false, Ordering::SeqCst);
+        return Err(WebConfigError::Read { path: path.to_owned(), source: e });
+    }
+    rx.recv_timeout(READ_TIMEOUT).unwrap_or_else(|_| {
+        Err(stuck(&format!(
+            "reading it and the files it names took longer than {}s; given up",
+            READ_TIMEOUT.as_secs()
+        )))
+    })
+}
+
 /// The configuration in force, replaced as a whole by a successful reload. A failed reload
-/// keeps it and logs why.
+/// keeps it and logs why. Every file is read on a thread of its own ([`load_in_time`]) driven by
+/// the file thread, never on an async worker; no lock is held while a file is read.
 #[derive(Debug)]
 pub struct WebState {
     path: Option<PathBuf>,
     current: RwLock<Arc<Web>>,
-    /// Serializes reloads; holds the TLS files' stamps of the last failed attempt, so a broken
-    /// rotation is reported once, not on every connection.
-    reload: Mutex<Option<Stamps>>,
+    auth: Auth,
+    files: Option<FileThread>,
+}
+
+/// What the file thread is asked to do.
+#[derive(Debug, Clone, Copy)]
+enum Task {
+    /// Re-read the file (SIGHUP).
+    Reload,
+    /// Re-read it if a TLS file changed (a new TLS connection).
+    Rotation,
+}
+
+/// The handle of the thread that reads the files.
+#[derive(Debug)]
+struct FileThread {
+    tasks: std::sync::mpsc::Sender<Task>,
+    /// Rotation checks started, and finished.
+    started: AtomicU64,
+    finished: watch::Sender<u64>,
+    /// When the rotation check in progress started.
+    checking: Mutex<Option<std::time::Instant>>,
 }
 
 impl WebState {
@@ -268,18 +374,33 @@ impl WebState {
         Arc::new(WebState {
             path: None,
             current: RwLock::new(Arc::new(Web::open())),
-            reload: Mutex::new(None),
+            auth: Auth::default(),
+            files: None,
         })
     }
 
     /// Loads `path`; an error here stops the start-up.
     pub fn load(path: &Path) -> Result<Arc<WebState>, WebConfigError> {
-        let web = load(path)?;
-        Ok(Arc::new(WebState {
+        let reading = Arc::new(AtomicBool::new(false));
+        let web = load_in_time(path, &reading)?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let state = Arc::new(WebState {
             path: Some(path.to_owned()),
             current: RwLock::new(Arc::new(web)),
-            reload: Mutex::new(None),
-        }))
+            auth: Auth::default(),
+            files: Some(FileThread {
+                tasks: tx,
+                started: AtomicU64::new(0),
+                finished: watch::Sender::new(0),
+                checking: Mutex::new(None),
+            }),
+        });
+        let weak = Arc::downgrade(&state);
+        std::thread::Builder::new()
+            .name("web-config".into())
+            .spawn(move || watch_files(&weak, &rx, &reading))
+            .map_err(|source| WebConfigError::Read { path: path.to_owned(), source })?;
+        Ok(state)
     }
 
     /// The configuration file, if any.
@@ -292,21 +413,51 @@ impl WebState {
         Arc::clone(&self.current.read().unwrap_or_else(|p| p.into_inner()))
     }
 
-    /// Re-reads the file (SIGHUP). On success the new configuration serves new connections
-    /// and every request from now on; on failure the old one stays and the error is returned.
-    pub fn reload(&self) -> Result<(), WebConfigError> {
-        let Some(path) = &self.path else { return Ok(()) };
-        let mut failed = self.reload.lock().unwrap_or_else(|p| p.into_inner());
-        let result = self.reload_locked(path);
-        *failed = match &result {
-            Ok(()) => None,
-            Err(_) => self.current().tls.as_ref().map(|t| t.files().stamps()),
-        };
-        result
+    /// The basic-auth checks and their cache, the same for every configuration loaded.
+    pub fn auth(&self) -> &Auth {
+        &self.auth
     }
 
-    fn reload_locked(&self, path: &Path) -> Result<(), WebConfigError> {
-        let web = load(path)?;
+    /// Asks for the file to be re-read (SIGHUP), without waiting: the file thread reads it,
+    /// swaps the configuration in on success (new connections and every request from then
+    /// on), and logs the outcome. `false` without a configuration file.
+    pub fn request_reload(&self) -> bool {
+        self.send(Task::Reload)
+    }
+
+    fn send(&self, task: Task) -> bool {
+        let Some(files) = &self.files else { return false };
+        files.tasks.send(task).is_ok()
+    }
+
+    /// The configuration for a new connection: with TLS, a check that a certificate, key or
+    /// client CA file has not changed since it was loaded (rotation) is made first, on the
+    /// file thread, after this call began; a changed file gets the whole configuration re-read.
+    /// The wait is at most [`ROTATION_WAIT`], and none while a check is stuck past it: the
+    /// configuration in force is used then.
+    pub async fn for_connection(&self) -> Arc<Web> {
+        let current = self.current();
+        let (Some(files), Some(_)) = (&self.files, &current.tls) else { return current };
+        let stuck = files
+            .checking
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|since| since.elapsed() > ROTATION_WAIT);
+        if stuck {
+            return current;
+        }
+        let after = files.started.load(Ordering::SeqCst);
+        let mut finished = files.finished.subscribe();
+        if !self.send(Task::Rotation) {
+            return current;
+        }
+        let _ = tokio::time::timeout(ROTATION_WAIT, finished.wait_for(|n| *n > after)).await;
+        self.current()
+    }
+
+    /// Reads the file and swaps the new configuration in; the old one stays on error.
+    fn swap_in(&self, path: &Path, reading: &Arc<AtomicBool>) -> Result<(), WebConfigError> {
+        let web = load_in_time(path, reading)?;
         let was_tls = self.current().tls.is_some();
         if web.tls.is_some() != was_tls {
             return Err(WebConfigError::Invalid {
@@ -318,40 +469,78 @@ impl WebState {
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(web);
         Ok(())
     }
+}
 
-    /// The configuration for a new connection: if a certificate, key or client CA file
-    /// changed since it was loaded (rotation), the whole file is re-read first; a new file
-    /// that does not load is logged once and the old configuration kept.
-    pub fn for_connection(&self) -> Arc<Web> {
-        let current = self.current();
-        let (Some(path), Some(tls)) = (&self.path, &current.tls) else { return current };
-        let now = tls.files().stamps();
-        if now == *tls.stamps() {
-            return current;
-        }
-        let mut failed = self.reload.lock().unwrap_or_else(|p| p.into_inner());
-        if failed.as_ref() == Some(&now) {
-            return self.current();
-        }
-        // Another connection may have reloaded while this one waited for the lock.
-        let current = self.current();
-        if current.tls.as_ref().is_some_and(|t| *t.stamps() == now) {
-            return current;
-        }
-        match self.reload_locked(path) {
-            Ok(()) => {
-                *failed = None;
-                tracing::info!(file = %path.display(), "TLS files changed: configuration reloaded");
-            }
-            Err(e) => {
-                *failed = Some(now);
-                tracing::error!(
-                    error = %crate::broker::chain(&e),
-                    "TLS files changed but the configuration does not load; keeping the old one"
-                );
+/// The file thread: serves reloads and rotation checks until the [`WebState`] is gone. Holds
+/// the TLS files' stamps of the last failed attempt, so a broken rotation is reported once,
+/// not on every connection.
+fn watch_files(
+    state: &std::sync::Weak<WebState>,
+    tasks: &std::sync::mpsc::Receiver<Task>,
+    reading: &Arc<AtomicBool>,
+) {
+    let mut failed: Option<Stamps> = None;
+    while let Ok(first) = tasks.recv() {
+        let (mut reload, mut rotation) = (false, false);
+        for task in std::iter::once(first).chain(tasks.try_iter()) {
+            match task {
+                Task::Reload => reload = true,
+                Task::Rotation => rotation = true,
             }
         }
-        self.current()
+        let Some(state) = state.upgrade() else { return };
+        let (Some(path), Some(files)) = (&state.path, &state.files) else { return };
+        if reload {
+            match state.swap_in(path, reading) {
+                Ok(()) => {
+                    failed = None;
+                    tracing::info!(file = %path.display(), "SIGHUP: web configuration reloaded");
+                }
+                Err(e) => {
+                    failed = state.current().tls.as_ref().map(|t| t.files().stamps());
+                    tracing::error!(
+                        error = %crate::broker::chain(&e),
+                        "SIGHUP: web configuration not reloaded, the old one stays"
+                    );
+                }
+            }
+        }
+        if rotation {
+            let number = files.started.fetch_add(1, Ordering::SeqCst) + 1;
+            *files.checking.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(std::time::Instant::now());
+            check_rotation(&state, path, reading, &mut failed);
+            *files.checking.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            files.finished.send_replace(number);
+        }
+    }
+}
+
+/// Re-reads the configuration if a TLS file changed since it was loaded.
+fn check_rotation(
+    state: &WebState,
+    path: &Path,
+    reading: &Arc<AtomicBool>,
+    failed: &mut Option<Stamps>,
+) {
+    let current = state.current();
+    let Some(tls) = &current.tls else { return };
+    let now = tls.files().stamps();
+    if now == *tls.stamps() || failed.as_ref() == Some(&now) {
+        return;
+    }
+    match state.swap_in(path, reading) {
+        Ok(()) => {
+            *failed = None;
+            tracing::info!(file = %path.display(), "TLS files changed: configuration reloaded");
+        }
+        Err(e) => {
+            *failed = Some(now);
+            tracing::error!(
+                error = %crate::broker::chain(&e),
+                "TLS files changed but the configuration does not load; keeping the old one"
+            );
+        }
     }
 }
 
@@ -415,5 +604,34 @@ mod tests {
         let hash = "$2y$05$mUlr9Rj5lpHs8pxnnpAnGuuaQXHWg7/VtlpBBYXSqAkxZL1UMDDcm";
         let e = err(&format!("basic_auth_users:\n  a: '{hash}'\n  a: '{hash}'\n"));
         assert!(e.contains("duplicate key \"a\""), "{e}");
+    }
+
+    #[test]
+    fn only_regular_files_within_the_cap_are_read_and_a_fifo_does_not_block() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+            0,
+        )
+        .unwrap();
+        // No writer ever opens it: a blocking open would wait here for good.
+        let e = read_regular(&fifo, 10).unwrap_err();
+        assert!(e.to_string().contains("not a regular file (a FIFO)"), "{e}");
+        let e = read_regular(dir.path(), 10).unwrap_err();
+        assert!(e.to_string().contains("(a directory)"), "{e}");
+        let e = read_regular(Path::new("/dev/null"), 10).unwrap_err();
+        assert!(e.to_string().contains("(a device)"), "{e}");
+        let file = dir.path().join("f");
+        std::fs::write(&file, "0123456789").unwrap();
+        assert_eq!(read_regular(&file, 10).unwrap(), b"0123456789");
+        let e = read_regular(&file, 9).unwrap_err();
+        assert!(e.to_string().contains("larger than the 9-byte limit"), "{e}");
+        // A FIFO as the configuration file is an error naming it, at once.
+        let e = load(&fifo).unwrap_err();
+        assert!(crate::broker::chain(&e).contains("not a regular file (a FIFO)"), "{e:?}");
     }
 }

@@ -313,3 +313,551 @@ fn sixty_four_concurrent_scrapers_get_complete_answers_from_few_broker_samples()
     assert_eq!(complete_answers, 640, "{}", rig.logs());
     assert!(samples * 8 <= 640, "{samples} samples for 640 scrapes");
 }
+
+// ---- basic auth under floods (N1, N3) ----
+
+/// A bcrypt cost whose check takes at least `at_least` here (the exporter is built with the same
+/// profile as this test), so the floods below cost what they would in the field.
+fn bcrypt_cost_taking(at_least: Duration) -> (u32, Duration) {
+    for cost in 4..=16 {
+        let started = Instant::now();
+        bcrypt::hash("calibration", cost).unwrap();
+        let took = started.elapsed();
+        if took >= at_least {
+            return (cost, took);
+        }
+    }
+    panic!("bcrypt cost 16 takes less than {at_least:?}");
+}
+
+fn htpasswd(password: &str, cost: u32) -> String {
+    bcrypt::hash_with_result(password, cost).unwrap().format_for_version(bcrypt::Version::TwoY)
+}
+
+fn basic(user: &str, password: &str) -> String {
+    use base64::Engine as _;
+    let encoded = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    format!("Basic {encoded}")
+}
+
+/// User and system CPU time of `pid` so far, from `/proc/PID/stat` (in USER_HZ, 100 a second
+/// on Linux).
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10)
+}
+
+/// Threads of `pid` now.
+fn threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count())
+}
+
+/// The exporter behind `--web.config.file` with `yaml`, no broker.
+fn with_web_config(dir: &Path, yaml: &str, nofile: Option<u64>) -> (Proc, SocketAddr) {
+    let config = dir.join("web.yml");
+    std::fs::write(&config, yaml).unwrap();
+    let flags = ["--web.config.file".to_owned(), config.display().to_string()];
+    harness::start_exporter(&dir.join("no-broker.sock"), &flags, nofile, dir).unwrap()
+}
+
+fn get_with(
+    from: IpAddr,
+    addr: SocketAddr,
+    auth: &str,
+    timeout: Duration,
+) -> anyhow::Result<Response> {
+    let request = format!(
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAuthorization: {auth}\r\n\r\n"
+    );
+    harness::http_exchange(Some(from), addr, request.as_bytes(), timeout)
+}
+
+#[test]
+fn a_flood_of_wrong_passwords_that_hang_up_keeps_bcrypt_to_one_core() {
+    let _alone = harness::one_at_a_time();
+    let (cost, took) = bcrypt_cost_taking(Duration::from_millis(40));
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!("basic_auth_users:\n  prometheus: '{}'\n", htpasswd("s3cret", cost));
+    let (mut exporter, addr) = with_web_config(dir.path(), &yaml, None);
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicUsize::new(0));
+    let wrong = basic("prometheus", "wrong");
+    // 6 threads from two addresses, each a new connection every 20 ms, each closed 20 ms after
+    // its request: 300 connections a second, none waiting for an answer.
+    let flooders: Vec<_> = (0..6u8)
+        .map(|i| {
+            let (stop, sent, wrong) = (stop.clone(), sent.clone(), wrong.clone());
+            std::thread::spawn(move || {
+                let request =
+                    format!("GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: {wrong}\r\n\r\n");
+                let mut previous: Option<TcpStream> = None;
+                let mut next = Instant::now();
+                while !stop.load(Ordering::SeqCst) {
+                    if let Ok(mut s) = harness::connect_from(
+                        Some(loopback(20 + i % 2)),
+                        addr,
+                        Duration::from_secs(1),
+                    ) {
+                        if s.write_all(request.as_bytes()).is_ok() {
+                            sent.fetch_add(1, Ordering::SeqCst);
+                        }
+                        previous = Some(s);
+                    }
+                    next += Duration::from_millis(20);
+                    std::thread::sleep(next.saturating_duration_since(Instant::now()));
+                    drop(previous.take());
+                }
+            })
+        })
+        .collect();
+    let threads_before = threads(exporter.pid());
+    std::thread::sleep(Duration::from_millis(500));
+    let (cpu_before, at) = (cpu_time(exporter.pid()), Instant::now());
+    let sent_before = sent.load(Ordering::SeqCst);
+    let mut most_threads = 0;
+    while at.elapsed() < Duration::from_secs(4) {
+        most_threads = most_threads.max(threads(exporter.pid()));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let cpu = cpu_time(exporter.pid()) - cpu_before;
+    let elapsed = at.elapsed();
+    let rate = (sent.load(Ordering::SeqCst) - sent_before) as f64 / elapsed.as_secs_f64();
+    stop.store(true, Ordering::SeqCst);
+    for f in flooders {
+        f.join().unwrap();
+    }
+    let per_second = cpu.as_secs_f64() / elapsed.as_secs_f64();
+    eprintln!(
+        "hang-up flood: bcrypt cost {cost} ({took:?} a check here), {rate:.0} connections/s; \
+         exporter CPU {per_second:.2} s/s, threads {threads_before} before, at most \
+         {most_threads} during"
+    );
+    assert!(rate >= 150.0, "the flood reached only {rate:.0} connections/s");
+    // The one bcrypt thread (started by the first check) and nothing else: no check runs on
+    // after its client hung up while another starts.
+    assert!(most_threads <= threads_before + 1, "{threads_before} → {most_threads} threads");
+    // One core for bcrypt, and a little for accepting 300 connections a second.
+    assert!(per_second <= 1.2, "exporter CPU {per_second:.2} s/s under the hang-up flood");
+    let answer =
+        get_with(loopback(3), addr, &basic("prometheus", "s3cret"), Duration::from_secs(10));
+    assert_eq!(answer.unwrap().status, 200);
+    exporter.check_running().unwrap();
+}
+
+#[test]
+fn an_uncached_scraper_is_answered_in_time_after_a_reload_during_a_wrong_password_flood() {
+    let _alone = harness::one_at_a_time();
+    let (cost, took) = bcrypt_cost_taking(Duration::from_millis(250));
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "basic_auth_users:\n  prometheus: '{}'\n  replica: '{}'\n",
+        htpasswd("s3cret", cost),
+        htpasswd("an0ther", cost)
+    );
+    let (mut exporter, addr) = with_web_config(dir.path(), &yaml, None);
+    let timeout = Duration::from_secs(10);
+    let prometheus = basic("prometheus", "s3cret");
+    // Checked once: remembered.
+    assert_eq!(get_with(loopback(3), addr, &prometheus, timeout).unwrap().status, 200);
+
+    // A reload of the same file keeps what was remembered.
+    exporter.signal(libc::SIGHUP).unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while !exporter.log().contains("web configuration reloaded") {
+        assert!(Instant::now() < until, "no reload:\n{}", exporter.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let answers = Arc::new(AtomicUsize::new(0));
+    // 32 keep-alive connections from each of two addresses, each sending a wrong password as
+    // soon as the last answer came.
+    let flooders: Vec<_> = (0..64u8)
+        .map(|i| {
+            let (stop, answers) = (stop.clone(), answers.clone());
+            std::thread::spawn(move || {
+                let request = format!(
+                    "GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: {}\r\n\r\n",
+                    basic("prometheus", &format!("wrong{i}"))
+                );
+                let mut buf = [0u8; 4096];
+                while !stop.load(Ordering::SeqCst) {
+                    let Ok(mut s) = harness::connect_from(
+                        Some(loopback(20 + i % 2)),
+                        addr,
+                        Duration::from_secs(1),
+                    ) else {
+                        std::thread::sleep(Duration::from_millis(50));
+                        continue;
+                    };
+                    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+                    'connection: while !stop.load(Ordering::SeqCst) {
+                        if s.write_all(request.as_bytes()).is_err() {
+                            break;
+                        }
+                        // One answer (401 or 503, small) per request.
+                        loop {
+                            match s.read(&mut buf) {
+                                Ok(n) if n > 0 => break,
+                                Err(e)
+                                    if e.kind() == std::io::ErrorKind::WouldBlock
+                                        && !stop.load(Ordering::SeqCst) => {}
+                                _ => break 'connection,
+                            }
+                        }
+                        answers.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            })
+        })
+        .collect();
+    // Long enough for every flooding connection to have a check waiting.
+    std::thread::sleep(Duration::from_millis(1500));
+    let cached = get_with(loopback(3), addr, &prometheus, timeout);
+    // A scraper whose credentials were never checked, from a third address.
+    let uncached = get_with(loopback(4), addr, &basic("replica", "an0ther"), timeout);
+    let during = answers.load(Ordering::SeqCst);
+    stop.store(true, Ordering::SeqCst);
+    for f in flooders {
+        f.join().unwrap();
+    }
+    let (cached, uncached) = (cached.unwrap(), uncached.unwrap());
+    eprintln!(
+        "wrong-password flood from 2 × 32 connections, bcrypt cost {cost} ({took:?} a check \
+         here): {during} flood answers; after SIGHUP the remembered scraper in {:?}, the \
+         uncached one in {:?}",
+        cached.elapsed, uncached.elapsed
+    );
+    assert_eq!((cached.status, uncached.status), (200, 200));
+    assert!(cached.elapsed < took * 2, "the reload lost the cache: {:?}", cached.elapsed);
+    assert!(uncached.elapsed < timeout, "{:?}", uncached.elapsed);
+    exporter.check_running().unwrap();
+}
+
+// ---- connections that cannot lock others out (N5, N7) ----
+
+/// Raises this test process's descriptor soft limit to at least `n` (within the hard limit).
+fn raise_nofile(n: u64) {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    let wanted = limit.maximum.map_or(n, |max| n.min(max));
+    if limit.current.is_some_and(|cur| cur < wanted) {
+        limit.current = Some(wanted);
+        setrlimit(Resource::Nofile, limit).unwrap();
+    }
+}
+
+/// Opens `per_address` silent connections from each of `addresses` loopback addresses
+/// (127.0.0.10 and up), then until `stop` re-opens the ones the server closed, so the table
+/// stays full of connections that never send a byte. The connections opened in all.
+fn silent_crowd(
+    addr: SocketAddr,
+    addresses: u8,
+    per_address: usize,
+    opened_so_far: &Arc<AtomicUsize>,
+    stop: &AtomicBool,
+) -> usize {
+    // One thread per address, each connecting in turn: never more handshakes waiting to be
+    // accepted than the listen backlog holds (a dropped SYN costs a 1 s retransmission).
+    let openers: Vec<_> = (0..addresses)
+        .map(|a| {
+            let opened_so_far = Arc::clone(opened_so_far);
+            std::thread::spawn(move || {
+                let from = loopback(10 + a);
+                (0..per_address)
+                    .filter_map(|_| {
+                        let s =
+                            harness::connect_from(Some(from), addr, Duration::from_secs(2)).ok()?;
+                        s.set_nonblocking(true).unwrap();
+                        opened_so_far.fetch_add(1, Ordering::SeqCst);
+                        Some((from, s))
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let mut open: Vec<(IpAddr, TcpStream)> =
+        openers.into_iter().flat_map(|o| o.join().unwrap()).collect();
+    let mut opened = open.len();
+    while !stop.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(200));
+        let mut closed = Vec::new();
+        open.retain_mut(|(from, s)| {
+            let mut buf = [0u8; 64];
+            match s.read(&mut buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => true,
+                _ => {
+                    closed.push(*from);
+                    false
+                }
+            }
+        });
+        for from in closed {
+            if let Ok(s) = harness::connect_from(Some(from), addr, Duration::from_secs(2)) {
+                s.set_nonblocking(true).unwrap();
+                open.push((from, s));
+                opened += 1;
+            }
+        }
+    }
+    opened
+}
+
+/// A self-signed certificate for `localhost` in `dir` (`server.pem`, `server.key`), and a
+/// client configuration that trusts it.
+fn self_signed(dir: &Path) -> Arc<rustls::ClientConfig> {
+    let made = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    std::fs::write(dir.join("server.pem"), made.cert.pem()).unwrap();
+    std::fs::write(dir.join("server.key"), made.signing_key.serialize_pem()).unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(made.cert.der().clone()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Arc::new(config)
+}
+
+/// `GET /metrics` over TLS from `from`; the status.
+fn https_status(
+    from: IpAddr,
+    addr: SocketAddr,
+    client: &Arc<rustls::ClientConfig>,
+) -> anyhow::Result<u16> {
+    let tcp = harness::connect_from(Some(from), addr, Duration::from_secs(10))?;
+    let name = rustls::pki_types::ServerName::try_from("localhost")?.to_owned();
+    let connection = rustls::ClientConnection::new(Arc::clone(client), name)?;
+    let mut tls = rustls::StreamOwned::new(connection, tcp);
+    tls.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+    let mut raw = Vec::new();
+    match tls.read_to_end(&mut raw) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !raw.is_empty() => {}
+        Err(e) => return Err(e.into()),
+    }
+    Ok(harness::parse_raw_response(&raw)?.0)
+}
+
+/// The exporter on a free port with `flags` and `RLIMIT_NOFILE` `nofile`, waited for until its
+/// port accepts connections (a TLS port answers no plain request).
+fn exporter_on_port(dir: &Path, flags: &[String], nofile: u64) -> (Proc, SocketAddr) {
+    let addr: SocketAddr = ([127, 0, 0, 1], harness::free_port().unwrap()).into();
+    let mut args = vec![
+        "--web.listen-address".to_owned(),
+        addr.to_string(),
+        "--broker.socket".to_owned(),
+        dir.join("no-broker.sock").display().to_string(),
+    ];
+    args.extend(flags.iter().cloned());
+    let exe = &harness::binaries().unwrap().exporter;
+    let mut proc = Proc::spawn_with_fd_limit(
+        "amd-hsmp-exporter",
+        exe,
+        &args,
+        dir.join("exporter.log"),
+        Some(nofile),
+    )
+    .unwrap();
+    harness::wait_until(&mut proc, "exporter port", || TcpStream::connect(addr).is_ok()).unwrap();
+    (proc, addr)
+}
+
+fn a_hundred_silent_addresses(tls: bool) {
+    let _alone = harness::one_at_a_time();
+    raise_nofile(8192);
+    let dir = tempfile::tempdir().unwrap();
+    let client = tls.then(|| self_signed(dir.path()));
+    let mut flags = Vec::new();
+    if tls {
+        let yaml = "tls_server_config:\n  cert_file: server.pem\n  key_file: server.key\n";
+        std::fs::write(dir.path().join("web.yml"), yaml).unwrap();
+        flags =
+            vec!["--web.config.file".to_owned(), dir.path().join("web.yml").display().to_string()];
+    }
+    // 576 descriptors: the default cap of 512 connections.
+    let (mut exporter, addr) = exporter_on_port(dir.path(), &flags, 576);
+    let scrape = |from: IpAddr| -> anyhow::Result<u16> {
+        match &client {
+            Some(client) => https_status(from, addr, client),
+            None => Ok(scrape_from(from, addr, "5")?.status),
+        }
+    };
+    assert_eq!(scrape(loopback(3)).unwrap(), 200);
+    let stop = Arc::new(AtomicBool::new(false));
+    let opened_so_far = Arc::new(AtomicUsize::new(0));
+    let crowd = {
+        let (stop, opened_so_far) = (stop.clone(), opened_so_far.clone());
+        std::thread::spawn(move || silent_crowd(addr, 100, 32, &opened_so_far, &stop))
+    };
+    // Wait until every address has opened its 32 connections (the table is full long before).
+    let until = Instant::now() + Duration::from_secs(30);
+    while opened_so_far.load(Ordering::SeqCst) < 3200 || exporter.open_fds().unwrap() < 512 {
+        assert!(Instant::now() < until, "the crowd could not connect:\n{}", exporter.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut peak = Peak::default();
+    let mut answered = Vec::new();
+    // Scrapers from addresses that hold no connection.
+    for last in 200..205u8 {
+        peak.sample(&exporter);
+        let started = Instant::now();
+        let status = scrape(loopback(last));
+        answered.push((status.as_ref().ok().copied(), started.elapsed()));
+    }
+    stop.store(true, Ordering::SeqCst);
+    let opened = crowd.join().unwrap();
+    // A refusal on this port (an address past its share) speaks the port's protocol.
+    let held: Vec<TcpStream> = (0..32)
+        .map(|_| harness::connect_from(Some(loopback(9)), addr, Duration::from_secs(2)).unwrap())
+        .collect();
+    let mut refused =
+        harness::connect_from(Some(loopback(9)), addr, Duration::from_secs(2)).unwrap();
+    let mut raw = Vec::new();
+    let _ = refused.read_to_end(&mut raw);
+    drop(held);
+    let log = exporter.log();
+    eprintln!(
+        "100 addresses × 32 silent connections ({}): {opened} opened; scrapers from fresh \
+         addresses {answered:?}; exporter peak fds {}, RSS {} KiB; {} eviction lines",
+        if tls { "TLS" } else { "plain" },
+        peak.fds,
+        peak.rss_kib,
+        log.matches("closed to make room").count()
+    );
+    for (status, took) in &answered {
+        assert_eq!(*status, Some(200), "a fresh scraper was not served: {answered:?}");
+        assert!(*took < Duration::from_secs(5), "{answered:?}");
+    }
+    assert!(peak.fds <= 576, "{} descriptors", peak.fds);
+    if tls {
+        assert!(!raw.starts_with(b"HTTP/"), "a cleartext refusal on the TLS port: {raw:?}");
+    } else {
+        assert!(raw.starts_with(b"HTTP/1.1 503"), "{:?}", String::from_utf8_lossy(&raw));
+    }
+    exporter.check_running().unwrap();
+}
+
+#[test]
+fn a_hundred_addresses_with_32_silent_connections_each_leave_a_fresh_scraper_answered() {
+    a_hundred_silent_addresses(false);
+}
+
+#[test]
+fn a_hundred_addresses_with_32_silent_tls_connections_each_leave_a_fresh_scraper_answered() {
+    a_hundred_silent_addresses(true);
+}
+
+/// A memory cgroup limited to `limit` bytes holding one process (cgroup v2 where its memory
+/// controller is available, else v1), given back and removed on drop.
+struct MemoryCgroup {
+    dir: std::path::PathBuf,
+    v2: bool,
+    pid: u32,
+}
+
+impl MemoryCgroup {
+    fn new(pid: u32, limit: u64) -> MemoryCgroup {
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+        let mounts: Vec<Vec<&str>> = mounts.lines().map(|l| l.split(' ').collect()).collect();
+        let v2 = mounts.iter().find(|f| f.len() > 2 && f[2] == "cgroup2").and_then(|f| {
+            let controllers = std::fs::read_to_string(Path::new(f[1]).join("cgroup.controllers"));
+            controllers.ok()?.split_whitespace().any(|c| c == "memory").then(|| f[1])
+        });
+        let (root, is_v2) = match v2 {
+            Some(root) => (root, true),
+            None => {
+                let v1 = mounts
+                    .iter()
+                    .find(|f| {
+                        f.len() > 3 && f[2] == "cgroup" && f[3].split(',').any(|o| o == "memory")
+                    })
+                    .expect("a memory cgroup hierarchy (v1 or v2) is mounted");
+                (v1[1], false)
+            }
+        };
+        let dir = Path::new(root).join(format!("amd-hsmp-e2e-{}-{pid}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap();
+        if is_v2 {
+            std::fs::write(dir.join("memory.max"), limit.to_string()).unwrap();
+            let _ = std::fs::write(dir.join("memory.swap.max"), "0");
+        } else {
+            std::fs::write(dir.join("memory.limit_in_bytes"), limit.to_string()).unwrap();
+        }
+        std::fs::write(dir.join("cgroup.procs"), pid.to_string()).unwrap();
+        MemoryCgroup { dir, v2: is_v2, pid }
+    }
+
+    /// Times the kernel's OOM killer ran in this cgroup.
+    fn oom_kills(&self) -> u64 {
+        let file = if self.v2 { "memory.events" } else { "memory.oom_control" };
+        let text = std::fs::read_to_string(self.dir.join(file)).unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("oom_kill "))
+            .map_or(0, |v| v.trim().parse().unwrap())
+    }
+
+    /// The most memory charged to this cgroup, in bytes.
+    fn peak(&self) -> u64 {
+        let file = if self.v2 { "memory.peak" } else { "memory.max_usage_in_bytes" };
+        std::fs::read_to_string(self.dir.join(file)).map_or(0, |t| t.trim().parse().unwrap_or(0))
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        let parent = self.dir.parent().unwrap().join("cgroup.procs");
+        let _ = std::fs::write(parent, self.pid.to_string());
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+#[test]
+fn sixty_four_unfinished_400_kib_heads_in_a_16_mib_cgroup_leave_the_exporter_alive_and_serving() {
+    let _alone = harness::one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut exporter, addr) = exporter_on_port(dir.path(), &[], 1024);
+    assert_eq!(scrape_from(loopback(3), addr, "5").unwrap().status, 200);
+    let cgroup = MemoryCgroup::new(exporter.pid(), 16 << 20);
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicUsize::new(0));
+    // 32 connections from each of two addresses, each a 400 KiB header line never ended.
+    let heads: Vec<_> = (0..64u8)
+        .map(|i| {
+            let (stop, sent) = (stop.clone(), sent.clone());
+            std::thread::spawn(move || {
+                let mut s =
+                    harness::connect_from(Some(loopback(30 + i % 2)), addr, Duration::from_secs(5))
+                        .unwrap();
+                let mut head = b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: ".to_vec();
+                head.resize(head.len() + 400 * 1024, b'a');
+                if let Ok(()) = s.write_all(&head) {
+                    sent.fetch_add(1, Ordering::SeqCst);
+                }
+                while !stop.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(2));
+    let scrape = scrape_from(loopback(40), addr, "5");
+    let alive = exporter.check_running();
+    stop.store(true, Ordering::SeqCst);
+    for h in heads {
+        h.join().unwrap();
+    }
+    eprintln!(
+        "64 unfinished 400 KiB heads in a 16 MiB cgroup: {} sent whole; cgroup peak {} KiB, \
+         OOM kills {}; fresh scraper {:?}",
+        sent.load(Ordering::SeqCst),
+        cgroup.peak() / 1024,
+        cgroup.oom_kills(),
+        scrape.as_ref().map(|r| (r.status, r.elapsed))
+    );
+    alive.unwrap();
+    assert_eq!(cgroup.oom_kills(), 0);
+    assert_eq!(scrape.unwrap().status, 200);
+}

@@ -492,3 +492,87 @@ fn which(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
 }
+
+/// Makes `path` a FIFO (nobody ever writes to it).
+fn mkfifo(path: &Path) {
+    let status = Command::new("mkfifo").arg(path).status().unwrap();
+    assert!(status.success());
+}
+
+#[test]
+fn a_fifo_a_directory_or_a_huge_chain_as_the_certificate_are_refused_once_each_while_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let first = pki.server("server");
+    let (mut exporter, addr) = start(dir.path(), &tls_yaml("", ""), None);
+    let client = pki.client(None, &[]);
+    let served = |what: &str| {
+        let answer = https_get(addr, &client, "/metrics", &[])
+            .unwrap_or_else(|e| panic!("{what}: no answer: {e:#}"));
+        assert_eq!(answer.status, 200, "{what}");
+        assert_eq!(answer.peer.as_ref(), Some(&first), "{what}: not the certificate that works");
+    };
+    let cert = dir.path().join("server.pem");
+    let pem = std::fs::read_to_string(&cert).unwrap();
+    let chain_10mb = pem.repeat(10_000_000 / pem.len() + 1);
+    let chain_200kb = pem.repeat(200_000 / pem.len() + 1);
+    let cases: [(&str, &dyn Fn(), &str); 4] = [
+        ("a FIFO", &|| mkfifo(&cert), "not a regular file (a FIFO)"),
+        (
+            "a directory",
+            &|| std::fs::create_dir(&cert).unwrap(),
+            "not a regular file (a directory)",
+        ),
+        ("a 10 MB chain", &|| std::fs::write(&cert, &chain_10mb).unwrap(), "byte limit"),
+        (
+            "a 200 KB chain",
+            &|| std::fs::write(&cert, &chain_200kb).unwrap(),
+            "the certificate chain is",
+        ),
+    ];
+    for (what, make, logged) in cases {
+        if cert.is_dir() {
+            std::fs::remove_dir(&cert).unwrap();
+        } else {
+            std::fs::remove_file(&cert).unwrap();
+        }
+        make();
+        // Each connection checks the files; the broken one is reported once.
+        for _ in 0..3 {
+            served(what);
+        }
+        wait_for_log(&mut exporter, logged, 1);
+        let log = exporter.log();
+        assert_eq!(log.matches(logged).count(), 1, "{what}:\n{log}");
+        assert!(log.contains("tls_server_config.cert_file"), "{what}: the key is not named");
+    }
+
+    // SIGTERM still ends the exporter at once.
+    let asked = Instant::now();
+    exporter.signal(libc::SIGTERM).unwrap();
+    let status = exporter.wait_exit(Duration::from_secs(5)).unwrap();
+    assert!(status.success(), "{status:?} after {:?}", asked.elapsed());
+}
+
+#[test]
+fn a_fifo_as_the_configuration_with_sighup_is_refused_and_sigterm_still_ends_the_exporter() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!("basic_auth_users:\n  prometheus: '{}'\n", htpasswd("s3cret"));
+    let (mut exporter, addr) = start(dir.path(), &yaml, None);
+    let auth = basic("prometheus", "s3cret");
+    let get = || harness::http_get(addr, "/metrics", &[("Authorization", &auth)], TIMEOUT);
+    assert_eq!(get().unwrap().status, 200);
+    std::fs::remove_file(dir.path().join("web.yml")).unwrap();
+    mkfifo(&dir.path().join("web.yml"));
+    // Nobody ever writes to the FIFO: the reload is refused at once, the old users stay.
+    exporter.signal(libc::SIGHUP).unwrap();
+    wait_for_log(&mut exporter, "web configuration not reloaded", 1);
+    let log = exporter.log();
+    assert_eq!(log.matches("not a regular file (a FIFO)").count(), 1, "{log}");
+    assert_eq!(get().unwrap().status, 200);
+    let asked = Instant::now();
+    exporter.signal(libc::SIGTERM).unwrap();
+    let status = exporter.wait_exit(Duration::from_secs(5)).unwrap();
+    eprintln!("SIGTERM after a FIFO configuration and SIGHUP: exited in {:?}", asked.elapsed());
+    assert!(status.success(), "{status:?}");
+}

@@ -100,21 +100,65 @@ async fn one_client_gets_its_share_and_others_are_still_served() {
 }
 
 #[tokio::test]
-async fn connections_beyond_the_global_cap_are_closed_not_queued() {
+async fn a_full_table_closes_the_oldest_silent_connection_for_a_newcomer() {
     let dir = socket_dir();
     let limits = Limits { max_connections: 3, max_per_client: 3, ..limits() };
     let server = Server::start(limits, router(config(&dir.path))).await;
     let mut held = Vec::new();
     for client in 2..5 {
         held.push(connect_from(client, server.addr).await);
+        until("admitted", || server.admission.open() == held.len()).await;
     }
-    let mut refused = connect_from(5, server.addr).await;
+    // The newcomer is served; the oldest silent connection is closed for it.
+    let mut newcomer = connect_from(5, server.addr).await;
+    assert!(request(&mut newcomer, "/").await.starts_with("HTTP/1.1 200"));
+    assert_eq!(read_to_close(&mut held[0]).await, "");
+    assert_eq!(server.admission.evicted(), 1);
+    // A connection that completed a request keeps its place: the next silent one goes.
+    let mut second = connect_from(6, server.addr).await;
+    assert!(request(&mut second, "/").await.starts_with("HTTP/1.1 200"));
+    assert_eq!(read_to_close(&mut held[1]).await, "");
+    assert!(request(&mut newcomer, "/").await.starts_with("HTTP/1.1 200"));
+    held.drain(..2);
+    assert!(request(&mut held[0], "/").await.starts_with("HTTP/1.1 200"));
+    // Every open connection has completed a request now: a newcomer is refused, not queued.
+    let mut refused = connect_from(7, server.addr).await;
     assert!(read_to_close(&mut refused).await.starts_with("HTTP/1.1 503"));
-    drop(held);
+    drop((held, newcomer, second));
     // Slots come back as the connections close.
     until("slots freed", || server.admission.open() == 0).await;
-    let mut again = connect_from(5, server.addr).await;
+    let mut again = connect_from(7, server.addr).await;
     assert!(request(&mut again, "/").await.starts_with("HTTP/1.1 200"));
+}
+
+#[tokio::test]
+async fn an_http11_request_without_exactly_one_host_gets_400() {
+    let dir = socket_dir();
+    let server = Server::start(limits(), router(config(&dir.path))).await;
+    for (request, status) in [
+        ("GET / HTTP/1.1\r\nConnection: close\r\n\r\n", "HTTP/1.1 400"),
+        ("GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\nConnection: close\r\n\r\n", "HTTP/1.1 400"),
+        ("GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", "HTTP/1.1 200"),
+        ("GET / HTTP/1.0\r\n\r\n", "HTTP/1.0 200"),
+    ] {
+        let mut stream = connect_from(2, server.addr).await;
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let answer = read_to_close(&mut stream).await;
+        assert!(answer.starts_with(status), "{request:?}: {answer}");
+    }
+}
+
+#[tokio::test]
+async fn a_request_head_longer_than_the_buffer_gets_431_and_a_close() {
+    let dir = socket_dir();
+    let server = Server::start(limits(), router(config(&dir.path))).await;
+    let mut stream = connect_from(2, server.addr).await;
+    stream.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nX-Long: ").await.unwrap();
+    // Never ended: the server stops reading at its buffer's bound, not at the client's will.
+    let filler = vec![b'a'; server::MAX_HEAD_BYTES];
+    let _ = stream.write_all(&filler).await;
+    let answer = read_to_close(&mut stream).await;
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
 }
 
 #[tokio::test]
