@@ -343,7 +343,7 @@ pub fn serve(
                         tracing::warn!(
                             uid = peer.uid,
                             pid = peer.pid,
-                            error = %ErrorChain(&e),
+                            error = %amd_hsmp_cli::ErrorChain(&e),
                             "connection dropped; further drops of this uid are counted"
                         );
                     }
@@ -378,20 +378,6 @@ pub enum ConnectionError {
     /// The peer speaks another protocol version.
     #[error("peer protocol version {0} is not {PROTOCOL_VERSION}")]
     VersionMismatch(u32),
-}
-
-struct ErrorChain<'a>(&'a dyn std::error::Error);
-
-impl std::fmt::Display for ErrorChain<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut source = self.0.source();
-        while let Some(s) = source {
-            write!(f, ": {s}")?;
-            source = s.source();
-        }
-        Ok(())
-    }
 }
 
 enum Next {

@@ -1,15 +1,19 @@
 //! What the two binaries' command lines share: `--log.level` and `--log.format` with the log
 //! lines Prometheus' own tools write, and `--version` in node_exporter's shape.
 //!
+//! It also renders an error with its causes ([`chain`]) the one way both binaries log it.
+//!
 //! A crate of its own so that the broker and the exporter say each of these once without either
 //! depending on the other, and without putting command-line policy into `proto`, the IPC
 //! contract. It depends only on what both binaries already link (clap, tracing,
 //! tracing-subscriber, serde_json, humantime).
 #![forbid(unsafe_code)]
 
+pub mod error;
 pub mod log;
 pub mod version;
 
+pub use error::{ErrorChain, chain};
 pub use log::{LogFormat, LogLevel};
 
 /// The flags both binaries take besides their own: logging and `--version`. Flattened into each

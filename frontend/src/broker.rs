@@ -196,7 +196,7 @@ impl BrokerClient {
         let mut sent = Instant::now();
         let result = match conn.sample(what, deadline, reply_by).await {
             Err(e) if reused && e.is_connection_lost() => {
-                tracing::debug!(error = %chain(&e), "broker connection lost, reconnecting");
+                tracing::debug!(error = %amd_hsmp_cli::chain(&e), "broker connection lost, reconnecting");
                 conn = self.connect_by(reply_by).await?;
                 sent = Instant::now();
                 conn.sample(what, deadline, reply_by).await
@@ -315,16 +315,4 @@ fn kind(reply: &Reply) -> &'static str {
         Reply::Sample(_) => "Sample",
         Reply::Error(_) => "Error",
     }
-}
-
-/// Renders an error with its causes, `outer: inner: innermost`.
-pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

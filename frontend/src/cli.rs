@@ -1,9 +1,9 @@
 //! Command-line flags, following the node_exporter conventions (`--web.*`, `--collector.NAME`,
 //! `--no-collector.NAME`, `--log.*`).
 
-use crate::server::{Limits, RESERVED_FDS, connection_room};
 use amd_hsmp_cli::CommonArgs;
 use amd_hsmp_proto::Families;
+use amd_hsmp_web::server::{Limits, RESERVED_FDS, connection_room};
 use clap::{CommandFactory as _, Parser};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;

@@ -27,9 +27,9 @@ pub fn app(exporter: Arc<Exporter>) -> Router {
 /// The router as served: [`app`] behind the `--web.config.file` authentication and headers
 /// (every path, the landing page too), with responses gzipped when the client accepts it
 /// (`Accept-Encoding: gzip`, which Prometheus sends).
-pub fn service(exporter: Arc<Exporter>, web: Arc<crate::web_config::WebState>) -> Router {
+pub fn service(exporter: Arc<Exporter>, web: Arc<amd_hsmp_web::config::WebState>) -> Router {
     app(exporter)
-        .layer(axum::middleware::from_fn_with_state(web, crate::auth::middleware))
+        .layer(axum::middleware::from_fn_with_state(web, amd_hsmp_web::layer::middleware))
         .layer(tower_http::compression::CompressionLayer::new())
 }
 
@@ -43,7 +43,7 @@ pub enum AppError {
 
 impl IntoResponse for AppError {
     fn into_response(self) -> Response {
-        tracing::error!(error = %crate::broker::chain(&self), "request failed");
+        tracing::error!(error = %amd_hsmp_cli::chain(&self), "request failed");
         (StatusCode::INTERNAL_SERVER_ERROR, "internal error\n").into_response()
     }
 }

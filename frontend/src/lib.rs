@@ -6,7 +6,6 @@
 //! never a sentinel, and a missing broker or device never stops the process.
 #![forbid(unsafe_code)]
 
-pub mod auth;
 pub mod broker;
 pub mod budget;
 pub mod cli;
@@ -15,12 +14,8 @@ pub mod http;
 pub mod landing;
 pub mod metrics;
 pub mod process;
-pub mod ratelimit;
 pub mod scrape;
-pub mod server;
-pub mod tls;
 pub mod translate;
-pub mod web_config;
 
 pub use http::app;
 pub use scrape::{Config, Exporter};

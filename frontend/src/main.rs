@@ -9,9 +9,9 @@
 #![forbid(unsafe_code)]
 
 use amd_hsmp_exporter::cli::Args;
-use amd_hsmp_exporter::server::{self, Admission};
-use amd_hsmp_exporter::web_config::WebState;
 use amd_hsmp_exporter::{Config, Exporter};
+use amd_hsmp_web::config::WebState;
+use amd_hsmp_web::server::{self, Admission};
 use anyhow::Context as _;
 use clap::Parser as _;
 use std::process::ExitCode;

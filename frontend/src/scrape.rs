@@ -2,13 +2,14 @@
 //! with concurrent scrapes only when that costs none of them data, see [`crate::flight`]), and
 //! its report; the sample becomes series in [`crate::translate`].
 
-use crate::broker::{BrokerClient, BrokerError, chain};
+use crate::broker::{BrokerClient, BrokerError};
 pub use crate::budget::Budget;
 use crate::flight::{Flights, Landing};
 use crate::process::{self, ProcessStats};
-use crate::ratelimit::RateLimit;
 pub use crate::translate::{CoreLabel, ErrorCounters, ErrorSource, Telemetry, translate};
+use amd_hsmp_cli::chain;
 use amd_hsmp_proto::Families;
+use amd_hsmp_web::ratelimit::RateLimit;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -2,7 +2,7 @@
 //! header-read and idle timeouts, keep-alive, and the concurrent-scrape cap.
 
 use crate::support::*;
-use amd_hsmp_exporter::server::{self, Admission, Limits};
+use amd_hsmp_web::server::{self, Admission, Limits};
 use axum::http::StatusCode;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,7 +26,7 @@ impl Server {
         let addr = listener.local_addr().unwrap();
         let admission = Admission::new(limits);
         let (stop, stop_rx) = watch::channel(false);
-        let web = amd_hsmp_exporter::web_config::WebState::open();
+        let web = amd_hsmp_web::config::WebState::open();
         let task = tokio::spawn(server::serve(listener, router, admission.clone(), web, stop_rx));
         Server { addr, admission, stop, task }
     }

@@ -5,7 +5,8 @@
 //! thread of its own with a timeout: regular files only, each at most [`MAX_FILE_BYTES`].
 
 use crate::auth::{Auth, Users};
-use crate::tls::{self, Stamps, TlsFiles};
+use crate::files::{KeyError, MAX_FILE_BYTES, READ_TIMEOUT, key_error, read_regular};
+use crate::tls::{self, Stamps, TlsFiles, TlsSection};
 use axum::http::{HeaderName, HeaderValue};
 use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, Visitor};
@@ -16,6 +17,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use tokio::sync::watch;
+
+/// How long a new TLS connection waits for the check that its certificate files have not
+/// changed (a `stat` of each, on the file thread).
+const ROTATION_WAIT: Duration = Duration::from_secs(1);
 
 /// What can be wrong with a web configuration file.
 #[derive(Debug, thiserror::Error)]
@@ -50,17 +55,6 @@ pub enum WebConfigError {
     },
 }
 
-/// A key and what is wrong with it, before the file's path is known.
-#[derive(Debug)]
-pub(crate) struct KeyError {
-    pub(crate) key: String,
-    pub(crate) message: String,
-}
-
-pub(crate) fn key_error(key: impl Into<String>, message: impl Into<String>) -> KeyError {
-    KeyError { key: key.into(), message: message.into() }
-}
-
 /// The file as written. Key names and meanings are exporter-toolkit's
 /// (`docs/web-configuration.md`).
 #[derive(Debug, Default, Deserialize)]
@@ -72,25 +66,6 @@ struct File {
     basic_auth_users: Option<BTreeMap<String, String>>,
     /// Refused: see [`refuse`].
     rate_limit: Option<serde_norway::Value>,
-}
-
-/// `tls_server_config`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct TlsSection {
-    pub(crate) cert: Option<String>,
-    pub(crate) key: Option<String>,
-    pub(crate) client_ca: Option<String>,
-    pub(crate) cert_file: Option<String>,
-    pub(crate) key_file: Option<String>,
-    pub(crate) client_auth_type: Option<String>,
-    pub(crate) client_ca_file: Option<String>,
-    pub(crate) client_allowed_sans: Option<serde_norway::Value>,
-    pub(crate) min_version: Option<String>,
-    pub(crate) max_version: Option<String>,
-    pub(crate) cipher_suites: Option<Vec<String>>,
-    pub(crate) prefer_server_cipher_suites: Option<bool>,
-    pub(crate) curve_preferences: Option<Vec<String>>,
 }
 
 /// `http_server_config`.
@@ -255,54 +230,6 @@ fn unique_map<'de, D: Deserializer<'de>>(
         }
     }
     deserializer.deserialize_option(Unique)
-}
-
-/// The largest web configuration, certificate, key or CA file read (1 MiB).
-pub const MAX_FILE_BYTES: u64 = 1 << 20;
-
-/// How long reading the web configuration file and the files it names may take; past it the
-/// read is given up (its thread left to finish alone) and the old configuration stays.
-pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How long a new TLS connection waits for the check that its certificate files have not
-/// changed (a `stat` of each, on the file thread).
-const ROTATION_WAIT: Duration = Duration::from_secs(1);
-
-/// Reads `path` if it is a regular file of at most `cap` bytes. It is opened with
-/// `O_NONBLOCK`, so a FIFO cannot hold the open, and checked before any read: a FIFO, a
-/// directory, a device or a socket is refused.
-pub(crate) fn read_regular(path: &Path, cap: u64) -> std::io::Result<Vec<u8>> {
-    use rustix::fs::{Mode, OFlags};
-    use std::io::Read as _;
-    let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY;
-    let file = std::fs::File::from(rustix::fs::open(path, flags, Mode::empty())?);
-    let meta = file.metadata()?;
-    let kind = meta.file_type();
-    if !kind.is_file() {
-        use std::os::unix::fs::FileTypeExt as _;
-        let what = if kind.is_fifo() {
-            "a FIFO"
-        } else if kind.is_dir() {
-            "a directory"
-        } else if kind.is_block_device() || kind.is_char_device() {
-            "a device"
-        } else if kind.is_socket() {
-            "a socket"
-        } else {
-            "not a file"
-        };
-        return Err(std::io::Error::other(format!("not a regular file ({what})")));
-    }
-    let too_big = || std::io::Error::other(format!("larger than the {cap}-byte limit"));
-    if meta.len() > cap {
-        return Err(too_big());
-    }
-    let mut data = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
-    file.take(cap + 1).read_to_end(&mut data)?;
-    if data.len() as u64 > cap {
-        return Err(too_big());
-    }
-    Ok(data)
 }
 
 /// [`load`] on a thread of its own, waited for at most [`READ_TIMEOUT`]. `reading` is set
@@ -499,7 +426,7 @@ fn watch_files(
                 Err(e) => {
                     failed = state.current().tls.as_ref().map(|t| t.files().stamps());
                     tracing::error!(
-                        error = %crate::broker::chain(&e),
+                        error = %amd_hsmp_cli::chain(&e),
                         "SIGHUP: web configuration not reloaded, the old one stays"
                     );
                 }
@@ -537,7 +464,7 @@ fn check_rotation(
         Err(e) => {
             *failed = Some(now);
             tracing::error!(
-                error = %crate::broker::chain(&e),
+                error = %amd_hsmp_cli::chain(&e),
                 "TLS files changed but the configuration does not load; keeping the old one"
             );
         }
@@ -632,6 +559,6 @@ mod tests {
         assert!(e.to_string().contains("larger than the 9-byte limit"), "{e}");
         // A FIFO as the configuration file is an error naming it, at once.
         let e = load(&fifo).unwrap_err();
-        assert!(crate::broker::chain(&e).contains("not a regular file (a FIFO)"), "{e:?}");
+        assert!(amd_hsmp_cli::chain(&e).contains("not a regular file (a FIFO)"), "{e:?}");
     }
 }

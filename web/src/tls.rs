@@ -3,7 +3,7 @@
 //! TLS 1.2/1.3 bounds, cipher suites and curves by their Go names, and the file stamps that
 //! tell when a rotated certificate is to be loaded.
 
-use crate::web_config::{KeyError, MAX_FILE_BYTES, TlsSection, key_error, read_regular};
+use crate::files::{KeyError, MAX_FILE_BYTES, key_error, read_regular};
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::{CryptoProvider, SupportedKxGroup, WebPkiSupportedAlgorithms};
 use rustls::pki_types::pem::PemObject as _;
@@ -14,10 +14,30 @@ use rustls::{
     DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme, SupportedCipherSuite,
     SupportedProtocolVersion,
 };
+use serde::Deserialize;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio_rustls::TlsAcceptor;
+
+/// `tls_server_config`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TlsSection {
+    pub(crate) cert: Option<String>,
+    pub(crate) key: Option<String>,
+    pub(crate) client_ca: Option<String>,
+    pub(crate) cert_file: Option<String>,
+    pub(crate) key_file: Option<String>,
+    pub(crate) client_auth_type: Option<String>,
+    pub(crate) client_ca_file: Option<String>,
+    pub(crate) client_allowed_sans: Option<serde_norway::Value>,
+    pub(crate) min_version: Option<String>,
+    pub(crate) max_version: Option<String>,
+    pub(crate) cipher_suites: Option<Vec<String>>,
+    pub(crate) prefer_server_cipher_suites: Option<bool>,
+    pub(crate) curve_preferences: Option<Vec<String>>,
+}
 
 /// The largest certificate chain served, in DER bytes: a TLS 1.3 `Certificate` message above
 /// 64 KiB is refused by rustls clients (and Go's limit for other handshake messages is the same).

@@ -20,16 +20,13 @@
 //! - bcrypt uses the first 72 bytes of a password only; a presented password longer than
 //!   [`MAX_PASSWORD_BYTES`] is refused without a check, so no suffix rides along.
 
+use crate::client::client_key;
+use crate::files::{KeyError, key_error};
 use crate::ratelimit::RateLimit;
-use crate::server::{ClientAddr, client_key};
-use crate::web_config::{KeyError, WebState, key_error};
-use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::http::HeaderValue;
 use base64::Engine as _;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
@@ -54,7 +51,7 @@ pub const MAX_PASSWORD_BYTES: usize = 72;
 const FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The realm sent in `WWW-Authenticate`.
-const CHALLENGE: &str = "Basic realm=\"amd-hsmp-exporter\", charset=\"UTF-8\"";
+pub(crate) const CHALLENGE: &str = "Basic realm=\"amd-hsmp-exporter\", charset=\"UTF-8\"";
 
 /// The users of one configuration.
 #[derive(Debug)]
@@ -118,8 +115,10 @@ pub struct Auth {
     key: OnceLock<Option<ring::hmac::Key>>,
     cache: Mutex<Cache>,
     checks: Checks,
-    failures: RateLimit,
-    busy: RateLimit,
+    /// Refused credentials, logged at a bounded rate.
+    pub(crate) failures: RateLimit,
+    /// Checks refused because the queue was full, logged at a bounded rate.
+    pub(crate) busy: RateLimit,
 }
 
 impl Default for Auth {
@@ -376,70 +375,10 @@ fn credentials(value: &HeaderValue) -> Option<(String, String)> {
     Some((user.to_owned(), password.to_owned()))
 }
 
-/// The middleware in front of every path: the configured headers on every response, and a
-/// `401` with `WWW-Authenticate` for a request without valid credentials when users are
-/// configured (a `503` with `Retry-After` when its client's checks are queued full).
-pub async fn middleware(
-    State(web): State<Arc<WebState>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let config = web.current();
-    let mut response = match &config.users {
-        None => next.run(request).await,
-        Some(users) => {
-            let authorization = request.headers().get(header::AUTHORIZATION).cloned();
-            let client = request
-                .extensions()
-                .get::<ClientAddr>()
-                .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0);
-            let auth = web.auth();
-            match auth.check(users, client, authorization.as_ref()).await {
-                Verdict::Pass => next.run(request).await,
-                Verdict::Fail => {
-                    if let Some(suppressed) = auth.failures.check() {
-                        tracing::info!(
-                            path = %request.uri().path(),
-                            credentials = authorization.is_some(),
-                            suppressed,
-                            "HTTP request refused: basic authentication failed"
-                        );
-                    }
-                    let mut response = (StatusCode::UNAUTHORIZED, "Unauthorized\n").into_response();
-                    response
-                        .headers_mut()
-                        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(CHALLENGE));
-                    response
-                }
-                Verdict::Busy => {
-                    if let Some(suppressed) = auth.busy.check() {
-                        tracing::warn!(
-                            client = %client,
-                            queued_per_client = QUEUED_PER_CLIENT,
-                            max_queued = MAX_QUEUED,
-                            suppressed,
-                            "HTTP request refused: too many basic-auth checks waiting"
-                        );
-                    }
-                    let body = "Too many credentials waiting to be checked, try again later.\n";
-                    let mut response = (StatusCode::SERVICE_UNAVAILABLE, body).into_response();
-                    response
-                        .headers_mut()
-                        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-                    response
-                }
-            }
-        }
-    };
-    for (name, value) in &config.headers {
-        response.headers_mut().insert(name.clone(), value.clone());
-    }
-    response
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::Ipv4Addr;
 
     fn basic(user: &str, password: &str) -> HeaderValue {
         let encoded =

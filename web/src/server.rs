@@ -14,14 +14,15 @@
 //! A request head is read into at most [`MAX_HEAD_BYTES`]; an HTTP/1.1 request without exactly
 //! one `Host` gets `400`.
 
+use crate::client::{ClientAddr, client_key};
+use crate::config::WebState;
 use crate::ratelimit::RateLimit;
-use crate::web_config::WebState;
 use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::collections::{BTreeMap, HashMap};
 use std::io;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -119,10 +120,6 @@ pub struct Slot {
     /// The connection evicted to make room for this one, if any.
     made_room: Option<Shared>,
 }
-
-/// The address a request came from, as an extension of every request the server hands on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ClientAddr(pub IpAddr);
 
 /// Why a connection was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -235,21 +232,6 @@ impl Drop for Slot {
         }
         drop(open);
         self.watch.gone.notify_one();
-    }
-}
-
-/// The address a per-client share is counted under: IPv4 as is (also when IPv4-mapped), IPv6
-/// by its /64 prefix, since one host commonly holds a whole /64.
-pub fn client_key(peer: IpAddr) -> IpAddr {
-    match peer {
-        IpAddr::V4(v4) => IpAddr::V4(v4),
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => {
-                let s = v6.segments();
-                IpAddr::V6(Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
-            }
-        },
     }
 }
 
