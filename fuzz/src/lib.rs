@@ -57,6 +57,17 @@ fn frame<M: Message + std::fmt::Debug>(data: &[u8], alloc: &Alloc, budget: usize
     }
 }
 
+/// The exporter's `--web.config.file`: any bytes give a configuration or an error, never a
+/// panic, and a refused value names its key and says what is wrong. The files it names are
+/// looked up in a directory that does not exist, so none is read.
+pub fn web_config(data: &[u8], _alloc: &Alloc) {
+    use amd_hsmp_web::config::{WebConfigError, from_bytes};
+    let path = std::path::Path::new("/nonexistent/amd-hsmp-fuzz/web.yml");
+    if let Err(WebConfigError::Invalid { key, message, .. }) = from_bytes(data.to_vec(), path) {
+        assert!(!key.is_empty() && !message.is_empty(), "a refusal without its key: {message:?}");
+    }
+}
+
 /// The broker's side: one request frame.
 pub fn frame_request(data: &[u8], alloc: &Alloc) {
     frame::<Request>(data, alloc, REQUEST_BUDGET);

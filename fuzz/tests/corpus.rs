@@ -29,6 +29,7 @@ const TARGETS: &[(&str, Property)] = &[
     ("timeout_header", amd_hsmp_fuzz::timeout_header),
     ("accept", amd_hsmp_fuzz::accept),
     ("topology", amd_hsmp_fuzz::topology),
+    ("web_config", amd_hsmp_fuzz::web_config),
 ];
 
 fn corpus(target: &str) -> PathBuf {
@@ -56,6 +57,11 @@ fn replay(target: &str) {
 
 fn name_of(path: &std::path::Path) -> String {
     path.file_name().unwrap().to_string_lossy().into_owned()
+}
+
+#[test]
+fn web_config_corpus_holds() {
+    replay("web_config");
 }
 
 #[test]
@@ -138,12 +144,29 @@ fn write_seeds(target: &str) {
         .map(|s| s.as_bytes().to_vec())
         .collect(),
         "topology" => vec![topology_seed()],
+        "web_config" => WEB_CONFIG_SEEDS.iter().map(|s| s.as_bytes().to_vec()).collect(),
         _ => unreachable!(),
     };
     for (i, seed) in seeds.iter().enumerate() {
         std::fs::write(dir.join(format!("seed-{i:02}")), seed).unwrap();
     }
 }
+
+/// Web configuration files as operators write them, and a few that are refused.
+const WEB_CONFIG_SEEDS: &[&str] = &[
+    "",
+    "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n",
+    "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n  min_version: TLS13\n",
+    "basic_auth_users:\n  prometheus: $2y$10$X0Q8tCVDG4hS3XbXYlhYbOYt3xCTK0xQq4ZKD9sBztz2cCcbBzT1K\n",
+    "http_server_config:\n  headers:\n    X-Frame-Options: deny\n    Strict-Transport-Security: max-age=31536000\n",
+    "http_server_config:\n  http2: true\n",
+    "rate_limit:\n  interval: 1s\n",
+    "tls_server_config:\n  cipher_suites: [TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256]\n  curve_preferences: [X25519]\n",
+    "basic_auth_users:\n  a: $2y$04$abc\n  b: $2y$12$X0Q8tCVDG4hS3XbXYlhYbOYt3xCTK0xQq4ZKD9sBztz2cCcbBzT1K\n",
+    "unknown_key: 1\n",
+    "- just\n- a list\n",
+    "tls_server_config: &a\n  cert: *a\n",
+];
 
 fn requests() -> Vec<Request> {
     vec![

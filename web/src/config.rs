@@ -109,7 +109,13 @@ impl Web {
 /// taken from the file's directory, as exporter-toolkit does).
 pub fn load(path: &Path) -> Result<Web, WebConfigError> {
     let read = |source| WebConfigError::Read { path: path.to_owned(), source };
-    let bytes = read_regular(path, MAX_FILE_BYTES).map_err(read)?;
+    from_bytes(read_regular(path, MAX_FILE_BYTES).map_err(read)?, path)
+}
+
+/// Validates `bytes` as the web configuration file `path` (which names the file in errors and
+/// whose directory relative paths are taken from), loading the files it names.
+pub fn from_bytes(bytes: Vec<u8>, path: &Path) -> Result<Web, WebConfigError> {
+    let read = |source| WebConfigError::Read { path: path.to_owned(), source };
     let text =
         String::from_utf8(bytes).map_err(|_| read(std::io::Error::other("not UTF-8 text")))?;
     parse(&text, path.parent().unwrap_or(Path::new("."))).map_err(|e| match e {
