@@ -117,16 +117,21 @@ pub(crate) fn escape_html(text: &str) -> String {
     out
 }
 
+/// The `Accept` header Prometheus 2 sends by default: what the negotiation, the tests and the
+/// fuzz seeds are held against.
+pub const PROMETHEUS_2_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+
+/// The `Accept` header Prometheus 3 sends by default.
+pub const PROMETHEUS_3_ACCEPT: &str = "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1";
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn prometheus_default_accept_header_gets_openmetrics() {
-        let prometheus2 = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
-        assert_eq!(negotiate(Some(prometheus2)), Format::OpenMetrics);
-        let prometheus3 = "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1";
-        assert_eq!(negotiate(Some(prometheus3)), Format::OpenMetrics);
+        assert_eq!(negotiate(Some(PROMETHEUS_2_ACCEPT)), Format::OpenMetrics);
+        assert_eq!(negotiate(Some(PROMETHEUS_3_ACCEPT)), Format::OpenMetrics);
     }
 
     #[test]

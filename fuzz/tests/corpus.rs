@@ -135,7 +135,7 @@ fn write_seeds(target: &str) {
             .map(|s| s.as_bytes().to_vec())
             .collect(),
         "accept" => [
-            "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+            amd_hsmp_exporter::http::PROMETHEUS_2_ACCEPT,
             "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,text/plain;version=0.0.4;q=0.2,*/*;q=0.1",
             "*/*",
             "text/plain;q=0.9, application/openmetrics-text;q=0.5",

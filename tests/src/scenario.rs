@@ -21,8 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The `Accept` header Prometheus 2 sends by default.
-pub const PROMETHEUS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,\
-    application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+pub use amd_hsmp_exporter::http::PROMETHEUS_2_ACCEPT as PROMETHEUS_ACCEPT;
 
 /// What Prometheus sends as `X-Prometheus-Scrape-Timeout-Seconds` by default.
 pub const DEFAULT_SCRAPE_TIMEOUT: &str = "10";

@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use tower::ServiceExt as _;
 
 /// `Accept` header Prometheus 2.x sends by default.
-pub const PROMETHEUS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+pub use amd_hsmp_exporter::http::PROMETHEUS_2_ACCEPT as PROMETHEUS_ACCEPT;
 
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 pub const TEXT_004: &str = "text/plain; version=0.0.4; charset=utf-8";
