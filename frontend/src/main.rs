@@ -32,9 +32,9 @@ fn main() -> ExitCode {
     }
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
+        // Once, as a log record on standard error like every other line of the exporter.
         Err(e) => {
             tracing::error!("{e:#}");
-            eprintln!("amd-hsmp-exporter: {e:#}");
             ExitCode::FAILURE
         }
     }
