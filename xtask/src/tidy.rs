@@ -1,4 +1,5 @@
-//! Repository-wide checks that run as ordinary tests: toolchain floor, file headers.
+//! Repository-wide checks that run as ordinary tests: toolchain floor, file headers, what the
+//! privileged process links, and ARCHITECTURE.md against the code.
 
 #[cfg(test)]
 mod tests {
@@ -86,6 +87,109 @@ mod tests {
              with UPDATE_GOLDEN=1 cargo test -p xtask tidy"
         );
         assert!(names.len() <= 48, "{} packages in the privileged process", names.len());
+    }
+
+    fn metadata(root: &Path) -> serde_json::Value {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let out = Command::new(cargo)
+            .args(["metadata", "--format-version", "1", "--locked", "--no-deps"])
+            .current_dir(root)
+            .output()
+            .expect("cargo metadata runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// ARCHITECTURE.md's crate graph is the workspace's: every member has a line
+    /// `folder ──▶ deps` (or a line of its own without an arrow) naming exactly its normal
+    /// dependencies inside the workspace, by folder.
+    #[test]
+    fn architecture_crate_graph_is_the_workspace_graph() {
+        use std::collections::BTreeMap;
+        let root = crate::root();
+        let meta = metadata(&root);
+        let folder_of = |manifest: &str| -> String {
+            let dir = Path::new(manifest).parent().unwrap();
+            dir.strip_prefix(&root).unwrap().display().to_string()
+        };
+        let mut actual: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for package in meta["packages"].as_array().unwrap() {
+            let folder = folder_of(package["manifest_path"].as_str().unwrap());
+            let mut deps: Vec<String> = package["dependencies"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|d| d["kind"].is_null())
+                .filter_map(|d| d["path"].as_str())
+                .map(|p| Path::new(p).strip_prefix(&root).unwrap().display().to_string())
+                .collect();
+            deps.sort();
+            actual.insert(folder, deps);
+        }
+        let text = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+        let section = text.split("\n## Crates\n").nth(1).expect("a Crates section");
+        let graph = section.split("```").nth(1).expect("the graph in a code block");
+        let mut documented: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for line in graph.lines().filter(|l| !l.trim().is_empty()) {
+            let crate_name = line.split_whitespace().next().unwrap().to_string();
+            let deps = match line.split_once("──▶") {
+                Some((_, rest)) => {
+                    let list = rest.trim_start().split("  ").next().unwrap_or_default();
+                    let mut deps: Vec<String> =
+                        list.split(',').map(|d| d.trim().to_string()).collect();
+                    deps.sort();
+                    deps
+                }
+                None => Vec::new(),
+            };
+            documented.insert(crate_name, deps);
+        }
+        assert_eq!(documented, actual, "ARCHITECTURE.md's crate graph against cargo metadata");
+    }
+
+    /// Every file ARCHITECTURE.md names exists, and in "A scrape, end to end" every function
+    /// or type named before a file, `name (path.rs)`, is a word of that file.
+    #[test]
+    fn architecture_names_files_that_exist_and_symbols_they_define() {
+        let root = crate::root();
+        let text = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+        let mut missing = Vec::new();
+        for word in text.split(|c: char| c == '`' || c == '(' || c == ')' || c.is_whitespace()) {
+            let word = word.trim_end_matches([',', '.', ';', ':']);
+            let is_path = word.contains('/') && word.ends_with(".rs") && !word.starts_with('/');
+            if is_path && !word.contains('<') && !root.join(word).exists() {
+                missing.push(word.to_string());
+            }
+        }
+        let walk = text.split("## A scrape, end to end").nth(1).expect("the end-to-end walk");
+        let walk = walk.split("```").nth(1).expect("the walk in a code block");
+        let mut checked = 0;
+        for line in walk.lines() {
+            let mut rest = line;
+            while let Some(open) = rest.find(" (") {
+                let Some(close) = rest[open..].find(')') else { break };
+                let file = &rest[open + 2..open + close];
+                let before = rest[..open].rsplit(|c: char| c.is_whitespace()).next().unwrap_or("");
+                rest = &rest[open + close + 1..];
+                if !file.ends_with(".rs") {
+                    continue;
+                }
+                let name = before.rsplit("::").next().unwrap_or_default();
+                let ident =
+                    !name.is_empty() && name.chars().all(|c| c.is_alphanumeric() || c == '_');
+                let source = std::fs::read_to_string(root.join(file)).unwrap_or_default();
+                let defined = ident
+                    && source
+                        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                        .any(|w| w == name);
+                checked += 1;
+                if !defined {
+                    missing.push(format!("{before} in {file}"));
+                }
+            }
+        }
+        assert!(checked > 20, "read only {checked} references from the walk");
+        assert!(missing.is_empty(), "ARCHITECTURE.md names what is not there: {missing:?}");
     }
 
     #[test]
