@@ -30,6 +30,10 @@ const IDLE_WINDOW: Duration = Duration::from_secs(2);
 const DISABLED_FLAG: &str = "--no-collector.boost-limit";
 /// Scrapes of the exporter with a disabled collector.
 const DISABLED_SCRAPES: usize = 3;
+/// The broker's freshness bound in the benchmark: short, so that concurrent scrapes share a
+/// reading as they do at the default, and waited out before every scrape, so that each one is
+/// measured reading the mailbox rather than answered from the one before.
+const MAX_AGE: Duration = Duration::from_millis(20);
 /// Linux reports process times in `USER_HZ` ticks, 100 per second on every architecture
 /// the exporter supports (it is part of the user-space ABI, unlike the kernel's `HZ`).
 const USER_HZ: u64 = 100;
@@ -93,9 +97,7 @@ fn broker_args(device: &FakeDevice, name: &str, socket: &Path) -> Vec<String> {
     let tree = fixtures::tree(&fixtures::fixtures_dir(), name);
     let mut args = vec!["--listen".into(), socket.display().to_string()];
     args.extend(device.broker_args(&tree));
-    // What is measured is what a scrape's reading costs: scrapes back to back would otherwise
-    // be answered from the reads of the one before, within the freshness bound.
-    args.extend(["--sample.max-age".into(), "0".into()]);
+    args.extend(["--sample.max-age".into(), format!("{}ms", MAX_AGE.as_millis())]);
     args
 }
 
@@ -130,8 +132,10 @@ impl Rig {
         Ok(Rig { exporter, exporter_off, broker, addr, addr_off, device, machine, _dir: dir })
     }
 
-    /// Scrapes `addr` as Prometheus does; fails unless the answer is complete and healthy.
+    /// Scrapes `addr` as Prometheus does, past the freshness bound of the last reading; fails
+    /// unless the answer is complete and healthy.
     fn scrape(&mut self, addr: SocketAddr) -> Result<Scraped> {
+        std::thread::sleep(MAX_AGE);
         let response = scrape(addr)?;
         self.broker.check_running()?;
         self.exporter.check_running()?;
@@ -322,6 +326,7 @@ fn concurrent(rig: &mut Rig, rounds: usize, latency_us: u64) -> Result<Concurren
     let addr = rig.addr;
     let mut answered = 0;
     for _ in 0..rounds {
+        std::thread::sleep(MAX_AGE);
         let barrier = Barrier::new(2);
         let results: Vec<Result<Scraped>> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..2)
