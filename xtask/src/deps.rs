@@ -31,14 +31,23 @@ pub const PACKAGES: &[(&str, &str)] = &[
 /// Cargo subcommands the suite uses: crate, pinned version (the packaging checks compare the
 /// maintainer scripts it generates with expected files), command. Installed with
 /// `cargo install --locked` when missing or at another version.
-pub const CARGO_TOOLS: &[(&str, &str, &str)] = &[("cargo-deb", "3.8.0", "cargo-deb")];
+pub const CARGO_TOOLS: &[(&str, &str, &str)] = &[
+    ("cargo-deb", "3.8.0", "cargo-deb"),
+    // `cargo xtask image`: the binaries carry their dependency list (image.rs).
+    ("cargo-auditable", "0.7.7", "cargo-auditable"),
+];
 
 /// Installs missing packages with apt-get when running as root (otherwise fails listing them),
 /// then missing cargo tools.
 pub fn install() -> Result<()> {
     install_packages()?;
+    install_cargo_tools()
+}
+
+/// Installs the cargo tools that are missing or at another version.
+pub fn install_cargo_tools() -> Result<()> {
     for (krate, version, cmd) in CARGO_TOOLS {
-        if !tool_at_version(cmd, version) {
+        if !tool_at_version(krate, cmd, version) {
             eprintln!("xtask: installing {krate} {version}");
             crate::cargo(&["install", "--locked", "--force", krate, "--version", version])?;
         }
@@ -55,7 +64,7 @@ pub fn missing_packages() -> Vec<&'static str> {
 pub fn missing_cargo_tools() -> Vec<String> {
     CARGO_TOOLS
         .iter()
-        .filter(|(_, version, cmd)| !tool_at_version(cmd, version))
+        .filter(|(krate, version, cmd)| !tool_at_version(krate, cmd, version))
         .map(|(krate, version, _)| format!("{krate} {version}"))
         .collect()
 }
@@ -87,12 +96,24 @@ fn on_path(cmd: &str) -> bool {
         .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(cmd).is_file()))
 }
 
-/// Whether `cmd --version` runs and prints `version` (cargo-deb prints `cargo-deb 3.8.0`).
-fn tool_at_version(cmd: &str, version: &str) -> bool {
-    Command::new(cmd).arg("--version").output().is_ok_and(|out| {
-        out.status.success()
-            && String::from_utf8_lossy(&out.stdout).split_whitespace().any(|word| word == version)
-    })
+/// Whether `cmd` is on `PATH` at `version`: `cmd --version` prints it (cargo-deb prints
+/// `cargo-deb 3.8.0`), or, for a tool that prints cargo's version instead (cargo-auditable),
+/// `cargo install --list` has the line `KRATE vVERSION:`.
+fn tool_at_version(krate: &str, cmd: &str, version: &str) -> bool {
+    let output = |c: &mut Command| {
+        c.output()
+            .ok()
+            .filter(|out| out.status.success())
+            .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let installed = format!("{krate} v{version}:");
+    on_path(cmd)
+        && (output(Command::new(cmd).arg("--version")).split_whitespace().any(|w| w == version)
+            || output(Command::new(cargo).args(["install", "--list"]))
+                .lines()
+                .any(|l| l == installed))
 }
 
 fn is_root() -> bool {
