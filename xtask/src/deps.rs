@@ -26,7 +26,17 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("jsonnet", "jsonnet"),
     // The landing page rendered headless (tests/tests/demo.rs).
     ("chromium", "chromium"),
+    // The pod of the Helm chart run for real (kube-test, xtask/src/kube/pod.rs): Debian 12's
+    // podman 4.3 with runc (crun refuses this machine's hybrid cgroup layout), and catatonit for
+    // the pod's infra container.
+    ("podman", "podman"),
+    ("runc", "runc"),
+    ("catatonit", "catatonit"),
 ];
+
+/// PyPI packages of the kube-test venv (`~/.cache/amd-hsmp-exporter/kube-venv`): Helm's SDK in a
+/// wheel (no helm binary to download) and the Kubernetes API schemas, both offline.
+pub const KUBE_VENV_PACKAGES: &[&str] = &["helm-python-sdk==0.2.2", "kubernetes-validate==1.37.0"];
 
 /// Cargo subcommands the suite uses: crate, pinned version (the packaging checks compare the
 /// maintainer scripts it generates with expected files), command. Installed with
@@ -41,7 +51,42 @@ pub const CARGO_TOOLS: &[(&str, &str, &str)] = &[
 /// then missing cargo tools.
 pub fn install() -> Result<()> {
     install_packages()?;
-    install_cargo_tools()
+    install_cargo_tools()?;
+    install_kube_venv()
+}
+
+/// The kube-test venv's directory, outside the clone.
+pub fn kube_venv() -> Result<std::path::PathBuf> {
+    let home = std::env::var_os("HOME").ok_or_else(|| anyhow::anyhow!("HOME is not set"))?;
+    Ok(std::path::PathBuf::from(home).join(".cache/amd-hsmp-exporter/kube-venv"))
+}
+
+/// Makes the kube-test venv, or adds what it lacks: the pinned packages, checked with pip.
+fn install_kube_venv() -> Result<()> {
+    let venv = kube_venv()?;
+    let pip = venv.join("bin/pip");
+    let installed = Command::new(&pip)
+        .args(["freeze", "--disable-pip-version-check"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let missing: Vec<&str> = KUBE_VENV_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| !installed.lines().any(|l| l.eq_ignore_ascii_case(p)))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("xtask: installing {} in {}", missing.join(" "), venv.display());
+    if !pip.is_file() {
+        crate::run_cmd(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+    }
+    crate::run_cmd(
+        Command::new(&pip)
+            .args(["install", "--quiet", "--disable-pip-version-check"])
+            .args(&missing),
+    )
 }
 
 /// Installs the cargo tools that are missing or at another version.

@@ -6,7 +6,8 @@
 //! a real Prometheus scraping the simulated machine, which `test` always runs), `vm-test` (the
 //! real driver and the package under systemd in a QEMU guest whose SMU is the simulator; see
 //! `vm/mod.rs`), `bench` (the benchmark of a scrape's cost; not part of `test`), `image [--reproducible]`
-//! (the OCI image, see `image.rs`).
+//! (the OCI image, see `image.rs`), `kube-test [--no-pods]` (the Helm chart, and its pod in podman:
+//! `kube/mod.rs`).
 
 #![forbid(unsafe_code)]
 
@@ -14,6 +15,7 @@ mod bench;
 mod demo;
 mod deps;
 mod image;
+mod kube;
 mod man;
 mod mixin;
 mod packaging;
@@ -25,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 const USAGE: &str = "usage: cargo xtask <demo [--scenario NAME]|test|deps|packaging|man OUTDIR|\
-                     mixin [--live]|vm-test|bench [--help]|image [--reproducible]>";
+                     mixin [--live]|vm-test|bench [--help]|image [--reproducible]|kube-test [--no-pods]>";
 
 fn main() -> ExitCode {
     match run() {
@@ -44,6 +46,7 @@ fn run() -> Result<()> {
         Some("bench") => bench::run(&args[1..]),
         Some("deps") => deps::install(),
         Some("image") => image::run(&args[1..]),
+        Some("kube-test") => kube::run(&args[1..]),
         Some("packaging") => packaging::check(&root()),
         Some("man") => match args.get(1) {
             Some(outdir) => man::run(Path::new(outdir)),
