@@ -98,6 +98,9 @@ pub fn archive_path(root: &Path) -> PathBuf {
 /// Builds the binaries and the archive from the sources at `root`; prints the digest.
 pub fn build(root: &Path) -> Result<Archive> {
     let meta = Meta::of(root)?;
+    if meta.revision.ends_with("-dirty") {
+        eprintln!("image: the working tree has changes: the image is of no commit (-dirty)");
+    }
     let archive = build_from(root, &meta, &cargo_target_dir(root), &archive_path(root), &[root])?;
     // It reads back: the index names the manifest, every blob is stored under its digest.
     let (index, blobs) = read_archive(&archive.path)?;
@@ -163,7 +166,6 @@ impl Meta {
         let epoch = epoch.parse().with_context(|| format!("SOURCE_DATE_EPOCH {epoch:?}"))?;
         let mut revision = git(root, &["rev-parse", "HEAD"])?;
         if !git(root, &["status", "--porcelain", "--untracked-files=no"])?.is_empty() {
-            eprintln!("image: the working tree has changes: the image is of no commit");
             revision.push_str("-dirty");
         }
         Ok(Meta { epoch, revision })

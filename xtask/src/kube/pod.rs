@@ -71,17 +71,33 @@ impl Podman {
 struct Played<'a> {
     podman: &'a Podman,
     yaml: PathBuf,
+    volumes: Vec<String>,
 }
 
 impl Drop for Played<'_> {
     fn drop(&mut self) {
         let _ = self.podman.cmd().arg("kube").arg("down").arg(&self.yaml).output();
+        for name in &self.volumes {
+            let _ = self.podman.cmd().args(["volume", "rm", "--force", name]).output();
+        }
     }
 }
 
-/// The fake device program, killed (by closing its stdin) when dropped.
+/// The names of the pod's emptyDir volumes.
+fn empty_dirs(pod: &Value) -> Vec<String> {
+    pod["spec"]["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|v| v.get("emptyDir").is_some())
+        .filter_map(|v| v["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// The fake device program, ended (by closing its stdin) when dropped.
 struct Fake {
     child: Child,
+    out: std::io::Lines<BufReader<std::process::ChildStdout>>,
     hsmp: PathBuf,
     tree: PathBuf,
 }
@@ -96,24 +112,24 @@ impl Fake {
             .stdout(Stdio::piped())
             .spawn()
             .context("cannot start fake-device")?;
-        let mut lines = BufReader::new(child.stdout.take().context("no stdout")?).lines();
+        let mut out = BufReader::new(child.stdout.take().context("no stdout")?).lines();
         let mut next = || -> Result<PathBuf> {
-            Ok(PathBuf::from(lines.next().context("fake-device printed nothing")??))
+            Ok(PathBuf::from(out.next().context("fake-device printed nothing")??))
         };
         let (hsmp, tree) = (next()?, next()?);
-        child.stdout = None;
-        Ok(Fake { child, hsmp, tree })
+        Ok(Fake { child, out, hsmp, tree })
     }
 
     /// Ends the fake; returns the message counts it printed.
     fn finish(mut self) -> Result<String> {
         drop(self.child.stdin.take());
-        let mut out = String::new();
-        if let Some(mut stdout) = self.child.stdout.take() {
-            stdout.read_to_string(&mut out)?;
+        let mut counts = String::new();
+        for line in self.out.by_ref() {
+            counts.push_str(&line?);
+            counts.push('\n');
         }
-        self.child.wait()?;
-        Ok(out)
+        ensure!(self.child.wait()?.success(), "fake-device failed");
+        Ok(counts)
     }
 }
 
@@ -162,16 +178,19 @@ pub fn run(root: &Path, archive: &crate::image::Archive, daemonset: &Value) -> R
     let standin = work.path().join("hsmp");
     let made = Command::new("mknod").arg(&standin).args(["c", "1", "3"]).status()?;
     ensure!(made.success(), "mknod {} failed", standin.display());
-    let pod = wrap(template, |spec, changes| {
+    let ports = (free_port()?, free_port()?);
+    println!("kube-test: pod on the simulator");
+    let pod = wrap(template, ports, |spec, changes| {
         push_arg(spec, "broker", &format!("--simulate={PROFILE}"));
         changes.push(format!("broker: --simulate={PROFILE}"));
         set_host_path(spec, "hsmp", &standin, "CharDevice");
         changes.push(format!("hostPath /dev/hsmp → {} (char 1:3 stand-in)", standin.display()));
     })?;
-    play(&podman, work.path(), "simulator", &pod)?;
+    play(&podman, work.path(), "simulator", &pod, ports)?;
 
     let fake = Fake::start(root)?;
-    let pod = wrap(template, |spec, changes| {
+    println!("kube-test: pod on the fake device");
+    let pod = wrap(template, ports, |spec, changes| {
         set_host_path(spec, "hsmp", &fake.hsmp, "File");
         changes.push(format!(
             "hostPath /dev/hsmp → {} (the FUSE fake, a regular file: type File)",
@@ -183,7 +202,7 @@ pub fn run(root: &Path, archive: &crate::image::Archive, daemonset: &Value) -> R
             fake.tree.display()
         ));
     })?;
-    play(&podman, work.path(), "fake device", &pod)?;
+    play(&podman, work.path(), "fake device", &pod, ports)?;
     let counts = fake.finish()?;
     println!("kube-test: fake device: the broker's messages, by id:\n{}", counts.trim_end());
     ensure!(counts.contains("message 0x31:"), "the fake answered no GET_RAPL_CORE_COUNTER");
@@ -192,7 +211,11 @@ pub fn run(root: &Path, archive: &crate::image::Archive, daemonset: &Value) -> R
 
 /// The pod: the template wrapped as a `Pod`, with the changes every run makes (the exporter's
 /// port on 127.0.0.1, the third container) and those of `run`; prints every change.
-fn wrap(template: &Value, run: impl FnOnce(&mut Value, &mut Vec<String>)) -> Result<Value> {
+fn wrap(
+    template: &Value,
+    (port, intruder_port): (u16, u16),
+    run: impl FnOnce(&mut Value, &mut Vec<String>),
+) -> Result<Value> {
     let mut spec = template["spec"].clone();
     let mut changes = Vec::new();
     let exporter = container(&mut spec, "exporter")?.clone();
@@ -216,15 +239,13 @@ fn wrap(template: &Value, run: impl FnOnce(&mut Value, &mut Vec<String>)) -> Res
         "a third container, \"intruder\": the exporter as uid {INTRUDER_UID} on :10055"
     ));
     run(&mut spec, &mut changes);
-    for (name, port) in [("exporter", 10054), ("intruder", 10055)] {
+    for (name, host_port) in [("exporter", port), ("intruder", intruder_port)] {
         let c = container(&mut spec, name)?;
-        c["ports"][0]["hostPort"] = json!(port_for(port));
+        c["ports"][0]["hostPort"] = json!(host_port);
         c["ports"][0]["hostIP"] = json!("127.0.0.1");
     }
     changes.push(format!(
-        "ports published on 127.0.0.1:{} and :{} to scrape from the host",
-        port_for(10054),
-        port_for(10055)
+        "ports published on 127.0.0.1:{port} and :{intruder_port} to scrape from the host"
     ));
     for c in &changes {
         println!("kube-test:   pod change: {c}");
@@ -237,9 +258,9 @@ fn wrap(template: &Value, run: impl FnOnce(&mut Value, &mut Vec<String>)) -> Res
     }))
 }
 
-/// The host port of container port `port`: shifted away from the demo's 10054.
-fn port_for(port: u16) -> u16 {
-    port + 20000
+/// A port of 127.0.0.1 free right now.
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
 }
 
 fn container<'a>(spec: &'a mut Value, name: &str) -> Result<&'a mut Value> {
@@ -283,16 +304,35 @@ fn add_fixture(spec: &mut Value, tree: &Path) {
 }
 
 /// Plays `pod`, checks it, takes it down.
-fn play(podman: &Podman, work: &Path, what: &str, pod: &Value) -> Result<()> {
-    println!("kube-test: pod on the {what}");
+fn play(podman: &Podman, work: &Path, what: &str, pod: &Value, ports: (u16, u16)) -> Result<()> {
     let yaml = work.join(format!("pod-{}.json", what.replace(' ', "-")));
     std::fs::write(&yaml, serde_json::to_vec_pretty(pod)?)?;
     // A pod left by an earlier, interrupted run.
     let _ = podman.cmd().args(["pod", "rm", "--force", POD]).output();
+    // podman 4.3 makes an emptyDir a named volume, on disk, chowned to the first non-root
+    // container's user with mode 0755, where Kubernetes makes it 0777 (tmpfs with medium Memory):
+    // the broker, root without CAP_DAC_OVERRIDE once it has dropped its capabilities, could not
+    // create its socket. The volume is made first as Kubernetes would, and podman uses it.
+    let volumes = empty_dirs(pod);
+    for name in &volumes {
+        let _ = podman.cmd().args(["volume", "rm", "--force", name]).output();
+        podman.run(&[
+            "volume",
+            "create",
+            "--opt",
+            "type=tmpfs",
+            "--opt",
+            "device=tmpfs",
+            "--opt",
+            "o=mode=0777",
+            name,
+        ])?;
+        println!("kube-test:   emptyDir {name}: a tmpfs volume, mode 0777, as Kubernetes makes it");
+    }
     let started = Instant::now();
     podman.run(&["kube", "play", &yaml.to_string_lossy()])?;
-    let played = Played { podman, yaml };
-    let result = check(podman, started);
+    let played = Played { podman, yaml, volumes };
+    let result = check(podman, started, ports);
     if result.is_err() {
         for c in ["broker", "exporter", "intruder"] {
             let logs = podman.cmd().args(["logs", &format!("{POD}-{c}")]).output();
@@ -309,8 +349,7 @@ fn play(podman: &Podman, work: &Path, what: &str, pod: &Value) -> Result<()> {
     result
 }
 
-fn check(podman: &Podman, started: Instant) -> Result<()> {
-    let port = port_for(10054);
+fn check(podman: &Podman, started: Instant, (port, intruder_port): (u16, u16)) -> Result<()> {
     let ready = wait(Duration::from_secs(60), || {
         Ok(http_get(port, "/-/ready").ok().filter(|(status, _)| *status == 200).map(|(_, b)| b))
     })
@@ -352,7 +391,8 @@ fn check(podman: &Podman, started: Instant) -> Result<()> {
     ensure!(no_capabilities(&broker), "the broker holds a capability after start-up: {broker:?}");
     ensure!(field(&broker, "NoNewPrivs") == "1", "broker NoNewPrivs: {broker:?}");
 
-    let (_, intruder) = http_get(port_for(10055), "/metrics")?;
+    let intruder = wait(Duration::from_secs(10), || Ok(http_get(intruder_port, "/metrics").ok()))
+        .map(|(_, body)| body)?;
     let up = intruder.lines().find(|l| l.starts_with("amd_hsmp_broker_up ")).unwrap_or("none");
     println!("kube-test:   intruder (uid {INTRUDER_UID}) scrape: {up}");
     ensure!(up == "amd_hsmp_broker_up 0", "the broker served uid {INTRUDER_UID}: {up}");
