@@ -81,11 +81,17 @@ pub fn helm(python: &Path, root: &Path, request: &Value) -> Result<Value> {
         .current_dir(root)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
+        // Helm's Go code logs a template's `fail` to stderr; the answer carries it.
+        .stderr(Stdio::piped())
         .spawn()
         .with_context(|| format!("cannot run {}", python.display()))?;
     serde_json::to_writer(child.stdin.take().context("no stdin")?, request)?;
     let out = child.wait_with_output()?;
-    ensure!(out.status.success(), "helm.py failed on {request}");
+    ensure!(
+        out.status.success(),
+        "helm.py failed on {request}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     Ok(serde_json::from_slice(&out.stdout)?)
 }
 
@@ -122,6 +128,31 @@ pub fn variants(python: &Path, root: &Path) -> Result<Vec<Variant>> {
     Ok(variants)
 }
 
+/// Values the chart must refuse when rendering, with a part of the message each gives.
+pub const REFUSED: [(&str, &str); 2] = [
+    (
+        r#"{"service": {"enabled": false}, "serviceMonitor": {"enabled": true}}"#,
+        "needs service.enabled",
+    ),
+    (r#"{"serviceMonitor": {"enabled": true}, "podMonitor": {"enabled": true}}"#, "choose one"),
+];
+
+/// Renders `values`, which must be refused with a message containing `why`.
+pub fn check_refused(python: &Path, root: &Path, values: &Value, why: &str) -> Result<()> {
+    let answer = helm(
+        python,
+        root,
+        &json!({"op": "render", "chart": CHART, "values": values, "name": RELEASE,
+                "namespace": NAMESPACE, "versions": KUBE_VERSIONS}),
+    )?;
+    let error = answer["render_error"].as_str().unwrap_or("");
+    ensure!(
+        error.contains(why),
+        "{values} rendered (or was refused for another reason): {error:?}"
+    );
+    Ok(())
+}
+
 /// What one variant renders to, once checked.
 #[derive(Debug)]
 pub struct Rendered {
@@ -154,6 +185,7 @@ pub fn check_variant(
         "values.schema.json refuses it: {}",
         answer["schema_error"]
     );
+    ensure!(answer["render_error"].is_null(), "the chart refuses it: {}", answer["render_error"]);
     let lint: Vec<&Value> = answer["lint"]
         .as_array()
         .context("lint")?

@@ -5,6 +5,7 @@ Reads one JSON request on stdin, writes one JSON answer on stdout:
 
   {"op": "render", "chart": DIR, "values": {...}, "name": N, "namespace": NS, "versions": [V...]}
     -> {"lint": [[severity, path, message]...], "lint_errors": [...], "schema_error": str|null,
+        "render_error": str (only when a template refuses the values),
         "objects": [{"template": T, "object": {...}}...],
         "invalid": [[version, kind/name, error]...], "unknown_kinds": [kind...]}
   {"op": "schema", "chart": DIR, "values": {...}} -> {"schema_error": str|null}
@@ -40,9 +41,13 @@ def render(request):
         answer["schema_error"] = schema_error(chart, values)
         if answer["schema_error"] is not None:
             return answer
-        manifests = chart.render(
-            values, name=request["name"], namespace=request["namespace"], is_install=True
-        )
+        try:
+            manifests = chart.render(
+                values, name=request["name"], namespace=request["namespace"], is_install=True
+            )
+        except helm.HelmError as e:
+            answer["render_error"] = str(e)
+            return answer
     objects = []
     for template, text in sorted(manifests.items()):
         if template.endswith("NOTES.txt"):

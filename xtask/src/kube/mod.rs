@@ -73,6 +73,12 @@ pub fn run(args: &[String]) -> Result<()> {
         );
         Ok("unknown keys refused, by name; the API schemas refuse unknown fields".to_owned())
     })?;
+    step("refused combinations", || {
+        for (values, why) in chart::REFUSED {
+            chart::check_refused(&python, &root, &serde_json::from_str(values)?, why)?;
+        }
+        Ok(format!("{} refused with their reason", chart::REFUSED.len()))
+    })?;
     let documented = chart::documented_outside(&root)?;
     let variants = chart::variants(&python, &root)?;
     let mut default = None;
