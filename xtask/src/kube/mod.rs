@@ -91,6 +91,7 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     let default = default.context("no ci/default-values.yaml")?;
     if pods {
+        pod::require_root()?;
         let archive = crate::image::build(&root)?;
         crate::image::check_reproducible(&root, &archive)?;
         pod::run(&root, &archive, default.daemonset()?)?;

@@ -140,6 +140,16 @@ impl Drop for Fake {
     }
 }
 
+/// The pod runs need root.
+pub fn require_root() -> Result<()> {
+    if !rustix::process::geteuid().is_root() {
+        bail!(
+            "the pod runs need root: rootful podman, and the FUSE fake device (--no-pods skips them)"
+        );
+    }
+    Ok(())
+}
+
 /// Both runs.
 pub fn run(root: &Path, archive: &crate::image::Archive, daemonset: &Value) -> Result<()> {
     let work = tempfile::Builder::new().prefix("amd-hsmp-kube-").tempdir()?;
