@@ -196,7 +196,7 @@ pub fn run(root: &Path, archive: &crate::image::Archive, daemonset: &Value) -> R
         set_host_path(spec, "hsmp", &standin, "CharDevice");
         changes.push(format!("hostPath /dev/hsmp → {} (char 1:3 stand-in)", standin.display()));
     })?;
-    play(&podman, work.path(), "simulator", &pod, ports)?;
+    play(&podman, work.path(), "simulator", &pod, ports, true)?;
 
     let fake = Fake::start(root)?;
     println!("kube-test: pod on the fake device");
@@ -212,10 +212,21 @@ pub fn run(root: &Path, archive: &crate::image::Archive, daemonset: &Value) -> R
             fake.tree.display()
         ));
     })?;
-    play(&podman, work.path(), "fake device", &pod, ports)?;
+    play(&podman, work.path(), "fake device", &pod, ports, false)?;
     let counts = fake.finish()?;
     println!("kube-test: fake device: the broker's messages, by id:\n{}", counts.trim_end());
-    ensure!(counts.contains("message 0x31:"), "the fake answered no GET_RAPL_CORE_COUNTER");
+    // Every scrape asked each of the 384 cores once for energy and once for its boost limit.
+    for id in ["0x31", "0x0a"] {
+        let n: usize = counts
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("message {id}: ")))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        ensure!(
+            n > 0 && n.is_multiple_of(384),
+            "message {id} answered {n} times by the fake, not 384 a scrape"
+        );
+    }
     Ok(())
 }
 
@@ -313,8 +324,15 @@ fn add_fixture(spec: &mut Value, tree: &Path) {
     }
 }
 
-/// Plays `pod`, checks it, takes it down.
-fn play(podman: &Podman, work: &Path, what: &str, pod: &Value, ports: (u16, u16)) -> Result<()> {
+/// Plays `pod`, checks it (`simulated`: whether the broker serves its simulator), takes it down.
+fn play(
+    podman: &Podman,
+    work: &Path,
+    what: &str,
+    pod: &Value,
+    ports: (u16, u16),
+    simulated: bool,
+) -> Result<()> {
     let yaml = work.join(format!("pod-{}.json", what.replace(' ', "-")));
     std::fs::write(&yaml, serde_json::to_vec_pretty(pod)?)?;
     // A pod left by an earlier, interrupted run.
@@ -342,7 +360,7 @@ fn play(podman: &Podman, work: &Path, what: &str, pod: &Value, ports: (u16, u16)
     let started = Instant::now();
     podman.run(&["kube", "play", &yaml.to_string_lossy()])?;
     let played = Played { podman, yaml, volumes };
-    let result = check(podman, started, ports);
+    let result = check(podman, started, ports, simulated);
     if result.is_err() {
         for c in ["broker", "exporter", "intruder"] {
             let logs = podman.cmd().args(["logs", &format!("{POD}-{c}")]).output();
@@ -359,7 +377,12 @@ fn play(podman: &Podman, work: &Path, what: &str, pod: &Value, ports: (u16, u16)
     result
 }
 
-fn check(podman: &Podman, started: Instant, (port, intruder_port): (u16, u16)) -> Result<()> {
+fn check(
+    podman: &Podman,
+    started: Instant,
+    (port, intruder_port): (u16, u16),
+    simulated: bool,
+) -> Result<()> {
     let ready = wait(Duration::from_secs(60), || {
         Ok(http_get(port, "/-/ready").ok().filter(|(status, _)| *status == 200).map(|(_, b)| b))
     })
@@ -390,7 +413,9 @@ fn check(podman: &Podman, started: Instant, (port, intruder_port): (u16, u16)) -
     {
         println!("kube-test:   {line}");
     }
-
+    ensure!(metrics.lines().any(|l| l == "amd_hsmp_up 1"), "amd_hsmp_up is not 1");
+    let marked = metrics.lines().any(|l| l.starts_with("amd_hsmp_simulated_info{"));
+    ensure!(marked == simulated, "amd_hsmp_simulated_info present: {marked}, want {simulated}");
     let exporter = status(podman, "exporter")?;
     println!("kube-test:   exporter /proc/PID/status: {}", exporter.join(", "));
     ensure!(field(&exporter, "Uid") == "65534 65534 65534 65534", "exporter uid: {exporter:?}");
