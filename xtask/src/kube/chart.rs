@@ -526,6 +526,23 @@ mod tests {
     }
 
     #[test]
+    fn the_documented_fields_outside_restricted_are_the_brokers_and_its_volumes_only() {
+        let rows = documented_outside(&crate::root()).unwrap();
+        for row in &rows {
+            assert!(
+                row.field.starts_with("spec.containers[broker].")
+                    || row.field.starts_with("spec.volumes["),
+                "{row:?}"
+            );
+        }
+        let default = Variant { name: "d".into(), values: json!({}), privileged: true, msr: false };
+        let plugin = Variant { privileged: false, ..default.clone() };
+        let applying = |v: &Variant| rows.iter().filter(|r| r.applies(v)).count();
+        assert_eq!(applying(&default), 5);
+        assert_eq!(applying(&plugin), 2);
+    }
+
+    #[test]
     fn the_charts_copies_of_the_mixin_are_current() {
         check_mixin_copies(&crate::root()).unwrap();
     }
