@@ -80,7 +80,9 @@ fn install_kube_venv() -> Result<()> {
     }
     eprintln!("xtask: installing {} in {}", missing.join(" "), venv.display());
     if !pip.is_file() {
-        crate::run_cmd(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+        crate::run_cmd(Command::new("python3").args(["-m", "venv"]).arg(&venv)).map_err(|e| {
+            e.context("cannot make the kube-test venv (Debian's python3 needs python3-venv)")
+        })?;
     }
     crate::run_cmd(
         Command::new(&pip)
