@@ -1,5 +1,6 @@
-//! The HTTP surface: the telemetry path, a landing page at `/`, 404 elsewhere, content
-//! negotiation between OpenMetrics 1.0 and the text format 0.0.4.
+//! The HTTP surface: the telemetry path, a landing page at `/`, the probe paths `/-/healthy` and
+//! `/-/ready`, 404 elsewhere, content negotiation between OpenMetrics 1.0 and the text format
+//! 0.0.4.
 
 use crate::metrics::{self, Format};
 use crate::scrape::{Budget, Exporter};
@@ -24,12 +25,28 @@ pub fn app(exporter: Arc<Exporter>) -> Router {
         .with_state(exporter)
 }
 
+/// Liveness and readiness probe paths, named as Prometheus names its own.
+pub const PROBE_PATHS: [&str; 2] = ["/-/healthy", "/-/ready"];
+
+/// The probe paths: a fixed answer once the server serves, without sampling (no broker request,
+/// so no mailbox message) and without authentication (a kubelet probe sends no credentials,
+/// and the answer tells nothing). A telemetry path of the same name wins.
+fn probes(telemetry_path: &str) -> Router {
+    let mut router = Router::new();
+    for path in PROBE_PATHS.into_iter().filter(|p| *p != telemetry_path) {
+        router = router.route(path, get(|| async { "amd-hsmp-exporter is serving.\n" }));
+    }
+    router
+}
+
 /// The router as served: [`app`] behind the `--web.config.file` authentication and headers
-/// (every path, the landing page too), with responses gzipped when the client accepts it
-/// (`Accept-Encoding: gzip`, which Prometheus sends).
+/// (every path but the probes, the landing page too), with responses gzipped when the client
+/// accepts it (`Accept-Encoding: gzip`, which Prometheus sends).
 pub fn service(exporter: Arc<Exporter>, web: Arc<amd_hsmp_web::config::WebState>) -> Router {
+    let probes = probes(&exporter.config().telemetry_path);
     app(exporter)
         .layer(axum::middleware::from_fn_with_state(web, amd_hsmp_web::layer::middleware))
+        .merge(probes)
         .layer(tower_http::compression::CompressionLayer::new())
 }
 
@@ -145,6 +162,49 @@ mod tests {
         );
         assert_eq!(negotiate(Some("application/openmetrics-text;version=2.0.0")), Format::Text);
         assert_eq!(negotiate(Some("application/openmetrics-text;q=0")), Format::Text);
+    }
+
+    /// The exporter behind `service`, with basic auth for user `u`, asking a "broker" that only
+    /// counts connections.
+    #[tokio::test]
+    async fn probes_answer_without_credentials_and_without_asking_the_broker() {
+        use tower::ServiceExt;
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("broker.sock");
+        let broker = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        broker.set_nonblocking(true).unwrap();
+        let config = dir.path().join("web.yml");
+        let hash = bcrypt::hash("p", 4).unwrap();
+        std::fs::write(&config, format!("basic_auth_users:\n  u: {hash}\n")).unwrap();
+        let web = amd_hsmp_web::config::WebState::load(&config).unwrap();
+        let exporter = Exporter::new(crate::scrape::Config {
+            broker_socket: socket.clone(),
+            families: amd_hsmp_proto::Families::ALL,
+            max_scrape_timeout: std::time::Duration::from_secs(1),
+            max_requests: 0,
+            telemetry_path: "/metrics".into(),
+            procfs: "/proc".into(),
+        });
+        let router = service(exporter, web);
+        let get = |path: &str, auth: bool| {
+            let mut request = axum::http::Request::get(path);
+            if auth {
+                request = request.header(header::AUTHORIZATION, "Basic dTpw"); // u:p
+            }
+            request.header(SCRAPE_TIMEOUT_HEADER, "0.1").body(axum::body::Body::empty()).unwrap()
+        };
+        for path in PROBE_PATHS {
+            let response = router.clone().oneshot(get(path, false)).await.unwrap();
+            assert_eq!(response.status(), StatusCode::OK, "{path}");
+        }
+        let accepted = broker.accept().map(|_| ()).map_err(|e| e.kind());
+        assert_eq!(accepted, Err(std::io::ErrorKind::WouldBlock), "a probe asked the broker");
+        // Everything else still needs the credentials, and a scrape does ask the broker.
+        let response = router.clone().oneshot(get("/metrics", false)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+        let response = router.clone().oneshot(get("/metrics", true)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(broker.accept().is_ok(), "the scrape did not reach the broker");
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! record of every open, message and MSR read for the wire-level assertions.
 
 use amd_hsmp_device::{Errno, HSMP_IOCTL_CMD, HsmpMessage, HsmpTransport, MsrOpener, MsrTransport};
-use amd_hsmp_sim::{AccessMode, Machine};
+use amd_hsmp_sim::{AccessMode, FirmwareConfig, Machine, MachineSpec, Mode};
 use fuser::{
     BackgroundSession, Config, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
     INodeNo, IoctlFlags, LockOwner, MountOption, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
@@ -484,6 +484,24 @@ impl Filesystem for FakeFs {
             Err(e) => reply.error(errno(e)),
         }
     }
+}
+
+/// The fake device for machine `spec` with static firmware values and no faults: the `hsmp` node
+/// present when the firmware has HSMP, an MSR node for every online CPU. Returns the machine too,
+/// for the caller's own reads of the same firmware.
+pub fn mount_static(spec: MachineSpec) -> std::io::Result<(Arc<Machine>, FakeDevice)> {
+    let cpus: Vec<u32> = spec.cpus().iter().filter(|c| c.online).map(|c| c.cpu).collect();
+    let machine = Machine::new(spec, FirmwareConfig::new(Mode::Static));
+    let hsmp_state =
+        if machine.firmware().has_hsmp() { NodeState::Present } else { NodeState::Absent };
+    let device = FakeDevice::mount(FakeConfig {
+        hsmp: Arc::new(Arc::clone(&machine)),
+        msr: Arc::new(machine.msr_opener()),
+        cpus,
+        hsmp_state,
+        msr_state: NodeState::Present,
+    })?;
+    Ok((machine, device))
 }
 
 /// A mounted fake device. Dropping it unmounts it (lazily, so a process still holding a

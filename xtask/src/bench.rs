@@ -3,7 +3,6 @@
 //! `/dev/fuse` for the fake device. Not part of `cargo xtask test`: it reports figures.
 
 use anyhow::{Result, bail};
-use std::path::PathBuf;
 use std::process::Command;
 
 /// Builds `amd-hsmp-broker`, `amd-hsmp-exporter` and `bench` in release mode, then runs
@@ -24,14 +23,6 @@ pub fn run(args: &[String]) -> Result<()> {
         "amd-hsmp-e2e",
         "--bins",
     ])?;
-    let bin = target_dir().join("release");
+    let bin = crate::target_dir(&crate::root()).join("release");
     crate::run_cmd(Command::new(bin.join("bench")).args(args).arg("--bin-dir").arg(&bin))
-}
-
-/// Where cargo puts its output: `CARGO_TARGET_DIR` if set, else `target/` in the workspace.
-fn target_dir() -> PathBuf {
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) => crate::root().join(dir),
-        None => crate::root().join("target"),
-    }
 }

@@ -26,7 +26,17 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("jsonnet", "jsonnet"),
     // The landing page rendered headless (tests/tests/demo.rs).
     ("chromium", "chromium"),
+    // The pod of the Helm chart run for real (kube-test, xtask/src/kube/pod.rs): Debian 12's
+    // podman 4.3 with runc (crun refuses this machine's hybrid cgroup layout), and catatonit for
+    // the pod's infra container.
+    ("podman", "podman"),
+    ("runc", "runc"),
+    ("catatonit", "catatonit"),
 ];
+
+/// PyPI packages of the kube-test venv (`~/.cache/amd-hsmp-exporter/kube-venv`): Helm's SDK in a
+/// wheel (no helm binary to download) and the Kubernetes API schemas, both offline.
+pub const KUBE_VENV_PACKAGES: &[&str] = &["helm-python-sdk==0.2.2", "kubernetes-validate==1.37.0"];
 
 /// Cargo subcommands the suite uses: crate, pinned version (the packaging checks compare the
 /// maintainer scripts it generates with expected files), command. Installed with
@@ -35,14 +45,58 @@ pub const CARGO_TOOLS: &[(&str, &str, &str)] = &[
     ("cargo-deb", "3.8.0", "cargo-deb"),
     // `cargo deny check bans licenses sources` (deny.toml) in `cargo xtask test`.
     ("cargo-deny", "0.20.2", "cargo-deny"),
+    // `cargo xtask image`: the binaries carry their dependency list (image.rs).
+    ("cargo-auditable", "0.7.7", "cargo-auditable"),
 ];
 
 /// Installs missing packages with apt-get when running as root (otherwise fails listing them),
 /// then missing cargo tools.
 pub fn install() -> Result<()> {
     install_packages()?;
+    install_cargo_tools()?;
+    install_kube_venv()
+}
+
+/// The kube-test venv's directory, outside the clone.
+pub fn kube_venv() -> Result<std::path::PathBuf> {
+    let home = std::env::var_os("HOME").ok_or_else(|| anyhow::anyhow!("HOME is not set"))?;
+    Ok(std::path::PathBuf::from(home).join(".cache/amd-hsmp-exporter/kube-venv"))
+}
+
+/// Makes the kube-test venv, or adds what it lacks: the pinned packages, checked with pip.
+fn install_kube_venv() -> Result<()> {
+    let venv = kube_venv()?;
+    let pip = venv.join("bin/pip");
+    let installed = Command::new(&pip)
+        .args(["freeze", "--disable-pip-version-check"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let missing: Vec<&str> = KUBE_VENV_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| !installed.lines().any(|l| l.eq_ignore_ascii_case(p)))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("xtask: installing {} in {}", missing.join(" "), venv.display());
+    if !pip.is_file() {
+        crate::run_cmd(Command::new("python3").args(["-m", "venv"]).arg(&venv)).map_err(|e| {
+            e.context("cannot make the kube-test venv (Debian's python3 needs python3-venv)")
+        })?;
+    }
+    crate::run_cmd(
+        Command::new(&pip)
+            .args(["install", "--quiet", "--disable-pip-version-check"])
+            .args(&missing),
+    )
+}
+
+/// Installs the cargo tools that are missing or at another version.
+pub fn install_cargo_tools() -> Result<()> {
     for (krate, version, cmd) in CARGO_TOOLS {
-        if !tool_at_version(cmd, version) {
+        if !tool_at_version(krate, cmd, version) {
             eprintln!("xtask: installing {krate} {version}");
             crate::cargo(&["install", "--locked", "--force", krate, "--version", version])?;
         }
@@ -59,7 +113,7 @@ pub fn missing_packages() -> Vec<&'static str> {
 pub fn missing_cargo_tools() -> Vec<String> {
     CARGO_TOOLS
         .iter()
-        .filter(|(_, version, cmd)| !tool_at_version(cmd, version))
+        .filter(|(krate, version, cmd)| !tool_at_version(krate, cmd, version))
         .map(|(krate, version, _)| format!("{krate} {version}"))
         .collect()
 }
@@ -91,12 +145,24 @@ fn on_path(cmd: &str) -> bool {
         .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(cmd).is_file()))
 }
 
-/// Whether `cmd --version` runs and prints `version` (cargo-deb prints `cargo-deb 3.8.0`).
-fn tool_at_version(cmd: &str, version: &str) -> bool {
-    Command::new(cmd).arg("--version").output().is_ok_and(|out| {
-        out.status.success()
-            && String::from_utf8_lossy(&out.stdout).split_whitespace().any(|word| word == version)
-    })
+/// Whether `cmd` is on `PATH` at `version`: `cmd --version` prints it (cargo-deb prints
+/// `cargo-deb 3.8.0`), or, for a tool that prints cargo's version instead (cargo-auditable),
+/// `cargo install --list` has the line `KRATE vVERSION:`.
+fn tool_at_version(krate: &str, cmd: &str, version: &str) -> bool {
+    let output = |c: &mut Command| {
+        c.output()
+            .ok()
+            .filter(|out| out.status.success())
+            .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let installed = format!("{krate} v{version}:");
+    on_path(cmd)
+        && (output(Command::new(cmd).arg("--version")).split_whitespace().any(|w| w == version)
+            || output(Command::new(cargo).args(["install", "--list"]))
+                .lines()
+                .any(|l| l == installed))
 }
 
 fn is_root() -> bool {

@@ -5,13 +5,17 @@
 //! packaging checks alone), `man OUTDIR` (man pages and shell completions, see `man.rs`), `mixin [--live]` (the monitoring mixin's checks alone; `--live` adds
 //! a real Prometheus scraping the simulated machine, which `test` always runs), `vm-test` (the
 //! real driver and the package under systemd in a QEMU guest whose SMU is the simulator; see
-//! `vm/mod.rs`), `bench` (the benchmark of a scrape's cost; not part of `test`).
+//! `vm/mod.rs`), `bench` (the benchmark of a scrape's cost; not part of `test`), `image [--reproducible]`
+//! (the OCI image, see `image.rs`), `kube-test [--no-pods]` (the Helm chart, and its pod in podman:
+//! `kube/mod.rs`).
 
 #![forbid(unsafe_code)]
 
 mod bench;
 mod demo;
 mod deps;
+mod image;
+mod kube;
 mod man;
 mod mixin;
 mod packaging;
@@ -23,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 const USAGE: &str = "usage: cargo xtask <demo [--scenario NAME]|test|deps|packaging|man OUTDIR|\
-                     mixin [--live]|vm-test|bench [--help]>";
+                     mixin [--live]|vm-test|bench [--help]|image [--reproducible]|kube-test [--no-pods]>";
 
 fn main() -> ExitCode {
     match run() {
@@ -41,6 +45,8 @@ fn run() -> Result<()> {
         Some("demo") => demo::run(&args[1..]),
         Some("bench") => bench::run(&args[1..]),
         Some("deps") => deps::install(),
+        Some("image") => image::run(&args[1..]),
+        Some("kube-test") => kube::run(&args[1..]),
         Some("packaging") => packaging::check(&root()),
         Some("man") => match args.get(1) {
             Some(outdir) => man::run(Path::new(outdir)),
@@ -67,6 +73,14 @@ fn run() -> Result<()> {
 /// The workspace root.
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+/// Where cargo puts its output: `CARGO_TARGET_DIR` if set, else `target/` in the workspace.
+pub fn target_dir(root: &Path) -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => root.join(dir),
+        None => root.join("target"),
+    }
 }
 
 /// Runs cargo with `args` in the workspace root; fails if it fails.

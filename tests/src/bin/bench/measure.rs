@@ -7,11 +7,11 @@ use crate::report::{
     Report, Startup, StartupFigures,
 };
 use amd_hsmp_device::{DevHsmp, HsmpMessage, HsmpTransport, Message};
-use amd_hsmp_e2e::fake::{FakeConfig, FakeDevice, NodeState, WireMessage};
+use amd_hsmp_e2e::fake::{FakeDevice, WireMessage};
 use amd_hsmp_e2e::fixtures;
 use amd_hsmp_e2e::harness::{self, Binaries, Proc};
 use amd_hsmp_e2e::scenario::{DEFAULT_SCRAPE_TIMEOUT, PROMETHEUS_ACCEPT};
-use amd_hsmp_sim::{FirmwareConfig, Machine, MachineSpec, Mode};
+use amd_hsmp_sim::{Machine, MachineSpec};
 use anyhow::{Context, Result, bail};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -77,19 +77,8 @@ fn command_line(mut args: impl Iterator<Item = String>) -> String {
 
 /// The fake device for `spec`, with static firmware values and no faults.
 fn mount(spec: MachineSpec) -> Result<(Arc<Machine>, FakeDevice)> {
-    let cpus: Vec<u32> = spec.cpus().iter().filter(|c| c.online).map(|c| c.cpu).collect();
-    let machine = Machine::new(spec, FirmwareConfig::new(Mode::Static));
-    let hsmp_state =
-        if machine.firmware().has_hsmp() { NodeState::Present } else { NodeState::Absent };
-    let device = FakeDevice::mount(FakeConfig {
-        hsmp: Arc::new(Arc::clone(&machine)),
-        msr: Arc::new(machine.msr_opener()),
-        cpus,
-        hsmp_state,
-        msr_state: NodeState::Present,
-    })
-    .context("cannot mount the fake device (needs root, /dev/fuse and fusermount3 from fuse3)")?;
-    Ok((machine, device))
+    amd_hsmp_e2e::fake::mount_static(spec)
+        .context("cannot mount the fake device (needs root, /dev/fuse and fusermount3 from fuse3)")
 }
 
 /// The broker's command line for fixture machine `name` served by `device`, on `socket`.

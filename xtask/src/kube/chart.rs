@@ -1,0 +1,549 @@
+//! The chart's static checks: the mixin copies are current, the values schema is strict, and for
+//! the default values and every variant in `ci/`: Helm's lint, the render, strict validation
+//! against the Kubernetes API schemas of the oldest and newest Kubernetes the chart claims, and
+//! Pod Security (the exporter container passes "restricted"; the pod's fields outside it are
+//! exactly the table in docs/kubernetes.md).
+
+use anyhow::{Context, Result, bail, ensure};
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// The chart, from the workspace root.
+pub const CHART: &str = "deploy/helm/amd-hsmp-exporter";
+/// The oldest and newest Kubernetes the chart claims (`kubeVersion` in Chart.yaml: from 1.25,
+/// when Pod Security Admission became stable; kubernetes-validate's newest schemas).
+pub const KUBE_VERSIONS: [&str; 2] = ["1.25.0", "1.37.0"];
+/// Release name and namespace of every render.
+pub const RELEASE: &str = "amd-hsmp-exporter";
+pub const NAMESPACE: &str = "monitoring";
+/// The kinds the Prometheus Operator defines: not in the Kubernetes schemas.
+const OPERATOR_KINDS: [&str; 3] = ["PodMonitor", "PrometheusRule", "ServiceMonitor"];
+/// The Pod Security table in docs/kubernetes.md sits between these lines.
+const TABLE_BEGIN: &str = "<!-- outside-restricted:begin -->";
+const TABLE_END: &str = "<!-- outside-restricted:end -->";
+
+/// The mixin's generated files and their copies in the chart (Helm reads files inside the chart
+/// only): `(mixin file, chart file)`.
+pub fn mixin_copies(root: &Path) -> Result<Vec<(PathBuf, PathBuf)>> {
+    let chart = root.join(CHART).join("files");
+    let mut pairs = vec![
+        (root.join("mixin/prometheus_rules.yaml"), chart.join("prometheus_rules.yaml")),
+        (root.join("mixin/prometheus_alerts.yaml"), chart.join("prometheus_alerts.yaml")),
+    ];
+    let mut dashboards: Vec<_> = fs::read_dir(root.join("mixin/dashboards_out"))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    dashboards.sort();
+    for d in dashboards {
+        let name = d.file_name().context("dashboard without a name")?.to_owned();
+        pairs.push((d, chart.join("dashboards").join(name)));
+    }
+    Ok(pairs)
+}
+
+/// The chart's copies equal the mixin's generated files, and it has no other dashboard; with
+/// `UPDATE_GOLDEN=1`, copies them.
+pub fn check_mixin_copies(root: &Path) -> Result<String> {
+    let pairs = mixin_copies(root)?;
+    let update = std::env::var_os("UPDATE_GOLDEN").is_some();
+    let mut stale = Vec::new();
+    for (from, to) in &pairs {
+        let want = fs::read(from).with_context(|| format!("cannot read {}", from.display()))?;
+        if fs::read(to).ok().as_deref() != Some(want.as_slice()) {
+            if update {
+                fs::write(to, &want)?;
+            } else {
+                stale.push(to.display().to_string());
+            }
+        }
+    }
+    let known: BTreeSet<_> = pairs.iter().map(|(_, to)| to.clone()).collect();
+    for entry in fs::read_dir(root.join(CHART).join("files/dashboards"))? {
+        let path = entry?.path();
+        ensure!(known.contains(&path), "{} is no dashboard of mixin/", path.display());
+    }
+    ensure!(
+        stale.is_empty(),
+        "the chart's copies of the mixin are stale: {} (UPDATE_GOLDEN=1 cargo xtask kube-test \
+         copies them)",
+        stale.join(", ")
+    );
+    Ok(format!("{} files equal mixin/'s", pairs.len()))
+}
+
+/// Runs the helper `helm.py` in the venv with `request`; returns its answer.
+pub fn helm(python: &Path, root: &Path, request: &Value) -> Result<Value> {
+    let mut child = Command::new(python)
+        .arg(root.join("xtask/src/kube/helm.py"))
+        .current_dir(root)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        // Helm's Go code logs a template's `fail` to stderr; the answer carries it.
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot run {}", python.display()))?;
+    serde_json::to_writer(child.stdin.take().context("no stdin")?, request)?;
+    let out = child.wait_with_output()?;
+    ensure!(
+        out.status.success(),
+        "helm.py failed on {request}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// A values file of `ci/` (or the defaults): its name, the values, and what it selects.
+#[derive(Debug, Clone)]
+pub struct Variant {
+    pub name: String,
+    pub values: Value,
+    pub privileged: bool,
+    pub msr: bool,
+}
+
+/// The default values and every `ci/*-values.yaml`, each read through the helper as YAML.
+pub fn variants(python: &Path, root: &Path) -> Result<Vec<Variant>> {
+    let mut files: Vec<PathBuf> = fs::read_dir(root.join(CHART).join("ci"))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    files.sort();
+    let defaults = helm(python, root, &json!({"op": "values", "chart": CHART}))?;
+    let mut variants = Vec::new();
+    for file in files {
+        let name = file.file_name().context("no name")?.to_string_lossy().into_owned();
+        let answer = helm(python, root, &json!({"op": "values", "chart": CHART, "file": file}))?;
+        let values = answer["values"].clone();
+        let merged = &answer["merged"];
+        variants.push(Variant {
+            name,
+            values,
+            privileged: merged["broker"]["deviceAccess"] == "privileged",
+            msr: merged["broker"]["msrFallback"] == true,
+        });
+    }
+    ensure!(defaults["merged"]["broker"]["deviceAccess"] == "privileged", "default mode");
+    Ok(variants)
+}
+
+/// Values the chart must refuse when rendering, with a part of the message each gives.
+pub const REFUSED: [(&str, &str); 2] = [
+    (
+        r#"{"service": {"enabled": false}, "serviceMonitor": {"enabled": true}}"#,
+        "needs service.enabled",
+    ),
+    (r#"{"serviceMonitor": {"enabled": true}, "podMonitor": {"enabled": true}}"#, "choose one"),
+];
+
+/// Renders `values`, which must be refused with a message containing `why`.
+pub fn check_refused(python: &Path, root: &Path, values: &Value, why: &str) -> Result<()> {
+    let answer = helm(
+        python,
+        root,
+        &json!({"op": "render", "chart": CHART, "values": values, "name": RELEASE,
+                "namespace": NAMESPACE, "versions": KUBE_VERSIONS}),
+    )?;
+    let error = answer["render_error"].as_str().unwrap_or("");
+    ensure!(
+        error.contains(why),
+        "{values} rendered (or was refused for another reason): {error:?}"
+    );
+    Ok(())
+}
+
+/// What one variant renders to, once checked.
+#[derive(Debug)]
+pub struct Rendered {
+    /// Every object, as rendered.
+    pub objects: Vec<Value>,
+}
+
+impl Rendered {
+    /// The DaemonSet.
+    pub fn daemonset(&self) -> Result<&Value> {
+        self.objects.iter().find(|o| o["kind"] == "DaemonSet").context("no DaemonSet rendered")
+    }
+}
+
+/// Lint, render, validate and check Pod Security for one variant.
+pub fn check_variant(
+    python: &Path,
+    root: &Path,
+    variant: &Variant,
+    documented: &[Outside],
+) -> Result<(Rendered, String)> {
+    let answer = helm(
+        python,
+        root,
+        &json!({"op": "render", "chart": CHART, "values": variant.values, "name": RELEASE,
+                "namespace": NAMESPACE, "versions": KUBE_VERSIONS}),
+    )?;
+    ensure!(
+        answer["schema_error"].is_null(),
+        "values.schema.json refuses it: {}",
+        answer["schema_error"]
+    );
+    ensure!(answer["render_error"].is_null(), "the chart refuses it: {}", answer["render_error"]);
+    let lint: Vec<&Value> = answer["lint"]
+        .as_array()
+        .context("lint")?
+        .iter()
+        .filter(|m| m[0].as_u64().unwrap_or(3) >= 2) // warnings and errors; info is advice
+        .collect();
+    ensure!(
+        lint.is_empty() && answer["lint_errors"].as_array().is_some_and(Vec::is_empty),
+        "helm lint --strict: {lint:?} {}",
+        answer["lint_errors"]
+    );
+    let invalid = answer["invalid"].as_array().context("invalid")?;
+    ensure!(invalid.is_empty(), "invalid against the Kubernetes API schemas: {invalid:?}");
+    let objects: Vec<Value> = answer["objects"]
+        .as_array()
+        .context("objects")?
+        .iter()
+        .map(|o| o["object"].clone())
+        .collect();
+    for kind in answer["unknown_kinds"].as_array().context("unknown_kinds")? {
+        let kind = kind.as_str().unwrap_or("");
+        ensure!(OPERATOR_KINDS.contains(&kind), "no Kubernetes schema for kind {kind}");
+    }
+    operator_objects(&objects)?;
+    let rendered = Rendered { objects };
+    let template = &rendered.daemonset()?["spec"]["template"];
+    let found: BTreeSet<String> = outside_restricted(template).into_iter().collect();
+    let exporter: Vec<&String> = found.iter().filter(|f| f.contains("[exporter]")).collect();
+    ensure!(exporter.is_empty(), "the exporter container is outside \"restricted\": {exporter:?}");
+    let expected: BTreeSet<String> =
+        documented.iter().filter(|o| o.applies(variant)).map(|o| o.field.clone()).collect();
+    ensure!(
+        found == expected,
+        "the pod's fields outside \"restricted\" differ from docs/kubernetes.md: not documented \
+         {:?}, documented but not found {:?}",
+        found.difference(&expected).collect::<Vec<_>>(),
+        expected.difference(&found).collect::<Vec<_>>()
+    );
+    let kinds: Vec<String> =
+        rendered.objects.iter().map(|o| o["kind"].as_str().unwrap_or("?").to_owned()).collect();
+    Ok((
+        rendered,
+        format!(
+            "{}: lint clean; {} (the operator's kinds by their references, the rest by the API \
+             schemas of Kubernetes {}); exporter \"restricted\"; outside it: {}",
+            variant.name,
+            kinds.join(", "),
+            KUBE_VERSIONS.join(" and "),
+            if found.is_empty() {
+                "nothing".to_owned()
+            } else {
+                found.into_iter().collect::<Vec<_>>().join(", ")
+            }
+        ),
+    ))
+}
+
+/// The Prometheus Operator's objects, which no schema here covers: their references hold (the
+/// monitors select the pods' labels and name their port; the rules are the mixin's groups).
+fn operator_objects(objects: &[Value]) -> Result<()> {
+    let ds = objects.iter().find(|o| o["kind"] == "DaemonSet").context("no DaemonSet")?;
+    let pod_labels = &ds["spec"]["template"]["metadata"]["labels"];
+    for o in objects {
+        let kind = o["kind"].as_str().unwrap_or("");
+        let endpoints = match kind {
+            "ServiceMonitor" => &o["spec"]["endpoints"],
+            "PodMonitor" => &o["spec"]["podMetricsEndpoints"],
+            "PrometheusRule" => {
+                let groups = o["spec"]["groups"].as_array().context("PrometheusRule groups")?;
+                ensure!(groups.len() >= 2, "PrometheusRule: {} groups", groups.len());
+                continue;
+            }
+            _ => continue,
+        };
+        ensure!(o["apiVersion"] == "monitoring.coreos.com/v1", "{kind} apiVersion");
+        let selector = o["spec"]["selector"]["matchLabels"].as_object().context("selector")?;
+        for (k, v) in selector {
+            ensure!(&pod_labels[k] == v, "{kind} selects {k}={v}, not on the pods");
+        }
+        let endpoint = &endpoints[0];
+        ensure!(endpoint["port"] == "http" && endpoint["path"] == "/metrics", "{kind} endpoint");
+        let job = endpoint["relabelings"].as_array().is_some_and(|r| {
+            r.iter().any(|r| r["targetLabel"] == "job" && r["replacement"] == "amd_hsmp")
+        });
+        ensure!(job, "{kind} does not set job=amd_hsmp, which the mixin selects");
+    }
+    Ok(())
+}
+
+/// A documented field outside "restricted": the field as [`outside_restricted`] names it, and
+/// when it appears (`always`, or `privileged`/`devicePlugin`, optionally `+ msrFallback`).
+#[derive(Debug, Clone)]
+pub struct Outside {
+    pub field: String,
+    pub when: String,
+}
+
+impl Outside {
+    fn applies(&self, v: &Variant) -> bool {
+        self.when.split('+').map(str::trim).all(|c| match c {
+            "always" => true,
+            "privileged" => v.privileged,
+            "devicePlugin" => !v.privileged,
+            "msrFallback" => v.msr,
+            _ => false,
+        })
+    }
+}
+
+/// The table of docs/kubernetes.md between the markers: `| \`field\` | when | why |` rows.
+pub fn documented_outside(root: &Path) -> Result<Vec<Outside>> {
+    let doc = fs::read_to_string(root.join("docs/kubernetes.md"))?;
+    let (_, rest) = doc.split_once(TABLE_BEGIN).context("no outside-restricted table")?;
+    let (table, _) = rest.split_once(TABLE_END).context("unterminated table")?;
+    let mut rows = Vec::new();
+    for line in table.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = line.split(" | ").collect();
+        let field = cells.first().map(|c| c.trim_start_matches("| ").trim_matches('`'));
+        let (Some(field), Some(when)) = (field, cells.get(1)) else { bail!("bad row {line}") };
+        for c in when.split('+').map(str::trim) {
+            ensure!(
+                ["always", "privileged", "devicePlugin", "msrFallback"].contains(&c),
+                "unknown condition {c:?} in {line}"
+            );
+        }
+        ensure!(cells.get(2).is_some_and(|why| why.len() > 10), "no reason in {line}");
+        rows.push(Outside { field: field.to_owned(), when: when.trim().to_owned() });
+    }
+    ensure!(!rows.is_empty(), "the outside-restricted table is empty");
+    Ok(rows)
+}
+
+/// Capabilities "baseline" allows to add; "restricted" allows only NET_BIND_SERVICE.
+const RESTRICTED_ADD: [&str; 1] = ["NET_BIND_SERVICE"];
+/// Volume types "restricted" allows.
+const RESTRICTED_VOLUMES: [&str; 8] = [
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+];
+/// Sysctls "baseline" allows.
+const SAFE_SYSCTLS: [&str; 8] = [
+    "kernel.shm_rmid_forced",
+    "net.ipv4.ip_local_port_range",
+    "net.ipv4.ip_unprivileged_port_start",
+    "net.ipv4.tcp_syncookies",
+    "net.ipv4.ping_group_range",
+    "net.ipv4.ip_local_reserved_ports",
+    "net.ipv4.tcp_keepalive_time",
+    "net.ipv4.tcp_fin_timeout",
+];
+/// SELinux types "baseline" allows.
+const SELINUX_TYPES: [&str; 4] = ["", "container_t", "container_init_t", "container_kvm_t"];
+
+/// Every field of pod template `template` (metadata and spec) outside the Pod Security Standards' "restricted" profile (which
+/// includes "baseline"), as `spec.containers[NAME].securityContext.FIELD: VALUE`,
+/// `spec.volumes[NAME].TYPE` or `spec.FIELD: VALUE`. The rules of
+/// kubernetes.io/docs/concepts/security/pod-security-standards, version 1.25 and later.
+pub fn outside_restricted(template: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    let spec = &template["spec"];
+    let pod_sc = &spec["securityContext"];
+    for field in ["hostNetwork", "hostPID", "hostIPC"] {
+        if spec[field] == true {
+            out.push(format!("spec.{field}: true"));
+        }
+    }
+    if pod_sc["windowsOptions"]["hostProcess"] == true {
+        out.push("spec.securityContext.windowsOptions.hostProcess: true".into());
+    }
+    for v in spec["volumes"].as_array().into_iter().flatten() {
+        let name = v["name"].as_str().unwrap_or("?");
+        for (kind, _) in v.as_object().into_iter().flatten().filter(|(k, _)| *k != "name") {
+            if !RESTRICTED_VOLUMES.contains(&kind.as_str()) {
+                out.push(format!("spec.volumes[{name}].{kind}"));
+            }
+        }
+    }
+    for s in pod_sc["sysctls"].as_array().into_iter().flatten() {
+        let name = s["name"].as_str().unwrap_or("?");
+        if !SAFE_SYSCTLS.contains(&name) {
+            out.push(format!("spec.securityContext.sysctls: {name}"));
+        }
+    }
+    for (k, v) in template["metadata"]["annotations"].as_object().into_iter().flatten() {
+        let v = v.as_str().unwrap_or("");
+        if k.starts_with("container.apparmor.security.beta.kubernetes.io/")
+            && v != "runtime/default"
+            && !v.starts_with("localhost/")
+        {
+            out.push(format!("metadata.annotations[{k}]: {v}"));
+        }
+    }
+    selinux("spec.securityContext", &pod_sc["seLinuxOptions"], &mut out);
+    if pod_sc["appArmorProfile"]["type"] == "Unconfined" {
+        out.push("spec.securityContext.appArmorProfile.type: Unconfined".into());
+    }
+    if pod_sc["runAsUser"] == 0 {
+        out.push("spec.securityContext.runAsUser: 0".into());
+    }
+    if pod_sc["runAsNonRoot"] == false {
+        out.push("spec.securityContext.runAsNonRoot: false".into());
+    }
+    if pod_sc["seccompProfile"]["type"] == "Unconfined" {
+        out.push("spec.securityContext.seccompProfile.type: Unconfined".into());
+    }
+    for list in ["initContainers", "containers", "ephemeralContainers"] {
+        for c in spec[list].as_array().into_iter().flatten() {
+            let at = format!("spec.{list}[{}]", c["name"].as_str().unwrap_or("?"));
+            container(&at, c, pod_sc, &mut out);
+        }
+    }
+    out
+}
+
+fn selinux(at: &str, opts: &Value, out: &mut Vec<String>) {
+    if !SELINUX_TYPES.contains(&opts["type"].as_str().unwrap_or("")) {
+        out.push(format!("{at}.seLinuxOptions.type: {}", opts["type"]));
+    }
+    for field in ["user", "role"] {
+        if !opts[field].is_null() {
+            out.push(format!("{at}.seLinuxOptions.{field}: {}", opts[field]));
+        }
+    }
+}
+
+fn container(at: &str, c: &Value, pod_sc: &Value, out: &mut Vec<String>) {
+    let sc = &c["securityContext"];
+    let at_sc = format!("{at}.securityContext");
+    if sc["privileged"] == true {
+        out.push(format!("{at_sc}.privileged: true"));
+    }
+    if sc["windowsOptions"]["hostProcess"] == true {
+        out.push(format!("{at_sc}.windowsOptions.hostProcess: true"));
+    }
+    if sc["procMount"].as_str().is_some_and(|m| m != "Default") {
+        out.push(format!("{at_sc}.procMount: {}", sc["procMount"]));
+    }
+    selinux(&at_sc, &sc["seLinuxOptions"], out);
+    if sc["appArmorProfile"]["type"] == "Unconfined" {
+        out.push(format!("{at_sc}.appArmorProfile.type: Unconfined"));
+    }
+    for p in c["ports"].as_array().into_iter().flatten() {
+        if p["hostPort"].as_u64().is_some_and(|h| h != 0) {
+            out.push(format!(
+                "{at}.ports[{}].hostPort: {}",
+                p["name"].as_str().unwrap_or("?"),
+                p["hostPort"]
+            ));
+        }
+    }
+    // restricted
+    if sc["allowPrivilegeEscalation"] != false {
+        out.push(format!(
+            "{at_sc}.allowPrivilegeEscalation: {}",
+            shown(&sc["allowPrivilegeEscalation"])
+        ));
+    }
+    let non_root =
+        if sc["runAsNonRoot"].is_null() { &pod_sc["runAsNonRoot"] } else { &sc["runAsNonRoot"] };
+    if non_root != true {
+        out.push(format!("{at_sc}.runAsNonRoot: {}", shown(non_root)));
+    }
+    if sc["runAsUser"] == 0 {
+        out.push(format!("{at_sc}.runAsUser: 0"));
+    }
+    let seccomp = if sc["seccompProfile"].is_null() {
+        &pod_sc["seccompProfile"]
+    } else {
+        &sc["seccompProfile"]
+    };
+    if !matches!(seccomp["type"].as_str(), Some("RuntimeDefault" | "Localhost")) {
+        out.push(format!("{at_sc}.seccompProfile.type: {}", shown(&seccomp["type"])));
+    }
+    let caps = &sc["capabilities"];
+    if !caps["drop"].as_array().is_some_and(|d| d.iter().any(|c| c == "ALL")) {
+        out.push(format!("{at_sc}.capabilities.drop: no ALL"));
+    }
+    for cap in caps["add"].as_array().into_iter().flatten() {
+        let cap = cap.as_str().unwrap_or("?");
+        if !RESTRICTED_ADD.contains(&cap) {
+            out.push(format!("{at_sc}.capabilities.add: {cap}"));
+        }
+    }
+}
+
+fn shown(v: &Value) -> String {
+    if v.is_null() { "unset".into() } else { v.to_string() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_restricted_container_passes_and_each_breach_is_named() {
+        let ok = json!({"spec": {
+            "volumes": [{"name": "s", "emptyDir": {}}],
+            "containers": [{"name": "c", "securityContext": {
+                "runAsUser": 65534, "runAsNonRoot": true, "allowPrivilegeEscalation": false,
+                "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}}]
+        }});
+        assert_eq!(outside_restricted(&ok), Vec::<String>::new());
+        let mut bad = ok.clone();
+        bad["metadata"]["annotations"] =
+            json!({"container.apparmor.security.beta.kubernetes.io/c": "unconfined"});
+        let spec = &mut bad["spec"];
+        spec["hostNetwork"] = json!(true);
+        spec["volumes"][0] = json!({"name": "d", "hostPath": {"path": "/dev/hsmp"}});
+        spec["containers"][0]["ports"] = json!([{"name": "h", "hostPort": 1}]);
+        let sc = &mut spec["containers"][0]["securityContext"];
+        sc["privileged"] = json!(true);
+        sc["capabilities"]["add"] = json!(["SYS_RAWIO", "NET_BIND_SERVICE"]);
+        sc["runAsUser"] = json!(0);
+        sc.as_object_mut().unwrap().remove("allowPrivilegeEscalation");
+        sc.as_object_mut().unwrap().remove("seccompProfile");
+        let found: BTreeSet<String> = outside_restricted(&bad).into_iter().collect();
+        let want: BTreeSet<String> = [
+            "spec.hostNetwork: true",
+            "spec.volumes[d].hostPath",
+            "spec.containers[c].securityContext.privileged: true",
+            "spec.containers[c].securityContext.capabilities.add: SYS_RAWIO",
+            "spec.containers[c].securityContext.runAsUser: 0",
+            "spec.containers[c].securityContext.allowPrivilegeEscalation: unset",
+            "spec.containers[c].securityContext.seccompProfile.type: unset",
+            "spec.containers[c].ports[h].hostPort: 1",
+            "metadata.annotations[container.apparmor.security.beta.kubernetes.io/c]: unconfined",
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect();
+        assert_eq!(found, want);
+    }
+
+    #[test]
+    fn the_documented_fields_outside_restricted_are_the_brokers_and_its_volumes_only() {
+        let rows = documented_outside(&crate::root()).unwrap();
+        for row in &rows {
+            assert!(
+                row.field.starts_with("spec.containers[broker].")
+                    || row.field.starts_with("spec.volumes["),
+                "{row:?}"
+            );
+        }
+        let default = Variant { name: "d".into(), values: json!({}), privileged: true, msr: false };
+        let plugin = Variant { privileged: false, ..default.clone() };
+        let applying = |v: &Variant| rows.iter().filter(|r| r.applies(v)).count();
+        assert_eq!(applying(&default), 5);
+        assert_eq!(applying(&plugin), 2);
+    }
+
+    #[test]
+    fn the_charts_copies_of_the_mixin_are_current() {
+        check_mixin_copies(&crate::root()).unwrap();
+    }
+}

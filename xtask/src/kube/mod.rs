@@ -1,0 +1,108 @@
+//! `cargo xtask kube-test [--no-pods]`: the Helm chart (`deploy/helm/amd-hsmp-exporter/`) and the
+//! image, checked as Kubernetes would take them, then the DaemonSet's pod run for real in podman.
+//!
+//! 1. The chart's copies of the mixin's rules and dashboards equal `mixin/`'s generated files.
+//! 2. `values.schema.json` rejects unknown keys.
+//! 3. For the default values and every `ci/*-values.yaml`: Helm's lint (strict), the render, every
+//!    object valid against the Kubernetes API schemas of 1.25 and 1.37 (strict: unknown fields
+//!    rejected), the exporter container "restricted", the pod's fields outside "restricted"
+//!    exactly the table in docs/kubernetes.md (`chart.rs`).
+//! 4. The image: built, and built again from a copy at another path, with the same digest.
+//! 5. The pod in podman, on the simulator and on the FUSE fake device (`pod.rs`).
+//!
+//! Helm and the schemas come from a venv in `~/.cache/amd-hsmp-exporter/kube-venv` that
+//! `cargo xtask deps` makes (the `helm-python-sdk` wheel embeds the Helm SDK; `kubernetes-validate`
+//! bundles the schemas); both work offline.
+
+mod chart;
+mod pod;
+
+use anyhow::{Context, Result, bail, ensure};
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// The venv's Python, made by `cargo xtask deps`.
+pub fn venv_python() -> Result<PathBuf> {
+    let python = crate::deps::kube_venv()?.join("bin/python");
+    ensure!(python.is_file(), "no {}: run `cargo xtask deps`", python.display());
+    Ok(python)
+}
+
+/// `cargo xtask kube-test [--no-pods]`.
+pub fn run(args: &[String]) -> Result<()> {
+    let pods = match args {
+        [] => true,
+        [flag] if flag == "--no-pods" => false,
+        _ => bail!("usage: cargo xtask kube-test [--no-pods]"),
+    };
+    crate::deps::install()?;
+    let root = crate::root();
+    let python = venv_python()?;
+    let started = Instant::now();
+    step("mixin copies", || chart::check_mixin_copies(&root))?;
+    step("values schema", || {
+        for (values, key) in [
+            (json!({"brokr": {}}), "brokr"),
+            (json!({"broker": {"deviceAcess": "privileged"}}), "deviceAcess"),
+            (json!({"broker": {"deviceAccess": "hostPath"}}), "deviceAccess"),
+            (json!({"serviceMonitor": {"enabled": true, "intervall": "1m"}}), "intervall"),
+        ] {
+            let answer = chart::helm(
+                &python,
+                &root,
+                &json!({"op": "schema", "chart": chart::CHART, "values": values}),
+            )?;
+            let error = answer["schema_error"].as_str().unwrap_or("");
+            ensure!(
+                error.contains(key),
+                "values {values} accepted (or refused without naming {key}): {error:?}"
+            );
+        }
+        // The validator itself is strict: an unknown field in a Service is refused.
+        let answer = chart::helm(
+            &python,
+            &root,
+            &json!({"op": "validate", "versions": chart::KUBE_VERSIONS, "objects": [{
+                "apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"},
+                "spec": {"ports": [{"port": 1}], "clusterIPs": [], "bogus": 1}}]}),
+        )?;
+        ensure!(
+            answer["invalid"].as_array().is_some_and(|a| a.len() == chart::KUBE_VERSIONS.len()),
+            "kubernetes-validate accepted an unknown field: {answer}"
+        );
+        Ok("unknown keys refused, by name; the API schemas refuse unknown fields".to_owned())
+    })?;
+    step("refused combinations", || {
+        for (values, why) in chart::REFUSED {
+            chart::check_refused(&python, &root, &serde_json::from_str(values)?, why)?;
+        }
+        Ok(format!("{} refused with their reason", chart::REFUSED.len()))
+    })?;
+    let documented = chart::documented_outside(&root)?;
+    let variants = chart::variants(&python, &root)?;
+    let mut default = None;
+    for variant in &variants {
+        let (rendered, summary) = chart::check_variant(&python, &root, variant, &documented)?;
+        println!("kube-test: chart {summary}");
+        if variant.name == "default-values.yaml" {
+            default = Some(rendered);
+        }
+    }
+    let default = default.context("no ci/default-values.yaml")?;
+    if pods {
+        pod::require_root()?;
+        let archive = crate::image::build(&root)?;
+        crate::image::check_reproducible(&root, &archive)?;
+        pod::run(&root, &archive, default.daemonset()?)?;
+    }
+    println!("kube-test: passed in {:.0} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn step(name: &str, f: impl FnOnce() -> Result<String>) -> Result<()> {
+    let started = Instant::now();
+    let what = f().with_context(|| format!("kube-test: {name}"))?;
+    println!("kube-test: {name}: {what} ({:.1} s)", started.elapsed().as_secs_f64());
+    Ok(())
+}
