@@ -211,7 +211,7 @@ fn samples_whose_deadline_passes_mid_sample_never_panic() {
 /// Regression (D6): a `/dev/hsmp` that appeared after start-up was probed under the device
 /// lock, with no deadline, so one wedged socket left every request without data.
 #[test]
-fn a_late_device_with_a_wedged_socket_serves_the_healthy_socket_in_time() {
+fn a_late_device_node_with_a_wedged_socket_serves_the_healthy_socket_through_the_fake() {
     let _alone = harness::one_at_a_time();
     let mut rig = rig("turin-2p", "hsmp = \"absent\"\n");
     let topology = rig.machine().topology().clone();

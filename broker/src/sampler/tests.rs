@@ -474,11 +474,18 @@ fn sockets_are_read_in_parallel_and_each_socket_serially() {
 fn the_answer_comes_at_the_deadline_even_with_messages_in_flight() {
     let machine = turin(2);
     let (opener, sampler) = sampler(&machine);
+    let sampler = Arc::new(sampler);
     let before = opener.count();
     machine.hold_socket(0);
     machine.hold_socket(1);
-    let sample = sampler.sample(Families::ALL, after(100));
-    // Each socket's first message (PROCHOT) was in the mailbox at the deadline.
+    let s = Arc::clone(&sampler);
+    let (tx, rx) = mpsc::channel();
+    spawn(move || tx.send(s.sample(Families::ALL, after(500))).unwrap());
+    // Each socket's first message (PROCHOT) is in the mailbox, held there past the deadline.
+    for socket in [0, 1] {
+        machine.wait_mailbox(socket, GATE, |b| b.pending == 1).unwrap();
+    }
+    let sample = rx.recv_timeout(GATE).expect("answered while both messages are held");
     assert_eq!(values(&sample.prochot), [Err(ItemError::DeadlineExceeded); 2]);
     assert!(all_deadline(&values(&sample.energy)));
     assert!(all_deadline(&values(&sample.boost_limit)));
@@ -496,10 +503,17 @@ fn the_answer_comes_at_the_deadline_even_with_messages_in_flight() {
 fn a_wedged_socket_holds_one_message_and_queues_no_work() {
     let machine = turin(3);
     let (opener, sampler) = sampler(&machine);
+    let sampler = Arc::new(sampler);
     let before = machine.mailbox(1);
     machine.hold_socket(1);
-    for round in 0..10 {
-        let sample = sampler.sample(Families::ALL, after(300));
+    for round in 0..3 {
+        let healthy = machine.mailbox(0).entered;
+        let s = Arc::clone(&sampler);
+        let request = spawn(move || s.sample(Families::ALL, after(1000)));
+        // Socket 0 is read in full (PROCHOT, 3 counters, 3 boost limits) while 1 is wedged.
+        let read = |b: &amd_hsmp_sim::MailboxState| b.pending == 0 && b.entered == healthy + 7;
+        machine.wait_mailbox(0, GATE, read).unwrap();
+        let sample = request.join().unwrap();
         assert_eq!(on_socket(&machine, &sample.energy, 0), energy_of(&machine)[..3], "{round}");
         assert!(all_ok(&on_socket(&machine, &sample.boost_limit, 0)), "{round}");
         assert!(all_deadline(&on_socket(&machine, &sample.energy, 1)), "{round}");
@@ -688,23 +702,26 @@ fn a_late_device_with_a_wedged_socket_serves_the_healthy_socket_in_time() {
     let machine = turin(2);
     let opener = Opener::new(&machine);
     opener.refuse(Some(libc::ENOENT));
-    let sampler = Arc::new(Sampler::with_max_age(
-        machine.topology().clone(),
-        Box::new(opener.clone()),
-        None,
-        Duration::ZERO,
-    ));
+    let topology = machine.topology().clone();
+    let sampler = Sampler::with_max_age(topology, Box::new(opener.clone()), None, Duration::ZERO);
+    let sampler = Arc::new(sampler);
     assert_eq!(sampler.sample(Families::ALL, soon()).hsmp, DeviceStatus::Absent);
     opener.refuse(None);
     machine.hold_socket(0);
     for round in 0..3 {
+        let healthy = machine.mailbox(1).entered;
         let s = Arc::clone(&sampler);
         let (tx, rx) = mpsc::channel();
-        spawn(move || tx.send(s.sample(Families::ALL, after(200))).unwrap());
-        let sample = rx.recv_timeout(Duration::from_secs(5));
-        let Ok(sample) = sample else {
+        spawn(move || tx.send(s.sample(Families::ALL, after(1000))).unwrap());
+        // Socket 1 is probed (the first round) and read in full while socket 0 is wedged.
+        let probes = if round == 0 { 2 } else { 0 };
+        let read =
+            |b: &amd_hsmp_sim::MailboxState| b.pending == 0 && b.entered == healthy + probes + 5;
+        let served = machine.wait_mailbox(1, GATE, read);
+        let sample = rx.recv_timeout(GATE);
+        let (Ok(_), Ok(sample)) = (served, sample) else {
             machine.release_socket(0);
-            panic!("round {round}: no answer while socket 0 is wedged");
+            panic!("round {round}: socket 1 not served while socket 0 is wedged");
         };
         assert_eq!(sample.hsmp, DeviceStatus::Ready { protocol_version: 7 }, "{round}");
         assert_eq!(on_socket(&machine, &sample.energy, 1), energy_of(&machine)[2..], "{round}");
