@@ -1416,6 +1416,36 @@ mod tests {
     }
 
     #[test]
+    fn the_shared_install_script_relabels_every_path_of_the_file_contexts() {
+        let fc = fs::read_to_string(crate::root().join("selinux/amd_hsmp.fc")).unwrap();
+        let script = fs::read_to_string(crate::root().join("selinux/install.sh")).unwrap();
+        let relabelled = script
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("for path in "))
+            .and_then(|l| l.strip_suffix("; do"))
+            .unwrap();
+        let relabelled: Vec<&str> = relabelled.split_whitespace().collect();
+        let paths: Vec<&str> = fc
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .map(|p| p.trim_end_matches("(/.*)?"))
+            .collect();
+        assert_eq!(paths.len(), 4, "{paths:?}");
+        for path in paths {
+            assert!(relabelled.contains(&path), "install.sh does not relabel {path}");
+        }
+    }
+
+    #[test]
+    fn the_spec_runs_the_shared_install_script_as_its_post() {
+        let spec = fs::read_to_string(crate::root().join(SPEC)).unwrap();
+        assert!(spec.lines().any(|l| l == "%post selinux -f selinux/install.sh"));
+        // RPM expands macros in the file it appends: a percent sign would change the script.
+        let script = fs::read_to_string(crate::root().join("selinux/install.sh")).unwrap();
+        assert!(!script.contains('%'), "selinux/install.sh holds a percent sign");
+    }
+
+    #[test]
     fn rpmlint_errors_and_unlisted_warnings_are_reported_accepted_ones_counted() {
         let out = "amd-hsmp-exporter.x86_64: W: unstripped-binary-or-object /usr/bin/x\n\
                    amd-hsmp-exporter.src: E: spelling-error ('dev', '%description')\n\
