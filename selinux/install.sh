@@ -27,9 +27,10 @@ fi
 /usr/sbin/semanage port -S "$policytype" "$action" -t amd_hsmp_exporter_port_t -p tcp 10054 || exit 1
 # What exists already keeps the label it had before the module: relabel the paths of
 # amd_hsmp.fc (the binaries of a package installed first, a loaded driver's /dev/hsmp, a
-# started socket's directory).
+# started socket's directory, an operator's web configuration).
 if /usr/sbin/selinuxenabled && [ "$SELINUXTYPE" = "$policytype" ]; then
-    for path in /usr/bin/amd-hsmp-broker /usr/bin/amd-hsmp-exporter /dev/hsmp /run/amd-hsmp; do
+    for path in /usr/bin/amd-hsmp-broker /usr/bin/amd-hsmp-exporter /dev/hsmp /run/amd-hsmp \
+        /etc/amd-hsmp-exporter; do
         if [ -e "$path" ]; then
             /usr/sbin/restorecon -RF "$path" || exit 1
         fi
