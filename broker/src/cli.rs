@@ -106,6 +106,13 @@ pub struct Cli {
           default_value_t = sim::Scenario::Normal)]
     pub simulate_scenario: sim::Scenario,
 
+    /// Check every precondition of a scrape on this machine (CPU, driver, /dev/hsmp, SELinux,
+    /// the firmware's answers, energy, the socket), print one line each with its verdict and
+    /// fix, and exit: 0 when nothing a scrape needs fails, 1 otherwise. Starts no server; run it
+    /// as root with the flags of /etc/sysconfig/amd-hsmp-broker.
+    #[arg(long)]
+    pub check: bool,
+
     #[command(flatten)]
     pub common: CommonArgs,
 }

@@ -17,6 +17,7 @@
     allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)
 )]
 
+pub mod check;
 pub mod cli;
 pub mod lockdown;
 pub mod msr;

@@ -31,6 +31,9 @@ fn main() -> ExitCode {
         eprintln!("amd-hsmp-broker: cannot set up logging: {e}");
         return ExitCode::FAILURE;
     }
+    if cli.check {
+        return check(&cli);
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -73,6 +76,65 @@ fn machine(cli: &Cli) -> Result<Machine> {
         hsmp: Box::new(HsmpDeviceOpener { path: cli.hsmp_device.clone() }),
         msr: Box::new(MsrDeviceOpener { root: cli.msr_device_root.clone() }),
     })
+}
+
+/// `--check`: runs the checks of [`amd_hsmp_broker::check`] and prints one line each.
+fn check(cli: &Cli) -> ExitCode {
+    use amd_hsmp_broker::check::{self, Account, Accounts};
+    let simulated = cli.simulate.map(|p| sim::Machine::new(p.spec(), sim::FirmwareConfig::live()));
+    let hsmp: Box<dyn HsmpOpener> = match &simulated {
+        Some(m) => Box::new(m.hsmp_opener()),
+        None => Box::new(HsmpDeviceOpener { path: cli.hsmp_device.clone() }),
+    };
+    let msr = cli.msr_fallback.then(|| -> Box<dyn MsrOpener> {
+        match &simulated {
+            Some(m) => Box::new(m.msr_opener()),
+            None => Box::new(MsrDeviceOpener { root: cli.msr_device_root.clone() }),
+        }
+    });
+    let group = |name: &str| nix::unistd::Group::from_name(name).ok().flatten();
+    let exporter = nix::unistd::User::from_name(check::EXPORTER_USER).ok().flatten().map(|u| {
+        let mut gids = vec![u.gid.as_raw()];
+        if let Ok(name) = std::ffi::CString::new(u.name.clone())
+            && let Ok(all) = nix::unistd::getgrouplist(&name, u.gid)
+        {
+            gids.extend(all.iter().map(|g| g.as_raw()));
+        }
+        Account { uid: u.uid.as_raw(), gids }
+    });
+    let accounts =
+        Accounts { broker_gid: group(check::BROKER_GROUP).map(|g| g.gid.as_raw()), exporter };
+    let socket = cli.listen.clone().unwrap_or_else(|| check::DEFAULT_SOCKET.into());
+    let mut wait = || {
+        let started = std::time::Instant::now();
+        std::thread::sleep(check::ENERGY_WINDOW);
+        started.elapsed()
+    };
+    let mut inputs = check::Inputs {
+        procfs: &cli.procfs,
+        sysfs: &cli.sysfs,
+        hsmp_device: &cli.hsmp_device,
+        hsmp: hsmp.as_ref(),
+        msr: msr.as_deref(),
+        msr_root: &cli.msr_device_root,
+        etc: Path::new("/etc"),
+        socket: &socket,
+        accounts: &accounts,
+        labels: &check::selinux_label,
+        energy_wait: &mut wait,
+        simulated: simulated.map(|m| m.topology().clone()),
+    };
+    let lines = check::run(&mut inputs);
+    for line in &lines {
+        println!("{line}");
+    }
+    if check::passed(&lines) {
+        println!("amd-hsmp-broker --check: every check a scrape needs passed");
+        ExitCode::SUCCESS
+    } else {
+        println!("amd-hsmp-broker --check: a scrape cannot work as it should; see FAIL above");
+        ExitCode::FAILURE
+    }
 }
 
 /// The numeric allow-lists: ids as given, plus names resolved through NSS now, while the broker
@@ -174,6 +236,14 @@ fn run(cli: Cli) -> Result<()> {
     let msr_energy = if cli.msr_fallback {
         match msr::MsrEnergy::open(topo, machine.msr.as_ref()) {
             Ok(energy) => Some(Arc::new(energy)),
+            Err(e @ msr::MsrOpenError::Unreadable { errno: libc::EACCES, .. }) => {
+                tracing::error!(
+                    error = %format!("{e:#}"),
+                    next_step = "under SELinux: setsebool -P amd_hsmp_broker_use_msr on (ausearch -m avc -c amd-hsmp-broker shows the denial); run amd-hsmp-broker --check --collector.core-energy.msr-fallback",
+                    "MSR fallback unavailable (permission denied); core energy will come from HSMP only"
+                );
+                None
+            }
             Err(e) => {
                 tracing::error!(error = %format!("{e:#}"), "MSR fallback unavailable; core energy will come from HSMP only");
                 None

@@ -28,7 +28,7 @@ pub const REPLY_GRACE: Duration = Duration::from_secs(2);
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
     /// The socket could not be connected (broker not running, wrong path, no permission).
-    #[error("cannot connect to the broker socket {}", path.display())]
+    #[error("cannot connect to the broker socket {}{}", path.display(), connect_hint(source))]
     Connect {
         /// The socket path.
         path: PathBuf,
@@ -148,6 +148,18 @@ pub struct BrokerClient {
     /// Connections not in use, ready for the next request.
     idle: Mutex<Vec<Connection>>,
     last_instance: Mutex<Option<u64>>,
+}
+
+/// The next step when connecting to the broker's socket fails with `source`.
+fn connect_hint(source: &io::Error) -> &'static str {
+    match source.kind() {
+        io::ErrorKind::PermissionDenied => {
+            " (permission denied: the exporter's user needs write access to the socket through \
+             group amd-hsmp-exporter; under SELinux: ausearch -m avc -c amd-hsmp-exporter; \
+             amd-hsmp-broker --check names the fix)"
+        }
+        _ => "",
+    }
 }
 
 impl BrokerClient {
@@ -314,5 +326,27 @@ fn kind(reply: &Reply) -> &'static str {
         Reply::Topology(_) => "Topology",
         Reply::Sample(_) => "Sample",
         Reply::Error(_) => "Error",
+    }
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_connect_names_the_group_and_the_audit_log() {
+        let path = PathBuf::from("/run/amd-hsmp/broker.sock");
+        let refused = BrokerError::Connect {
+            path: path.clone(),
+            source: io::Error::from(io::ErrorKind::PermissionDenied),
+        };
+        let text = refused.to_string();
+        assert!(text.contains("through group amd-hsmp-exporter"), "{text}");
+        assert!(text.contains("ausearch -m avc -c amd-hsmp-exporter"), "{text}");
+        let absent =
+            BrokerError::Connect { path, source: io::Error::from(io::ErrorKind::NotFound) };
+        assert_eq!(
+            absent.to_string(),
+            "cannot connect to the broker socket /run/amd-hsmp/broker.sock"
+        );
     }
 }

@@ -2,6 +2,7 @@
 //! says which are missing.
 
 use anyhow::{Result, bail};
+use std::path::PathBuf;
 use std::process::Command;
 
 /// Debian packages the suite uses, with the command each provides (or, for a package that provides
@@ -22,6 +23,14 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("policycoreutils", "/usr/libexec/selinux/hll/pp"),
     ("secilc", "secilc"),
     ("setools", "sesearch"),
+    // rpmlint (PyPI, in its own venv, below) with the RPM bindings from Debian.
+    ("python3-venv", "/usr/share/doc/python3-venv/copyright"),
+    ("python3-rpm", "/usr/share/doc/python3-rpm/copyright"),
+    // Helpers rpmlint runs: the shell-scriptlet check, and the spelling check of summaries and
+    // descriptions (pyenchant in the venv, US English as Fedora's rpmlint uses).
+    ("devscripts", "checkbashisms"),
+    ("libenchant-2-2", "/usr/share/doc/libenchant-2-2/copyright"),
+    ("hunspell-en-us", "/usr/share/hunspell/en_US.dic"),
     // The mixin checks (mixin.rs); promtool is above.
     ("jsonnet", "jsonnet"),
     // The landing page rendered headless (tests/tests/demo.rs).
@@ -49,10 +58,81 @@ pub const CARGO_TOOLS: &[(&str, &str, &str)] = &[
     ("cargo-auditable", "0.7.7", "cargo-auditable"),
 ];
 
+/// rpmlint, pinned, from PyPI: Debian's rpmlint carries Debian's configuration, and only the
+/// release's source distribution carries Fedora's (`configs/Fedora/`; the wheel does not), which
+/// the packaging check applies to the RPMs and the spec.
+pub const RPMLINT_VERSION: &str = "2.10.0";
+
+/// The spelling check's bindings (enchant), pinned; without them rpmlint skips that check.
+const PYENCHANT: &str = "pyenchant==3.3.0";
+
+/// Where rpmlint lives: a venv (with the system's RPM bindings) beside the VM test's cache,
+/// `~/.cache/amd-hsmp-exporter/rpmlint-VERSION`, with Fedora's configuration in `configs/Fedora`.
+pub fn rpmlint_dir() -> PathBuf {
+    let base = match (std::env::var_os("XDG_CACHE_HOME"), std::env::var_os("HOME")) {
+        (Some(xdg), _) => PathBuf::from(xdg),
+        (None, Some(home)) => PathBuf::from(home).join(".cache"),
+        (None, None) => PathBuf::from("/var/cache"),
+    };
+    base.join("amd-hsmp-exporter").join(format!("rpmlint-{RPMLINT_VERSION}"))
+}
+
+/// What the rpmlint venv's marker holds once it is complete.
+fn rpmlint_marker() -> String {
+    format!("rpmlint=={RPMLINT_VERSION} {PYENCHANT}\n")
+}
+
+/// Whether the rpmlint venv is missing, incomplete or of other pins (its last step leaves a
+/// marker naming them).
+pub fn rpmlint_missing() -> bool {
+    std::fs::read_to_string(rpmlint_dir().join("installed")).ok() != Some(rpmlint_marker())
+}
+
+/// Creates the rpmlint venv: the sdist of [`RPMLINT_VERSION`] downloaded once, installed with
+/// its dependencies, and its Fedora configuration unpacked beside it.
+fn install_rpmlint() -> Result<()> {
+    let dir = rpmlint_dir();
+    eprintln!("xtask: installing rpmlint {RPMLINT_VERSION} into {}", dir.display());
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    crate::run_cmd(
+        Command::new("python3").args(["-m", "venv", "--system-site-packages"]).arg(&dir),
+    )?;
+    let pip = dir.join("bin/pip");
+    let sdist = dir.join("sdist");
+    let pinned = format!("rpmlint=={RPMLINT_VERSION}");
+    crate::run_cmd(
+        Command::new(&pip)
+            .args(["download", "-q", "--no-deps", "--no-binary", ":all:", &pinned, "-d"])
+            .arg(&sdist),
+    )?;
+    let tarball = sdist.join(format!("rpmlint-{RPMLINT_VERSION}.tar.gz"));
+    crate::run_cmd(Command::new(&pip).args(["install", "-q"]).arg(&tarball))?;
+    crate::run_cmd(Command::new(&pip).args(["install", "-q", PYENCHANT]))?;
+    crate::run_cmd(
+        Command::new("tar")
+            .arg("-xzf")
+            .arg(&tarball)
+            .arg("-C")
+            .arg(&dir)
+            .arg("--strip-components=1")
+            .arg(format!("rpmlint-{RPMLINT_VERSION}/configs/Fedora")),
+    )?;
+    if !dir.join("configs/Fedora/fedora.toml").is_file() {
+        bail!("rpmlint {RPMLINT_VERSION}'s source distribution has no configs/Fedora/fedora.toml");
+    }
+    std::fs::write(dir.join("installed"), rpmlint_marker())?;
+    Ok(())
+}
+
 /// Installs missing packages with apt-get when running as root (otherwise fails listing them),
-/// then missing cargo tools.
+/// then missing cargo tools and rpmlint.
 pub fn install() -> Result<()> {
     install_packages()?;
+    if rpmlint_missing() {
+        install_rpmlint()?;
+    }
     install_cargo_tools()?;
     install_kube_venv()
 }

@@ -140,10 +140,13 @@ fn step_value<T>(name: &str, f: impl FnOnce() -> Result<(String, T)>) -> Result<
 /// Fails up front, listing everything missing, rather than at the first command that is absent.
 fn require_tools() -> Result<()> {
     let packages = crate::deps::missing_packages();
-    let tools = crate::deps::missing_cargo_tools();
+    let mut tools = crate::deps::missing_cargo_tools();
+    if crate::deps::rpmlint_missing() {
+        tools.push(format!("rpmlint {} (PyPI)", crate::deps::RPMLINT_VERSION));
+    }
     if !packages.is_empty() || !tools.is_empty() {
         bail!(
-            "missing for the packaging checks: Debian packages [{}], cargo tools [{}]; run `cargo \
+            "missing for the packaging checks: Debian packages [{}], tools [{}]; run `cargo \
              xtask deps` (as root for the Debian packages)",
             packages.join(" "),
             tools.join(", ")
@@ -362,8 +365,16 @@ fn selinux(root: &Path, work: &Path) -> Result<String> {
     let te = read(&src.join(format!("{SELINUX_MODULE}.te")))?;
     te_rules_are_commented(&te)?;
 
-    let build = work.join("module");
-    fs::create_dir_all(&build)?;
+    let module = build_selinux_module(&src, &work.join("module"))?;
+    let policy = full_policy(work, &module)?;
+    policy_analysis(&policy)?;
+    Ok("compiles against selinux-policy-dev; policy analysis holds".into())
+}
+
+/// Compiles `src/amd_hsmp.{te,fc,if}` in `build` against the reference policy headers
+/// (`selinux-policy-dev`) and returns the `.pp`; a warning or error from the build is an error.
+pub(crate) fn build_selinux_module(src: &Path, build: &Path) -> Result<PathBuf> {
+    fs::create_dir_all(build)?;
     for ext in ["te", "fc", "if"] {
         let name = format!("{SELINUX_MODULE}.{ext}");
         copy(&src.join(&name), &build.join(&name))?;
@@ -371,7 +382,7 @@ fn selinux(root: &Path, work: &Path) -> Result<String> {
     let out = output(
         Command::new("make")
             .args(["-f", SELINUX_DEVEL_MAKEFILE, &format!("{SELINUX_MODULE}.pp")])
-            .current_dir(&build),
+            .current_dir(build),
     )?;
     let said = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
     let complaints: Vec<&str> = said
@@ -382,10 +393,7 @@ fn selinux(root: &Path, work: &Path) -> Result<String> {
         })
         .collect();
     ensure!(complaints.is_empty(), "the module build complained:\n{}", complaints.join("\n"));
-
-    let policy = full_policy(work, &build.join(format!("{SELINUX_MODULE}.pp")))?;
-    policy_analysis(&policy)?;
-    Ok("compiles against selinux-policy-dev; policy analysis holds".into())
+    Ok(build.join(format!("{SELINUX_MODULE}.pp")))
 }
 
 /// Every paragraph of the .te file that grants something (an `allow`, an `allowxperm` or an
@@ -912,10 +920,106 @@ fn rpm(
         &root.join("packaging/expected/amd-hsmp-exporter-selinux.rpm.txt"),
         &selinux_manifest,
     )?;
+    let warnings = rpmlint(&[&root.join(SPEC), &srpm, &main, &selinux])?;
     Ok((
-        format!("spec parses, SRPM and 2 RPMs built, contents as expected ({})", srpm.display()),
+        format!(
+            "spec parses, SRPM and 2 RPMs built, contents as expected, rpmlint with Fedora's \
+             configuration: no error, {warnings} accepted warnings ({})",
+            srpm.display()
+        ),
         main_files,
     ))
+}
+
+/// rpmlint warnings accepted on the spec and the RPMs, each with its reason; anything else
+/// rpmlint reports, and every error, fails the check. A tag listed here that rpmlint no longer
+/// reports fails it too, so the list stays true.
+const RPMLINT_ACCEPTED: &[(&str, &str)] = &[
+    (
+        "unstripped-binary-or-object",
+        "the stand-in build root takes the release binaries as they are; EL9's rpmbuild strips \
+         them into the -debuginfo package (find-debuginfo), which this check does not build",
+    ),
+    (
+        "invalid-url",
+        "Source1, the vendored crates, is made from Cargo.lock at release time (cargo vendor, \
+         see the spec's header): there is no upstream URL for it",
+    ),
+    (
+        "invalid-license",
+        "rpmlint 2.10's Fedora list holds the pre-2023 Fedora short names (ASL 2.0); Fedora \
+         requires SPDX expressions since Fedora 38, and this check compares the tag with the \
+         SPDX licenses cargo reports for the linked crates",
+    ),
+    (
+        "invalid-license-exception",
+        "LLVM-exception is an SPDX exception (Apache-2.0 WITH LLVM-exception of a linked crate); \
+         the same outdated list as invalid-license",
+    ),
+    (
+        "dangerous-command-in-%pre",
+        "the cp is %selinux_relabel_pre's, the selinux-policy macro the Fedora SELinux policy \
+         guidelines prescribe (it saves file_contexts for the relabel after the transaction)",
+    ),
+    (
+        "dangerous-command-in-%posttrans",
+        "the rm is %selinux_relabel_post's (the same macro pair): it removes the saved \
+         file_contexts once fixfiles has relabelled",
+    ),
+];
+
+/// Runs rpmlint with Fedora's configuration (from the rpmlint release, `deps::rpmlint_dir`) on
+/// `paths`; returns how many accepted warnings it reported.
+fn rpmlint(paths: &[&Path]) -> Result<usize> {
+    let dir = crate::deps::rpmlint_dir();
+    let out = Command::new(dir.join("bin/rpmlint"))
+        .arg("--config")
+        .arg(dir.join("configs/Fedora"))
+        .args(paths)
+        .output()
+        .context("cannot run rpmlint")?;
+    let text = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
+    // A crash (a missing helper such as checkbashisms) prints no summary and no finding.
+    ensure!(
+        text.lines().any(|l| l.contains(" checked; ") && l.contains(" errors, ")),
+        "rpmlint did not finish ({}):\n{text}",
+        out.status
+    );
+    let (findings, unaccepted) = rpmlint_findings(&text);
+    ensure!(
+        unaccepted.is_empty(),
+        "rpmlint (Fedora's configuration) reported:\n{}\n\nfull output:\n{text}",
+        unaccepted.join("\n")
+    );
+    let stale: Vec<&str> = RPMLINT_ACCEPTED
+        .iter()
+        .map(|(tag, _)| *tag)
+        .filter(|tag| !findings.iter().any(|(_, t)| t == tag))
+        .collect();
+    ensure!(stale.is_empty(), "rpmlint no longer reports the accepted {stale:?}: remove them");
+    Ok(findings.len())
+}
+
+/// The (level, tag) of every `E:` and `W:` line of rpmlint's output, and the lines that are
+/// errors or warnings not in [`RPMLINT_ACCEPTED`].
+fn rpmlint_findings(text: &str) -> (Vec<(char, String)>, Vec<String>) {
+    let mut findings = Vec::new();
+    let mut unaccepted = Vec::new();
+    for line in text.lines() {
+        let Some((level, rest)) = [('E', ": E: "), ('W', ": W: ")]
+            .into_iter()
+            .find_map(|(level, marker)| line.split_once(marker).map(|(_, rest)| (level, rest)))
+        else {
+            continue;
+        };
+        let tag = rest.split_whitespace().next().unwrap_or_default().to_string();
+        if level == 'E' || !RPMLINT_ACCEPTED.iter().any(|(t, _)| *t == tag) {
+            unaccepted.push(line.to_string());
+        } else {
+            findings.push((level, tag));
+        }
+    }
+    (findings, unaccepted)
 }
 
 /// Files (mode, owner, flags, path), non-automatic requirements and scriptlets of an RPM, as
@@ -1309,6 +1413,51 @@ mod tests {
         assert!(!is_grant("ifdef(`files_runtime_file',`"));
         assert!(is_grant("files_runtime_file(amd_hsmp_runtime_t)"));
         assert!(is_grant("allowxperm a_t b_t:chr_file ioctl 0xf800;"));
+    }
+
+    #[test]
+    fn the_shared_install_script_relabels_every_path_of_the_file_contexts() {
+        let fc = fs::read_to_string(crate::root().join("selinux/amd_hsmp.fc")).unwrap();
+        let script = fs::read_to_string(crate::root().join("selinux/install.sh")).unwrap();
+        let start = script.find("for path in ").unwrap() + "for path in ".len();
+        let end = start + script[start..].find("; do").unwrap();
+        let relabelled: Vec<&str> =
+            script[start..end].split_whitespace().filter(|w| *w != "\\").collect();
+        let paths: Vec<&str> = fc
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .map(|p| p.trim_end_matches("(/.*)?"))
+            .collect();
+        assert_eq!(paths.len(), 5, "{paths:?}");
+        for path in paths {
+            assert!(relabelled.contains(&path), "install.sh does not relabel {path}");
+        }
+    }
+
+    #[test]
+    fn the_spec_runs_the_shared_install_script_as_its_post() {
+        let spec = fs::read_to_string(crate::root().join(SPEC)).unwrap();
+        assert!(spec.lines().any(|l| l == "%post selinux -f selinux/install.sh"));
+        // RPM expands macros in the file it appends: a percent sign would change the script.
+        let script = fs::read_to_string(crate::root().join("selinux/install.sh")).unwrap();
+        assert!(!script.contains('%'), "selinux/install.sh holds a percent sign");
+    }
+
+    #[test]
+    fn rpmlint_errors_and_unlisted_warnings_are_reported_accepted_ones_counted() {
+        let out = "amd-hsmp-exporter.x86_64: W: unstripped-binary-or-object /usr/bin/x\n\
+                   amd-hsmp-exporter.src: E: spelling-error ('dev', '%description')\n\
+                   amd-hsmp-exporter-selinux.noarch: W: no-documentation\n\
+                   amd-hsmp-exporter.spec: W: invalid-url Source1: x.tar.xz\n\
+                   3 packages and 1 specfiles checked; 1 errors, 3 warnings\n";
+        let (accepted, unaccepted) = rpmlint_findings(out);
+        assert_eq!(
+            accepted,
+            [('W', "unstripped-binary-or-object".into()), ('W', "invalid-url".into())]
+        );
+        assert_eq!(unaccepted.len(), 2, "{unaccepted:?}");
+        assert!(unaccepted[0].contains("E: spelling-error"));
+        assert!(unaccepted[1].contains("W: no-documentation"));
     }
 
     #[test]

@@ -648,6 +648,11 @@ fn log_device(before: Option<&Device>, now: &Device, msr_fallback: bool) {
             ),
             None => tracing::info!("HSMP device opened; the socket workers probe it"),
         },
+        Device::Closed(DeviceStatus::PermissionDenied) => tracing::warn!(
+            msr_fallback,
+            next_step = crate::check::denied_hint(),
+            "HSMP device refused (permission denied: the udev rule or SELinux); opening it is retried on each sample",
+        ),
         Device::Closed(status) => tracing::warn!(
             status = ?status,
             msr_fallback,

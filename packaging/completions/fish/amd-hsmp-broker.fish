@@ -22,5 +22,6 @@ error\t'Only what stops the process'"
 complete -c amd-hsmp-broker -l log.format -d 'Output format of log messages: `logfmt` (`text` is accepted for it) or `json`, one record per line on standard error' -r -f -a "logfmt\t'`key=value` pairs, as Prometheus and node_exporter log by default'
 json\t'One JSON object per line'"
 complete -c amd-hsmp-broker -l collector.core-energy.msr-fallback -d 'Read per-core energy from the MSR devices where HSMP lacks the RAPL messages (needs CAP_SYS_RAWIO at start-up; dropped right after the devices are opened)'
+complete -c amd-hsmp-broker -l check -d 'Check every precondition of a scrape on this machine (CPU, driver, /dev/hsmp, SELinux, the firmware\'s answers, energy, the socket), print one line each with its verdict and fix, and exit: 0 when nothing a scrape needs fails, 1 otherwise. Starts no server; run it as root with the flags of /etc/sysconfig/amd-hsmp-broker'
 complete -c amd-hsmp-broker -s V -l version -d 'Print the version, revision, build date and toolchain, then exit'
 complete -c amd-hsmp-broker -s h -l help -d 'Print help (see more with \'--help\')'

@@ -252,6 +252,19 @@ pub fn run_all(
     let settled =
         sh(vm, "systemctl is-system-running --wait; systemctl --failed --plain --no-legend")?;
 
+    // SELinux as booted, then the policy module installed the way the -selinux package's
+    // %post installs it (selinux/install.sh, its very text), before the package as an RPM
+    // transaction orders them.
+    let booted = sh(
+        vm,
+        "echo \"mode $(getenforce)\"; echo \"lsm $(cat /sys/kernel/security/lsm)\"; \
+         echo \"pid1 $(ps -o label= -p 1)\"; echo \"agent $(ps -o label= -p $$)\"; \
+         ls -Z /usr/lib/systemd/systemd",
+    )?;
+    let policy_started = std::time::Instant::now();
+    let policy =
+        sh(vm, "policytype=default module=/root/vm/amd_hsmp.pp.bz2 sh -e /root/vm/install.sh")?;
+    let policy_seconds = policy_started.elapsed().as_secs_f64();
     // Install the package as an operator does, then let udev load the driver from our SSDT.
     let install = sh(vm, "apt-get install -y /root/vm/amd-hsmp-exporter.deb")?;
     let load = sh(
@@ -367,6 +380,76 @@ pub fn run_all(
         &mut verdicts,
     );
 
+    // S. SELinux enforcing, the module installed by the package's own steps.
+    let mut ev = Evidence::default();
+    let field = |name: &str| {
+        booted
+            .text
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or("")
+            .to_string()
+    };
+    ev.check(field("mode") == "Enforcing", format!("booted {}", field("mode")));
+    ev.check(
+        field("lsm").split(',').any(|m| m == "selinux"),
+        format!("/sys/kernel/security/lsm: {}", field("lsm")),
+    );
+    ev.check(field("pid1").contains(":init_t:"), format!("systemd runs as {}", field("pid1")));
+    ev.check(true, format!("the test's agent runs as {}", field("agent")));
+    ev.check(
+        policy.ok(),
+        format!(
+            "selinux/install.sh (the -selinux package's %post) exit {} in {policy_seconds:.1} s{}",
+            policy.rc,
+            if policy.text.trim().is_empty() {
+                String::new()
+            } else {
+                format!(": {}", policy.text.trim())
+            }
+        ),
+    );
+    let state = sh(
+        vm,
+        "echo \"mode $(getenforce)\"; semodule -lfull | grep -w amd_hsmp; \
+         getsebool amd_hsmp_broker_use_msr; semanage port -l | grep '^amd_hsmp'",
+    )?;
+    let text = state.text.replace('\n', " | ");
+    ev.check(state.text.contains("mode Enforcing"), format!("after the install: {text}"));
+    ev.check(
+        state
+            .text
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["200", "amd_hsmp", "pp"]),
+        "module amd_hsmp loaded at priority 200",
+    );
+    ev.check(
+        state.text.contains("amd_hsmp_broker_use_msr --> off"),
+        "boolean amd_hsmp_broker_use_msr exists, off by default",
+    );
+    ev.check(
+        state.text.lines().any(|l| {
+            l.split_whitespace().collect::<Vec<_>>() == ["amd_hsmp_exporter_port_t", "tcp", "10054"]
+        }),
+        "tcp/10054 is amd_hsmp_exporter_port_t",
+    );
+    let files = sh(
+        vm,
+        "ls -Z /usr/bin/amd-hsmp-broker /usr/bin/amd-hsmp-exporter /dev/hsmp; ls -dZ /run/amd-hsmp \
+         /run/amd-hsmp/broker.sock",
+    )?;
+    for (path, want) in [
+        ("/usr/bin/amd-hsmp-broker", ":amd_hsmp_broker_exec_t:"),
+        ("/usr/bin/amd-hsmp-exporter", ":amd_hsmp_exporter_exec_t:"),
+        ("/dev/hsmp", ":amd_hsmp_device_t:"),
+        ("/run/amd-hsmp", ":amd_hsmp_runtime_t:"),
+        ("/run/amd-hsmp/broker.sock", ":amd_hsmp_runtime_t:"),
+    ] {
+        let line = files.text.lines().find(|l| l.trim_end().ends_with(path)).unwrap_or("(missing)");
+        ev.check(line.contains(want), line.trim().to_string());
+    }
+    emit(ev.verdict("S", "SELinux enforcing; module, boolean, port and labels"), &mut verdicts);
+
     // 3. Socket activation and exact values at protocol 7.
     let mut ev = Evidence::default();
     let before = sh(
@@ -440,6 +523,18 @@ pub fn run_all(
         ev.verdict("3", "socket activation; exact values at protocol 7 (energy present)"),
         &mut verdicts,
     );
+
+    // D. The running processes in their domains.
+    let mut ev = Evidence::default();
+    let ps = sh(vm, "ps -eo label=,comm= | grep amd-hsmp")?;
+    for (comm, domain) in
+        [("amd-hsmp-broker", ":amd_hsmp_broker_t:"), ("amd-hsmp-export", ":amd_hsmp_exporter_t:")]
+    {
+        let line =
+            ps.text.lines().find(|l| l.trim_end().ends_with(comm)).unwrap_or("(not running)");
+        ev.check(line.contains(domain), format!("ps -eZ: {}", line.trim()));
+    }
+    emit(ev.verdict("D", "broker and exporter run in their domains"), &mut verdicts);
 
     // 4. A failing core and a wedged socket; a short timeout header.
     let mut ev = Evidence::default();
@@ -654,6 +749,19 @@ pub fn run_all(
     );
     emit(ev.verdict("7", "scrape duration against the driver's per-message time"), &mut verdicts);
 
+    // W. The exporter with TLS and basic auth from --web.config.file, its files where an
+    // operator puts them, and a SIGHUP reload (denials, if any, are counted by check A).
+    emit(web_config(vm)?, &mut verdicts);
+
+    // C. Confinement from inside: root in each domain, so that DAC allows and only the policy
+    // can refuse; each refusal matched to its own AVC record.
+    let (verdict, provoked) = confinement(vm)?;
+    emit(verdict, &mut verdicts);
+
+    // K. The operator's check on the healthy guest, without the driver, with the socket's
+    // permissions broken.
+    emit(operator_check(vm, responder)?, &mut verdicts);
+
     // 3b. Protocol 5: the driver probes again, the broker starts again, no energy family.
     let mut ev = Evidence::default();
     let stop = sh(
@@ -672,10 +780,376 @@ pub fn run_all(
     healthy(&mut ev, &p5, 5, false)?;
     emit(ev.verdict("3b", "protocol 5: exact values, no energy family"), &mut verdicts);
 
+    // A. Every AVC record of the whole run naming one of the module's types.
+    let mut ev = Evidence::default();
+    let log = sh(vm, AUDIT_LOG)?;
+    let records = avc_records(&log.text);
+    ev.check(
+        log.ok(),
+        format!(
+            "dmesg: exit {}, {} audit records",
+            log.rc,
+            log.text.lines().filter(|l| l.contains("type=1400") || l.contains("type=1107")).count()
+        ),
+    );
+    let ours: Vec<&str> = records
+        .iter()
+        .copied()
+        .filter(|r| r.contains("amd_hsmp_") && !provoked.iter().any(|p| p == r))
+        .collect();
+    let lost: Vec<&str> = log
+        .text
+        .lines()
+        .filter(|l| l.contains("callbacks suppressed") || l.contains("backlog limit exceeded"))
+        .collect();
+    ev.check(lost.is_empty(), format!("no audit record lost ({} lines say otherwise)", lost.len()));
+    ev.check(
+        ours.is_empty(),
+        format!(
+            "{} AVC denials for amd_hsmp domains over the whole run ({} more provoked by check C, \
+             each matched there; {} for other domains, not judged)",
+            ours.len(),
+            provoked.len(),
+            records.iter().filter(|r| !r.contains("amd_hsmp_")).count()
+        ),
+    );
+    for record in &ours {
+        ev.check(false, format!("denied: {record}"));
+    }
+    let summary = format!(
+        "selinux: Enforcing, module amd_hsmp loaded, {} AVC denials for amd_hsmp domains",
+        ours.len()
+    );
+    emit(ev.verdict("A", &summary), &mut verdicts);
+
     if let Some(e) = responder.error() {
         bail!("the responder stopped: {e}");
     }
     Ok(verdicts)
+}
+
+/// The bcrypt hash (`htpasswd -nbBC 10 "" vm-test-password`) of check W's basic-auth user.
+const WEB_USER_HASH: &str = "$2y$10$G/Cbv8kBCFnjZXpVYTxxxu19f5EkQHsWXGOEcw8B/ynwoVev6XU7W";
+
+/// Check W: a self-signed certificate and key made on the host (openssl) and a web
+/// configuration with TLS and basic auth, in `/etc/amd-hsmp-exporter/` with its label, passed
+/// through `OPTIONS=` of the packaged sysconfig file; HTTPS without credentials is 401, with
+/// them 200 with `amd_hsmp_up 1`; `SIGHUP` reloads and the same process still serves. The
+/// packaged configuration is restored afterwards.
+fn web_config(vm: &mut Vm) -> Result<Verdict> {
+    let mut ev = Evidence::default();
+    let dir = std::env::temp_dir().join(format!("amd-hsmp-vm-tls-{}", std::process::id()));
+    fs_err(std::fs::create_dir_all(&dir))?;
+    let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+    let made = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"])
+        .args(["-nodes", "-days", "2", "-subj", "/CN=localhost"])
+        .args(["-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .context("cannot run openssl")?;
+    if !made.status.success() {
+        bail!("openssl req failed: {}", String::from_utf8_lossy(&made.stderr));
+    }
+    let cert_pem = fs_err(std::fs::read_to_string(&cert))?;
+    let key_pem = fs_err(std::fs::read_to_string(&key))?;
+    let _ = std::fs::remove_dir_all(&dir);
+    let setup = vm.run(
+        &format!(
+            "set -e; d=/etc/amd-hsmp-exporter; mkdir -p $d\n\
+             cat > $d/tls.crt <<'EOF'\n{cert_pem}EOF\n\
+             cat > $d/tls.key <<'EOF'\n{key_pem}EOF\n\
+             cat > $d/web-config.yml <<'EOF'\n\
+             tls_server_config:\n  cert_file: /etc/amd-hsmp-exporter/tls.crt\n\
+             \x20 key_file: /etc/amd-hsmp-exporter/tls.key\n\
+             basic_auth_users:\n  prometheus: {WEB_USER_HASH}\nEOF\n\
+             chgrp amd-hsmp-exporter $d/tls.key $d/web-config.yml; chmod 0640 $d/tls.key $d/web-config.yml\n\
+             restorecon -R $d; ls -Z $d | tr '\\n' ' '; echo\n\
+             cp /etc/sysconfig/amd-hsmp-exporter /root/vm/exporter.sysconfig\n\
+             echo 'OPTIONS=\"--web.config.file=/etc/amd-hsmp-exporter/web-config.yml\"' \
+             >> /etc/sysconfig/amd-hsmp-exporter\n\
+             systemctl restart amd-hsmp-exporter.service\n\
+             for i in $(seq 100); do curl -sk -m 5 -o /dev/null https://127.0.0.1:10054/ && exit 0; sleep 0.1; done; exit 1"
+        ),
+        COMMAND_TIMEOUT,
+    )?;
+    ev.check(setup.ok(), format!("configured and restarted: {}", setup.text.trim()));
+    let https = "https://127.0.0.1:10054/metrics";
+    let status = |vm: &mut Vm, auth: &str| -> Result<String> {
+        let out = vm.run(
+            &format!("curl -sk -m 20 {auth} -o /tmp/w.out -w '%{{http_code}}' {https}; echo; grep -c '^amd_hsmp_up 1$' /tmp/w.out"),
+            COMMAND_TIMEOUT,
+        )?;
+        Ok(out.text.split_whitespace().collect::<Vec<_>>().join(" "))
+    };
+    let anonymous = status(vm, "")?;
+    ev.check(anonymous.starts_with("401"), format!("HTTPS without credentials: {anonymous}"));
+    let user = "-u prometheus:vm-test-password";
+    let authed = status(vm, user)?;
+    ev.check(
+        authed == "200 1",
+        format!("HTTPS as prometheus: {authed} (status, amd_hsmp_up 1 lines)"),
+    );
+    let hup = vm.run(
+        "pid=$(systemctl show -p MainPID --value amd-hsmp-exporter.service); \
+         [ \"$pid\" -gt 0 ] && kill -HUP $pid; sleep 2; journalctl -u amd-hsmp-exporter.service -o cat -n 20 | grep 'SIGHUP' | tail -n 1; \
+         echo \"pid $pid $(systemctl show -p MainPID --value amd-hsmp-exporter.service)\"",
+        COMMAND_TIMEOUT,
+    )?;
+    let pids: Vec<&str> = hup
+        .text
+        .lines()
+        .find_map(|l| l.strip_prefix("pid "))
+        .map(|l| l.split_whitespace().collect())
+        .unwrap_or_default();
+    ev.check(
+        hup.text.contains("web configuration reloaded") && pids.len() == 2 && pids[0] == pids[1],
+        format!("SIGHUP: {}", hup.text.trim().replace('\n', "; ")),
+    );
+    let after = status(vm, user)?;
+    ev.check(after == "200 1", format!("HTTPS as prometheus after the reload: {after}"));
+    if ev.failed() {
+        ev.journal(vm)?;
+    }
+    let restore = vm.run(
+        "cp /root/vm/exporter.sysconfig /etc/sysconfig/amd-hsmp-exporter && \
+         systemctl restart amd-hsmp-exporter.service",
+        COMMAND_TIMEOUT,
+    )?;
+    ev.check(restore.ok(), "the packaged configuration restored");
+    wait_for_exporter(vm)?;
+    Ok(ev.verdict("W", "TLS and basic auth from --web.config.file; SIGHUP reload"))
+}
+
+/// An I/O error as an `anyhow` one.
+fn fs_err<T>(r: std::io::Result<T>) -> Result<T> {
+    Ok(r?)
+}
+
+/// The kernel log's audit records and the lines that say records were lost. (`dmesg` alone, with
+/// its output in the agent's file, printed nothing in the guest.)
+const AUDIT_LOG: &str = "dmesg | grep -aE 'type=1400|type=1107|callbacks suppressed|backlog limit'; \
+                         test ${PIPESTATUS[0]} -eq 0";
+
+/// One confinement probe: who runs it, what it tries, and the AVC record its refusal must leave
+/// (object class and the target's type), or `None` where the policy must allow it.
+struct Probe {
+    what: &'static str,
+    domain: &'static str,
+    args: &'static str,
+    refused: Option<(&'static str, &'static str)>,
+}
+
+const PROBES: &[Probe] = &[
+    Probe {
+        what: "the exporter's domain opens /dev/hsmp",
+        domain: "amd_hsmp_exporter_t",
+        args: "open /dev/hsmp",
+        refused: Some(("chr_file", "amd_hsmp_device_t")),
+    },
+    Probe {
+        what: "the exporter's domain opens /dev/cpu/0/msr",
+        domain: "amd_hsmp_exporter_t",
+        args: "open /dev/cpu/0/msr",
+        refused: Some(("chr_file", "cpu_device_t")),
+    },
+    Probe {
+        what: "the broker's domain creates a TCP socket",
+        domain: "amd_hsmp_broker_t",
+        args: "tcp",
+        refused: Some(("tcp_socket", "amd_hsmp_broker_t")),
+    },
+    Probe {
+        what: "the broker's domain creates a UDP socket",
+        domain: "amd_hsmp_broker_t",
+        args: "udp",
+        refused: Some(("udp_socket", "amd_hsmp_broker_t")),
+    },
+    Probe {
+        what: "the broker's domain creates a file under /etc",
+        domain: "amd_hsmp_broker_t",
+        args: "create /etc/amd-hsmp-confine-probe",
+        refused: Some(("dir", "etc_t")),
+    },
+    Probe {
+        what: "the broker's domain opens /dev/cpu/0/msr, amd_hsmp_broker_use_msr off",
+        domain: "amd_hsmp_broker_t",
+        args: "open /dev/cpu/0/msr",
+        refused: Some(("chr_file", "cpu_device_t")),
+    },
+];
+
+/// Runs the probe binary as `domain` (or in the agent's own unconfined domain with `None`),
+/// as root, with every descriptor closed; returns its pid and exit code (the errno).
+fn probe(vm: &mut Vm, domain: Option<&str>, args: &str) -> Result<(u32, i32)> {
+    let (exe, runcon) = match domain {
+        Some(d) => (
+            if d.contains("broker") { PROBE_BROKER } else { PROBE_EXPORTER },
+            format!("runcon -t {d} "),
+        ),
+        None => ("/root/vm/confine-probe", String::new()),
+    };
+    let out = vm.run(
+        &format!(
+            "bash -c 'echo $$; exec {runcon}{exe} {args} 0<&- 1>&- 2>&- 3>&-'; echo \"rc $?\""
+        ),
+        COMMAND_TIMEOUT,
+    )?;
+    let mut lines = out.text.lines();
+    let pid = lines.next().and_then(|l| l.trim().parse().ok());
+    let rc = lines.find_map(|l| l.strip_prefix("rc ")).and_then(|r| r.trim().parse().ok());
+    match (pid, rc) {
+        (Some(pid), Some(rc)) => Ok((pid, rc)),
+        _ => bail!("the probe printed no pid and exit code: {}", out.text),
+    }
+}
+
+/// The probe, copied and labelled as each domain's entry point.
+const PROBE_BROKER: &str = "/usr/local/libexec/amd-hsmp-probe-broker";
+const PROBE_EXPORTER: &str = "/usr/local/libexec/amd-hsmp-probe-exporter";
+
+/// Check C: every probe refused by SELinux (where root in the agent's unconfined domain
+/// succeeds), each refusal with its AVC record; the MSR boolean on lets the broker's domain open
+/// the MSR device. Returns the verdict and the provoked records, which check A leaves out.
+fn confinement(vm: &mut Vm) -> Result<(Verdict, Vec<String>)> {
+    let mut ev = Evidence::default();
+    let setup = vm.run(
+        &format!(
+            "modprobe msr && mkdir -p /usr/local/libexec && \
+             cp /root/vm/confine-probe {PROBE_BROKER} && cp /root/vm/confine-probe {PROBE_EXPORTER} && \
+             chcon -t amd_hsmp_broker_exec_t {PROBE_BROKER} && \
+             chcon -t amd_hsmp_exporter_exec_t {PROBE_EXPORTER} && ls -Z {PROBE_BROKER} {PROBE_EXPORTER}"
+        ),
+        COMMAND_TIMEOUT,
+    )?;
+    ev.check(setup.ok(), format!("probes labelled: {}", setup.text.trim().replace('\n', "; ")));
+    let mut pids = Vec::new();
+    for p in PROBES {
+        let (_, control) = probe(vm, None, p.args)?;
+        let (pid, rc) = probe(vm, Some(p.domain), p.args)?;
+        ev.check(
+            control == 0 && rc == libc::EACCES,
+            format!(
+                "{}: refused with errno {rc} (13 is EACCES; root outside the domain: errno {control})",
+                p.what
+            ),
+        );
+        pids.push((p, pid));
+    }
+    let on = vm.run(
+        "setsebool amd_hsmp_broker_use_msr on && getsebool amd_hsmp_broker_use_msr",
+        COMMAND_TIMEOUT,
+    )?;
+    let (_, allowed) = probe(vm, Some("amd_hsmp_broker_t"), "open /dev/cpu/0/msr")?;
+    let off = vm.run(
+        "setsebool amd_hsmp_broker_use_msr off && getsebool amd_hsmp_broker_use_msr",
+        COMMAND_TIMEOUT,
+    )?;
+    ev.check(
+        on.ok() && allowed == 0 && off.ok(),
+        format!(
+            "with {} the broker's domain opens /dev/cpu/0/msr: errno {allowed}; then {}",
+            on.text.trim(),
+            off.text.trim()
+        ),
+    );
+    let log = vm.run(AUDIT_LOG, COMMAND_TIMEOUT)?;
+    let records = avc_records(&log.text);
+    let mut provoked = Vec::new();
+    for (p, pid) in pids {
+        let Some((class, target)) = p.refused else { continue };
+        let mine: Vec<&str> =
+            records.iter().copied().filter(|r| r.contains(&format!(" pid={pid} "))).collect();
+        let matched = mine.len() == 1
+            && mine.iter().all(|r| {
+                r.contains(&format!(":{}:", p.domain))
+                    && r.contains(&format!(" tclass={class} "))
+                    && r.contains(&format!(":{target}:"))
+                    && r.contains("permissive=0")
+            });
+        ev.check(
+            matched,
+            format!(
+                "{}: {} AVC record(s) of pid {pid}, want one {class} on {target}: {}",
+                p.what,
+                mine.len(),
+                mine.join(" | ")
+            ),
+        );
+        provoked.extend(mine.iter().map(|r| r.to_string()));
+    }
+    Ok((
+        ev.verdict("C", "confinement from inside: each refusal is SELinux's, with its AVC"),
+        provoked,
+    ))
+}
+
+/// Check K: `amd-hsmp-broker --check` as an operator runs it (root, unconfined): every check
+/// passes on the healthy guest (the responder's energy advancing meanwhile), the driver unloaded
+/// names modprobe, the socket's permissions broken name the group.
+fn operator_check(vm: &mut Vm, responder: &Responder) -> Result<Verdict> {
+    let mut ev = Evidence::default();
+    let run_check = |vm: &mut Vm| {
+        vm.run("runcon -t unconfined_t -- bash -c 'amd-hsmp-broker --check'", COMMAND_TIMEOUT)
+    };
+    let machine = responder.machine();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let advancing = {
+        let stop = std::sync::Arc::clone(&stop);
+        let machine = std::sync::Arc::clone(&machine);
+        std::thread::spawn(move || {
+            // 0.1 J every 50 ms: 2 W per core, as an idle core draws.
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = machine.firmware().advance_all_energy(0.1);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    let healthy = run_check(vm);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = advancing.join();
+    let healthy = healthy?;
+    let failed: Vec<&str> = healthy.text.lines().filter(|l| l.starts_with("FAIL")).collect();
+    ev.check(
+        healthy.ok() && failed.is_empty(),
+        format!("healthy guest: exit {}, {} FAIL lines", healthy.rc, failed.len()),
+    );
+    for line in healthy.text.lines() {
+        ev.check(true, format!("  {line}"));
+    }
+    let unloaded = vm.run(
+        "systemctl stop amd-hsmp-broker.service && modprobe -r hsmp_acpi hsmp_common && runcon -t unconfined_t -- bash -c \
+         'amd-hsmp-broker --check'; rc=$?; modprobe hsmp_acpi && udevadm settle; exit $rc",
+        COMMAND_TIMEOUT,
+    )?;
+    let driver = unloaded.text.lines().find(|l| l.starts_with("FAIL  driver")).unwrap_or("");
+    ev.check(
+        unloaded.rc == 1 && driver.contains("fix: modprobe amd_hsmp"),
+        format!("driver unloaded: exit {}; {driver}", unloaded.rc),
+    );
+    let broken = vm.run(
+        "chmod 0600 /run/amd-hsmp/broker.sock && runcon -t unconfined_t -- bash -c \
+         'amd-hsmp-broker --check'; rc=$?; chmod 0660 /run/amd-hsmp/broker.sock; exit $rc",
+        COMMAND_TIMEOUT,
+    )?;
+    let socket = broken.text.lines().find(|l| l.starts_with("FAIL  socket")).unwrap_or("");
+    ev.check(
+        broken.rc == 1 && socket.contains("through group amd-hsmp-exporter"),
+        format!("socket mode 0600: exit {}; {socket}", broken.rc),
+    );
+    Ok(ev.verdict("K", "amd-hsmp-broker --check: healthy, driver unloaded, socket broken"))
+}
+
+/// The AVC records (`type=1400`, and `type=1107` from user-space object managers such as
+/// systemd) of a kernel log, one string each from `avc:` on.
+fn avc_records(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter(|l| l.contains("type=1400") || l.contains("type=1107"))
+        .filter_map(|l| l.find("avc:").map(|i| &l[i..]))
+        .filter(|r| r.contains(" denied "))
+        .collect()
 }
 
 /// `OWNER:GROUP MODE` (mode without its leading zero, as `stat %a` prints it) of the udev rule
@@ -761,6 +1235,20 @@ mod tests {
         let rules = super::super::repo_file("packaging/udev/60-amd-hsmp.rules").unwrap();
         assert_eq!(udev_rule(&rules).unwrap(), "root:amd-hsmp-broker 640");
         assert!(udev_rule("# KERNEL==\"hsmp_cdev\", MODE=\"0640\"").is_err());
+    }
+
+    #[test]
+    fn avc_denials_are_read_from_the_kernel_log_and_grants_are_not() {
+        let log = "[   12.5] audit: type=1400 audit(1.2:3): avc:  denied  { read } for  pid=9 \
+                   comm=\"p\" scontext=system_u:system_r:amd_hsmp_exporter_t:s0 \
+                   tcontext=system_u:object_r:amd_hsmp_device_t:s0 tclass=chr_file permissive=0\n\
+                   [   12.6] audit: type=1400 audit(1.2:4): avc:  granted  { setsecparam }\n\
+                   [   12.7] audit: type=1107 audit(1.2:5): pid=1 uid=0 msg='avc:  denied  \
+                   { start } for auid=n/a'\n[   13.0] random line avc: denied\n";
+        let records = avc_records(log);
+        assert_eq!(records.len(), 2, "{records:?}");
+        assert!(records[0].starts_with("avc:  denied  { read }"));
+        assert!(records[0].contains("amd_hsmp_exporter_t"));
     }
 
     #[test]

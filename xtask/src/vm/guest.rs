@@ -92,12 +92,16 @@ pub fn ssdts(run: &Path, sockets: u32, log: &Path) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
-/// The kernel command line: serial console, the mailbox windows reserved, systemd as init.
+/// The kernel command line: serial console, the mailbox windows reserved, /init (which loads
+/// the SELinux policy, then becomes systemd), SELinux as the major LSM (Debian's kernels default
+/// to AppArmor), and audit records kept whole: no printk rate limit, a backlog and a log buffer
+/// large enough for the run, since without auditd they reach only the kernel log.
 pub fn cmdline(sockets: u32) -> String {
     let size_mib = (u64::from(sockets) * WINDOW_SIZE) >> 20;
     format!(
         "console=ttyS0,115200 memmap={size_mib}M${WINDOW_BASE:#x} rdinit=/init panic=-1 \
-         loglevel=4 systemd.show_status=false"
+         loglevel=4 systemd.show_status=false security=selinux \
+         sysctl.kernel.printk_ratelimit=0 audit_backlog_limit=8192 log_buf_len=8M"
     )
 }
 
@@ -140,6 +144,8 @@ impl Vm {
         qemu.args(["--pdeathsig", "KILL", "--", "qemu-system-x86_64"]);
         qemu.args(["-nodefaults", "-display", "none", "-no-reboot"])
             .args(["-machine", "q35,accel=tcg,memory-backend=ram"])
+            // An EPYC's family and model (0x19, 0x01), as `amd-hsmp-broker --check` expects.
+            .args(["-cpu", "EPYC-Milan"])
             .args(["-m", &format!("{RAM_MIB}M")])
             .arg("-object")
             .arg(format!(
@@ -285,8 +291,9 @@ mod tests {
     }
 
     #[test]
-    fn the_command_line_reserves_every_socket_window() {
+    fn the_command_line_reserves_every_socket_window_and_selects_selinux() {
         assert!(cmdline(2).contains("memmap=2M$0x1f000000"));
+        assert!(cmdline(2).contains(" security=selinux "));
         assert!(cmdline(1).contains("memmap=1M$0x1f000000"));
     }
 }

@@ -126,7 +126,14 @@ pub fn run(args: &[String]) -> Result<()> {
     })?;
     let kernel = steps.run("kernel and amd_hsmp modules", || {
         let (k, cached) = prepare::kernel(&cache, &chroot, &choice)?;
-        Ok((k, format!("hsmp_common.ko, hsmp_acpi.ko for {} {}", choice.abi, cached_word(cached))))
+        Ok((
+            k,
+            format!(
+                "hsmp_common.ko, hsmp_acpi.ko, msr.ko for {} {}",
+                choice.abi,
+                cached_word(cached)
+            ),
+        ))
     })?;
     let deb = steps.run("project .deb", || {
         let deb = prepare::deb(&cache)?;
@@ -139,8 +146,12 @@ pub fn run(args: &[String]) -> Result<()> {
         let size = fs::metadata(&cpio)?.len() >> 20;
         Ok((cpio, format!("{size} MiB initramfs {}", cached_word(cached))))
     })?;
+    let selinux = steps.run("SELinux module and confinement probe", || {
+        let files = prepare::selinux_files(&cache, &run_dir)?;
+        Ok((files, "amd_hsmp.pp.bz2 (Debian's reference policy), confine-probe built".into()))
+    })?;
     let initrd = steps.run("initramfs with the package and the agent", || {
-        let initrd = overlay(&cache, &run_dir, &rootfs, &deb)?;
+        let initrd = overlay(&cache, &run_dir, &rootfs, &deb, &selinux)?;
         Ok((initrd, "built".to_string()))
     })?;
     let ssdts = steps.run("SSDT (one AMDI0097 device per socket)", || {
@@ -226,6 +237,9 @@ pub fn run(args: &[String]) -> Result<()> {
     fs::write(run_dir.join("summary.txt"), format!("{summary}{table}"))?;
     let failed: Vec<&str> = verdicts.iter().filter(|v| !v.pass).map(|v| v.id.as_str()).collect();
     let passed = verdicts.len() - failed.len();
+    if let Some(selinux) = verdicts.iter().find(|v| v.id == "A") {
+        println!("{}", selinux.name);
+    }
     println!("vm-test: {passed} passed, {} failed", failed.len());
     if !failed.is_empty() {
         bail!("VM checks failed: {}", failed.join(", "));
@@ -262,7 +276,13 @@ fn root_display(p: &Path) -> String {
 
 /// The per-run initramfs: the cached root, then a second archive with the package, the timing
 /// loop and the agent with its unit enabled.
-fn overlay(cache: &Cache, run: &Path, rootfs: &Path, deb: &Path) -> Result<PathBuf> {
+fn overlay(
+    cache: &Cache,
+    run: &Path,
+    rootfs: &Path,
+    deb: &Path,
+    selinux: &prepare::SelinuxFiles,
+) -> Result<PathBuf> {
     use std::os::unix::fs::{PermissionsExt, symlink};
     let stage = run.join("overlay");
     let set_mode = |p: &Path, mode: u32| fs::set_permissions(p, fs::Permissions::from_mode(mode));
@@ -272,6 +292,15 @@ fn overlay(cache: &Cache, run: &Path, rootfs: &Path, deb: &Path) -> Result<PathB
     set_mode(&stage.join("root"), 0o700)?;
     fs::copy(deb, stage.join("root/vm/amd-hsmp-exporter.deb"))?;
     fs::write(stage.join("root/vm/hsmp-time.pl"), repo_file("tests/vm/hsmp-time.pl")?)?;
+    // SELinux: the first process, the policy module and its install script, the probe.
+    let init = stage.join("init");
+    fs::write(&init, repo_file("tests/vm/init-selinux")?)?;
+    set_mode(&init, 0o755)?;
+    fs::write(stage.join("root/vm/install.sh"), repo_file("selinux/install.sh")?)?;
+    fs::copy(&selinux.module, stage.join("root/vm/amd_hsmp.pp.bz2"))?;
+    let probe = stage.join("root/vm/confine-probe");
+    fs::copy(&selinux.probe, &probe)?;
+    set_mode(&probe, 0o755)?;
     let agent = stage.join("usr/local/sbin/vm-agent");
     fs::write(&agent, repo_file("tests/vm/vm-agent")?)?;
     set_mode(&agent, 0o755)?;
@@ -283,6 +312,11 @@ fn overlay(cache: &Cache, run: &Path, rootfs: &Path, deb: &Path) -> Result<PathB
         "/etc/systemd/system/vm-agent.service",
         stage.join("etc/systemd/system/multi-user.target.wants/vm-agent.service"),
     )?;
+    // The overlay's labels, from the guest's file contexts, restored by /init after the root's.
+    fs::create_dir_all(stage.join("etc/vm-test"))?;
+    let contexts = rootfs.with_file_name("file_contexts");
+    let labels = prepare::selinux_labels(&stage, &contexts)?;
+    fs::write(stage.join("etc/vm-test/selinux-labels-overlay"), labels)?;
     let overlay = run.join("overlay.cpio");
     prepare::cpio_dir(&stage, &overlay, &cache.log("overlay"))?;
     let initrd = run.join("initrd.cpio");

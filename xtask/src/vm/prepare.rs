@@ -25,10 +25,28 @@ const KERNEL_SUITE: &str = "trixie-backports";
 const GUEST_SUITE: &str = "bookworm";
 /// Packages the guest needs beyond `minbase` and the `.deb`'s own dependencies: systemd as
 /// PID 1 with udev and D-Bus (for `systemd-analyze security`), `curl` to scrape, `kmod` for
-/// `modprobe`.
-const GUEST_PACKAGES: &[&str] = &["systemd", "systemd-sysv", "udev", "dbus", "curl", "kmod"];
+/// `modprobe`, `procps` for `ps -eZ`, `netbase` for `semanage port`; SELinux enforcing on Debian's reference policy, with
+/// `semodule`, `semanage` (policycoreutils-python-utils), `restorecon`, `setsebool`.
+const GUEST_PACKAGES: &[&str] = &[
+    "systemd",
+    "systemd-sysv",
+    "udev",
+    "dbus",
+    "curl",
+    "kmod",
+    "procps",
+    // setfattr: /init restores the labels computed on the host.
+    "attr",
+    // /etc/protocols: semanage port looks the protocol up by name.
+    "netbase",
+    "selinux-policy-default",
+    "selinux-utils",
+    "policycoreutils",
+    "policycoreutils-python-utils",
+    "semodule-utils",
+];
 /// Bumped whenever [`rootfs`] changes what it puts into the image.
-const ROOTFS_RECIPE: u32 = 1;
+const ROOTFS_RECIPE: u32 = 3;
 
 /// Host commands the test runs, with the Debian package of each.
 const HOST_TOOLS: &[(&str, &str)] = &[
@@ -38,6 +56,11 @@ const HOST_TOOLS: &[(&str, &str)] = &[
     ("cpio", "cpio"),
     ("dpkg-deb", "dpkg"),
     ("depmod", "kmod"),
+    // The policy module (packaging::build_selinux_module) and the static confinement probe.
+    ("/usr/share/selinux/devel/Makefile", "selinux-policy-dev"),
+    ("bzip2", "bzip2"),
+    ("cc", "gcc"),
+    ("/usr/lib/x86_64-linux-gnu/libc.a", "libc6-dev"),
 ];
 
 /// The cache directory and where its logs go.
@@ -53,6 +76,9 @@ impl Cache {
         self.dir.join("logs").join(format!("{name}.log"))
     }
 }
+
+/// The external modules built from Debian's kernel source (`tests/vm/Kbuild`).
+const MODULES: [&str; 3] = ["hsmp_common.ko", "hsmp_acpi.ko", "msr.ko"];
 
 /// The kernel and driver versions chosen from the archive.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,7 +96,7 @@ pub struct KernelChoice {
 pub struct Kernel {
     /// The chosen version.
     pub choice: KernelChoice,
-    /// The directory: `vmlinuz`, `hsmp_common.ko`, `hsmp_acpi.ko`, `modules.builtin*`,
+    /// The directory: `vmlinuz`, `hsmp_common.ko`, `hsmp_acpi.ko`, `msr.ko`, `modules.builtin*`,
     /// `modules.order`.
     pub dir: PathBuf,
 }
@@ -378,6 +404,15 @@ pub fn kernel(cache: &Cache, root: &Path, choice: &KernelChoice) -> Result<(Kern
             &format!("{inner}/hwmon.c"),
             &format!("{inner}/acpi.c"),
         ])?;
+        chroot(&[
+            "tar",
+            "-C",
+            "/build/hsmp",
+            "--strip-components=4",
+            "-xf",
+            &format!("/usr/src/{source_package}.tar.xz"),
+            &format!("{source_package}/arch/x86/kernel/msr.c"),
+        ])?;
         fs::write(build.join("Kbuild"), &kbuild)?;
         {
             let _proc = ProcMount::new(root)?;
@@ -389,7 +424,7 @@ pub fn kernel(cache: &Cache, root: &Path, choice: &KernelChoice) -> Result<(Kern
                 "modules",
             ])?;
         }
-        for ko in ["hsmp_common.ko", "hsmp_acpi.ko"] {
+        for ko in MODULES {
             fs::copy(build.join(ko), tmp.join(ko))
                 .with_context(|| format!("the module build wrote no {ko}"))?;
         }
@@ -507,7 +542,7 @@ pub fn rootfs(cache: &Cache, kernel: &Kernel, depends: &[String]) -> Result<(Pat
         for name in ["modules.builtin", "modules.builtin.modinfo", "modules.order"] {
             fs::copy(kernel.dir.join(name), modules.join(name))?;
         }
-        for ko in ["hsmp_common.ko", "hsmp_acpi.ko"] {
+        for ko in MODULES {
             fs::copy(kernel.dir.join(ko), modules.join("extra").join(ko))?;
         }
         run_logged(Command::new("depmod").arg("-b").arg(&root).arg(abi), &log)?;
@@ -522,13 +557,88 @@ pub fn rootfs(cache: &Cache, kernel: &Kernel, depends: &[String]) -> Result<(Pat
             etc.join("modprobe.d/vm-test-hold-hsmp.conf"),
             "# Removed by the VM test after installing the package.\nblacklist hsmp_acpi\n",
         )?;
+        // SELinux enforcing with Debian's reference policy. The kernel command line selects
+        // SELinux (guest::cmdline); the per-run /init loads the policy and labels the root.
+        fs::write(etc.join("selinux/config"), "SELINUX=enforcing\nSELINUXTYPE=default\n")?;
         std::os::unix::fs::symlink("/lib/systemd/systemd", root.join("init"))?;
+        // The labels of every file, computed here from the guest's own file contexts (setfiles
+        // under TCG takes over a minute), restored by /init with setfattr; the per-run overlay
+        // gets its own list from the same file contexts (kept beside the image).
+        let contexts = root.join(FILE_CONTEXTS);
+        fs::copy(&contexts, tmp.join("file_contexts"))?;
+        let labels = selinux_labels(&root, &contexts)?;
+        fs::create_dir_all(root.join("etc/vm-test"))?;
+        fs::write(root.join("etc/vm-test/selinux-labels"), labels)?;
         let cpio = tmp.join("rootfs.cpio");
         cpio_dir(&root, &cpio, &log)?;
         fs::remove_dir_all(&root)?;
         Ok(())
     })?;
     Ok((dir.join("rootfs.cpio"), was_cached))
+}
+
+/// The guest's file contexts, relative to its root.
+const FILE_CONTEXTS: &str = "etc/selinux/default/contexts/files/file_contexts";
+
+/// The SELinux label of every file under `root` by the file contexts `contexts`, as a
+/// `setfattr --restore` file with paths relative to `root` (`setfiles -n -v`, which works on a
+/// host without SELinux). Paths that need escaping in that format are left out.
+pub fn selinux_labels(root: &Path, contexts: &Path) -> Result<String> {
+    let out = output(
+        Command::new("setfiles").args(["-n", "-v", "-r"]).arg(root).arg(contexts).arg(root),
+    )?;
+    let prefix = root.to_string_lossy().into_owned();
+    Ok(restore_file(&out, &prefix))
+}
+
+/// `setfiles -n -v` lines ("Would relabel PATH from OLD to NEW") as `setfattr --restore` input.
+fn restore_file(setfiles: &str, root: &str) -> String {
+    let mut out = String::new();
+    for line in setfiles.lines() {
+        let Some(rest) = line.strip_prefix("Would relabel ") else { continue };
+        let (Some((path, _)), Some((_, label))) =
+            (rest.rsplit_once(" from "), rest.rsplit_once(" to "))
+        else {
+            continue;
+        };
+        let Some(rel) = path.strip_prefix(root) else { continue };
+        let rel = rel.trim_start_matches('/');
+        let rel = if rel.is_empty() { "." } else { rel };
+        if rel.contains('\\') || rel.contains('"') {
+            continue;
+        }
+        out.push_str(&format!("# file: {rel}\nsecurity.selinux=\"{label}\"\n\n"));
+    }
+    out
+}
+
+/// The policy module compiled on the host against Debian's reference policy headers
+/// (bookworm's, as the guest's policy), bzip2-compressed as the RPM ships it, and the static
+/// confinement probe.
+#[derive(Debug, Clone)]
+pub struct SelinuxFiles {
+    /// `amd_hsmp.pp.bz2`.
+    pub module: PathBuf,
+    /// `confine-probe`, from `tests/vm/confine-probe.c`.
+    pub probe: PathBuf,
+}
+
+/// Builds [`SelinuxFiles`] into `run`.
+pub fn selinux_files(cache: &Cache, run: &Path) -> Result<SelinuxFiles> {
+    let log = cache.log("selinux");
+    let build = run.join("selinux");
+    fs::create_dir_all(&build)?;
+    let module = crate::packaging::build_selinux_module(&crate::root().join("selinux"), &build)?;
+    run_logged(Command::new("bzip2").args(["-9", "-f"]).arg(&module), &log)?;
+    let probe = run.join("confine-probe");
+    run_logged(
+        Command::new("cc")
+            .args(["-static", "-O2", "-Wall", "-Werror", "-o"])
+            .arg(&probe)
+            .arg(crate::root().join("tests/vm/confine-probe.c")),
+        &log,
+    )?;
+    Ok(SelinuxFiles { module: module.with_extension("pp.bz2"), probe })
 }
 
 /// Writes the tree `dir` as a `newc` cpio archive `out`.
@@ -547,4 +657,22 @@ pub fn cpio_dir(dir: &Path, out: &Path, log: &Path) -> Result<()> {
     let status = cmd.stderr(errors).status().context("cannot run cpio")?;
     ensure!(status.success(), "cpio failed ({status}), see {}", log.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn setfiles_output_becomes_a_setfattr_restore_file_relative_to_the_root() {
+        let out = "Would relabel /r from (null) to system_u:object_r:root_t:s0\n\
+                   Would relabel /r/usr/bin/a b from (null) to system_u:object_r:bin_t:s0\n\
+                   Would relabel /r/odd\\012name from (null) to system_u:object_r:etc_t:s0\n\
+                   setfiles: something else\n";
+        assert_eq!(
+            restore_file(out, "/r"),
+            "# file: .\nsecurity.selinux=\"system_u:object_r:root_t:s0\"\n\n\
+             # file: usr/bin/a b\nsecurity.selinux=\"system_u:object_r:bin_t:s0\"\n\n"
+        );
+    }
 }

@@ -1,0 +1,902 @@
+//! `amd-hsmp-broker --check`: the troubleshooting table as a program an operator runs on the
+//! machine itself, with the package and no build tools.
+//!
+//! Each precondition of a scrape is one [`Line`]: a verdict, what was found and, where it fails,
+//! the fix. `FAIL` means a scrape cannot have that part of its telemetry; `WARN` is worth
+//! knowing but costs nothing (a world-readable `/dev/hsmp`, SELinux permissive, no energy source
+//! on a part without RAPL messages); `skip` follows from an earlier failure. The exit code is 0
+//! only when no line fails.
+//!
+//! The checks read the same files and devices the broker reads (`--path.procfs`,
+//! `--path.sysfs`, `--hsmp.device`, `--msr.device-root`), so they are tested on fixture trees and
+//! the simulator; what needs the operating system (accounts, SELinux labels) is passed in.
+
+use crate::msr::MsrEnergy;
+use crate::topology;
+use amd_hsmp_device::{self as device, HsmpOpener, HsmpTransport, MsrOpener, messages};
+use amd_hsmp_proto::{ItemError, Message as _, PROTOCOL_VERSION, Reply, Request, Topology};
+use std::fmt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The group the packaged udev rule gives `/dev/hsmp` (the broker's user's group).
+pub const BROKER_GROUP: &str = "amd-hsmp-broker";
+/// The exporter's user, which must reach the broker's socket.
+pub const EXPORTER_USER: &str = "amd-hsmp-exporter";
+/// The group the packaged socket unit gives the socket (`SocketGroup=`).
+pub const EXPORTER_GROUP: &str = "amd-hsmp-exporter";
+/// Where the packaged socket unit puts the broker's socket.
+pub const DEFAULT_SOCKET: &str = "/run/amd-hsmp/broker.sock";
+/// The SELinux boolean of the MSR fallback; its file under selinuxfs exists only while the
+/// `amd_hsmp` policy module is loaded.
+pub const MSR_BOOLEAN: &str = "amd_hsmp_broker_use_msr";
+/// How long per-core energy is watched.
+pub const ENERGY_WINDOW: Duration = Duration::from_secs(2);
+/// The most a core can plausibly draw, watts: a Turin core at its highest boost draws well
+/// under half of it.
+const MAX_CORE_WATTS: f64 = 60.0;
+/// Boost limits outside this range (MHz) are not a setting any EPYC part accepts; the upper
+/// bound is the part's own `cpuinfo_max_freq` where cpufreq reports it.
+const BOOST_FLOOR_MHZ: u32 = 400;
+const BOOST_CEILING_MHZ: u32 = 6000;
+
+/// A check's outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Holds.
+    Pass,
+    /// Worth knowing; costs a scrape nothing.
+    Warn,
+    /// A scrape misses what this check is about.
+    Fail,
+    /// Not checked: an earlier check failed, or it does not apply.
+    Skip,
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(match self {
+            Verdict::Pass => "ok",
+            Verdict::Warn => "WARN",
+            Verdict::Fail => "FAIL",
+            Verdict::Skip => "skip",
+        })
+    }
+}
+
+/// One precondition: its name, verdict, what was found, and the fix when it does not hold.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Line {
+    /// Short name, e.g. `driver`.
+    pub name: &'static str,
+    /// The outcome.
+    pub verdict: Verdict,
+    /// What was found.
+    pub found: String,
+    /// What to do, for `FAIL` and `WARN`.
+    pub fix: Option<String>,
+}
+
+impl Line {
+    fn pass(name: &'static str, found: impl Into<String>) -> Line {
+        Line { name, verdict: Verdict::Pass, found: found.into(), fix: None }
+    }
+
+    fn fail(name: &'static str, found: impl Into<String>, fix: impl Into<String>) -> Line {
+        Line { name, verdict: Verdict::Fail, found: found.into(), fix: Some(fix.into()) }
+    }
+
+    fn warn(name: &'static str, found: impl Into<String>, fix: impl Into<String>) -> Line {
+        Line { name, verdict: Verdict::Warn, found: found.into(), fix: Some(fix.into()) }
+    }
+
+    fn skip(name: &'static str, why: impl Into<String>) -> Line {
+        Line { name, verdict: Verdict::Skip, found: why.into(), fix: None }
+    }
+}
+
+impl fmt::Display for Line {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:<4}  {:<9} {}", self.verdict, self.name, self.found)?;
+        if let Some(fix) = &self.fix {
+            write!(f, "; fix: {fix}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether a scrape can work: no line failed.
+pub fn passed(lines: &[Line]) -> bool {
+    lines.iter().all(|l| l.verdict != Verdict::Fail)
+}
+
+/// A local account as the checks need it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Account {
+    /// The uid.
+    pub uid: u32,
+    /// Every gid the account's processes hold (primary and supplementary).
+    pub gids: Vec<u32>,
+}
+
+/// The accounts the package creates, as resolved on this machine (`None`: no such account).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Accounts {
+    /// The gid of [`BROKER_GROUP`].
+    pub broker_gid: Option<u32>,
+    /// [`EXPORTER_USER`].
+    pub exporter: Option<Account>,
+}
+
+/// Owner, group, mode and type of a file, as `stat` reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Node {
+    /// Whether it is a character device.
+    pub char_device: bool,
+    /// Whether it is a socket.
+    pub socket: bool,
+    /// Owner uid.
+    pub uid: u32,
+    /// Group gid.
+    pub gid: u32,
+    /// Permission bits.
+    pub mode: u32,
+}
+
+impl Node {
+    /// `stat` of `path`, following symlinks; `None` when it does not exist.
+    pub fn of(path: &Path) -> Option<Node> {
+        let meta = std::fs::metadata(path).ok()?;
+        Some(Node {
+            char_device: meta.file_type().is_char_device(),
+            socket: meta.file_type().is_socket(),
+            uid: meta.uid(),
+            gid: meta.gid(),
+            mode: meta.mode() & 0o7777,
+        })
+    }
+
+    /// The permission bits `account` gets (`rwx` as 4, 2, 1), as the kernel picks them.
+    fn bits_for(&self, account: &Account) -> u32 {
+        if account.uid == 0 {
+            7
+        } else if account.uid == self.uid {
+            (self.mode >> 6) & 7
+        } else if account.gids.contains(&self.gid) {
+            (self.mode >> 3) & 7
+        } else {
+            self.mode & 7
+        }
+    }
+}
+
+/// SELinux as selinuxfs shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Selinux {
+    /// No selinuxfs: SELinux is not enabled.
+    Disabled,
+    /// Enabled.
+    Enabled {
+        /// Enforcing (else permissive).
+        enforcing: bool,
+        /// The current value of [`MSR_BOOLEAN`], `None` when it does not exist (the
+        /// `amd_hsmp` module is not loaded).
+        msr_boolean: Option<bool>,
+    },
+}
+
+impl Selinux {
+    /// Reads `sysfs/fs/selinux`.
+    pub fn read(sysfs: &Path) -> Selinux {
+        let fs = sysfs.join("fs/selinux");
+        let Ok(enforce) = std::fs::read_to_string(fs.join("enforce")) else {
+            return Selinux::Disabled;
+        };
+        // "1 1": the current value, then the pending one.
+        let msr_boolean = std::fs::read_to_string(fs.join("booleans").join(MSR_BOOLEAN))
+            .ok()
+            .map(|v| v.split_whitespace().next() == Some("1"));
+        Selinux::Enabled { enforcing: enforce.trim() == "1", msr_boolean }
+    }
+}
+
+/// The SELinux label of `path` (`security.selinux`), if it has one.
+pub fn selinux_label(path: &Path) -> Option<String> {
+    let mut buf = [0u8; 256];
+    let n = rustix::fs::getxattr(path, "security.selinux", &mut buf).ok()?;
+    let label = buf.get(..n)?;
+    let label = label.strip_suffix(&[0]).unwrap_or(label);
+    Some(String::from_utf8_lossy(label).into_owned())
+}
+
+/// The type field of an SELinux context `user:role:type:level`.
+fn label_type(label: &str) -> &str {
+    label.split(':').nth(2).unwrap_or(label)
+}
+
+/// What the checks look at.
+#[allow(missing_debug_implementations)] // Holds closures.
+pub struct Inputs<'a> {
+    /// `--path.procfs`.
+    pub procfs: &'a Path,
+    /// `--path.sysfs`.
+    pub sysfs: &'a Path,
+    /// `--hsmp.device`.
+    pub hsmp_device: &'a Path,
+    /// Opens the HSMP device (the real node, or the simulator's).
+    pub hsmp: &'a dyn HsmpOpener,
+    /// With `--collector.core-energy.msr-fallback`: opens the MSR devices.
+    pub msr: Option<&'a dyn MsrOpener>,
+    /// `--msr.device-root`.
+    pub msr_root: &'a Path,
+    /// The configuration directory (`/etc`), where the MSR drop-in is installed.
+    pub etc: &'a Path,
+    /// The broker's socket.
+    pub socket: &'a Path,
+    /// The package's accounts on this machine.
+    pub accounts: &'a Accounts,
+    /// SELinux labels of files (`None`: unlabelled or SELinux off).
+    pub labels: &'a dyn Fn(&Path) -> Option<String>,
+    /// Waits while energy accumulates and returns how long that was.
+    pub energy_wait: &'a mut dyn FnMut() -> Duration,
+    /// With `--simulate`: the simulated machine's topology; its device answers, and there is no
+    /// node, driver or label to check.
+    pub simulated: Option<Topology>,
+}
+
+/// Runs every check in order; later ones are skipped where an earlier failure decides them.
+pub fn run(inputs: &mut Inputs<'_>) -> Vec<Line> {
+    let mut lines = Vec::new();
+    let discovered = match &inputs.simulated {
+        Some(topo) => Ok(topo.clone()),
+        None => topology::discover(inputs.procfs, inputs.sysfs),
+    };
+    let topo = match discovered {
+        Ok(t) => t,
+        Err(e) => {
+            lines.push(Line::fail(
+                "cpu",
+                format!("cannot read the CPU topology: {e}"),
+                "check --path.procfs and --path.sysfs (a container needs the host's /proc and /sys)",
+            ));
+            return lines;
+        }
+    };
+    let vendor =
+        if inputs.simulated.is_some() { "AuthenticAMD".into() } else { vendor(inputs.procfs) };
+    lines.push(cpu(&vendor, topo.cpu_family, topo.cpu_model));
+    let zen2 = topo.cpu_family == 0x17;
+    let node = Node::of(inputs.hsmp_device);
+    let selinux = Selinux::read(inputs.sysfs);
+    if inputs.simulated.is_some() {
+        lines.push(Line::skip("driver", "--simulate: the built-in simulator answers"));
+    } else {
+        lines.push(driver(inputs.sysfs, zen2, node.is_some()));
+        lines.push(device_node(inputs.hsmp_device, node, inputs.accounts, zen2));
+        lines.push(selinux_state(&selinux, inputs.msr.is_some()));
+        lines.push(labels(&selinux, inputs));
+    }
+    let transport = match inputs.hsmp.open() {
+        Ok(t) => Some(t),
+        Err(errno) => {
+            let (found, fix) = open_failure(inputs.hsmp_device, errno);
+            let done = lines.iter().any(|l| l.verdict == Verdict::Fail);
+            lines.push(if done && errno != libc::EACCES && errno != libc::EPERM {
+                Line::skip("protocol", found)
+            } else {
+                Line::fail("protocol", found, fix)
+            });
+            None
+        }
+    };
+    let mut rapl = false;
+    if let Some(t) = &transport {
+        let (line, version, has_rapl) = protocol(t.as_ref(), &topo);
+        lines.push(line);
+        rapl = has_rapl;
+        if version.is_some() {
+            let (line, limits) = cores(t.as_ref(), &topo);
+            lines.push(line);
+            lines.push(boost_range(&limits, max_boost_mhz(inputs.sysfs)));
+        } else {
+            lines.push(Line::skip("cores", "the device does not answer"));
+            lines.push(Line::skip("boost", "the device does not answer"));
+        }
+    } else {
+        lines.push(Line::skip("cores", "no device"));
+        lines.push(Line::skip("boost", "no device"));
+    }
+    if let Some(opener) = inputs.msr {
+        lines.push(msr_setup(inputs.sysfs, inputs.msr_root, inputs.etc));
+        lines.push(energy_msr(&topo, opener, inputs.energy_wait));
+    } else if rapl {
+        if let Some(t) = &transport {
+            lines.push(energy_hsmp(t.as_ref(), &topo, inputs.energy_wait));
+        }
+    } else {
+        lines.push(Line::warn(
+            "energy",
+            "no source: HSMP without the RAPL messages (protocol below 7, or no device) and no MSR \
+             fallback; amd_hsmp_core_energy_joules_total is not exported",
+            "for per-core energy on Rome, Milan or Genoa enable the MSR fallback (operator's \
+             guide, \"MSR fallback\") and run the check with --collector.core-energy.msr-fallback",
+        ));
+    }
+    lines.push(socket(inputs.socket, Node::of(inputs.socket), inputs.accounts));
+    lines
+}
+
+/// `vendor_id` of the first processor in cpuinfo.
+fn vendor(procfs: &Path) -> String {
+    std::fs::read_to_string(procfs.join("cpuinfo"))
+        .ok()
+        .and_then(|text| {
+            text.lines().find_map(|l| {
+                let (key, value) = l.split_once(':')?;
+                (key.trim() == "vendor_id").then(|| value.trim().to_string())
+            })
+        })
+        .unwrap_or_default()
+}
+
+/// The CPU: HSMP exists on AMD families 0x19 (Zen 3, Zen 4) and 0x1A (Zen 5) only.
+pub fn cpu(vendor: &str, family: u32, model: u32) -> Line {
+    let part = format!("{vendor} family {family:#x} model {model:#x}");
+    if vendor != "AuthenticAMD" {
+        return Line::fail(
+            "cpu",
+            format!("{part}: not an AMD CPU, there is no HSMP"),
+            "none: amd-hsmp-exporter reads AMD EPYC telemetry only",
+        );
+    }
+    match family {
+        0x19 => Line::pass("cpu", format!("{part} (Zen 3/Zen 4: Milan, Genoa, Bergamo, Siena)")),
+        0x1A => Line::pass("cpu", format!("{part} (Zen 5: Turin)")),
+        0x17 => Line::fail(
+            "cpu",
+            format!(
+                "{part} (Zen 2: Rome): the amd_hsmp driver does not support family 0x17, so \
+                 /dev/hsmp can never exist here"
+            ),
+            "none for boost limit and PROCHOT; per-core energy comes from the MSR fallback \
+             (--collector.core-energy.msr-fallback, operator's guide \"MSR fallback\")",
+        ),
+        _ => Line::fail(
+            "cpu",
+            format!("{part}: no HSMP on this family (only 0x19 and 0x1A, EPYC)"),
+            "none: HSMP exists on EPYC Milan and later",
+        ),
+    }
+}
+
+/// The driver: `amd_hsmp` (platform device) or `hsmp_acpi` (ACPI-described) loaded.
+pub fn driver(sysfs: &Path, zen2: bool, node_exists: bool) -> Line {
+    if zen2 {
+        return Line::skip("driver", "no HSMP driver for family 0x17");
+    }
+    let loaded: Vec<&str> = ["amd_hsmp", "hsmp_acpi"]
+        .into_iter()
+        .filter(|m| sysfs.join("module").join(m).is_dir())
+        .collect();
+    match (loaded.is_empty(), node_exists) {
+        (false, _) => Line::pass("driver", format!("{} loaded", loaded.join(", "))),
+        (true, true) => Line::pass("driver", "built into the kernel (/dev/hsmp exists)"),
+        (true, false) => Line::fail(
+            "driver",
+            "neither amd_hsmp nor hsmp_acpi is loaded",
+            "modprobe amd_hsmp (hsmp_acpi where the firmware describes HSMP in ACPI), then \
+             systemctl restart amd-hsmp-broker.service; at boot it is loaded by \
+             /usr/lib/modules-load.d/amd-hsmp.conf",
+        ),
+    }
+}
+
+/// `/dev/hsmp`: a character device the broker's group may read (the packaged udev rule makes it
+/// `root:amd-hsmp-broker 0640`).
+pub fn device_node(path: &Path, node: Option<Node>, accounts: &Accounts, zen2: bool) -> Line {
+    let p = path.display();
+    let Some(node) = node else {
+        if zen2 {
+            return Line::skip("device", format!("no {p} on family 0x17"));
+        }
+        return Line::fail(
+            "device",
+            format!("{p} does not exist"),
+            "if the driver is loaded: enable HSMP in the BIOS (often under NBIO / SMU common \
+             options); else modprobe amd_hsmp",
+        );
+    };
+    if !node.char_device {
+        return Line::fail(
+            "device",
+            format!("{p} is not a character device"),
+            "remove it and reload the driver (modprobe -r amd_hsmp; modprobe amd_hsmp)",
+        );
+    }
+    let Some(gid) = accounts.broker_gid else {
+        return Line::fail(
+            "device",
+            format!("no group {BROKER_GROUP}"),
+            "systemd-sysusers (the package's /usr/lib/sysusers.d/amd-hsmp-exporter.conf)",
+        );
+    };
+    let found = format!("{p} uid {} gid {} mode {:04o}", node.uid, node.gid, node.mode);
+    let trigger = "udevadm trigger --action=change --subsystem-match=misc \
+                   --sysname-match=hsmp_cdev (the packaged rule \
+                   /usr/lib/udev/rules.d/60-amd-hsmp.rules makes it root:amd-hsmp-broker 0640)";
+    if node.gid == gid && node.mode & 0o040 != 0 && node.mode & 0o007 == 0 {
+        Line::pass("device", format!("{found}: readable by group {BROKER_GROUP} only"))
+    } else if node.mode & 0o004 != 0 {
+        Line::warn(
+            "device",
+            format!("{found}: readable by every user, the udev rule is not applied"),
+            trigger,
+        )
+    } else {
+        Line::fail("device", format!("{found}: group {BROKER_GROUP} cannot read it"), trigger)
+    }
+}
+
+/// SELinux mode, the policy module and the MSR boolean.
+pub fn selinux_state(selinux: &Selinux, msr_fallback: bool) -> Line {
+    let Selinux::Enabled { enforcing, msr_boolean } = selinux else {
+        return Line::pass("selinux", "disabled: nothing to check");
+    };
+    let mode = if *enforcing { "enforcing" } else { "permissive" };
+    let Some(boolean) = msr_boolean else {
+        let found = format!("{mode}, the amd_hsmp policy module is not loaded");
+        let fix = "install amd-hsmp-exporter-selinux (dnf install amd-hsmp-exporter-selinux), or \
+                   build and load selinux/amd_hsmp.te (operator's guide, \"SELinux\")";
+        // Without the module both binaries run in an unconfined domain: nothing is refused.
+        return Line::warn("selinux", found, fix);
+    };
+    let state = if *boolean { "on" } else { "off" };
+    let found = format!("{mode}, module amd_hsmp loaded, {MSR_BOOLEAN} {state}");
+    if msr_fallback && !boolean {
+        Line::fail(
+            "selinux",
+            format!("{found}: the MSR fallback needs it on"),
+            format!("setsebool -P {MSR_BOOLEAN} on"),
+        )
+    } else if !enforcing {
+        Line::warn("selinux", format!("{found}: denials are logged, not enforced"), "setenforce 1")
+    } else {
+        Line::pass("selinux", found)
+    }
+}
+
+/// The labels the policy relies on: the device, the broker's executable and the socket.
+fn labels(selinux: &Selinux, inputs: &Inputs<'_>) -> Line {
+    let Selinux::Enabled { msr_boolean: Some(_), .. } = selinux else {
+        return Line::skip("labels", "the amd_hsmp policy module is not loaded");
+    };
+    let exe = std::fs::read_link(inputs.procfs.join("self/exe")).unwrap_or_default();
+    let mut wanted = vec![
+        (inputs.hsmp_device.to_path_buf(), "amd_hsmp_device_t"),
+        (exe, "amd_hsmp_broker_exec_t"),
+    ];
+    if let Some(dir) = inputs.socket.parent() {
+        wanted.push((dir.to_path_buf(), "amd_hsmp_runtime_t"));
+    }
+    wanted.push((inputs.socket.to_path_buf(), "amd_hsmp_runtime_t"));
+    label_line(&wanted, inputs.labels)
+}
+
+/// `labels` over `(path, wanted type)`; paths that do not exist are left to the other checks.
+pub fn label_line(
+    wanted: &[(PathBuf, &'static str)],
+    labels: &dyn Fn(&Path) -> Option<String>,
+) -> Line {
+    let mut good = Vec::new();
+    let mut bad = Vec::new();
+    for (path, want) in wanted {
+        if !path.exists() {
+            continue;
+        }
+        match labels(path) {
+            Some(label) if label_type(&label) == *want => {
+                good.push(format!("{} {want}", path.display()));
+            }
+            other => bad.push((path, want, other.unwrap_or_else(|| "no label".into()))),
+        }
+    }
+    if bad.is_empty() {
+        return Line::pass("labels", good.join(", "));
+    }
+    let found: Vec<String> =
+        bad.iter().map(|(p, want, got)| format!("{} is {got}, not {want}", p.display())).collect();
+    let paths: Vec<String> = bad.iter().map(|(p, _, _)| p.display().to_string()).collect();
+    Line::fail("labels", found.join("; "), format!("restorecon -RFv {}", paths.join(" ")))
+}
+
+/// Why opening the device failed, and the fix.
+pub fn open_failure(path: &Path, errno: device::Errno) -> (String, String) {
+    let p = path.display();
+    match errno {
+        libc::ENOENT | libc::ENODEV | libc::ENXIO => (
+            format!("cannot open {p}: no device"),
+            "modprobe amd_hsmp, or enable HSMP in the BIOS".into(),
+        ),
+        libc::EACCES | libc::EPERM => (
+            format!("cannot open {p}: {}", std::io::Error::from_raw_os_error(errno)),
+            denied_hint().into(),
+        ),
+        other => (
+            format!("cannot open {p}: {}", std::io::Error::from_raw_os_error(other)),
+            "reload the driver (modprobe -r amd_hsmp; modprobe amd_hsmp) and look at dmesg".into(),
+        ),
+    }
+}
+
+/// What to do when the broker is refused `/dev/hsmp` (`EACCES`/`EPERM`): the udev rule, and
+/// under SELinux the audit log and the device's label. Logged by the broker too.
+pub fn denied_hint() -> &'static str {
+    "ls -l /dev/hsmp must show group amd-hsmp-broker readable (udevadm trigger \
+     --action=change --subsystem-match=misc --sysname-match=hsmp_cdev); under SELinux: ausearch \
+     -m avc -c amd-hsmp-broker, and ls -Z /dev/hsmp must show amd_hsmp_device_t (restorecon -v \
+     /dev/hsmp); run amd-hsmp-broker --check"
+}
+
+/// `GET_PROTO_VER` on every socket, and which families answer on the first one. Returns the
+/// line, the version, and whether the RAPL messages answer.
+fn protocol(t: &dyn HsmpTransport, topo: &Topology) -> (Line, Option<u32>, bool) {
+    let mut versions = Vec::new();
+    for &socket in &topo.sockets {
+        match messages::proto_version(t, socket) {
+            Ok(v) => versions.push(v),
+            Err(e) => {
+                return (
+                    Line::fail(
+                        "protocol",
+                        format!("socket {socket} does not answer GET_PROTO_VER: {e}"),
+                        "reload the driver and look at dmesg; if it persists, update the BIOS \
+                         (SMU firmware)",
+                    ),
+                    None,
+                    false,
+                );
+            }
+        }
+    }
+    let Some(&version) = versions.first() else {
+        return (Line::fail("protocol", "no socket in the topology", "report it"), None, false);
+    };
+    let first = topo.sockets.first().copied().unwrap_or(0);
+    let apic = topo.cores.first().map_or(0, |c| c.apic_id);
+    let mut families = Vec::new();
+    let mut missing = Vec::new();
+    let mut note = |name: &'static str, answered: Result<(), ItemError>| match answered {
+        Ok(()) => families.push(name),
+        Err(e) => missing.push(format!("{name} ({e})")),
+    };
+    note("boost limit", messages::boost_limit_mhz(t, first, apic).map(drop));
+    note("PROCHOT", messages::prochot(t, first).map(drop));
+    let rapl = messages::rapl_esu(t, first).map(drop);
+    let has_rapl = rapl.is_ok();
+    note("RAPL energy", rapl);
+    let mut found = format!(
+        "HSMP protocol {version} on {} socket(s); answering: {}",
+        versions.len(),
+        families.join(", ")
+    );
+    if !missing.is_empty() {
+        found.push_str(&format!("; not answering: {}", missing.join(", ")));
+    }
+    if versions.iter().any(|&v| v != version) {
+        return (
+            Line::warn(
+                "protocol",
+                format!("{found}; sockets differ: {versions:?}"),
+                "update the BIOS so both sockets run the same SMU firmware",
+            ),
+            Some(version),
+            has_rapl,
+        );
+    }
+    (Line::pass("protocol", found), Some(version), has_rapl)
+}
+
+/// `GET_BOOST_LIMIT` of every core by its APIC id on its socket. Returns the line and the
+/// limits read (MHz).
+fn cores(t: &dyn HsmpTransport, topo: &Topology) -> (Line, Vec<(usize, u32)>) {
+    let mut limits = Vec::new();
+    let mut failed = Vec::new();
+    for (index, core) in topo.cores.iter().enumerate() {
+        match messages::boost_limit_mhz(t, core.socket, core.apic_id) {
+            Ok(mhz) => limits.push((index, mhz)),
+            Err(e) => failed.push(format!(
+                "socket {} core {} (APIC id {}): {e}",
+                core.socket, core.core, core.apic_id
+            )),
+        }
+    }
+    let total = topo.cores.len();
+    if failed.is_empty() {
+        return (
+            Line::pass(
+                "cores",
+                format!(
+                    "all {total} cores answer by APIC id on their socket ({} socket(s))",
+                    topo.sockets.len()
+                ),
+            ),
+            limits,
+        );
+    }
+    let shown: Vec<&str> = failed.iter().take(4).map(String::as_str).collect();
+    let more =
+        if failed.len() > 4 { format!(" and {} more", failed.len() - 4) } else { String::new() };
+    (
+        Line::fail(
+            "cores",
+            format!("{} of {total} cores do not answer: {}{more}", failed.len(), shown.join("; ")),
+            "their series are missing from every scrape; check that every core is online and \
+             that the BIOS's APIC layout matches /proc/cpuinfo, then update the BIOS",
+        ),
+        limits,
+    )
+}
+
+/// The part's highest frequency from cpufreq (`cpuinfo_max_freq`, kHz), in MHz.
+fn max_boost_mhz(sysfs: &Path) -> Option<u32> {
+    let text =
+        std::fs::read_to_string(sysfs.join("devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"))
+            .ok()?;
+    text.trim().parse::<u32>().ok().map(|khz| khz / 1000).filter(|&m| m > 0)
+}
+
+/// Every boost limit within [`BOOST_FLOOR_MHZ`] and the part's maximum.
+pub fn boost_range(limits: &[(usize, u32)], part_max_mhz: Option<u32>) -> Line {
+    if limits.is_empty() {
+        return Line::skip("boost", "no core answered");
+    }
+    let (ceiling, whose) = match part_max_mhz {
+        Some(max) => (max, "the part's cpuinfo_max_freq"),
+        None => (BOOST_CEILING_MHZ, "no cpufreq: any EPYC's"),
+    };
+    let lo = limits.iter().map(|l| l.1).min().unwrap_or(0);
+    let hi = limits.iter().map(|l| l.1).max().unwrap_or(0);
+    let outside: Vec<String> = limits
+        .iter()
+        .filter(|(_, mhz)| *mhz < BOOST_FLOOR_MHZ || *mhz > ceiling)
+        .map(|(i, mhz)| format!("core index {i}: {mhz} MHz"))
+        .collect();
+    let found = format!(
+        "boost limits {lo} to {hi} MHz, range {BOOST_FLOOR_MHZ} to {ceiling} MHz ({whose})"
+    );
+    if outside.is_empty() {
+        Line::pass("boost", found)
+    } else {
+        Line::fail(
+            "boost",
+            format!("{found}; outside it: {}", outside.join(", ")),
+            "a limit was set out of range (HSMP SET_BOOST_LIMIT, e.g. by a tuning tool): set it \
+             back, e.g. with the BIOS defaults",
+        )
+    }
+}
+
+/// Judges per-core energy over `waited`: every core must advance, at no more than
+/// [`MAX_CORE_WATTS`].
+pub fn energy_rates(
+    source: &str,
+    before: &[Result<f64, ItemError>],
+    after: &[Result<f64, ItemError>],
+    waited: Duration,
+) -> Line {
+    let seconds = waited.as_secs_f64();
+    if seconds <= 0.0 {
+        return Line::skip("energy", "no time passed");
+    }
+    let mut watts = Vec::new();
+    let mut unread = Vec::new();
+    let mut stuck = Vec::new();
+    let mut implausible = Vec::new();
+    for (index, (b, a)) in before.iter().zip(after).enumerate() {
+        match (b, a) {
+            (Ok(b), Ok(a)) => {
+                let w = (a - b) / seconds;
+                if w <= 0.0 {
+                    stuck.push(index);
+                } else if w > MAX_CORE_WATTS {
+                    implausible.push(format!("core index {index}: {w:.1} W"));
+                } else {
+                    watts.push(w);
+                }
+            }
+            (Err(e), _) | (_, Err(e)) => unread.push(format!("core index {index}: {e}")),
+        }
+    }
+    let total: f64 = watts.iter().sum();
+    let found = format!(
+        "{source}: {} of {} cores advancing over {seconds:.1} s, {total:.1} W in total",
+        watts.len(),
+        before.len()
+    );
+    if !unread.is_empty() {
+        let shown: Vec<&str> = unread.iter().take(4).map(String::as_str).collect();
+        return Line::fail(
+            "energy",
+            format!("{found}; unreadable: {}", shown.join("; ")),
+            "their energy series are missing; reload the driver, look at dmesg",
+        );
+    }
+    if !stuck.is_empty() || !implausible.is_empty() {
+        return Line::fail(
+            "energy",
+            format!(
+                "{found}; not advancing: core indexes {stuck:?}; implausible: {}",
+                implausible.join(", ")
+            ),
+            "the counters do not measure energy on this firmware: update the BIOS, report it",
+        );
+    }
+    let per_core = if watts.is_empty() { 0.0 } else { total / watts.len() as f64 };
+    Line::pass("energy", format!("{found} ({per_core:.2} W per core on average)"))
+}
+
+/// Per-core energy through HSMP RAPL.
+fn energy_hsmp(t: &dyn HsmpTransport, topo: &Topology, wait: &mut dyn FnMut() -> Duration) -> Line {
+    let esu: Vec<Result<u8, ItemError>> =
+        topo.sockets.iter().map(|&s| messages::rapl_esu(t, s)).collect();
+    let read = || -> Vec<Result<f64, ItemError>> {
+        topo.cores
+            .iter()
+            .map(|core| {
+                let index = topo.sockets.iter().position(|&s| s == core.socket);
+                let esu =
+                    index.and_then(|i| esu.get(i)).copied().unwrap_or(Err(ItemError::Rejected))?;
+                let counter = messages::rapl_core_counter(t, core.socket, core.apic_id)?;
+                Ok(amd_hsmp_proto::Energy { counter, esu }.joules())
+            })
+            .collect()
+    };
+    let before = read();
+    let waited = wait();
+    let after = read();
+    energy_rates("HSMP RAPL", &before, &after, waited)
+}
+
+/// Per-core energy through the MSR devices, opened as the broker opens them.
+fn energy_msr(topo: &Topology, opener: &dyn MsrOpener, wait: &mut dyn FnMut() -> Duration) -> Line {
+    let energy = match MsrEnergy::open(topo, opener) {
+        Ok(e) => e,
+        Err(e) => {
+            return Line::fail(
+                "energy",
+                format!("MSR fallback: {e}"),
+                "modprobe msr; the broker needs CAP_SYS_RAWIO when it opens the devices (the MSR \
+                 drop-in); under SELinux setsebool -P amd_hsmp_broker_use_msr on",
+            );
+        }
+    };
+    let read = || -> Vec<Result<f64, ItemError>> {
+        (0..topo.cores.len()).map(|i| energy.read(i).map(amd_hsmp_proto::Energy::joules)).collect()
+    };
+    let before = read();
+    let waited = wait();
+    let after = read();
+    energy_rates("MSR", &before, &after, waited)
+}
+
+/// The MSR fallback's setup: the `msr` driver, kernel lockdown, the systemd drop-in.
+pub fn msr_setup(sysfs: &Path, msr_root: &Path, etc: &Path) -> Line {
+    let mut problems = Vec::new();
+    let mut fixes = Vec::new();
+    let loaded = sysfs.join("module/msr").is_dir() || msr_root.join("0/msr").exists();
+    if !loaded {
+        problems.push("the msr driver is not loaded".to_string());
+        fixes.push("modprobe msr (at boot: msr in /etc/modules-load.d/amd-hsmp.conf)");
+    }
+    // "[none] integrity confidentiality": the bracketed one is active. Lockdown blocks MSR
+    // writes only; reads, all the broker does, stay allowed.
+    let lockdown = std::fs::read_to_string(sysfs.join("kernel/security/lockdown"))
+        .ok()
+        .and_then(|t| {
+            let start = t.find('[')?;
+            let end = t.get(start..)?.find(']')?;
+            t.get(start + 1..start + end).map(str::to_string)
+        })
+        .unwrap_or_else(|| "not available".into());
+    let drop_in = etc.join("systemd/system/amd-hsmp-broker.service.d/msr-fallback.conf");
+    if !drop_in.is_file() {
+        problems.push(format!("no {}", drop_in.display()));
+        fixes.push(
+            "install -D -m 0644 /usr/share/amd-hsmp-exporter/msr-fallback.conf \
+             /etc/systemd/system/amd-hsmp-broker.service.d/msr-fallback.conf && systemctl \
+             daemon-reload && systemctl restart amd-hsmp-broker.service (it grants \
+             CAP_SYS_RAWIO)",
+        );
+    }
+    let found = format!(
+        "msr driver {}, lockdown {lockdown} (reads allowed), drop-in {}",
+        if loaded { "loaded" } else { "missing" },
+        if drop_in.is_file() { "installed" } else { "missing" }
+    );
+    if problems.is_empty() {
+        Line::pass("msr", found)
+    } else {
+        Line::fail("msr", format!("{found}: {}", problems.join("; ")), fixes.join("; "))
+    }
+}
+
+/// The broker's socket: the exporter's user may connect, and the broker answers.
+pub fn socket(path: &Path, node: Option<Node>, accounts: &Accounts) -> Line {
+    let p = path.display();
+    let Some(node) = node.filter(|n| n.socket) else {
+        return Line::fail(
+            "socket",
+            format!("{p} is not a listening socket"),
+            "systemctl enable --now amd-hsmp-broker.socket",
+        );
+    };
+    let Some(exporter) = &accounts.exporter else {
+        return Line::fail(
+            "socket",
+            format!("no user {EXPORTER_USER}"),
+            "systemd-sysusers (the package's /usr/lib/sysusers.d/amd-hsmp-exporter.conf)",
+        );
+    };
+    let found = format!("{p} uid {} gid {} mode {:04o}", node.uid, node.gid, node.mode);
+    let blocked_dir = path
+        .ancestors()
+        .skip(1)
+        .find(|dir| Node::of(dir).is_some_and(|d| d.bits_for(exporter) & 1 == 0));
+    if let Some(dir) = blocked_dir {
+        return Line::fail(
+            "socket",
+            format!("{found}: {EXPORTER_USER} cannot enter {}", dir.display()),
+            "systemctl restart amd-hsmp-broker.socket (systemd creates /run/amd-hsmp 0755)",
+        );
+    }
+    if node.bits_for(exporter) & 2 == 0 {
+        return Line::fail(
+            "socket",
+            format!(
+                "{found}: {EXPORTER_USER} may not connect (it needs write permission, through \
+                 group {EXPORTER_GROUP})"
+            ),
+            format!(
+                "systemctl restart amd-hsmp-broker.socket (the unit sets SocketGroup={EXPORTER_GROUP} \
+                 and SocketMode=0660), or chgrp {EXPORTER_GROUP} {p} && chmod 0660 {p}"
+            ),
+        );
+    }
+    match hello(path) {
+        Ok(answer) => {
+            Line::pass("socket", format!("{found}: {EXPORTER_USER} may connect; {answer}"))
+        }
+        Err(e) => Line::fail(
+            "socket",
+            format!("{found}: the broker does not answer: {e}"),
+            "systemctl status amd-hsmp-broker.socket amd-hsmp-broker.service; journalctl -u \
+             amd-hsmp-broker",
+        ),
+    }
+}
+
+/// Connects (as whoever runs the check), shakes hands and reads the topology.
+fn hello(path: &Path) -> Result<String, String> {
+    let mut s = UnixStream::connect(path).map_err(|e| format!("connect: {e}"))?;
+    let timeout = Some(Duration::from_secs(10));
+    s.set_read_timeout(timeout).map_err(|e| e.to_string())?;
+    s.set_write_timeout(timeout).map_err(|e| e.to_string())?;
+    let mut call = |req: &Request| -> Result<Reply, String> {
+        req.write(&mut s).map_err(|e| format!("send: {e}"))?;
+        Reply::read(&mut s).map_err(|e| format!("receive: {e}"))
+    };
+    let version = match call(&Request::Hello { protocol_version: PROTOCOL_VERSION })? {
+        Reply::Hello { broker_version, .. } => broker_version,
+        other => return Err(format!("unexpected answer to Hello: {other:?}")),
+    };
+    let cores = match call(&Request::Topology)? {
+        Reply::Topology(t) => t.cores.len(),
+        other => return Err(format!("unexpected answer to Topology: {other:?}")),
+    };
+    Ok(format!("broker {version} answers, {cores} cores"))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,367 @@
+//! Unit tests of `--check`: each check on fixture trees and the simulator, and the verdicts an
+//! operator reads.
+
+use super::*;
+use amd_hsmp_sim::{Family, FirmwareConfig, Machine, Mode, Profile, Target};
+use std::fs;
+use std::sync::Arc;
+
+fn static_machine(profile: Profile) -> Arc<Machine> {
+    Machine::new(profile.spec(), FirmwareConfig::new(Mode::Static))
+}
+
+/// Runs every check against `machine` in `--simulate` mode (no node, driver or labels), with a
+/// socket path where nothing listens; `wait` stands for the energy window.
+fn run_simulated(
+    machine: &Arc<Machine>,
+    msr: bool,
+    wait: &mut dyn FnMut() -> Duration,
+) -> Vec<Line> {
+    let dir = tempfile::tempdir().unwrap();
+    let hsmp = machine.hsmp_opener();
+    let msr_opener = machine.msr_opener();
+    let accounts = Accounts::default();
+    let no_labels = |_: &Path| None;
+    let mut inputs = Inputs {
+        procfs: &dir.path().join("proc"),
+        sysfs: &dir.path().join("sys"),
+        hsmp_device: &dir.path().join("hsmp"),
+        hsmp: &hsmp,
+        msr: if msr { Some(&msr_opener) } else { None },
+        msr_root: &dir.path().join("cpu"),
+        etc: &dir.path().join("etc"),
+        socket: &dir.path().join("broker.sock"),
+        accounts: &accounts,
+        labels: &no_labels,
+        energy_wait: wait,
+        simulated: Some(machine.topology().clone()),
+    };
+    run(&mut inputs)
+}
+
+fn line<'a>(lines: &'a [Line], name: &str) -> &'a Line {
+    lines.iter().find(|l| l.name == name).unwrap_or_else(|| panic!("no {name} line in {lines:#?}"))
+}
+
+fn fix(line: &Line) -> &str {
+    line.fix.as_deref().unwrap_or("")
+}
+
+/// 2 J per core during a wait said to last one second: 2 W per core.
+fn two_watts(machine: &Arc<Machine>) -> impl FnMut() -> Duration + '_ {
+    move || {
+        machine.firmware().advance_all_energy(2.0).unwrap();
+        Duration::from_secs(1)
+    }
+}
+
+#[test]
+fn family_0x17_fails_and_says_dev_hsmp_can_never_exist() {
+    let l = cpu("AuthenticAMD", 0x17, 0x31);
+    assert_eq!(l.verdict, Verdict::Fail);
+    assert!(l.found.contains("/dev/hsmp can never exist"), "{l}");
+    assert!(fix(&l).contains("--collector.core-energy.msr-fallback"), "{l}");
+}
+
+#[test]
+fn milan_to_turin_pass_and_other_parts_fail() {
+    assert_eq!(cpu("AuthenticAMD", 0x19, 0x01).verdict, Verdict::Pass);
+    assert_eq!(cpu("AuthenticAMD", 0x1A, 0x11).verdict, Verdict::Pass);
+    assert_eq!(cpu("AuthenticAMD", 0x15, 0x01).verdict, Verdict::Fail);
+    assert_eq!(cpu("GenuineIntel", 0x06, 0x8f).verdict, Verdict::Fail);
+}
+
+#[test]
+fn an_unloaded_driver_fails_naming_modprobe() {
+    let sys = tempfile::tempdir().unwrap();
+    let l = driver(sys.path(), false, false);
+    assert_eq!(l.verdict, Verdict::Fail);
+    assert!(fix(&l).starts_with("modprobe amd_hsmp"), "{l}");
+
+    fs::create_dir_all(sys.path().join("module/hsmp_acpi")).unwrap();
+    let l = driver(sys.path(), false, true);
+    assert_eq!(l.verdict, Verdict::Pass, "{l}");
+    assert!(l.found.contains("hsmp_acpi"), "{l}");
+    // A built-in driver has no module directory, but its node exists.
+    assert_eq!(driver(tempfile::tempdir().unwrap().path(), false, true).verdict, Verdict::Pass);
+}
+
+const BROKER_GID: u32 = 990;
+
+fn accounts() -> Accounts {
+    Accounts { broker_gid: Some(BROKER_GID), exporter: Some(Account { uid: 991, gids: vec![991] }) }
+}
+
+fn char_node(gid: u32, mode: u32) -> Node {
+    Node { char_device: true, socket: false, uid: 0, gid, mode }
+}
+
+#[test]
+fn the_packaged_device_node_passes() {
+    let l =
+        device_node(Path::new("/dev/hsmp"), Some(char_node(BROKER_GID, 0o640)), &accounts(), false);
+    assert_eq!(l.verdict, Verdict::Pass, "{l}");
+}
+
+#[test]
+fn a_node_the_broker_group_cannot_read_fails_naming_udevadm() {
+    let l = device_node(Path::new("/dev/hsmp"), Some(char_node(0, 0o600)), &accounts(), false);
+    assert_eq!(l.verdict, Verdict::Fail, "{l}");
+    assert!(fix(&l).starts_with("udevadm trigger"), "{l}");
+}
+
+#[test]
+fn the_drivers_own_0644_only_warns() {
+    let l = device_node(Path::new("/dev/hsmp"), Some(char_node(0, 0o644)), &accounts(), false);
+    assert_eq!(l.verdict, Verdict::Warn, "{l}");
+    assert!(fix(&l).starts_with("udevadm trigger"), "{l}");
+}
+
+#[test]
+fn a_missing_node_names_the_bios_and_is_skipped_on_rome() {
+    let l = device_node(Path::new("/dev/hsmp"), None, &accounts(), false);
+    assert_eq!(l.verdict, Verdict::Fail);
+    assert!(fix(&l).contains("BIOS"), "{l}");
+    assert_eq!(device_node(Path::new("/dev/hsmp"), None, &accounts(), true).verdict, Verdict::Skip);
+}
+
+/// A selinuxfs fixture: `enforce`, and the module's boolean when `boolean` is given.
+fn selinuxfs(enforce: &str, boolean: Option<&str>) -> tempfile::TempDir {
+    let sys = tempfile::tempdir().unwrap();
+    let fs_dir = sys.path().join("fs/selinux");
+    fs::create_dir_all(fs_dir.join("booleans")).unwrap();
+    fs::write(fs_dir.join("enforce"), enforce).unwrap();
+    if let Some(value) = boolean {
+        fs::write(fs_dir.join("booleans").join(MSR_BOOLEAN), value).unwrap();
+    }
+    sys
+}
+
+#[test]
+fn selinux_is_read_from_selinuxfs() {
+    assert_eq!(Selinux::read(tempfile::tempdir().unwrap().path()), Selinux::Disabled);
+    let sys = selinuxfs("1", Some("0 0"));
+    assert_eq!(
+        Selinux::read(sys.path()),
+        Selinux::Enabled { enforcing: true, msr_boolean: Some(false) }
+    );
+    let sys = selinuxfs("0", None);
+    assert_eq!(Selinux::read(sys.path()), Selinux::Enabled { enforcing: false, msr_boolean: None });
+}
+
+#[test]
+fn selinux_lines_name_the_package_and_the_boolean() {
+    assert_eq!(selinux_state(&Selinux::Disabled, true).verdict, Verdict::Pass);
+    let no_module = Selinux::Enabled { enforcing: true, msr_boolean: None };
+    let l = selinux_state(&no_module, false);
+    assert_eq!(l.verdict, Verdict::Warn, "{l}");
+    assert!(fix(&l).contains("amd-hsmp-exporter-selinux"), "{l}");
+
+    let off = Selinux::Enabled { enforcing: true, msr_boolean: Some(false) };
+    let l = selinux_state(&off, false);
+    assert_eq!(l.verdict, Verdict::Pass, "{l}");
+    assert_eq!(l.found, "enforcing, module amd_hsmp loaded, amd_hsmp_broker_use_msr off");
+    let l = selinux_state(&off, true);
+    assert_eq!(l.verdict, Verdict::Fail, "{l}");
+    assert_eq!(fix(&l), "setsebool -P amd_hsmp_broker_use_msr on");
+
+    let permissive = Selinux::Enabled { enforcing: false, msr_boolean: Some(true) };
+    assert_eq!(selinux_state(&permissive, true).verdict, Verdict::Warn);
+}
+
+#[test]
+fn a_device_with_the_generic_label_fails_naming_restorecon() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = dir.path().join("hsmp");
+    fs::write(&node, "").unwrap();
+    let wanted = [(node.clone(), "amd_hsmp_device_t")];
+    let generic = |_: &Path| Some("system_u:object_r:device_t:s0".to_string());
+    let l = label_line(&wanted, &generic);
+    assert_eq!(l.verdict, Verdict::Fail, "{l}");
+    assert!(l.found.contains("is system_u:object_r:device_t:s0, not amd_hsmp_device_t"), "{l}");
+    assert_eq!(fix(&l), format!("restorecon -RFv {}", node.display()));
+
+    let ours = |_: &Path| Some("system_u:object_r:amd_hsmp_device_t:s0".to_string());
+    assert_eq!(label_line(&wanted, &ours).verdict, Verdict::Pass);
+}
+
+#[test]
+fn a_socket_the_exporters_group_cannot_write_fails_naming_the_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("broker.sock");
+    let root_only = Node { char_device: false, socket: true, uid: 0, gid: 0, mode: 0o660 };
+    let l = socket(&path, Some(root_only), &accounts());
+    assert_eq!(l.verdict, Verdict::Fail, "{l}");
+    assert!(l.found.contains("through group amd-hsmp-exporter"), "{l}");
+    assert!(fix(&l).contains("SocketGroup=amd-hsmp-exporter"), "{l}");
+
+    let missing = socket(&path, None, &accounts());
+    assert_eq!(missing.verdict, Verdict::Fail);
+    assert!(fix(&missing).contains("amd-hsmp-broker.socket"), "{missing}");
+}
+
+#[test]
+fn a_reachable_socket_passes_once_the_broker_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("broker.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        assert!(matches!(Request::read(&mut conn).unwrap(), Request::Hello { .. }));
+        let hello = Reply::Hello {
+            protocol_version: PROTOCOL_VERSION,
+            broker_version: "9.9.9".into(),
+            instance: 1,
+            simulated: None,
+        };
+        hello.write(&mut conn).unwrap();
+        assert_eq!(Request::read(&mut conn).unwrap(), Request::Topology);
+        let topology = static_machine(Profile::Milan1p).topology().clone();
+        Reply::Topology(topology).write(&mut conn).unwrap();
+    });
+    let group_rw = Node { char_device: false, socket: true, uid: 0, gid: 991, mode: 0o660 };
+    let l = socket(&path, Some(group_rw), &accounts());
+    server.join().unwrap();
+    assert_eq!(l.verdict, Verdict::Pass, "{l}");
+    assert!(l.found.ends_with("broker 9.9.9 answers, 64 cores"), "{l}");
+}
+
+#[test]
+fn a_healthy_turin_passes_every_device_check() {
+    let machine = static_machine(Profile::Turin2p);
+    let lines = run_simulated(&machine, false, &mut two_watts(&machine));
+    for name in ["cpu", "protocol", "cores", "boost", "energy"] {
+        assert_eq!(line(&lines, name).verdict, Verdict::Pass, "{lines:#?}");
+    }
+    let protocol = line(&lines, "protocol");
+    assert!(protocol.found.starts_with("HSMP protocol 7 on 2 socket(s)"), "{protocol}");
+    assert!(protocol.found.contains("boost limit, PROCHOT, RAPL energy"), "{protocol}");
+    assert!(line(&lines, "energy").found.contains("384 of 384 cores advancing"), "{lines:#?}");
+    assert!(line(&lines, "energy").found.contains("(2.00 W per core on average)"));
+    // Nothing listens on the socket: the one failure, and the run fails.
+    assert_eq!(line(&lines, "socket").verdict, Verdict::Fail);
+    assert!(!passed(&lines));
+    assert!(passed(&lines.iter().filter(|l| l.name != "socket").cloned().collect::<Vec<_>>()));
+}
+
+#[test]
+fn a_core_that_does_not_answer_fails_naming_it() {
+    let machine = static_machine(Profile::Turin2p);
+    let core = machine.topology().cores[5];
+    machine.update_faults(|f| {
+        f.errno.insert((Family::BoostLimit, Target::Apic(core.apic_id)), libc::EIO);
+    });
+    let lines = run_simulated(&machine, false, &mut two_watts(&machine));
+    let l = line(&lines, "cores");
+    assert_eq!(l.verdict, Verdict::Fail, "{l}");
+    assert!(
+        l.found.starts_with(&format!(
+            "1 of 384 cores do not answer: socket 0 core {} (APIC id {})",
+            core.core, core.apic_id
+        )),
+        "{l}"
+    );
+}
+
+#[test]
+fn energy_that_does_not_advance_fails() {
+    let machine = static_machine(Profile::Turin2p);
+    let lines = run_simulated(&machine, false, &mut || Duration::from_secs(2));
+    let l = line(&lines, "energy");
+    assert_eq!(l.verdict, Verdict::Fail, "{l}");
+    assert!(l.found.contains("0 of 384 cores advancing"), "{l}");
+}
+
+#[test]
+fn implausible_power_fails() {
+    let before = [Ok(0.0), Ok(0.0)];
+    let after = [Ok(1.0), Ok(500.0)];
+    let l = energy_rates("HSMP RAPL", &before, &after, Duration::from_secs(1));
+    assert_eq!(l.verdict, Verdict::Fail, "{l}");
+    assert!(l.found.contains("core index 1: 500.0 W"), "{l}");
+}
+
+#[test]
+fn a_part_without_rapl_messages_only_warns_about_energy() {
+    let machine = static_machine(Profile::Milan1p);
+    let lines = run_simulated(&machine, false, &mut two_watts(&machine));
+    let l = line(&lines, "energy");
+    assert_eq!(l.verdict, Verdict::Warn, "{l}");
+    assert!(fix(l).contains("MSR fallback"), "{l}");
+    assert!(line(&lines, "protocol").found.starts_with("HSMP protocol 4"), "{lines:#?}");
+}
+
+#[test]
+fn the_msr_fallback_reads_energy_and_names_its_missing_setup() {
+    let machine = static_machine(Profile::Milan1p);
+    let lines = run_simulated(&machine, true, &mut two_watts(&machine));
+    let l = line(&lines, "energy");
+    assert_eq!(l.verdict, Verdict::Pass, "{l}");
+    assert!(l.found.starts_with("MSR: 64 of 64 cores advancing"), "{l}");
+    // The fixture has no msr driver and no drop-in.
+    let msr = line(&lines, "msr");
+    assert_eq!(msr.verdict, Verdict::Fail, "{msr}");
+    assert!(fix(msr).starts_with("modprobe msr"), "{msr}");
+    assert!(fix(msr).contains("msr-fallback.conf"), "{msr}");
+}
+
+#[test]
+fn msr_setup_passes_with_the_driver_and_the_drop_in() {
+    let root = tempfile::tempdir().unwrap();
+    let sys = root.path().join("sys");
+    fs::create_dir_all(sys.join("module/msr")).unwrap();
+    fs::create_dir_all(sys.join("kernel/security")).unwrap();
+    fs::write(sys.join("kernel/security/lockdown"), "none [integrity] confidentiality\n").unwrap();
+    let etc = root.path().join("etc");
+    let drop_in = etc.join("systemd/system/amd-hsmp-broker.service.d");
+    fs::create_dir_all(&drop_in).unwrap();
+    fs::write(drop_in.join("msr-fallback.conf"), "").unwrap();
+    let l = msr_setup(&sys, &root.path().join("cpu"), &etc);
+    assert_eq!(l.verdict, Verdict::Pass, "{l}");
+    assert!(l.found.contains("lockdown integrity (reads allowed)"), "{l}");
+}
+
+#[test]
+fn a_refused_device_open_names_the_udev_rule_and_the_audit_log() {
+    let (found, fix) = open_failure(Path::new("/dev/hsmp"), libc::EACCES);
+    assert!(found.contains("Permission denied"), "{found}");
+    assert!(fix.contains("ausearch -m avc -c amd-hsmp-broker"), "{fix}");
+    assert!(fix.contains("udevadm trigger"), "{fix}");
+}
+
+#[test]
+fn a_fixture_machine_is_read_like_the_real_one() {
+    // Not simulated: the topology comes from the tree, the device is the simulator's.
+    let machine = static_machine(Profile::Genoa2p);
+    let root = tempfile::tempdir().unwrap();
+    machine.spec().write_fixture(root.path()).unwrap();
+    fs::create_dir_all(root.path().join("sys/module/amd_hsmp")).unwrap();
+    let hsmp = machine.hsmp_opener();
+    let accounts = accounts();
+    let no_labels = |_: &Path| None;
+    let mut wait = two_watts(&machine);
+    let mut inputs = Inputs {
+        procfs: &root.path().join("proc"),
+        sysfs: &root.path().join("sys"),
+        hsmp_device: &root.path().join("dev/hsmp"),
+        hsmp: &hsmp,
+        msr: None,
+        msr_root: &root.path().join("dev/cpu"),
+        etc: &root.path().join("etc"),
+        socket: &root.path().join("broker.sock"),
+        accounts: &accounts,
+        labels: &no_labels,
+        energy_wait: &mut wait,
+        simulated: None,
+    };
+    let lines = run(&mut inputs);
+    let shown: Vec<String> = lines.iter().map(ToString::to_string).collect();
+    assert!(
+        shown[0].starts_with("ok    cpu       AuthenticAMD family 0x19 model 0x11"),
+        "{shown:#?}"
+    );
+    assert!(shown[1].starts_with("ok    driver    amd_hsmp loaded"), "{shown:#?}");
+    assert!(shown[2].starts_with("FAIL  device"), "{shown:#?}");
+    assert!(shown[3].starts_with("ok    selinux   disabled"), "{shown:#?}");
+    assert_eq!(line(&lines, "cores").verdict, Verdict::Pass, "{shown:#?}");
+}
