@@ -240,9 +240,9 @@ mod tests {
             cpu_model: 0x11,
             sockets: vec![0, 1],
             cores: vec![
-                Core { socket: 0, core: 0, cpu: 0, apic_id: 0 },
-                Core { socket: 0, core: 8, cpu: 1, apic_id: 16 },
-                Core { socket: 1, core: 0, cpu: 2, apic_id: 256 },
+                Core { socket: 0, core: 0, cpu: 0, apic_id: 0, threads: vec![0, 3] },
+                Core { socket: 0, core: 8, cpu: 1, apic_id: 16, threads: vec![1, 4] },
+                Core { socket: 1, core: 0, cpu: 2, apic_id: 256, threads: vec![2, 5] },
             ],
         }
     }

@@ -249,7 +249,7 @@ fn core_of(topology: &Topology, socket: u32, core: u32) -> Result<amd_hsmp_proto
         .cores
         .iter()
         .find(|c| c.socket == socket && c.core == core)
-        .copied()
+        .cloned()
         .with_context(|| format!("the machine has no core {core} on socket {socket}"))
 }
 

@@ -156,7 +156,13 @@ pub fn topology(sockets: u32, cores_per_socket: u32) -> Topology {
     for socket in 0..sockets {
         for i in 0..cores_per_socket {
             let cpu = socket * cores_per_socket + i;
-            cores.push(Core { socket, core: i * 2, cpu, apic_id: socket * 128 + i * 2 });
+            cores.push(Core {
+                socket,
+                core: i * 2,
+                cpu,
+                apic_id: socket * 128 + i * 2,
+                threads: vec![cpu],
+            });
         }
     }
     Topology { cpu_family: 0x1A, cpu_model: 0x11, sockets: (0..sockets).collect(), cores }
