@@ -250,6 +250,7 @@ pub fn config(socket: &Path) -> Config {
         max_requests: 40,
         telemetry_path: "/metrics".into(),
         procfs: "/proc".into(),
+        core_owner: None,
     }
 }
 
