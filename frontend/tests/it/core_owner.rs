@@ -3,36 +3,9 @@
 //! while the broker samples.
 
 use crate::support::*;
-use amd_hsmp_exporter::Config;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
-
-/// A cgroup v2 root with the cpuset controller over the mock's CPUs 0-7.
-fn cgroup_root() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("cgroup.controllers"), "cpuset cpu io memory pids\n").unwrap();
-    std::fs::write(dir.path().join("cpuset.cpus.effective"), "0-7\n").unwrap();
-    dir
-}
-
-/// A domain cgroup with its effective cpuset, and its missing ancestors without cpuset files.
-fn cgroup(root: &Path, path: &str, cpus: &str) {
-    let mut dir = root.to_path_buf();
-    for part in path.split('/') {
-        dir.push(part);
-        if !dir.exists() {
-            std::fs::create_dir(&dir).unwrap();
-            std::fs::write(dir.join("cgroup.type"), "domain\n").unwrap();
-        }
-    }
-    std::fs::write(dir.join("cpuset.cpus.effective"), format!("{cpus}\n")).unwrap();
-}
-
-fn owner_config(socket: &Path, cgroupfs: &Path) -> Config {
-    Config { core_owner: Some(cgroupfs.to_owned()), ..config(socket) }
-}
 
 #[tokio::test]
 async fn with_the_collector_off_nothing_of_it_is_in_the_scrape() {
