@@ -187,18 +187,35 @@ fn vanished(e: &io::Error) -> bool {
         || e.raw_os_error() == Some(rustix::io::Errno::NODEV.raw_os_error())
 }
 
-/// Reads a file; `None` if it does not exist (or its cgroup is gone).
-fn read_file(path: &Path) -> Result<Option<String>, OwnerError> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => Ok(Some(text)),
-        Err(e) if vanished(&e) => Ok(None),
-        Err(source) => Err(OwnerError::Read { path: path.to_path_buf(), source }),
+/// Reads a small file into `buf` with plain reads (no `stat` for a size hint: a scrape reads
+/// thousands of these); `None` if it does not exist (or its cgroup is gone).
+fn read_file<'a>(path: &Path, buf: &'a mut Vec<u8>) -> Result<Option<&'a str>, OwnerError> {
+    use std::io::Read as _;
+    let error = |source| OwnerError::Read { path: path.to_path_buf(), source };
+    let mut file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(e) if vanished(&e) => return Ok(None),
+        Err(e) => return Err(error(e)),
+    };
+    buf.clear();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match file.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if vanished(&e) => return Ok(None),
+            Err(e) => return Err(error(e)),
+        }
     }
+    std::str::from_utf8(buf)
+        .map(Some)
+        .map_err(|_| error(io::Error::new(io::ErrorKind::InvalidData, "not UTF-8")))
 }
 
-fn read_cpus(path: &Path) -> Result<Option<CpuSet>, OwnerError> {
-    let Some(text) = read_file(path)? else { return Ok(None) };
-    CpuSet::parse(&text).map(Some).ok_or_else(|| OwnerError::CpuList {
+fn read_cpus(path: &Path, buf: &mut Vec<u8>) -> Result<Option<CpuSet>, OwnerError> {
+    let Some(text) = read_file(path, buf)? else { return Ok(None) };
+    CpuSet::parse(text).map(Some).ok_or_else(|| OwnerError::CpuList {
         path: path.to_path_buf(),
         content: text.trim().to_owned(),
     })
@@ -230,6 +247,19 @@ fn subdirectories(dir: &Path) -> Result<Option<Vec<std::ffi::OsString>>, OwnerEr
     Ok(Some(names))
 }
 
+/// The subdirectories of cgroup `dir`, as [`subdirectories`]; a directory whose link count is 2
+/// has none (cgroupfs, like tmpfs, counts a directory's subdirectories in its links), and one
+/// `stat` is cheaper than listing its files. Most cgroups are leaves.
+fn children_of(dir: &Path) -> Result<Option<Vec<std::ffi::OsString>>, OwnerError> {
+    use std::os::unix::fs::MetadataExt as _;
+    match std::fs::symlink_metadata(dir) {
+        Ok(m) if m.is_dir() && m.nlink() == 2 => Ok(Some(Vec::new())),
+        Ok(_) => subdirectories(dir),
+        Err(e) if vanished(&e) => Ok(None),
+        Err(source) => Err(OwnerError::Read { path: dir.to_path_buf(), source }),
+    }
+}
+
 /// Reads the effective cpusets of every domain cgroup under `root` (`--path.cgroupfs`).
 pub fn read(root: &Path) -> Result<Hierarchy, OwnerError> {
     let controllers = root.join("cgroup.controllers");
@@ -243,7 +273,8 @@ pub fn read(root: &Path) -> Result<Hierarchy, OwnerError> {
     if !controllers.split_whitespace().any(|c| c == "cpuset") {
         return Err(OwnerError::NoCpuset { root: root.to_path_buf() });
     }
-    let Some(root_cpus) = read_cpus(&root.join("cpuset.cpus.effective"))? else {
+    let mut buf = Vec::with_capacity(4096);
+    let Some(root_cpus) = read_cpus(&root.join("cpuset.cpus.effective"), &mut buf)? else {
         return Err(OwnerError::NoCpuset { root: root.to_path_buf() });
     };
     let Some(children) = subdirectories(root)? else {
@@ -276,17 +307,26 @@ pub fn read(root: &Path) -> Result<Hierarchy, OwnerError> {
         })
         .collect();
     while let Some(cgroup) = stack.pop() {
-        // A threaded cgroup (and so its whole subtree) belongs to its domain ancestor.
-        let Some(kind) = read_file(&cgroup.dir.join("cgroup.type"))? else { continue };
-        if kind.trim() == "threaded" {
-            continue;
+        let own = read_cpus(&cgroup.dir.join("cpuset.cpus.effective"), &mut buf)?;
+        let parent_set = &sets[cgroup.parent];
+        let restricts = own.as_ref().is_some_and(|own| own != parent_set);
+        // A threaded cgroup (and so its whole subtree, all threaded) belongs to its domain
+        // ancestor. Only a restricting cgroup's type matters: one that does not restrict adds
+        // nothing whatever its type, and a threaded descendant that restricts is read here in
+        // its turn. Reading the type of those alone saves a file a cgroup on most hosts.
+        if restricts {
+            let Some(kind) = read_file(&cgroup.dir.join("cgroup.type"), &mut buf)? else {
+                continue;
+            };
+            if kind.trim() == "threaded" {
+                continue;
+            }
         }
-        let own = read_cpus(&cgroup.dir.join("cpuset.cpus.effective"))?;
-        let Some(children) = subdirectories(&cgroup.dir)? else { continue };
+        let Some(children) = children_of(&cgroup.dir)? else { continue };
         let parent_set = &sets[cgroup.parent];
         let set = own.unwrap_or_else(|| parent_set.clone());
         let number = sets.len();
-        if &set != parent_set {
+        if restricts {
             restricting.push(Restriction {
                 path: cgroup.path.clone(),
                 cpus: set.clone(),

@@ -331,3 +331,13 @@ fn the_cause_is_logged_once_and_again_only_when_it_changes() {
     assert_eq!(log.current(), None);
     assert!(log.failed(&OwnerError::NotV2 { root: PathBuf::from("/x") }), "failing again");
 }
+
+#[test]
+fn a_cgroup_with_two_links_has_no_children_and_one_with_more_is_listed() {
+    let tree = Tree::v2("0-7");
+    tree.domain("/a", "0-7").domain("/a/b", "0,4").domain("/a/c", "1,5");
+    let names = |dir: &str| children_of(&tree.root().join(dir)).unwrap().unwrap();
+    assert_eq!(names("a"), vec!["b", "c"]);
+    assert_eq!(names("a/b"), Vec::<std::ffi::OsString>::new());
+    assert_eq!(children_of(&tree.root().join("gone")).unwrap(), None, "vanished");
+}
