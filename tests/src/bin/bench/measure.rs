@@ -93,6 +93,10 @@ fn broker_args(device: &FakeDevice, name: &str, socket: &Path) -> Vec<String> {
     let tree = fixtures::tree(&fixtures::fixtures_dir(), name);
     let mut args = vec!["--listen".into(), socket.display().to_string()];
     args.extend(device.broker_args(&tree));
+    // Every scrape reads afresh, as the e2e scenarios do: with the default freshness bound
+    // (500 ms) scrapes that follow each other within it share one reading, and the series
+    // would time the sharing instead of the messages.
+    args.extend(["--sample.max-age".to_owned(), "0".to_owned()]);
     args
 }
 
