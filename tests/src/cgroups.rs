@@ -455,6 +455,17 @@ mod tests {
     }
 
     #[test]
+    fn the_generated_node_has_four_cgroups_a_pod_and_exclusive_cores_every_tenth_pod() {
+        let topology = crate::fixtures::machine("turin-2p").unwrap().topology();
+        let h = generated(&topology, 250);
+        assert_eq!(h.groups.len() + 1, 1004, "the root, three slices, four cgroups a pod");
+        let one_core: Vec<&Group> = h.groups.iter().filter(|g| g.cpus.len() == 2).collect();
+        assert_eq!(one_core.len(), 50, "two containers of each of the 25 Guaranteed pods");
+        let dir = tempfile::tempdir().unwrap();
+        h.write(&dir.path().join("cgroup"), &online(&topology)).unwrap();
+    }
+
+    #[test]
     fn an_effective_set_is_the_request_within_the_parents() {
         let dir = tempfile::tempdir().unwrap();
         let mut h = Hierarchy::default();
