@@ -28,6 +28,15 @@
 
     criticalSeverity: 'critical',
 
+    // Label extraction from amd_hsmp_core_owner_info's owner (a cgroup path) in the per-workload
+    // power rules. Each regex matches the whole path (PromQL anchors it).
+    // Slurm's cgroup v2 plugin: the job id of .../job_<id>[/...].
+    slurmJobRegex: '.*/job_([0-9]+)(/.*)?',
+    // kubelet, systemd and cgroupfs drivers: the five groups of the pod UID.
+    podUidRegex: '.*/(?:kubepods-(?:burstable-|besteffort-)?)?pod([0-9a-f]{8})[_-]([0-9a-f]{4})[_-]([0-9a-f]{4})[_-]([0-9a-f]{4})[_-]([0-9a-f]{12})(?:[.]slice)?(?:/.*)?',
+    // systemd: the last element when it is a service, scope or slice.
+    unitRegex: '.*/([^/]+[.](?:service|scope|slice))',
+
     // Each alert's runbook_url: this pattern with the alert's name in lower case.
     runbookURLPattern: 'https://github.com/amd-hsmp-exporter/amd-hsmp-exporter/blob/main/mixin/runbook.md#%s',
 

@@ -551,7 +551,13 @@ mod tests {
             cores: cpus
                 .iter()
                 .enumerate()
-                .map(|(i, &cpu)| Core { socket: 0, core: i as u32, cpu, apic_id: cpu * 2 })
+                .map(|(i, &cpu)| Core {
+                    socket: 0,
+                    core: i as u32,
+                    cpu,
+                    apic_id: cpu * 2,
+                    threads: vec![cpu],
+                })
                 .collect(),
         }
     }

@@ -546,7 +546,7 @@ mod tests {
                 cpu_family: 0x1A,
                 cpu_model: 0x11,
                 sockets: vec![0],
-                cores: vec![Core { socket: 0, core: 0, cpu: 0, apic_id: 0 }],
+                cores: vec![Core { socket: 0, core: 0, cpu: 0, apic_id: 0, threads: vec![0] }],
             },
             deadlines: Mutex::default(),
         }

@@ -135,8 +135,9 @@ pub enum CpuListError {
 /// `<sysfs>/devices/system/cpu/online` (if missing, every listed processor counts as online) and,
 /// per online processor, `<sysfs>/devices/system/cpu/cpuN/topology/{core_id,physical_package_id}`.
 /// A processor whose topology files vanish between the two reads (it went offline) is skipped.
-/// Each physical core appears once, read through its lowest-numbered online thread; cores are
-/// sorted by (socket, core), sockets ascending. The CPU family and model are those of the
+/// Each physical core appears once, read through its lowest-numbered online thread, with every
+/// online thread that shares its (`physical_package_id`, `core_id`) in [`Core::threads`]; cores
+/// are sorted by (socket, core), sockets ascending. The CPU family and model are those of the
 /// lowest-numbered processor kept.
 pub fn discover(procfs: &Path, sysfs: &Path) -> Result<Topology, TopologyError> {
     let cpuinfo_path = procfs.join("cpuinfo");
@@ -175,13 +176,19 @@ pub fn discover(procfs: &Path, sysfs: &Path) -> Result<Topology, TopologyError> 
             continue;
         };
         first.get_or_insert(p);
-        // Processors are visited in ascending order, so the first thread seen is the lowest.
-        cores.entry((socket, core)).or_insert(Core {
-            socket,
-            core,
-            cpu: p.processor,
-            apic_id: p.apicid,
-        });
+        // Processors are visited in ascending order, so the first thread seen is the lowest
+        // and the threads are listed ascending.
+        cores
+            .entry((socket, core))
+            .or_insert_with(|| Core {
+                socket,
+                core,
+                cpu: p.processor,
+                apic_id: p.apicid,
+                threads: Vec::new(),
+            })
+            .threads
+            .push(p.processor);
     }
 
     let Some(first) = first else {
@@ -412,8 +419,8 @@ mod tests {
         discover(&dir.path().join("proc"), &dir.path().join("sys"))
     }
 
-    fn core(socket: u32, core: u32, cpu: u32, apic_id: u32) -> Core {
-        Core { socket, core, cpu, apic_id }
+    fn core(socket: u32, core: u32, cpu: u32, apic_id: u32, threads: &[u32]) -> Core {
+        Core { socket, core, cpu, apic_id, threads: threads.to_vec() }
     }
 
     /// Two sockets, two cores each, SMT: CPUs 0-3 are thread 0 of both sockets, 4-7 thread 1;
@@ -432,7 +439,7 @@ mod tests {
     }
 
     #[test]
-    fn two_socket_smt_reads_each_core_once_through_its_first_thread() {
+    fn two_socket_smt_reads_each_core_once_through_its_first_thread_and_lists_both() {
         let dir = tree(&two_socket_smt());
         write_online(&dir, "0-7");
         let topo = run(&dir).unwrap();
@@ -442,10 +449,10 @@ mod tests {
         assert_eq!(
             topo.cores,
             vec![
-                core(0, 0, 0, 0x00),
-                core(0, 1, 1, 0x02),
-                core(1, 0, 2, 0x10),
-                core(1, 1, 3, 0x12),
+                core(0, 0, 0, 0x00, &[0, 4]),
+                core(0, 1, 1, 0x02, &[1, 5]),
+                core(1, 0, 2, 0x10, &[2, 6]),
+                core(1, 1, 3, 0x12, &[3, 7]),
             ]
         );
     }
@@ -456,8 +463,8 @@ mod tests {
         cpus.reverse();
         let dir = tree(&cpus);
         let topo = run(&dir).unwrap();
-        assert_eq!(topo.cores[0], core(0, 0, 0, 0x00));
-        assert_eq!(topo.cores[3], core(1, 1, 3, 0x12));
+        assert_eq!(topo.cores[0], core(0, 0, 0, 0x00, &[0, 4]));
+        assert_eq!(topo.cores[3], core(1, 1, 3, 0x12, &[3, 7]));
     }
 
     #[test]
@@ -467,12 +474,12 @@ mod tests {
     }
 
     #[test]
-    fn offline_first_thread_moves_the_core_to_its_sibling() {
+    fn offline_first_thread_moves_the_core_to_its_sibling_and_leaves_its_threads() {
         let dir = tree(&two_socket_smt());
         // CPU 1 (socket 0, core 1, thread 0) is offline; its sibling CPU 5 reads the core.
         write_online(&dir, "0,2-7");
         let topo = run(&dir).unwrap();
-        assert_eq!(topo.cores[1], core(0, 1, 5, 0x03));
+        assert_eq!(topo.cores[1], core(0, 1, 5, 0x03, &[5]));
         assert_eq!(topo.cores.len(), 4);
     }
 
@@ -498,12 +505,41 @@ mod tests {
         assert_eq!(
             topo.cores,
             vec![
-                core(0, 0, 4, 0x01),
-                core(0, 1, 1, 0x02),
-                core(1, 0, 2, 0x10),
-                core(1, 1, 7, 0x13),
+                core(0, 0, 4, 0x01, &[4]),
+                core(0, 1, 1, 0x02, &[1, 5]),
+                core(1, 0, 2, 0x10, &[2, 6]),
+                core(1, 1, 7, 0x13, &[7]),
             ]
         );
+    }
+
+    /// On every fixture machine (real numbering: EPYC SMT siblings are `n` and `n + cores`),
+    /// a core's threads are the kernel's `thread_siblings_list` of its first thread.
+    #[test]
+    fn threads_of_each_core_are_the_kernels_thread_siblings_on_every_fixture() {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
+        let mut machines = 0;
+        let mut smt_cores = 0;
+        for machine in fs::read_dir(&fixtures).unwrap() {
+            let root = machine.unwrap().path();
+            let topo = discover(&root.join("proc"), &root.join("sys")).unwrap();
+            let cpu_dir = root.join("sys/devices/system/cpu");
+            let online = read_online(&cpu_dir.join("online")).unwrap();
+            for c in &topo.cores {
+                let file = cpu_dir.join(format!("cpu{}/topology/thread_siblings_list", c.cpu));
+                let siblings = parse_cpu_list(&fs::read_to_string(&file).unwrap()).unwrap();
+                let expected: Vec<u32> = siblings
+                    .into_iter()
+                    .filter(|n| online.as_ref().is_none_or(|set| set.contains(n)))
+                    .collect();
+                assert_eq!(c.threads, expected, "{}: {c:?}", root.display());
+                assert_eq!(c.threads.first(), Some(&c.cpu));
+                smt_cores += usize::from(c.threads.len() == 2);
+            }
+            machines += 1;
+        }
+        assert!(machines >= 8, "fixtures not found under {}", fixtures.display());
+        assert!(smt_cores > 0, "no fixture with SMT");
     }
 
     #[test]

@@ -95,6 +95,18 @@ pub struct Args {
     #[arg(long = "no-collector.prochot", overrides_with = "prochot")]
     no_prochot: bool,
 
+    /// Export which workload each physical core is assigned to, from the cgroup v2 cpusets
+    /// under --path.cgroupfs (off by default).
+    #[arg(long = "collector.core-owner", overrides_with = "no_core_owner")]
+    core_owner: bool,
+    /// Do not export core owners; the cgroup hierarchy is not read (the default).
+    #[arg(long = "no-collector.core-owner", overrides_with = "core_owner")]
+    no_core_owner: bool,
+
+    /// Mount point of the cgroup v2 hierarchy the core-owner collector reads.
+    #[arg(long = "path.cgroupfs", value_name = "PATH", default_value = "/sys/fs/cgroup")]
+    pub cgroupfs: PathBuf,
+
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -158,6 +170,11 @@ impl Args {
             idle_timeout: self.idle_timeout,
         };
         Ok((limits, note))
+    }
+
+    /// The cgroup hierarchy the core-owner collector reads; `None` while it is off.
+    pub fn core_owner(&self) -> Option<PathBuf> {
+        (self.core_owner && !self.no_core_owner).then(|| self.cgroupfs.clone())
     }
 
     /// The families the enabled collectors ask the broker for.
@@ -276,6 +293,21 @@ mod tests {
         assert!(!args.common.version);
         assert!(!args.systemd_socket);
         assert_eq!(args.web_config_file, None);
+        assert_eq!(args.core_owner(), None, "the core-owner collector is off by default");
+    }
+
+    #[test]
+    fn core_owner_collector_reads_the_cgroupfs_path_and_the_last_flag_wins() {
+        let on = parse(&["--collector.core-owner"]).unwrap();
+        assert_eq!(on.core_owner(), Some(PathBuf::from("/sys/fs/cgroup")));
+        assert_eq!(on.families(), Families::ALL, "it asks the broker for nothing more");
+        let moved = parse(&["--collector.core-owner", "--path.cgroupfs", "/host/cgroup"]).unwrap();
+        assert_eq!(moved.core_owner(), Some(PathBuf::from("/host/cgroup")));
+        let off = parse(&["--collector.core-owner", "--no-collector.core-owner"]).unwrap();
+        assert_eq!(off.core_owner(), None);
+        let again = parse(&["--no-collector.core-owner", "--collector.core-owner"]).unwrap();
+        assert!(again.core_owner().is_some());
+        assert_eq!(parse(&["--path.cgroupfs", "/x"]).unwrap().core_owner(), None);
     }
 
     #[test]

@@ -184,6 +184,7 @@ mod tests {
             max_requests: 0,
             telemetry_path: "/metrics".into(),
             procfs: "/proc".into(),
+            core_owner: None,
         });
         let router = service(exporter, web);
         let get = |path: &str, auth: bool| {

@@ -416,7 +416,8 @@ mod tests {
         ScrapeReport {
             telemetry: Some(t),
             broker_up: true,
-            errors: ErrorSource::ALL.map(|s| (s, u64::from(s == ErrorSource::Prochot))),
+            errors: ErrorSource::ALL.map(|s| (s, u64::from(s == ErrorSource::Prochot))).to_vec(),
+            core_owners: Vec::new(),
             duration: Duration::from_millis(42),
             process: ProcessStats::default(),
         }

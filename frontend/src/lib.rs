@@ -13,6 +13,7 @@ pub mod flight;
 pub mod http;
 pub mod landing;
 pub mod metrics;
+pub mod owner;
 pub mod process;
 pub mod scrape;
 pub mod translate;

@@ -57,6 +57,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         max_requests: args.max_requests,
         telemetry_path: args.telemetry_path.clone(),
         procfs: "/proc".into(),
+        core_owner: args.core_owner(),
     });
     let web = match &args.web_config_file {
         Some(path) => WebState::load(path)?,
@@ -81,6 +82,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         core_energy = families.core_energy,
         boost_limit = families.boost_limit,
         prochot = families.prochot,
+        core_owner = args.core_owner().map_or_else(|| "off".to_owned(), |p| p.display().to_string()),
         fd_limit = fd_limit.map_or_else(|| "unlimited".to_owned(), |n| n.to_string()),
         max_connections = limits.max_connections,
         max_connections_per_client = limits.max_per_client,

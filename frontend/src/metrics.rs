@@ -180,6 +180,22 @@ impl Collector for ReportCollector {
 
         family(
             &mut e,
+            "amd_hsmp_core_owner_info",
+            "The workload (owner: its cgroup path) a physical core is assigned to by cpuset, constant 1; absent for a core no single workload holds",
+            None,
+            report.core_owners.iter().map(|(c, owner)| {
+                gauge(
+                    vec![
+                        ("core", c.core.to_string()),
+                        ("owner", owner.clone()),
+                        ("socket", c.socket.to_string()),
+                    ],
+                    1i64,
+                )
+            }),
+        )?;
+        family(
+            &mut e,
             "amd_hsmp_scrape_errors",
             "Failed reads since the exporter started, by collector",
             None,
@@ -255,7 +271,8 @@ mod tests {
         Arc::new(ScrapeReport {
             broker_up: telemetry.is_some(),
             telemetry: telemetry.map(Arc::new),
-            errors: ErrorSource::ALL.map(|s| (s, 0)),
+            errors: ErrorSource::ALL.map(|s| (s, 0)).to_vec(),
+            core_owners: Vec::new(),
             duration: Duration::from_millis(12),
             process: ProcessStats::default(),
         })
@@ -322,6 +339,37 @@ mod tests {
                 "{label}:\n{text}"
             );
         }
+    }
+
+    #[test]
+    fn core_owner_errors_and_series_appear_only_with_the_collector_on() {
+        let off = render(report(Some(healthy())), Format::Text).unwrap();
+        assert!(!off.contains("core-owner") && !off.contains("core_owner"), "{off}");
+        let errors = crate::translate::ErrorCounters::default();
+        let mut on = (*report(Some(healthy()))).clone();
+        on.errors = errors.snapshot(true);
+        on.core_owners = vec![
+            (CoreLabel { socket: 1, core: 3 }, "/system.slice/slurmstepd.scope/job_4242".into()),
+            (CoreLabel { socket: 1, core: 4 }, "/machine.slice/machine-qemu\\x2d1.scope".into()),
+        ];
+        for format in [Format::Text, Format::OpenMetrics] {
+            let text = render(Arc::new(on.clone()), format).unwrap();
+            assert!(
+                text.contains("amd_hsmp_scrape_errors_total{collector=\"core-owner\"} 0\n"),
+                "{text}"
+            );
+            assert!(
+                text.contains(
+                    "amd_hsmp_core_owner_info{core=\"3\",owner=\"/system.slice/slurmstepd.scope/job_4242\",socket=\"1\"} 1\n"
+                ),
+                "{text}"
+            );
+            // A backslash of a systemd escape is escaped in the exposition.
+            assert!(text.contains("owner=\"/machine.slice/machine-qemu\\\\x2d1.scope\""), "{text}");
+        }
+        let empty = ScrapeReport { core_owners: Vec::new(), ..on };
+        let text = render(Arc::new(empty), Format::Text).unwrap();
+        assert!(!text.contains("amd_hsmp_core_owner_info"), "no family without series:\n{text}");
     }
 
     #[test]

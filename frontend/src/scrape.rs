@@ -5,10 +5,11 @@
 use crate::broker::{BrokerClient, BrokerError};
 pub use crate::budget::Budget;
 use crate::flight::{Flights, Landing};
+use crate::owner::{self, CauseLog, Hierarchy, OwnerError};
 use crate::process::{self, ProcessStats};
 pub use crate::translate::{CoreLabel, ErrorCounters, ErrorSource, Telemetry, translate};
 use amd_hsmp_cli::chain;
-use amd_hsmp_proto::Families;
+use amd_hsmp_proto::{Families, Topology};
 use amd_hsmp_web::ratelimit::RateLimit;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -46,12 +47,17 @@ pub struct Config {
     pub telemetry_path: String,
     /// procfs root for the `process_*` metrics.
     pub procfs: PathBuf,
+    /// The cgroup v2 hierarchy the core-owner collector reads (`--path.cgroupfs`); `None`
+    /// while the collector is off.
+    pub core_owner: Option<PathBuf>,
 }
 
 /// The broker's answer to one flight, and how fresh it is.
 #[derive(Debug, Clone)]
 struct Answer {
     telemetry: Arc<Telemetry>,
+    /// The topology the telemetry is aligned with.
+    topology: Arc<Topology>,
     /// When the flight's request was sent (the broker received it no earlier).
     sent: Instant,
     /// How long before the broker received the request its oldest value was read.
@@ -90,7 +96,10 @@ pub struct ScrapeReport {
     /// the broker was reachable.
     pub broker_up: bool,
     /// Error counts, including this scrape's.
-    pub errors: [(ErrorSource, u64); 6],
+    pub errors: Vec<(ErrorSource, u64)>,
+    /// The owner of each assigned core (`--collector.core-owner`), in topology order; empty
+    /// when the collector is off, the hierarchy could not be read or the broker did not answer.
+    pub core_owners: Vec<(CoreLabel, String)>,
     /// Time this scrape spent collecting.
     pub duration: Duration,
     /// This process' own metrics.
@@ -117,6 +126,8 @@ pub struct Exporter {
     refusal_log: RateLimit,
     /// The last broker answers, for the landing page's power.
     recent: crate::landing::RecentSamples,
+    /// The core-owner collector's failures, logged once per cause.
+    owner_log: CauseLog,
 }
 
 impl Exporter {
@@ -133,6 +144,7 @@ impl Exporter {
                 .then(|| Arc::new(Semaphore::new(config.max_requests))),
             refusal_log: RateLimit::new(TIMEOUT_LOG_INTERVAL),
             recent: crate::landing::RecentSamples::default(),
+            owner_log: CauseLog::default(),
             config,
         })
     }
@@ -185,12 +197,29 @@ impl Exporter {
         let deadline = started + budget.broker_deadline;
         let answer_by = started + budget.wait;
         let tolerance = budget.broker_deadline / JOIN_TOLERANCE_DIVISOR;
+        // The hierarchy is read on a blocking thread while the broker samples, so that it adds
+        // nothing to the scrape's time unless it takes longer than the broker.
+        let hierarchy = self
+            .config
+            .core_owner
+            .clone()
+            .map(|root| tokio::task::spawn_blocking(move || owner::read(&root)));
         let outcome = self.collect(started, deadline, answer_by, tolerance).await;
+        let hierarchy = match hierarchy {
+            None => None,
+            Some(reading) => Some(match tokio::time::timeout_at(answer_by, reading).await {
+                Ok(Ok(result)) => result,
+                // The reading thread panicked: a bug, reported as no answer in time.
+                Ok(Err(_)) | Err(_) => Err(OwnerError::TimedOut),
+            }),
+        };
+        let mut topology = None;
         let (telemetry, broker_up) = match outcome {
-            Outcome::Answered(Answer { telemetry, .. }) => {
+            Outcome::Answered(Answer { telemetry, topology: t, .. }) => {
                 if telemetry.deadline_exceeded {
                     self.errors.add(ErrorSource::Scrape, 1);
                 }
+                topology = Some(t);
                 (Some(telemetry), true)
             }
             Outcome::TimedOut => {
@@ -206,12 +235,36 @@ impl Exporter {
             }
             Outcome::BrokerFailed => (None, false),
         };
+        let core_owners = self.core_owners(hierarchy, topology.as_deref());
         ScrapeReport {
             telemetry,
             broker_up,
-            errors: self.errors.snapshot(),
+            errors: self.errors.snapshot(self.config.core_owner.is_some()),
+            core_owners,
             duration: started.elapsed(),
             process: process::read_own(&self.config.procfs),
+        }
+    }
+
+    /// The owner series of one scrape from its read of the hierarchy (`None`: the collector is
+    /// off) and its broker answer's topology; a failed read is counted once and the family left
+    /// out whole.
+    fn core_owners(
+        &self,
+        hierarchy: Option<Result<Hierarchy, OwnerError>>,
+        topology: Option<&Topology>,
+    ) -> Vec<(CoreLabel, String)> {
+        match hierarchy {
+            None => Vec::new(),
+            Some(Ok(hierarchy)) => {
+                self.owner_log.succeeded();
+                topology.map(|t| hierarchy.owners(&t.cores)).unwrap_or_default()
+            }
+            Some(Err(e)) => {
+                self.errors.add(ErrorSource::CoreOwner, 1);
+                self.owner_log.failed(&e);
+                Vec::new()
+            }
         }
     }
 
@@ -277,6 +330,7 @@ impl Exporter {
                 self.recent.record(&telemetry, oldest);
                 Outcome::Answered(Answer {
                     telemetry,
+                    topology: Arc::clone(&snapshot.topology),
                     sent: snapshot.sent,
                     oldest,
                     max_age: Duration::from_millis(sample.max_age_ms.into()),

@@ -5,8 +5,8 @@ use crate::broker::BrokerInfo;
 use amd_hsmp_proto::{Core, DeviceStatus, EnergySource, ItemError, Readings, Sample, Topology};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The `collector` label values of `amd_hsmp_scrape_errors_total`, all present from the first
-/// scrape.
+/// The `collector` label values of `amd_hsmp_scrape_errors_total`: those of [`ErrorSource::ALL`]
+/// present from the first scrape, [`ErrorSource::CoreOwner`] only while its collector is on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorSource {
     /// `/dev/hsmp` exists but cannot be used: opening it was refused
@@ -20,6 +20,9 @@ pub enum ErrorSource {
     BoostLimit,
     /// One socket's PROCHOT read failed.
     Prochot,
+    /// The cgroup hierarchy could not be read for the core owners (`--collector.core-owner`,
+    /// off by default): one per scrape.
+    CoreOwner,
     /// The scrape ran out of time (frontend timeout, or items the broker left unread).
     Scrape,
     /// The broker could not be reached or answered something unusable.
@@ -27,7 +30,7 @@ pub enum ErrorSource {
 }
 
 impl ErrorSource {
-    /// Every value, in exposition order.
+    /// Every value but [`ErrorSource::CoreOwner`], in exposition order.
     pub const ALL: [ErrorSource; 6] = [
         ErrorSource::Hsmp,
         ErrorSource::CoreEnergy,
@@ -44,6 +47,7 @@ impl ErrorSource {
             ErrorSource::CoreEnergy => "core-energy",
             ErrorSource::BoostLimit => "boost-limit",
             ErrorSource::Prochot => "prochot",
+            ErrorSource::CoreOwner => "core-owner",
             ErrorSource::Scrape => "scrape",
             ErrorSource::Broker => "broker",
         }
@@ -57,6 +61,7 @@ pub struct ErrorCounters {
     core_energy: AtomicU64,
     boost_limit: AtomicU64,
     prochot: AtomicU64,
+    core_owner: AtomicU64,
     scrape: AtomicU64,
     broker: AtomicU64,
     /// The broker instance last answered and its cumulative `Sample::energy_resets` then.
@@ -70,6 +75,7 @@ impl ErrorCounters {
             ErrorSource::CoreEnergy => &self.core_energy,
             ErrorSource::BoostLimit => &self.boost_limit,
             ErrorSource::Prochot => &self.prochot,
+            ErrorSource::CoreOwner => &self.core_owner,
             ErrorSource::Scrape => &self.scrape,
             ErrorSource::Broker => &self.broker,
         }
@@ -101,9 +107,17 @@ impl ErrorCounters {
         self.counter(source).load(Ordering::Relaxed)
     }
 
-    /// The current counts, in the order of [`ErrorSource::ALL`].
-    pub fn snapshot(&self) -> [(ErrorSource, u64); 6] {
-        ErrorSource::ALL.map(|s| (s, self.get(s)))
+    /// The current counts, in the order of [`ErrorSource::ALL`], with
+    /// [`ErrorSource::CoreOwner`]'s after PROCHOT's when `core_owner` (its collector is on).
+    pub fn snapshot(&self, core_owner: bool) -> Vec<(ErrorSource, u64)> {
+        let mut out = Vec::with_capacity(ErrorSource::ALL.len() + 1);
+        for source in ErrorSource::ALL {
+            out.push((source, self.get(source)));
+            if core_owner && source == ErrorSource::Prochot {
+                out.push((ErrorSource::CoreOwner, self.get(ErrorSource::CoreOwner)));
+            }
+        }
+        out
     }
 }
 
@@ -240,9 +254,9 @@ mod tests {
             cpu_model: 0x11,
             sockets: vec![0, 1],
             cores: vec![
-                Core { socket: 0, core: 0, cpu: 0, apic_id: 0 },
-                Core { socket: 0, core: 8, cpu: 1, apic_id: 16 },
-                Core { socket: 1, core: 0, cpu: 2, apic_id: 256 },
+                Core { socket: 0, core: 0, cpu: 0, apic_id: 0, threads: vec![0, 3] },
+                Core { socket: 0, core: 8, cpu: 1, apic_id: 16, threads: vec![1, 4] },
+                Core { socket: 1, core: 0, cpu: 2, apic_id: 256, threads: vec![2, 5] },
             ],
         }
     }

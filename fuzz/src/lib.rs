@@ -125,7 +125,7 @@ const MAX_CPUS: usize = 16;
 /// no such file), then `core_id` and `physical_package_id` of `cpu0`, `cpu1`, ... A
 /// discovered topology must be consistent: every core on a listed socket and every listed
 /// socket with a core, sockets ascending, cores sorted by (socket, core) and unique, APIC ids
-/// and CPU numbers unique.
+/// and CPU numbers unique, each core's threads ascending from its CPU and in no other core.
 pub fn topology(data: &[u8], _alloc: &Alloc) {
     if let Some(topology) = discover_from(data) {
         check_topology(&topology);
@@ -172,4 +172,11 @@ pub fn check_topology(t: &Topology) {
     assert_eq!(apic.len(), t.cores.len(), "APIC ids not unique: {t:?}");
     let cpus: BTreeSet<u32> = t.cores.iter().map(|c| c.cpu).collect();
     assert_eq!(cpus.len(), t.cores.len(), "CPU numbers not unique: {t:?}");
+    for c in &t.cores {
+        assert_eq!(c.threads.first(), Some(&c.cpu), "a core's first thread is its CPU: {t:?}");
+        assert!(c.threads.windows(2).all(|w| w[0] < w[1]), "threads not ascending: {t:?}");
+    }
+    let threads: BTreeSet<u32> = t.cores.iter().flat_map(|c| c.threads.iter().copied()).collect();
+    let listed: usize = t.cores.iter().map(|c| c.threads.len()).sum();
+    assert_eq!(threads.len(), listed, "a thread in two cores: {t:?}");
 }

@@ -112,7 +112,8 @@ fn the_topology_seed_is_discovered_not_refused() {
 #[test]
 fn a_broken_topology_fails_its_property() {
     let _one = one_at_a_time();
-    let core = |socket, core, apic_id| Core { socket, core, cpu: core, apic_id };
+    let core =
+        |socket, core, apic_id| Core { socket, core, cpu: core, apic_id, threads: vec![core] };
     let mut t = Topology {
         cpu_family: 0x19,
         cpu_model: 0x11,
@@ -182,8 +183,8 @@ fn replies() -> Vec<Reply> {
         cpu_model: 0x11,
         sockets: vec![0, 1],
         cores: vec![
-            Core { socket: 0, core: 0, cpu: 0, apic_id: 0 },
-            Core { socket: 1, core: 8, cpu: 1, apic_id: 256 },
+            Core { socket: 0, core: 0, cpu: 0, apic_id: 0, threads: vec![0, 2] },
+            Core { socket: 1, core: 8, cpu: 1, apic_id: 256, threads: vec![1, 3] },
         ],
     };
     let sample = Sample {

@@ -38,6 +38,9 @@ local g = import 'lib.libsonnet';
           g.heatmap('Per-core power, socket $socket', 'Power of each physical core (rows: sysfs core_id), from the energy counter rate.', [
             g.target('instance_socket_core:amd_hsmp_core_power_watts:rate5m{%(sel)s,socket=~"$socket"}' % s, '{{core}}'),
           ], 'watt', w=12) { repeat: 'socket', repeatDirection: 'h', maxPerRow: 2 },
+          g.timeseries('Power by workload', 'Power of the cores each workload (cgroup) is assigned by cpuset (instance_owner:amd_hsmp_owner_power_watts:sum_rate5m, from amd_hsmp_core_owner_info; needs --collector.core-owner). Exact for those cores; cores shared by several workloads are in none, so the sum is below the node power.', [
+            g.target('instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(sel)s}' % s, '{{owner}}'),
+          ], 'watt'),
 
           g.row('Boost limits'),
           g.timeseries('Boost limit per socket', 'Lowest and average boost limit over the cores of each socket.', [

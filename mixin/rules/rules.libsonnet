@@ -66,6 +66,63 @@
           },
         ],
       },
+      {
+        // Power per workload, from the cores each workload is assigned by cpuset
+        // (amd_hsmp_core_owner_info, --collector.core-owner): exact for those cores, absent for
+        // shared ones. An owner's series ends with its assignment.
+        name: 'amd-hsmp.owner.rules',
+        rules: [
+          {
+            record: 'instance_owner:amd_hsmp_owner_power_watts:sum_rate5m',
+            expr: |||
+              sum without (socket, core) (
+                rate(amd_hsmp_core_energy_joules_total{%(amdHsmpSelector)s}[5m])
+                * on (job, instance, socket, core) group_left (owner)
+                  amd_hsmp_core_owner_info{%(amdHsmpSelector)s}
+              )
+            ||| % $._config,
+          },
+          {
+            // Slurm's cgroup v2 plugin: .../job_<id>/step_<id>/user/task_<n>.
+            record: 'instance_slurm_job:amd_hsmp_power_watts:sum_rate5m',
+            expr: |||
+              sum without (owner) (
+                label_replace(
+                  instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,owner=~"%(slurmJobRegex)s"},
+                  "slurm_job", "$1", "owner", "%(slurmJobRegex)s"
+                )
+              )
+            ||| % $._config,
+          },
+          {
+            // kubelet's systemd driver (.../kubepods-burstable-pod<uid with _>.slice/...) and
+            // cgroupfs driver (/kubepods/burstable/pod<uid>/...): the dashed UID, as
+            // kube-state-metrics' kube_pod_info{uid} has it.
+            record: 'instance_pod_uid:amd_hsmp_power_watts:sum_rate5m',
+            expr: |||
+              sum without (owner) (
+                label_replace(
+                  instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,owner=~"%(podUidRegex)s"},
+                  "pod_uid", "$1-$2-$3-$4-$5", "owner", "%(podUidRegex)s"
+                )
+              )
+            ||| % $._config,
+          },
+          {
+            // systemd: the owner's last path element when it is a unit (a service, scope or
+            // slice), e.g. postgresql.service or a VM's machine-qemu-...scope.
+            record: 'instance_unit:amd_hsmp_power_watts:sum_rate5m',
+            expr: |||
+              sum without (owner) (
+                label_replace(
+                  instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,owner=~"%(unitRegex)s"},
+                  "unit", "$1", "owner", "%(unitRegex)s"
+                )
+              )
+            ||| % $._config,
+          },
+        ],
+      },
     ],
   },
 }

@@ -35,7 +35,8 @@ pub mod version {
     /// The first protocol: handshake, topology and samples of energy, boost limit and PROCHOT.
     pub const V1: u32 = 1;
     /// Samples say how fresh their values are ([`Sample::max_age_ms`],
-    /// [`Sample::oldest_read_us`](crate::Sample::oldest_read_us)).
+    /// [`Sample::oldest_read_us`](crate::Sample::oldest_read_us)); each core lists its threads
+    /// ([`Core::threads`](crate::Core::threads)).
     ///
     /// [`Sample::max_age_ms`]: crate::Sample::max_age_ms
     pub const V2: u32 = 2;
@@ -150,7 +151,7 @@ pub struct Topology {
 }
 
 /// One physical core.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Core {
     /// `physical_package_id`.
     pub socket: u32,
@@ -160,6 +161,10 @@ pub struct Core {
     pub cpu: u32,
     /// APIC id of that thread; HSMP addresses cores by it.
     pub apic_id: u32,
+    /// Since [`version::V2`]. Linux CPU numbers of the core's online hardware threads,
+    /// ascending, [`Core::cpu`] first: the CPUs a cgroup's cpuset must hold for the whole core
+    /// to be in it.
+    pub threads: Vec<u32>,
 }
 
 /// One reading of the requested families.

@@ -58,8 +58,20 @@ fn request() -> impl Strategy<Value = Request> {
 }
 
 fn core() -> impl Strategy<Value = Core> {
-    (any::<u32>(), any::<u32>(), any::<u32>(), any::<u32>())
-        .prop_map(|(socket, core, cpu, apic_id)| Core { socket, core, cpu, apic_id })
+    (
+        any::<u32>(),
+        any::<u32>(),
+        any::<u32>(),
+        any::<u32>(),
+        prop::collection::vec(any::<u32>(), 0..4),
+    )
+        .prop_map(|(socket, core, cpu, apic_id, threads)| Core {
+            socket,
+            core,
+            cpu,
+            apic_id,
+            threads,
+        })
 }
 
 fn reply() -> impl Strategy<Value = Reply> {
@@ -196,7 +208,7 @@ fn encoding_refuses_payloads_above_the_maximum() {
         cpu_family: 0x1A,
         cpu_model: 0x11,
         sockets: vec![0],
-        cores: vec![Core { socket: 0, core: 0, cpu: 0, apic_id: 0 }; 100],
+        cores: vec![Core { socket: 0, core: 0, cpu: 0, apic_id: 0, threads: vec![0, 1] }; 100],
     });
     assert!(matches!(encode_frame(&big, 16), Err(FrameError::TooLarge { max: 16, .. })));
 }

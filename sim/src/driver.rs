@@ -497,7 +497,7 @@ mod tests {
     fn live_energy_is_monotonic_and_grows_through_both_transports() {
         let m = machine(Profile::Turin2p, Mode::Live);
         let hsmp = m.hsmp_opener().open().unwrap();
-        let core = m.topology().cores[200];
+        let core = m.topology().cores[200].clone();
         let msr = m.msr_opener().open(core.cpu).unwrap();
         let read = || {
             let mut msg =
@@ -524,7 +524,7 @@ mod tests {
         let mut spec = Profile::Turin2p.spec();
         spec.sockets = 1;
         let m = Machine::new(spec, FirmwareConfig::new(Mode::Static));
-        let core = m.topology().cores[7];
+        let core = m.topology().cores[7].clone();
         let msr = m.msr_opener().open(core.cpu).unwrap();
         let hsmp = m.hsmp_opener().open().unwrap();
         m.firmware().set_energy_counter(0, core.core, u64::from(u32::MAX) - 99).unwrap();

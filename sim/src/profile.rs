@@ -315,12 +315,17 @@ impl MachineSpec {
     pub fn topology(&self) -> Topology {
         let mut cores: BTreeMap<(u32, u32), Core> = BTreeMap::new();
         for c in self.cpus().into_iter().filter(|c| c.online) {
-            cores.entry((c.socket, c.core)).or_insert(Core {
-                socket: c.socket,
-                core: c.core,
-                cpu: c.cpu,
-                apic_id: c.apic_id,
-            });
+            cores
+                .entry((c.socket, c.core))
+                .or_insert_with(|| Core {
+                    socket: c.socket,
+                    core: c.core,
+                    cpu: c.cpu,
+                    apic_id: c.apic_id,
+                    threads: Vec::new(),
+                })
+                .threads
+                .push(c.cpu);
         }
         let sockets: BTreeSet<u32> = cores.keys().map(|&(s, _)| s).collect();
         Topology {

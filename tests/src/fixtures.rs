@@ -136,8 +136,10 @@ mod tests {
         spec.offline_cpus = vec![1];
         let (dir, topo) = discover_fixture(&spec);
         assert_eq!(topo, spec.topology());
-        let core = topo.cores[1];
+        let core = &topo.cores[1];
         assert_eq!((core.socket, core.core, core.cpu), (0, 1, 65));
+        assert_eq!(core.threads, vec![65], "the offline thread is not the core's");
+        assert_eq!(topo.cores[0].threads, vec![0, 64]);
         assert_eq!(core.apic_id, spec.apic_id(0, 1, 1));
 
         let cpu_dir = dir.path().join("sys/devices/system/cpu");

@@ -6,6 +6,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cgroups;
 pub mod energy;
 pub mod fake;
 pub mod fixtures;

@@ -5,6 +5,7 @@
 //! Values are static (the simulator's [`Mode::Static`]), so every scrape of a scenario is
 //! deterministic and can be compared with its golden file.
 
+use crate::cgroups::{self, Layout};
 use crate::fake::{FakeConfig, FakeDevice, MsrRead, NodeState, OpenRecord, WireMessage};
 use crate::fixtures;
 use crate::harness::{self, Proc, Response};
@@ -55,6 +56,9 @@ pub struct Scenario {
     /// Changes made before the broker starts.
     #[serde(default)]
     pub setup: Actions,
+    /// A cgroup hierarchy generated for the machine (see [`cgroups::Layout`]); the exporter is
+    /// given `--path.cgroupfs` pointing at it (the scenario's flags turn the collector on).
+    pub cgroups: Option<Layout>,
     /// Whether the per-scrape message counts are compared with `<name>.wire`; off only where
     /// they depend on timing.
     #[serde(default = "yes")]
@@ -138,6 +142,8 @@ pub struct Actions {
     /// Sets single cores' boost limits.
     #[serde(default)]
     pub boost_limit: Vec<CoreMhz>,
+    /// Replaces the scenario's cgroup hierarchy by this one (before a scrape only).
+    pub cgroups: Option<Layout>,
 }
 
 /// A boost limit for one core.
@@ -211,6 +217,12 @@ pub fn parse(text: &str) -> Result<Scenario> {
     if scenario.scrapes.is_empty() {
         bail!("a scenario needs at least one [[scrapes]]");
     }
+    if scenario.setup.cgroups.is_some() {
+        bail!("the cgroup hierarchy is the scenario's `cgroups`, not a setup action");
+    }
+    if scenario.cgroups.is_none() && scenario.scrapes.iter().any(|s| s.before.cgroups.is_some()) {
+        bail!("a scrape replaces the cgroup hierarchy of a scenario without `cgroups`");
+    }
     Ok(scenario)
 }
 
@@ -248,7 +260,7 @@ fn core_of(topology: &Topology, socket: u32, core: u32) -> Result<amd_hsmp_proto
         .cores
         .iter()
         .find(|c| c.socket == socket && c.core == core)
-        .copied()
+        .cloned()
         .with_context(|| format!("the machine has no core {core} on socket {socket}"))
 }
 
@@ -414,6 +426,12 @@ impl Rig {
         let dir = tempfile::Builder::new().prefix("amd-hsmp-e2e-").tempdir()?;
         let socket = dir.path().join("broker.sock");
         let tree = fixtures::tree(&fixtures::fixtures_dir(), &scenario.machine);
+        let mut exporter_flags = scenario.exporter_flags.clone();
+        if let Some(layout) = scenario.cgroups {
+            let root = dir.path().join("cgroup");
+            cgroups::write_layout(layout, &topology, &root)?;
+            exporter_flags.extend(["--path.cgroupfs".into(), path(&root)]);
+        }
         let broker = if scenario.broker {
             let mut args: Vec<String> = vec!["--listen".into(), path(&socket)];
             args.extend(device.broker_args(&tree));
@@ -435,8 +453,7 @@ impl Rig {
             None
         };
 
-        let (exporter, addr) =
-            harness::start_exporter(&socket, &scenario.exporter_flags, None, dir.path())?;
+        let (exporter, addr) = harness::start_exporter(&socket, &exporter_flags, None, dir.path())?;
         Ok(Rig { exporter, broker, device, machine, addr, marks: Marks::default(), dir })
     }
 
@@ -581,6 +598,10 @@ fn drive(scenario: &Scenario, rig: &mut Rig) -> Result<Outcome> {
     for (i, scrape) in scenario.scrapes.iter().enumerate() {
         let n = i + 1;
         scrape.before.apply(rig.machine(), Some(rig.device()))?;
+        if let Some(layout) = scrape.before.cgroups {
+            let root = rig.dir.path().join("cgroup");
+            cgroups::replace_layout(layout, &topology, &root)?;
+        }
         let response = rig.scrape(scrape).with_context(|| format!("scrape {n}"))?;
         if response.status != 200 {
             bail!("scrape {n}: status {}:\n{}", response.status, response.body);
@@ -684,6 +705,8 @@ mod tests {
         let faults = scenario.faults.resolve(&topology).unwrap();
         assert_eq!(faults.errno.len(), 2);
         assert_eq!(scenario.scrapes[0].before.advance_energy.len(), 1);
+        assert_eq!(scenario.cgroups, Some(Layout::Slurm));
+        assert_eq!(scenario.scrapes[0].before.cgroups, Some(Layout::SlurmOneJobEnded));
     }
 
     #[test]

@@ -247,7 +247,7 @@ fn a_healthy_turin_passes_every_device_check() {
 #[test]
 fn a_core_that_does_not_answer_fails_naming_it() {
     let machine = static_machine(Profile::Turin2p);
-    let core = machine.topology().cores[5];
+    let core = machine.topology().cores[5].clone();
     machine.update_faults(|f| {
         f.errno.insert((Family::BoostLimit, Target::Apic(core.apic_id)), libc::EIO);
     });

@@ -69,7 +69,12 @@ async fn docs_metrics_table_matches_a_full_scrape() {
     let dir = socket_dir();
     let behaviour = Behaviour { simulated: Some("turin-2p".into()), ..Behaviour::healthy() };
     let _broker = MockBroker::start(&dir.path, behaviour);
-    let answer = get(&router(config(&dir.path)), "/metrics", None, None).await;
+    // Every family: the core-owner collector on, with one job holding a core.
+    let cgroups = cgroup_root();
+    cgroup(cgroups.path(), "job_1", "0");
+    let answer =
+        get(&router(owner_config(&dir.path, cgroups.path())), "/metrics", None, None).await;
+    assert!(answer.body.contains("amd_hsmp_core_owner_info{"), "{}", answer.body);
     let scraped = scraped(&answer.body);
     let documented = documented();
 

@@ -2,6 +2,7 @@
 //! output checked by promtool and against docs/metrics.md, and the bounded HTTP server. The
 //! binaries themselves are tested end to end in the e2e crate (`tests/tests/frontend.rs`).
 
+mod core_owner;
 mod docs;
 mod mock_broker;
 mod promtool;

@@ -156,7 +156,13 @@ pub fn topology(sockets: u32, cores_per_socket: u32) -> Topology {
     for socket in 0..sockets {
         for i in 0..cores_per_socket {
             let cpu = socket * cores_per_socket + i;
-            cores.push(Core { socket, core: i * 2, cpu, apic_id: socket * 128 + i * 2 });
+            cores.push(Core {
+                socket,
+                core: i * 2,
+                cpu,
+                apic_id: socket * 128 + i * 2,
+                threads: vec![cpu],
+            });
         }
     }
     Topology { cpu_family: 0x1A, cpu_model: 0x11, sockets: (0..sockets).collect(), cores }
@@ -244,7 +250,34 @@ pub fn config(socket: &Path) -> Config {
         max_requests: 40,
         telemetry_path: "/metrics".into(),
         procfs: "/proc".into(),
+        core_owner: None,
     }
+}
+
+/// A cgroup v2 root with the cpuset controller over the mock's CPUs 0-7.
+pub fn cgroup_root() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("cgroup.controllers"), "cpuset cpu io memory pids\n").unwrap();
+    std::fs::write(dir.path().join("cpuset.cpus.effective"), "0-7\n").unwrap();
+    dir
+}
+
+/// A domain cgroup with its effective cpuset, and its missing ancestors without cpuset files.
+pub fn cgroup(root: &Path, path: &str, cpus: &str) {
+    let mut dir = root.to_path_buf();
+    for part in path.split('/') {
+        dir.push(part);
+        if !dir.exists() {
+            std::fs::create_dir(&dir).unwrap();
+            std::fs::write(dir.join("cgroup.type"), "domain\n").unwrap();
+        }
+    }
+    std::fs::write(dir.join("cpuset.cpus.effective"), format!("{cpus}\n")).unwrap();
+}
+
+/// [`config`] with the core-owner collector on, reading `cgroupfs`.
+pub fn owner_config(socket: &Path, cgroupfs: &Path) -> Config {
+    Config { core_owner: Some(cgroupfs.to_owned()), ..config(socket) }
 }
 
 pub fn router(config: Config) -> Router {

@@ -8,6 +8,7 @@ complete -c amd-hsmp-exporter -l web.max-connections-per-client -d 'Most HTTP co
 complete -c amd-hsmp-exporter -l web.header-read-timeout -d 'Time a client has from the first byte of a request to the end of its headers' -r
 complete -c amd-hsmp-exporter -l web.idle-timeout -d 'A connection that handles no request and moves no byte for this long is closed (idle keep-alive, a client that does not read its answer)' -r
 complete -c amd-hsmp-exporter -l broker.socket -d 'Unix socket of amd-hsmp-broker' -r -F
+complete -c amd-hsmp-exporter -l path.cgroupfs -d 'Mount point of the cgroup v2 hierarchy the core-owner collector reads' -r -F
 complete -c amd-hsmp-exporter -l log.level -d 'Only log messages with the given severity or above' -r -f -a "debug\t'Everything, including each reconnect attempt and each refused peer'
 info\t'Start-up, listening, peers and broker lost and found again'
 warn\t'Problems that cost telemetry'
@@ -21,5 +22,7 @@ complete -c amd-hsmp-exporter -l collector.boost-limit -d 'Export per-core boost
 complete -c amd-hsmp-exporter -l no-collector.boost-limit -d 'Do not export per-core boost limits; the broker is not asked for them'
 complete -c amd-hsmp-exporter -l collector.prochot -d 'Export per-socket PROCHOT status (on by default)'
 complete -c amd-hsmp-exporter -l no-collector.prochot -d 'Do not export PROCHOT status; the broker is not asked for it'
+complete -c amd-hsmp-exporter -l collector.core-owner -d 'Export which workload each physical core is assigned to, from the cgroup v2 cpusets under --path.cgroupfs (off by default)'
+complete -c amd-hsmp-exporter -l no-collector.core-owner -d 'Do not export core owners; the cgroup hierarchy is not read (the default)'
 complete -c amd-hsmp-exporter -s V -l version -d 'Print the version, revision, build date and toolchain, then exit'
 complete -c amd-hsmp-exporter -s h -l help -d 'Print help (see more with \'--help\')'

@@ -102,6 +102,8 @@ pub struct Variant {
     pub values: Value,
     pub privileged: bool,
     pub msr: bool,
+    /// `--collector.core-owner`: the host's cgroup hierarchy mounted into the exporter.
+    pub core_owner: bool,
 }
 
 /// The default values and every `ci/*-values.yaml`, each read through the helper as YAML.
@@ -122,6 +124,7 @@ pub fn variants(python: &Path, root: &Path) -> Result<Vec<Variant>> {
             values,
             privileged: merged["broker"]["deviceAccess"] == "privileged",
             msr: merged["broker"]["msrFallback"] == true,
+            core_owner: merged["exporter"]["collectors"]["coreOwner"]["enabled"] == true,
         });
     }
     ensure!(defaults["merged"]["broker"]["deviceAccess"] == "privileged", "default mode");
@@ -276,7 +279,8 @@ fn operator_objects(objects: &[Value]) -> Result<()> {
 }
 
 /// A documented field outside "restricted": the field as [`outside_restricted`] names it, and
-/// when it appears (`always`, or `privileged`/`devicePlugin`, optionally `+ msrFallback`).
+/// when it appears (`always`, `coreOwner`, or `privileged`/`devicePlugin`, optionally
+/// `+ msrFallback`).
 #[derive(Debug, Clone)]
 pub struct Outside {
     pub field: String,
@@ -290,6 +294,7 @@ impl Outside {
             "privileged" => v.privileged,
             "devicePlugin" => !v.privileged,
             "msrFallback" => v.msr,
+            "coreOwner" => v.core_owner,
             _ => false,
         })
     }
@@ -307,7 +312,7 @@ pub fn documented_outside(root: &Path) -> Result<Vec<Outside>> {
         let (Some(field), Some(when)) = (field, cells.get(1)) else { bail!("bad row {line}") };
         for c in when.split('+').map(str::trim) {
             ensure!(
-                ["always", "privileged", "devicePlugin", "msrFallback"].contains(&c),
+                ["always", "privileged", "devicePlugin", "msrFallback", "coreOwner"].contains(&c),
                 "unknown condition {c:?} in {line}"
             );
         }
@@ -535,7 +540,13 @@ mod tests {
                 "{row:?}"
             );
         }
-        let default = Variant { name: "d".into(), values: json!({}), privileged: true, msr: false };
+        let default = Variant {
+            name: "d".into(),
+            values: json!({}),
+            privileged: true,
+            msr: false,
+            core_owner: false,
+        };
         let plugin = Variant { privileged: false, ..default.clone() };
         let applying = |v: &Variant| rows.iter().filter(|r| r.applies(v)).count();
         assert_eq!(applying(&default), 5);

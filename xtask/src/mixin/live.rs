@@ -1,7 +1,8 @@
 //! The live half of the mixin check (`cargo xtask mixin --live`, and `cargo xtask test`): a real
 //! Prometheus loads the mixin's rules and scrapes the real exporter and broker on the simulated
-//! Turin 2P; every dashboard query must return data, the recording rules must produce the
-//! per-socket and per-node series, and AmdHsmpSimulated must fire. Then the set-up is broken
+//! Turin 2P (with the core-owner collector on a small cgroup tree); every dashboard query must
+//! return data, the recording rules must produce the per-socket and per-node series, and
+//! AmdHsmpSimulated must fire. Then the set-up is broken
 //! step by step (broker stopped, a machine without HSMP, a broker restart with the MSR energy
 //! source, a thermal event of the simulator, exporter stopped) and each alert that must fire is
 //! waited for.
@@ -27,6 +28,23 @@ const ALERT_WITHIN: Duration = Duration::from_secs(60);
 /// Dashboard panels whose queries may be empty on a healthy simulated machine, with why.
 const MAY_BE_EMPTY: &[(&str, &str)] =
     &[("Sockets with the most PROCHOT", "lists only sockets that had PROCHOT in the last hour")];
+
+/// A cgroup v2 hierarchy in `work` for the core-owner collector: one service holding core 0 of
+/// socket 0 of the simulated Turin 2P (CPUs 0 and 384, its two threads), so that the
+/// per-workload power rules and their panel have data.
+fn cgroup_tree(work: &Path) -> Result<PathBuf> {
+    let root = work.join("cgroup");
+    let _ = fs::remove_dir_all(&root);
+    for dir in ["system.slice", "system.slice/build.service"] {
+        fs::create_dir_all(root.join(dir))?;
+        fs::write(root.join(dir).join("cgroup.type"), "domain\n")?;
+    }
+    fs::write(root.join("cgroup.controllers"), "cpuset cpu io memory pids\n")?;
+    fs::write(root.join("cpuset.cpus.effective"), "0-767\n")?;
+    fs::write(root.join("system.slice/cpuset.cpus.effective"), "0-767\n")?;
+    fs::write(root.join("system.slice/build.service/cpuset.cpus.effective"), "0,384\n")?;
+    Ok(root)
+}
 
 /// A child process killed when dropped, so that an early error leaves nothing running.
 struct Running(Child);
@@ -84,10 +102,14 @@ pub fn check(dir: &Path, work: &Path, bin: &Path) -> Result<String> {
     let mut running_broker = broker.start(PROFILE, &[], "broker-turin-2p.log")?;
     let exporter_port = free_port()?;
     let target = format!("127.0.0.1:{exporter_port}");
+    let cgroupfs = cgroup_tree(&work)?;
     let exporter = spawn(
         Command::new(bin.join("amd-hsmp-exporter"))
             .args(["--web.listen-address", &target, "--broker.socket"])
-            .arg(&broker.socket),
+            .arg(&broker.socket)
+            .arg("--collector.core-owner")
+            .arg("--path.cgroupfs")
+            .arg(&cgroupfs),
         &work.join("exporter.log"),
     )?;
     let alerts = super::eval_json(
@@ -118,7 +140,9 @@ pub fn check(dir: &Path, work: &Path, bin: &Path) -> Result<String> {
 
     let started = Instant::now();
     let ready = wait_for(READY_WITHIN, "the recording rules and AmdHsmpSimulated", || {
+        // The per-workload rules are a group of their own, evaluated at their own offset.
         Ok(prometheus.has("instance:amd_hsmp_power_watts:sum_rate5m")
+            && prometheus.has("instance_owner:amd_hsmp_owner_power_watts:sum_rate5m")
             && prometheus.firing("AmdHsmpSimulated", ""))
     });
     if let Err(e) = ready {

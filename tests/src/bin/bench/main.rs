@@ -35,6 +35,11 @@ pub struct Cli {
     #[arg(long, default_value_t = 5)]
     startups: usize,
 
+    /// Cgroups of the generated Kubernetes-node hierarchy a third exporter reads with
+    /// --collector.core-owner, measured like the first at each latency (0: no such run).
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    cgroups: usize,
+
     /// Also write the figures as JSON to this file.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,

@@ -3,10 +3,11 @@
 
 use crate::Cli;
 use crate::report::{
-    Concurrent, Cpu, Disabled, FixtureReport, Host, Idle, LatencyReport, Memory, Percentiles,
-    Report, Startup, StartupFigures,
+    Concurrent, CoreOwner, Cpu, Disabled, FixtureReport, Host, Idle, LatencyReport, Memory,
+    Percentiles, Report, Startup, StartupFigures,
 };
 use amd_hsmp_device::{DevHsmp, HsmpMessage, HsmpTransport, Message};
+use amd_hsmp_e2e::cgroups;
 use amd_hsmp_e2e::fake::{FakeDevice, WireMessage};
 use amd_hsmp_e2e::fixtures;
 use amd_hsmp_e2e::harness::{self, Binaries, Proc};
@@ -86,25 +87,44 @@ fn broker_args(device: &FakeDevice, name: &str, socket: &Path) -> Vec<String> {
     let tree = fixtures::tree(&fixtures::fixtures_dir(), name);
     let mut args = vec!["--listen".into(), socket.display().to_string()];
     args.extend(device.broker_args(&tree));
+    // Three exporters of one uid, each holding up to two connections (the defaults let one
+    // uid hold two).
+    for flag in ["--connections.per-uid", "--connections.shared"] {
+        args.extend([flag.to_owned(), "6".to_owned()]);
+    }
     args.extend(["--sample.max-age".into(), format!("{}ms", MAX_AGE.as_millis())]);
     args
 }
 
-/// The fake device, the broker and two exporters (one with every collector, one without
-/// [`DISABLED_FLAG`]). Field order is drop order: processes before the mount.
+/// Which exporter a series scrapes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Which {
+    /// Every collector but the core owners (the defaults).
+    Plain,
+    /// The defaults plus `--collector.core-owner` on the generated hierarchy.
+    Owner,
+}
+
+/// The fake device, the broker and the exporters (one with the default collectors, one without
+/// [`DISABLED_FLAG`], and, with `--cgroups`, one with `--collector.core-owner` reading a
+/// generated hierarchy). Field order is drop order: processes before the mount.
 struct Rig {
     exporter: Proc,
     exporter_off: Proc,
+    exporter_owner: Option<(Proc, SocketAddr)>,
     broker: Proc,
     addr: SocketAddr,
     addr_off: SocketAddr,
     device: FakeDevice,
     machine: Arc<Machine>,
+    /// Cgroups of the generated hierarchy (the root included).
+    cgroups: usize,
     _dir: tempfile::TempDir,
 }
 
 impl Rig {
-    fn start(bins: &Binaries, name: &str, spec: MachineSpec) -> Result<Rig> {
+    fn start(bins: &Binaries, name: &str, spec: MachineSpec, cgroups: usize) -> Result<Rig> {
+        let topology = spec.topology();
         let (machine, device) = mount(spec)?;
         let dir = tempfile::Builder::new().prefix("amd-hsmp-bench-").tempdir()?;
         let socket = dir.path().join("broker.sock");
@@ -118,7 +138,54 @@ impl Rig {
         let off = [DISABLED_FLAG.to_owned()];
         let (exporter_off, addr_off) =
             harness::start_exporter_from(exe, &socket, &off, None, dir.path(), "exporter-off")?;
-        Ok(Rig { exporter, exporter_off, broker, addr, addr_off, device, machine, _dir: dir })
+        let (exporter_owner, written) = if cgroups == 0 {
+            (None, 0)
+        } else {
+            let root = dir.path().join("cgroup");
+            // About four cgroups a pod (its slice, the sandbox, two containers) and three more.
+            let pods = cgroups.saturating_sub(3).div_ceil(4);
+            let hierarchy = cgroups::generated(&topology, pods);
+            hierarchy
+                .write(&root, &topology.cores.iter().flat_map(|c| c.threads.clone()).collect())?;
+            let flags = [
+                "--collector.core-owner".to_owned(),
+                "--path.cgroupfs".to_owned(),
+                root.display().to_string(),
+            ];
+            let started = harness::start_exporter_from(
+                exe,
+                &socket,
+                &flags,
+                None,
+                dir.path(),
+                "exporter-owner",
+            )?;
+            (Some(started), hierarchy.groups.len() + 1)
+        };
+        Ok(Rig {
+            exporter,
+            exporter_off,
+            exporter_owner,
+            broker,
+            addr,
+            addr_off,
+            device,
+            machine,
+            cgroups: written,
+            _dir: dir,
+        })
+    }
+
+    /// The address and process of exporter `which`.
+    fn exporter(&self, which: Which) -> Result<(SocketAddr, u32)> {
+        match which {
+            Which::Plain => Ok((self.addr, self.exporter.pid())),
+            Which::Owner => self
+                .exporter_owner
+                .as_ref()
+                .map(|(p, addr)| (*addr, p.pid()))
+                .context("no core-owner exporter (--cgroups 0)"),
+        }
     }
 
     /// Scrapes `addr` as Prometheus does, past the freshness bound of the last reading; fails
@@ -129,6 +196,9 @@ impl Rig {
         self.broker.check_running()?;
         self.exporter.check_running()?;
         self.exporter_off.check_running()?;
+        if let Some((owner, _)) = self.exporter_owner.as_mut() {
+            owner.check_running()?;
+        }
         Ok(response)
     }
 
@@ -145,6 +215,10 @@ struct Scraped {
     /// The exporter's own `amd_hsmp_scrape_duration_seconds`: the broker request and the
     /// metric families, without HTTP and the encoding of the body.
     collect: Duration,
+    /// `amd_hsmp_core_owner_info` series in the scrape.
+    owners: usize,
+    /// Whether the scrape counted a core-owner error (the hierarchy could not be read).
+    owner_errors: bool,
 }
 
 fn scrape(addr: SocketAddr) -> Result<Scraped> {
@@ -168,7 +242,18 @@ fn scrape(addr: SocketAddr) -> Result<Scraped> {
         .and_then(|v| v.trim().parse::<f64>().ok())
         .filter(|v| v.is_finite() && *v >= 0.0)
         .context("scrape lacks amd_hsmp_scrape_duration_seconds")?;
-    Ok(Scraped { wall: response.elapsed, collect: Duration::from_secs_f64(collect) })
+    let owners =
+        response.body.lines().filter(|l| l.starts_with("amd_hsmp_core_owner_info{")).count();
+    let owner_errors = response.body.lines().any(|l| {
+        l.starts_with("amd_hsmp_scrape_errors_total{collector=\"core-owner\"}")
+            && !l.ends_with(" 0")
+    });
+    Ok(Scraped {
+        wall: response.elapsed,
+        collect: Duration::from_secs_f64(collect),
+        owners,
+        owner_errors,
+    })
 }
 
 /// HSMP messages expected in one steady scrape with every collector on: boost limit and energy
@@ -190,7 +275,7 @@ fn fixture(cli: &Cli, bins: &Binaries, name: &str) -> Result<FixtureReport> {
     if spec.hsmp_protocol.is_none() {
         bail!("{name} has no HSMP device: no mailbox message to time against the floor");
     }
-    let mut rig = Rig::start(bins, name, spec)?;
+    let mut rig = Rig::start(bins, name, spec, cli.cgroups)?;
     let result = measure_fixture(cli, &mut rig, name, cores, sockets, expected);
     result.with_context(|| format!("logs:\n{}\n{}", rig.broker.log(), rig.exporter.log()))
 }
@@ -205,11 +290,33 @@ fn measure_fixture(
 ) -> Result<FixtureReport> {
     let floor = Floor::start(&rig.device.hsmp_path(), sockets)?;
     let mut latencies = Vec::new();
+    let mut owner_latencies = Vec::new();
+    let mut owners = (usize::MAX, 0);
     for &us in &cli.latencies_us {
         eprintln!("bench: {name}: {us} µs per message");
         rig.machine.update_faults(|f| f.latency = Duration::from_micros(us));
-        latencies.push(series(rig, &floor, cli.scrapes, us)?);
+        latencies.push(series(rig, &floor, cli.scrapes, us, Which::Plain)?.0);
+        if rig.exporter_owner.is_some() {
+            eprintln!(
+                "bench: {name}: {us} µs per message, --collector.core-owner, {} cgroups",
+                rig.cgroups
+            );
+            let (report, (fewest, most)) = series(rig, &floor, cli.scrapes, us, Which::Owner)?;
+            owners = (owners.0.min(fewest), owners.1.max(most));
+            owner_latencies.push(report);
+        }
     }
+    let core_owner = match rig.exporter_owner.as_ref() {
+        None => None,
+        Some((owner, _)) => Some(CoreOwner {
+            cgroups: rig.cgroups,
+            owners_min: if owners.0 == usize::MAX { 0 } else { owners.0 },
+            owners_max: owners.1,
+            latencies: owner_latencies,
+            exporter_peak_kib: status_kib(owner.pid(), "VmHWM")?,
+            exporter_anon_kib: status_kib(owner.pid(), "RssAnon")?,
+        }),
+    };
     // Concurrency and the idle window at the highest latency: the longest flights.
     let highest = cli.latencies_us.iter().copied().max().unwrap_or(0);
     rig.machine.update_faults(|f| f.latency = Duration::from_micros(highest));
@@ -234,18 +341,28 @@ fn measure_fixture(
         disabled_collector: disabled,
         idle,
         memory,
+        core_owner,
         targets: Vec::new(),
     })
 }
 
-/// `scrapes` scrapes, each followed by the floor client sending the same messages.
-fn series(rig: &mut Rig, floor: &Floor, scrapes: usize, latency_us: u64) -> Result<LatencyReport> {
+/// `scrapes` scrapes of exporter `which`, each followed by the floor client sending the same
+/// messages; with the fewest and most owner series a scrape had.
+fn series(
+    rig: &mut Rig,
+    floor: &Floor,
+    scrapes: usize,
+    latency_us: u64,
+    which: Which,
+) -> Result<(LatencyReport, (usize, usize))> {
+    let (addr, exporter_pid) = rig.exporter(which)?;
     for _ in 0..WARM_UP {
         let before = rig.messages();
-        rig.scrape(rig.addr)?;
+        rig.scrape(addr)?;
         floor.replay(&rig.device.messages_from(before))?;
     }
-    let (broker0, exporter0) = (cpu_time(rig.broker.pid())?, cpu_time(rig.exporter.pid())?);
+    let (broker0, exporter0) = (cpu_time(rig.broker.pid())?, cpu_time(exporter_pid)?);
+    let mut owners = (usize::MAX, 0);
     let mut scrape_walls = Vec::with_capacity(scrapes);
     let mut collects = Vec::with_capacity(scrapes);
     let mut collect_ratios = Vec::with_capacity(scrapes);
@@ -260,7 +377,11 @@ fn series(rig: &mut Rig, floor: &Floor, scrapes: usize, latency_us: u64) -> Resu
     for _ in 0..scrapes {
         let before = rig.messages();
         between += before - mark;
-        let scraped = rig.scrape(rig.addr)?;
+        let scraped = rig.scrape(addr)?;
+        if scraped.owner_errors {
+            bail!("the core-owner exporter could not read its cgroup hierarchy");
+        }
+        owners = (owners.0.min(scraped.owners), owners.1.max(scraped.owners));
         let sent = rig.device.messages_from(before);
         let counts = count_by_type(&sent);
         identical &= by_type.as_ref().is_none_or(|c| *c == counts);
@@ -282,10 +403,10 @@ fn series(rig: &mut Rig, floor: &Floor, scrapes: usize, latency_us: u64) -> Resu
         floor_cpu += run.cpu;
     }
     let broker = cpu_time(rig.broker.pid())?.saturating_sub(broker0);
-    let exporter = cpu_time(rig.exporter.pid())?.saturating_sub(exporter0);
+    let exporter = cpu_time(exporter_pid)?.saturating_sub(exporter0);
     let per = |d: Duration| d.as_secs_f64() * 1e3 / scrapes as f64;
     let (broker, exporter, floor_cpu) = (per(broker), per(exporter), per(floor_cpu));
-    Ok(LatencyReport {
+    let report = LatencyReport {
         latency_us,
         scrapes,
         scrape_ms: Percentiles::of(&scrape_walls),
@@ -305,7 +426,8 @@ fn series(rig: &mut Rig, floor: &Floor, scrapes: usize, latency_us: u64) -> Resu
         messages_min: if min_total == usize::MAX { 0 } else { min_total },
         messages_max: max_total,
         messages_between: between,
-    })
+    };
+    Ok((report, owners))
 }
 
 /// `rounds` pairs of simultaneous scrapes: with single flight (and shared readings) a pair

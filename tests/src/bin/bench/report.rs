@@ -71,6 +71,8 @@ pub struct FixtureReport {
     pub idle: Idle,
     /// Resident memory after every series.
     pub memory: Memory,
+    /// The exporter with `--collector.core-owner` on the generated hierarchy (`--cgroups`).
+    pub core_owner: Option<CoreOwner>,
     /// The targets, evaluated.
     pub targets: Vec<Target>,
 }
@@ -105,6 +107,23 @@ pub struct LatencyReport {
     pub messages_max: usize,
     /// Messages the broker sent between scrapes, in the whole series.
     pub messages_between: usize,
+}
+
+/// The series of the exporter with `--collector.core-owner`, reading a generated hierarchy.
+#[derive(Debug, Serialize)]
+pub struct CoreOwner {
+    /// Cgroups in the hierarchy, the root included.
+    pub cgroups: usize,
+    /// Fewest `amd_hsmp_core_owner_info` series in a scrape.
+    pub owners_min: usize,
+    /// Most.
+    pub owners_max: usize,
+    /// One series per simulated mailbox latency, as [`FixtureReport::latencies`].
+    pub latencies: Vec<LatencyReport>,
+    /// Its exporter's `VmHWM`, KiB.
+    pub exporter_peak_kib: u64,
+    /// Its exporter's `RssAnon`, KiB.
+    pub exporter_anon_kib: u64,
 }
 
 /// p50 and p99, ms.
@@ -272,6 +291,22 @@ pub fn targets(f: &FixtureReport) -> Vec<Target> {
             1.3,
         ));
     }
+    if let Some(o) = &f.core_owner
+        && let Some(s) = o.latencies.iter().max_by_key(|s| s.latency_us)
+    {
+        let at = s.latency_us;
+        let n = o.cgroups;
+        out.push(at_most(
+            format!("scrape p50 / paired floor at {at} µs, --collector.core-owner on {n} cgroups"),
+            s.ratio_median,
+            1.05,
+        ));
+        out.push(at_most(
+            format!("CPU per scrape, both processes / floor client at {at} µs, --collector.core-owner on {n} cgroups"),
+            s.cpu_ms_per_scrape.ratio,
+            1.3,
+        ));
+    }
     out.push(at_most("broker peak RSS, MiB".into(), mib(f.memory.broker_peak_kib), 4.0));
     out.push(at_most("exporter peak RSS, MiB".into(), mib(f.memory.exporter_peak_kib), 8.0));
     for s in &f.latencies {
@@ -392,6 +427,37 @@ fn fixture_table(out: &mut String, f: &FixtureReport) {
         let by_type: Vec<String> =
             s.messages_per_scrape.iter().map(|(k, v)| format!("{k} {v}")).collect();
         let _ = writeln!(out, "  messages per scrape: {}", by_type.join(", "));
+    }
+    if let Some(o) = &f.core_owner {
+        let _ = writeln!(
+            out,
+            "  with --collector.core-owner on {} cgroups ({}-{} owner series a scrape; exporter \
+             peak {} KiB, anonymous {}):",
+            o.cgroups, o.owners_min, o.owners_max, o.exporter_peak_kib, o.exporter_anon_kib
+        );
+        for s in &o.latencies {
+            let c = &s.cpu_ms_per_scrape;
+            let plain = f.latencies.iter().find(|p| p.latency_us == s.latency_us);
+            let extra = plain.map_or(0.0, |p| c.exporter - p.cpu_ms_per_scrape.exporter);
+            let _ = writeln!(
+                out,
+                "  {:>6} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>6.3} {:>6.3} | {:>6.2} {:>6.2} {:>6.2} {:>6.2} {:>5.2} | exporter CPU +{:.2} ms",
+                s.latency_us,
+                s.scrape_ms.p50,
+                s.scrape_ms.p99,
+                s.collect_ms.p50,
+                s.floor_ms.p50,
+                s.floor_ms.p99,
+                s.ratio_median,
+                s.collect_ratio_median,
+                c.broker,
+                c.exporter,
+                c.both,
+                c.floor,
+                c.ratio,
+                extra
+            );
+        }
     }
     let c = &f.concurrent;
     let _ = writeln!(

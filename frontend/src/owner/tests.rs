@@ -1,0 +1,343 @@
+//! The rule of the core-owner collector on cgroup trees written to temporary directories, one
+//! test per behaviour, and the reading of the hierarchy and its failures.
+
+use super::*;
+use std::fs;
+
+/// A cgroup tree written to a temporary directory.
+struct Tree(tempfile::TempDir);
+
+impl Tree {
+    /// A cgroup v2 root with the cpuset controller and `cpus` online.
+    fn v2(cpus: &str) -> Tree {
+        let tree = Tree(tempfile::tempdir().unwrap());
+        tree.file("cgroup.controllers", "cpuset cpu io memory hugetlb pids rdma misc\n");
+        tree.file("cgroup.subtree_control", "cpuset cpu io memory pids\n");
+        tree.file("cpuset.cpus.effective", &format!("{cpus}\n"));
+        tree
+    }
+
+    fn root(&self) -> &Path {
+        self.0.path()
+    }
+
+    fn file(&self, path: &str, content: &str) -> &Tree {
+        let path = self.root().join(path.trim_start_matches('/'));
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, content).unwrap();
+        self
+    }
+
+    /// A cgroup of type `kind`, with `cpuset.cpus.effective` if `cpus` is given; its missing
+    /// ancestors are domain cgroups without cpuset files.
+    fn cgroup(&self, path: &str, kind: &str, cpus: Option<&str>) -> &Tree {
+        let mut dir = self.root().to_path_buf();
+        for part in path.trim_start_matches('/').split('/') {
+            dir.push(part);
+            if !dir.exists() {
+                fs::create_dir(&dir).unwrap();
+                fs::write(dir.join("cgroup.type"), "domain\n").unwrap();
+            }
+        }
+        self.file(&format!("{path}/cgroup.type"), &format!("{kind}\n"));
+        if let Some(cpus) = cpus {
+            self.file(&format!("{path}/cpuset.cpus.effective"), &format!("{cpus}\n"));
+        }
+        self
+    }
+
+    /// A domain cgroup with its effective cpuset.
+    fn domain(&self, path: &str, cpus: &str) -> &Tree {
+        self.cgroup(path, "domain", Some(cpus))
+    }
+
+    fn owners(&self, cores: &[Core]) -> Vec<(u32, u32, String)> {
+        read(self.root())
+            .unwrap()
+            .owners(cores)
+            .into_iter()
+            .map(|(c, owner)| (c.socket, c.core, owner))
+            .collect()
+    }
+}
+
+/// One socket of `n` cores with SMT: core `i` is CPUs `i` and `i + n`.
+fn smt_cores(n: u32) -> Vec<Core> {
+    (0..n)
+        .map(|i| Core { socket: 0, core: i, cpu: i, apic_id: 2 * i, threads: vec![i, i + n] })
+        .collect()
+}
+
+fn owned(core: u32, owner: &str) -> (u32, u32, String) {
+    (0, core, owner.to_owned())
+}
+
+#[test]
+fn a_cgroup_holding_every_thread_of_a_core_owns_it() {
+    let tree = Tree::v2("0-7");
+    tree.domain("/system.slice", "0-7").domain("/system.slice/db.service", "0-1,4-5");
+    assert_eq!(
+        tree.owners(&smt_cores(4)),
+        vec![owned(0, "/system.slice/db.service"), owned(1, "/system.slice/db.service")]
+    );
+}
+
+#[test]
+fn a_core_only_half_inside_a_cgroup_is_unassigned() {
+    let tree = Tree::v2("0-7");
+    // Three threads: core 0 whole, and only the first thread of core 1.
+    tree.domain("/job_1", "0-1,4");
+    assert_eq!(tree.owners(&smt_cores(4)), vec![owned(0, "/job_1")]);
+}
+
+#[test]
+fn the_deepest_restricting_cgroup_that_holds_the_core_owns_it() {
+    let tree = Tree::v2("0-7");
+    tree.domain("/job_1", "0-1,4-5")
+        .domain("/job_1/step_0", "0-1,4-5")
+        .domain("/job_1/step_0/task_0", "0,4")
+        .domain("/job_1/step_0/task_1", "1,5");
+    assert_eq!(
+        tree.owners(&smt_cores(4)),
+        vec![owned(0, "/job_1/step_0/task_0"), owned(1, "/job_1/step_0/task_1")],
+        "step_0 has its parent's set and does not restrict; each task holds a whole core"
+    );
+}
+
+#[test]
+fn a_descendant_holding_part_of_a_core_leaves_it_to_the_ancestor_that_holds_it_whole() {
+    let tree = Tree::v2("0-7");
+    tree.domain("/job_1", "0-1,4-5").domain("/job_1/task_0", "0").domain("/job_1/task_1", "4");
+    assert_eq!(tree.owners(&smt_cores(4)), vec![owned(0, "/job_1"), owned(1, "/job_1")]);
+}
+
+#[test]
+fn a_core_in_two_overlapping_sibling_cpusets_is_unassigned() {
+    let tree = Tree::v2("0-7");
+    tree.domain("/a.service", "0-1,4-5").domain("/b.service", "1-2,5-6");
+    assert_eq!(
+        tree.owners(&smt_cores(4)),
+        vec![owned(0, "/a.service"), owned(2, "/b.service")],
+        "core 1 is in both"
+    );
+}
+
+#[test]
+fn a_sibling_that_touches_one_thread_of_a_core_makes_it_unassigned() {
+    let tree = Tree::v2("0-7");
+    tree.domain("/a.service", "0,4").domain("/b.service", "4");
+    assert_eq!(tree.owners(&smt_cores(4)), vec![]);
+}
+
+#[test]
+fn a_shared_pool_held_by_many_containers_is_unassigned() {
+    let tree = Tree::v2("0-7");
+    tree.domain("/kubepods", "0-7")
+        .domain("/kubepods/pod-g/exclusive", "0,4")
+        .domain("/kubepods/burstable/pod-b/app", "1-3,5-7")
+        .domain("/kubepods/besteffort/pod-e/app", "1-3,5-7");
+    assert_eq!(tree.owners(&smt_cores(4)), vec![owned(0, "/kubepods/pod-g/exclusive")]);
+}
+
+#[test]
+fn a_single_cgroup_restricted_to_a_pool_is_reported_as_its_owner() {
+    // The known limit: the rule cannot tell a pool from an assignment.
+    let tree = Tree::v2("0-7");
+    tree.domain("/kubepods", "0-7").domain("/kubepods/besteffort/pod-e/app", "1-3,5-7");
+    let owners = tree.owners(&smt_cores(4));
+    assert_eq!(owners.len(), 3);
+    assert!(owners.iter().all(|(_, _, o)| o == "/kubepods/besteffort/pod-e/app"));
+}
+
+#[test]
+fn the_root_never_restricts_and_an_unrestricted_host_has_no_owner() {
+    // The root holds fewer CPUs than the cores have threads (CPUs 6-7 offline or isolated).
+    let tree = Tree::v2("0-5");
+    tree.domain("/system.slice", "0-5").domain("/user.slice", "0-5");
+    assert_eq!(tree.owners(&smt_cores(4)), vec![]);
+}
+
+#[test]
+fn a_cgroup_with_its_parents_set_does_not_restrict() {
+    let tree = Tree::v2("0-7");
+    tree.domain("/workload.slice", "0-1,4-5")
+        .domain("/workload.slice/a.service", "0-1,4-5")
+        .domain("/workload.slice/b.service", "0-1,4-5");
+    assert_eq!(
+        tree.owners(&smt_cores(4)),
+        vec![owned(0, "/workload.slice"), owned(1, "/workload.slice")],
+        "a.service and b.service overlap, but neither restricts"
+    );
+}
+
+#[test]
+fn a_cgroup_without_cpuset_files_has_its_parents_set() {
+    let tree = Tree::v2("0-7");
+    tree.domain("/workload.slice", "2,6").cgroup("/workload.slice/a.service", "domain", None);
+    // Without cpuset enabled below the root, no cgroup restricts.
+    tree.cgroup("/user.slice", "domain", None).cgroup("/user.slice/u.service", "domain", None);
+    assert_eq!(tree.owners(&smt_cores(4)), vec![owned(2, "/workload.slice")]);
+}
+
+#[test]
+fn a_threaded_cgroup_belongs_to_its_nearest_domain_ancestor() {
+    let tree = Tree::v2("0-7");
+    // libvirt: the VM's scope holds cores 1 and 2; its vCPU threads are pinned one CPU each.
+    tree.domain("/machine.slice", "0-7")
+        .domain("/machine.slice/vm1.scope", "1-2,5-6")
+        .cgroup("/machine.slice/vm1.scope/libvirt", "domain threaded", Some("1-2,5-6"))
+        .cgroup("/machine.slice/vm1.scope/libvirt/vcpu0", "threaded", Some("1,5"))
+        .cgroup("/machine.slice/vm1.scope/libvirt/vcpu1", "threaded", Some("2"))
+        .cgroup("/machine.slice/vm1.scope/libvirt/emulator", "threaded", Some("1-2,5-6"))
+        // A threaded cgroup elsewhere pinned to core 2's threads takes nothing from the VM.
+        .cgroup("/dpdk.service", "domain threaded", Some("0-7"))
+        .cgroup("/dpdk.service/worker0", "threaded", Some("2,6"));
+    assert_eq!(
+        tree.owners(&smt_cores(4)),
+        vec![owned(1, "/machine.slice/vm1.scope"), owned(2, "/machine.slice/vm1.scope")]
+    );
+}
+
+#[test]
+fn a_partition_root_restricts_and_owns_its_cpus() {
+    // An isolated partition takes CPUs 3 and 7 out of its parent's (the root's) effective set.
+    let tree = Tree::v2("0-2,4-6");
+    tree.domain("/isolated.slice", "3,7")
+        .file("/isolated.slice/cpuset.cpus.partition", "isolated\n")
+        .domain("/system.slice", "0-2,4-6");
+    assert_eq!(tree.owners(&smt_cores(4)), vec![owned(3, "/isolated.slice")]);
+}
+
+#[test]
+fn a_cgroup_that_vanishes_while_it_is_read_is_skipped() {
+    let tree = Tree::v2("0-7");
+    tree.domain("/job_1", "0,4").domain("/job_2", "1,5");
+    // job_2 was removed between the listing of the root and the read of its files: its
+    // directory is listed, its files are gone (ENOENT, as for a removed cgroup).
+    fs::remove_file(tree.root().join("job_2/cgroup.type")).unwrap();
+    assert_eq!(tree.owners(&smt_cores(4)), vec![owned(0, "/job_1")]);
+    assert!(vanished(&io::Error::from_raw_os_error(rustix::io::Errno::NODEV.raw_os_error())));
+    assert!(!vanished(&io::Error::from(io::ErrorKind::PermissionDenied)));
+}
+
+#[test]
+fn a_cgroup_v1_host_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    for controller in ["cpuset", "cpu,cpuacct", "memory", "systemd"] {
+        fs::create_dir_all(dir.path().join(controller)).unwrap();
+    }
+    fs::write(dir.path().join("cpuset/cpuset.cpus"), "0-7\n").unwrap();
+    let err = read(dir.path()).unwrap_err();
+    assert!(matches!(err, OwnerError::NotV2 { .. }), "{err:?}");
+    assert!(err.to_string().contains("not a cgroup v2 hierarchy"), "{err}");
+}
+
+#[test]
+fn a_v2_hierarchy_without_the_cpuset_controller_is_an_error() {
+    // A hybrid host's unified hierarchy: cpuset is bound to v1.
+    let tree = Tree::v2("0-7");
+    tree.file("cgroup.controllers", "cpu io memory pids\n");
+    let err = read(tree.root()).unwrap_err();
+    assert!(matches!(err, OwnerError::NoCpuset { .. }), "{err:?}");
+}
+
+#[test]
+fn a_missing_hierarchy_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = read(&dir.path().join("nothing")).unwrap_err();
+    assert!(matches!(err, OwnerError::NotV2 { .. }), "{err:?}");
+}
+
+#[test]
+fn an_unreadable_cpuset_file_is_an_error_not_a_partial_answer() {
+    let tree = Tree::v2("0-7");
+    tree.domain("/job_1", "0,4").cgroup("/job_2", "domain", None);
+    // Unreadable even for root: the file is a directory (EISDIR).
+    fs::create_dir(tree.root().join("job_2/cpuset.cpus.effective")).unwrap();
+    let err = read(tree.root()).unwrap_err();
+    match &err {
+        OwnerError::Read { path, .. } => assert!(path.ends_with("job_2/cpuset.cpus.effective")),
+        other => panic!("unexpected {other:?}"),
+    }
+    assert!(err.to_string().contains("job_2/cpuset.cpus.effective"), "{err}");
+}
+
+#[test]
+fn an_unreadable_directory_is_an_error() {
+    let tree = Tree::v2("0-7");
+    // A regular file where a cgroup's subtree listing should be: ENOTDIR.
+    tree.domain("/job_1", "0,4");
+    let err = subdirectories(&tree.root().join("job_1/cgroup.type")).unwrap_err();
+    assert!(matches!(err, OwnerError::Read { .. }), "{err:?}");
+}
+
+#[test]
+fn a_malformed_cpu_list_is_an_error() {
+    let tree = Tree::v2("0-7");
+    tree.domain("/job_1", "0-x");
+    let err = read(tree.root()).unwrap_err();
+    assert!(matches!(&err, OwnerError::CpuList { content, .. } if content == "0-x"), "{err:?}");
+}
+
+#[test]
+fn cpu_lists_parse_as_the_kernel_prints_them() {
+    let set = CpuSet::parse("0-2,5,64-65\n").unwrap();
+    let members: Vec<u32> = (0..130).filter(|&c| set.contains(c)).collect();
+    assert_eq!(members, vec![0, 1, 2, 5, 64, 65]);
+    assert_eq!(CpuSet::parse("\n"), Some(CpuSet::default()));
+    assert_eq!(CpuSet::parse("3-1"), None);
+    assert_eq!(CpuSet::parse("0-4294967295"), None, "beyond MAX_CPUS");
+    assert_eq!(CpuSet::parse("a"), None);
+    // The same set however it is written: restriction compares sets, not text.
+    assert_eq!(CpuSet::parse("0-1,3"), CpuSet::parse("0,1,3"));
+    assert_eq!(CpuSet::parse("0-127"), CpuSet::parse("0-63,64-127"));
+}
+
+#[test]
+fn owner_paths_keep_systemd_escapes_verbatim() {
+    let tree = Tree::v2("0-7");
+    tree.domain("/machine.slice/machine-qemu\\x2d1\\x2dvm.scope", "3,7");
+    assert_eq!(
+        tree.owners(&smt_cores(4)),
+        vec![owned(3, "/machine.slice/machine-qemu\\x2d1\\x2dvm.scope")]
+    );
+}
+
+#[test]
+fn a_core_without_listed_threads_has_no_owner() {
+    let tree = Tree::v2("0-7");
+    tree.domain("/job_1", "0-7");
+    let mut cores = smt_cores(1);
+    cores[0].threads.clear();
+    assert_eq!(tree.owners(&cores), vec![]);
+}
+
+#[test]
+fn the_cause_is_logged_once_and_again_only_when_it_changes() {
+    let log = CauseLog::default();
+    let denied = || OwnerError::Read {
+        path: PathBuf::from("/sys/fs/cgroup/a/cpuset.cpus.effective"),
+        source: io::Error::from(io::ErrorKind::PermissionDenied),
+    };
+    assert!(log.failed(&denied()), "first failure logged");
+    assert!(!log.failed(&denied()), "same cause, not logged again");
+    let elsewhere = OwnerError::Read {
+        path: PathBuf::from("/sys/fs/cgroup/b/cpuset.cpus.effective"),
+        source: io::Error::from(io::ErrorKind::PermissionDenied),
+    };
+    assert!(!log.failed(&elsewhere), "another file, same cause");
+    assert!(log.failed(&OwnerError::NotV2 { root: PathBuf::from("/x") }), "cause changed");
+    log.succeeded();
+    assert_eq!(log.current(), None);
+    assert!(log.failed(&OwnerError::NotV2 { root: PathBuf::from("/x") }), "failing again");
+}
+
+#[test]
+fn a_cgroup_with_two_links_has_no_children_and_one_with_more_is_listed() {
+    let tree = Tree::v2("0-7");
+    tree.domain("/a", "0-7").domain("/a/b", "0,4").domain("/a/c", "1,5");
+    let names = |dir: &str| children_of(&tree.root().join(dir)).unwrap().unwrap();
+    assert_eq!(names("a"), vec!["b", "c"]);
+    assert_eq!(names("a/b"), Vec::<std::ffi::OsString>::new());
+    assert_eq!(children_of(&tree.root().join("gone")).unwrap(), None, "vanished");
+}

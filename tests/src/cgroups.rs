@@ -1,0 +1,481 @@
+//! Cgroup hierarchies for the core-owner collector (`--collector.core-owner`), generated for a
+//! fixture machine's CPU numbering rather than written by hand: the layouts Slurm's cgroup v2
+//! plugin, the kubelet's static CPU manager and systemd's `AllowedCPUs=` make, a cgroup v1 host,
+//! an unreadable hierarchy, and a node of any number of cgroups for the benchmark.
+//!
+//! Each cgroup is written as the kernel shows it: a directory with `cgroup.type`,
+//! `cgroup.procs`, `cgroup.controllers`, `cgroup.subtree_control` and, when its parent enables
+//! the cpuset controller, `cpuset.cpus` (what was asked for) and `cpuset.cpus.effective` (what
+//! the kernel grants: the request within the parent's effective set, or the parent's set when
+//! the request is empty or outside it).
+
+use amd_hsmp_proto::Topology;
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// A named hierarchy of a scenario (`cgroups = "slurm"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Layout {
+    /// Slurm's cgroup v2 plugin with `ConstrainCores=yes`, SMT on, two jobs: job 4242 (eight
+    /// whole cores on socket 0, its step's two tasks bound to four cores each) and job 4243
+    /// (five threads on socket 1: two whole cores and one thread of a third).
+    Slurm,
+    /// [`Layout::Slurm`] after job 4242 has ended.
+    SlurmOneJobEnded,
+    /// A Kubernetes node, kubelet's static CPU manager and systemd cgroup driver: two
+    /// Guaranteed pods with exclusive CPUs (one of two containers), the shared pool across
+    /// burstable and best-effort pods.
+    Kubelet,
+    /// systemd services and slices with `AllowedCPUs=`, two of them overlapping, a slice whose
+    /// services inherit its CPUs, and a libvirt VM whose vCPU threads are pinned.
+    Systemd,
+    /// A cgroup v1 (hybrid) host: controller hierarchies and no `cgroup.controllers`.
+    V1Host,
+    /// A cgroup v2 hierarchy in which one cgroup's cpuset file cannot be read.
+    Unreadable,
+}
+
+/// One cgroup to write.
+#[derive(Debug, Clone)]
+pub struct Group {
+    /// Path from the root, `/`-separated, without a leading `/`.
+    pub path: String,
+    /// `cgroup.type`: `domain`, `domain threaded` or `threaded`.
+    pub kind: &'static str,
+    /// `cpuset.cpus`, the CPUs asked for; empty asks for none (the parent's set is in effect).
+    pub cpus: Vec<u32>,
+    /// Whether the cgroup has cpuset files (its parent enables the controller for it).
+    pub cpuset: bool,
+}
+
+/// A cgroup v2 hierarchy: groups listed parents first.
+#[derive(Debug, Clone, Default)]
+pub struct Hierarchy {
+    /// The cgroups below the root.
+    pub groups: Vec<Group>,
+}
+
+impl Hierarchy {
+    fn add(&mut self, path: &str, cpus: Vec<u32>) -> &mut Self {
+        self.add_kind(path, "domain", cpus)
+    }
+
+    fn add_kind(&mut self, path: &str, kind: &'static str, cpus: Vec<u32>) -> &mut Self {
+        self.groups.push(Group { path: path.to_owned(), kind, cpus, cpuset: true });
+        self
+    }
+
+    /// A cgroup without cpuset files (its parent does not enable the controller).
+    fn add_plain(&mut self, path: &str) -> &mut Self {
+        self.groups.push(Group {
+            path: path.to_owned(),
+            kind: "domain",
+            cpus: vec![],
+            cpuset: false,
+        });
+        self
+    }
+
+    /// Writes the hierarchy under `root` for a machine whose online CPUs are `online`.
+    pub fn write(&self, root: &Path, online: &BTreeSet<u32>) -> Result<()> {
+        std::fs::create_dir_all(root)?;
+        let all = cpu_list(online.iter().copied());
+        write(&root.join("cgroup.controllers"), "cpuset cpu io memory hugetlb pids rdma misc\n")?;
+        write(&root.join("cgroup.subtree_control"), "cpuset cpu io memory pids\n")?;
+        write(&root.join("cpuset.cpus.effective"), &format!("{all}\n"))?;
+        write(&root.join("cpuset.mems.effective"), "0-1\n")?;
+        write(&root.join("cgroup.procs"), "1\n")?;
+        let mut effective: std::collections::BTreeMap<String, BTreeSet<u32>> =
+            std::collections::BTreeMap::new();
+        effective.insert(String::new(), online.clone());
+        let children_with_cpuset: BTreeSet<String> = self
+            .groups
+            .iter()
+            .filter(|g| g.cpuset)
+            .map(|g| parent_of(&g.path).to_owned())
+            .collect();
+        for g in &self.groups {
+            let parent = parent_of(&g.path);
+            let Some(parent_set) = effective.get(parent).cloned() else {
+                bail!("cgroup {} listed before its parent", g.path);
+            };
+            let dir = root.join(&g.path);
+            std::fs::create_dir(&dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            write(&dir.join("cgroup.type"), &format!("{}\n", g.kind))?;
+            write(&dir.join("cgroup.procs"), "")?;
+            let controllers =
+                if g.cpuset { "cpuset cpu io memory pids\n" } else { "cpu io memory pids\n" };
+            write(&dir.join("cgroup.controllers"), controllers)?;
+            let subtree = if children_with_cpuset.contains(&g.path) {
+                "cpuset cpu memory pids\n"
+            } else {
+                ""
+            };
+            write(&dir.join("cgroup.subtree_control"), subtree)?;
+            let set = if g.cpuset {
+                let granted: BTreeSet<u32> =
+                    g.cpus.iter().copied().filter(|c| parent_set.contains(c)).collect();
+                let set = if granted.is_empty() { parent_set } else { granted };
+                write(
+                    &dir.join("cpuset.cpus"),
+                    &format!("{}\n", cpu_list(g.cpus.iter().copied())),
+                )?;
+                write(
+                    &dir.join("cpuset.cpus.effective"),
+                    &format!("{}\n", cpu_list(set.iter().copied())),
+                )?;
+                write(&dir.join("cpuset.cpus.partition"), "member\n")?;
+                set
+            } else {
+                parent_set
+            };
+            effective.insert(g.path.clone(), set);
+        }
+        Ok(())
+    }
+}
+
+fn parent_of(path: &str) -> &str {
+    path.rsplit_once('/').map_or("", |(parent, _)| parent)
+}
+
+fn write(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// A kernel CPU list (`0-3,5`) of ascending CPUs.
+pub fn cpu_list(cpus: impl IntoIterator<Item = u32>) -> String {
+    let mut out = String::new();
+    let mut run: Option<(u32, u32)> = None;
+    let flush = |out: &mut String, (a, b): (u32, u32)| {
+        let sep = if out.is_empty() { "" } else { "," };
+        let _ = if a == b { write!(out, "{sep}{a}") } else { write!(out, "{sep}{a}-{b}") };
+    };
+    for cpu in cpus {
+        run = match run {
+            Some((a, b)) if cpu == b + 1 => Some((a, cpu)),
+            Some(r) => {
+                flush(&mut out, r);
+                Some((cpu, cpu))
+            }
+            None => Some((cpu, cpu)),
+        };
+    }
+    if let Some(r) = run {
+        flush(&mut out, r);
+    }
+    out
+}
+
+/// The CPUs (every thread) of cores `cores` (indices among the socket's cores, in `core`
+/// order) of `socket`.
+pub fn threads(topology: &Topology, socket: u32, cores: std::ops::Range<usize>) -> Vec<u32> {
+    let mut cpus: Vec<u32> = topology
+        .cores
+        .iter()
+        .filter(|c| c.socket == socket)
+        .skip(cores.start)
+        .take(cores.len())
+        .flat_map(|c| c.threads.iter().copied())
+        .collect();
+    cpus.sort_unstable();
+    cpus
+}
+
+/// The first thread of core `index` of `socket`.
+fn first_thread(topology: &Topology, socket: u32, index: usize) -> u32 {
+    threads(topology, socket, index..index + 1)[0]
+}
+
+fn joined(parts: &[&[u32]]) -> Vec<u32> {
+    let set: BTreeSet<u32> = parts.iter().flat_map(|p| p.iter().copied()).collect();
+    set.into_iter().collect()
+}
+
+fn online(topology: &Topology) -> BTreeSet<u32> {
+    topology.cores.iter().flat_map(|c| c.threads.iter().copied()).collect()
+}
+
+const SLURM: &str = "system.slice/slurmstepd.scope";
+
+fn slurm(topology: &Topology, with_job_4242: bool) -> Hierarchy {
+    let mut h = Hierarchy::default();
+    h.add("init.scope", vec![])
+        .add("system.slice", vec![])
+        .add("system.slice/slurmd.service", vec![])
+        .add("system.slice/sshd.service", vec![])
+        .add(SLURM, vec![])
+        .add(&format!("{SLURM}/system"), vec![]);
+    if with_job_4242 {
+        let job = threads(topology, 0, 0..8);
+        let job_dir = format!("{SLURM}/job_4242");
+        h.add(&job_dir, job.clone());
+        for step in ["step_extern", "step_batch", "step_0"] {
+            let step_dir = format!("{job_dir}/{step}");
+            h.add(&step_dir, job.clone())
+                .add(&format!("{step_dir}/slurm"), job.clone())
+                .add(&format!("{step_dir}/user"), job.clone());
+        }
+        // The step's tasks are bound to four cores each (TaskPlugin=task/cgroup,task/affinity).
+        h.add(&format!("{job_dir}/step_0/user/task_0"), threads(topology, 0, 0..4))
+            .add(&format!("{job_dir}/step_0/user/task_1"), threads(topology, 0, 4..8))
+            .add(&format!("{job_dir}/step_extern/user/task_special"), job.clone());
+    }
+    // Five threads: cores 0 and 1 of socket 1 whole, and only the first thread of core 2.
+    let job = joined(&[&threads(topology, 1, 0..2), &[first_thread(topology, 1, 2)]]);
+    let job_dir = format!("{SLURM}/job_4243");
+    h.add(&job_dir, job.clone());
+    for step in ["step_extern", "step_batch"] {
+        let step_dir = format!("{job_dir}/{step}");
+        h.add(&step_dir, job.clone())
+            .add(&format!("{step_dir}/slurm"), job.clone())
+            .add(&format!("{step_dir}/user"), job.clone())
+            .add(&format!("{step_dir}/user/task_0"), job.clone());
+    }
+    h.add("user.slice", vec![]).add_plain("user.slice/user-1000.slice");
+    h
+}
+
+/// Pod UIDs as the kubelet's systemd driver writes them (dashes become underscores).
+const POD_A: &str = "0b7f4c3e_2a51_4d8e_9c1a_6f0e5d3b2a10";
+const POD_B: &str = "5d2e9a41_7c3b_4f60_8e2d_1a9b0c4d7e33";
+const POD_C: &str = "9a0c1e2f_3b4d_4e5f_a6b7_c8d9e0f1a2b3";
+const POD_D: &str = "c3d4e5f6_0718_4293_a4b5_c6d7e8f9a0b1";
+const POD_E: &str = "e1f2a3b4_c5d6_47e8_99a0_b1c2d3e4f5a6";
+
+fn kubelet(topology: &Topology) -> Hierarchy {
+    let all = online(topology);
+    // Exclusive CPUs: pod A's app container cores 2-5 and its sidecar core 6 of socket 0, pod
+    // B's container cores 0-7 of socket 1. The shared pool is the rest (with the reserved
+    // CPUs: the kubelet's --reserved-cpus stay in the pool).
+    let a_app = threads(topology, 0, 2..6);
+    let a_sidecar = threads(topology, 0, 6..7);
+    let b_app = threads(topology, 1, 0..8);
+    let exclusive: BTreeSet<u32> = joined(&[&a_app, &a_sidecar, &b_app]).into_iter().collect();
+    let shared: Vec<u32> = all.difference(&exclusive).copied().collect();
+    let scope = |id: &str| format!("cri-containerd-{id}.scope");
+    let mut h = Hierarchy::default();
+    h.add("init.scope", vec![])
+        .add("system.slice", vec![])
+        .add("system.slice/containerd.service", vec![])
+        .add("system.slice/kubelet.service", vec![])
+        .add("kubepods.slice", vec![]);
+    let pod_a = format!("kubepods.slice/kubepods-pod{POD_A}.slice");
+    h.add(&pod_a, vec![])
+        // The sandbox (pause) container is not managed by the CPU manager.
+        .add(
+            &format!(
+                "{pod_a}/{}",
+                scope("4f1d0c2b9a8e7d6c5b4a39281706f5e4d3c2b1a09f8e7d6c5b4a3928170605f4")
+            ),
+            vec![],
+        )
+        .add(
+            &format!(
+                "{pod_a}/{}",
+                scope("a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90")
+            ),
+            a_app,
+        )
+        .add(
+            &format!(
+                "{pod_a}/{}",
+                scope("b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90a1")
+            ),
+            a_sidecar,
+        );
+    let pod_b = format!("kubepods.slice/kubepods-pod{POD_B}.slice");
+    h.add(&pod_b, vec![])
+        .add(
+            &format!(
+                "{pod_b}/{}",
+                scope("1e2d3c4b5a69788796a5b4c3d2e1f0011e2d3c4b5a69788796a5b4c3d2e1f001")
+            ),
+            vec![],
+        )
+        .add(
+            &format!(
+                "{pod_b}/{}",
+                scope("c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2")
+            ),
+            b_app,
+        );
+    h.add("kubepods.slice/kubepods-burstable.slice", vec![]);
+    for (pod, containers) in [(POD_C, ["d4e5f6", "e5f607"]), (POD_D, ["f60718", "071829"])] {
+        let dir =
+            format!("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{pod}.slice");
+        h.add(&dir, vec![]);
+        for id in containers {
+            h.add(&format!("{dir}/{}", scope(&id.repeat(11)[..64])), shared.clone());
+        }
+    }
+    h.add("kubepods.slice/kubepods-besteffort.slice", vec![]);
+    let dir =
+        format!("kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{POD_E}.slice");
+    h.add(&dir, vec![]).add(&format!("{dir}/{}", scope(&"18293a".repeat(11)[..64])), shared);
+    h
+}
+
+fn systemd(topology: &Topology) -> Hierarchy {
+    let postgres = threads(topology, 0, 8..16);
+    let nginx = threads(topology, 0, 16..18);
+    // Overlaps postgresql's last two cores and nginx's two: those four are unassigned.
+    let batch = threads(topology, 0, 14..20);
+    let workload = threads(topology, 1, 0..16);
+    let vm = threads(topology, 1, 32..36);
+    let vm_scope = "machine.slice/machine-qemu\\x2d1\\x2dbuild\\x2dvm.scope";
+    let mut h = Hierarchy::default();
+    h.add("init.scope", vec![])
+        .add("system.slice", vec![])
+        .add("system.slice/postgresql.service", postgres)
+        .add("system.slice/nginx.service", nginx)
+        .add("system.slice/batch.service", batch)
+        .add("system.slice/sshd.service", vec![])
+        .add("workload.slice", workload)
+        .add("workload.slice/api.service", vec![])
+        .add("workload.slice/worker.service", vec![])
+        .add("machine.slice", vec![])
+        .add(vm_scope, vm.clone())
+        .add_kind(&format!("{vm_scope}/libvirt"), "domain threaded", vec![]);
+    // Each vCPU thread pinned to one core of the VM's; the emulator floats over all of them.
+    for (i, core) in (32..36).enumerate() {
+        h.add_kind(
+            &format!("{vm_scope}/libvirt/vcpu{i}"),
+            "threaded",
+            threads(topology, 1, core..core + 1),
+        );
+    }
+    h.add_kind(&format!("{vm_scope}/libvirt/emulator"), "threaded", vm)
+        .add("user.slice", vec![])
+        .add_plain("user.slice/user-1000.slice")
+        .add_plain("user.slice/user-1000.slice/session-3.scope");
+    h
+}
+
+/// A Kubernetes node of `pods` pods (two containers and a sandbox each, so about four cgroups
+/// a pod): every tenth pod Guaranteed with one exclusive core per container while cores last,
+/// the others in the shared pool. For the benchmark.
+pub fn generated(topology: &Topology, pods: usize) -> Hierarchy {
+    let all = online(topology);
+    let per_socket = topology.cores.iter().filter(|c| c.socket == 0).count();
+    let mut next = 0;
+    let mut exclusive: Vec<(usize, Vec<u32>)> = Vec::new();
+    for pod in (0..pods).step_by(10) {
+        for _ in 0..2 {
+            if next < per_socket {
+                exclusive.push((pod, threads(topology, 0, next..next + 1)));
+                next += 1;
+            }
+        }
+    }
+    let taken: BTreeSet<u32> = exclusive.iter().flat_map(|(_, c)| c.iter().copied()).collect();
+    let shared: Vec<u32> = all.difference(&taken).copied().collect();
+    let mut h = Hierarchy::default();
+    h.add("system.slice", vec![]).add("kubepods.slice", vec![]);
+    h.add("kubepods.slice/kubepods-besteffort.slice", vec![]);
+    for pod in 0..pods {
+        let guaranteed = pod % 10 == 0;
+        let dir = if guaranteed {
+            format!("kubepods.slice/kubepods-pod{pod:08x}_0000_4000_8000_000000000000.slice")
+        } else {
+            format!(
+                "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{pod:08x}_0000_4000_8000_000000000000.slice"
+            )
+        };
+        h.add(&dir, vec![]).add(&format!("{dir}/cri-containerd-{pod:064x}.scope"), vec![]);
+        let mut own = exclusive.iter().filter(|(p, _)| *p == pod).map(|(_, c)| c.clone());
+        for container in 1..=2u64 {
+            let cpus = if guaranteed {
+                own.next().unwrap_or_else(|| shared.clone())
+            } else {
+                shared.clone()
+            };
+            let id = (pod as u64) << 8 | container;
+            h.add(&format!("{dir}/cri-containerd-{id:064x}.scope"), cpus);
+        }
+    }
+    h
+}
+
+/// Writes `layout` for `topology`'s machine under `root`, which must not exist yet.
+pub fn write_layout(layout: Layout, topology: &Topology, root: &Path) -> Result<()> {
+    let online = online(topology);
+    match layout {
+        Layout::Slurm => slurm(topology, true).write(root, &online),
+        Layout::SlurmOneJobEnded => slurm(topology, false).write(root, &online),
+        Layout::Kubelet => kubelet(topology).write(root, &online),
+        Layout::Systemd => systemd(topology).write(root, &online),
+        Layout::V1Host => {
+            // A hybrid host: v1 controller hierarchies, the unified one for systemd only.
+            for controller in ["cpuset", "cpu,cpuacct", "memory", "pids", "systemd", "unified"] {
+                std::fs::create_dir_all(root.join(controller))?;
+            }
+            write(
+                &root.join("cpuset/cpuset.cpus"),
+                &format!("{}\n", cpu_list(online.iter().copied())),
+            )?;
+            write(&root.join("cpuset/cgroup.procs"), "1\n")?;
+            write(&root.join("unified/cgroup.controllers"), "\n")?;
+            Ok(())
+        }
+        Layout::Unreadable => {
+            slurm(topology, true).write(root, &online)?;
+            // Unreadable even for root (EISDIR), as a file the exporter's user may not read.
+            let file = root.join(format!("{SLURM}/job_4243/cpuset.cpus.effective"));
+            std::fs::remove_file(&file)?;
+            std::fs::create_dir(&file)?;
+            Ok(())
+        }
+    }
+}
+
+/// Replaces the hierarchy under `root` by `layout`'s.
+pub fn replace_layout(layout: Layout, topology: &Topology, root: &Path) -> Result<()> {
+    if root.exists() {
+        std::fs::remove_dir_all(root)
+            .with_context(|| format!("cannot remove {}", root.display()))?;
+    }
+    write_layout(layout, topology, root)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists_are_written_as_the_kernel_writes_them() {
+        assert_eq!(cpu_list([0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
+        assert_eq!(cpu_list([3]), "3");
+        assert_eq!(cpu_list([]), "");
+    }
+
+    #[test]
+    fn the_generated_node_has_four_cgroups_a_pod_and_exclusive_cores_every_tenth_pod() {
+        let topology = crate::fixtures::machine("turin-2p").unwrap().topology();
+        let h = generated(&topology, 250);
+        assert_eq!(h.groups.len() + 1, 1004, "the root, three slices, four cgroups a pod");
+        let one_core: Vec<&Group> = h.groups.iter().filter(|g| g.cpus.len() == 2).collect();
+        assert_eq!(one_core.len(), 50, "two containers of each of the 25 Guaranteed pods");
+        let dir = tempfile::tempdir().unwrap();
+        h.write(&dir.path().join("cgroup"), &online(&topology)).unwrap();
+    }
+
+    #[test]
+    fn an_effective_set_is_the_request_within_the_parents() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut h = Hierarchy::default();
+        h.add("a", vec![0, 1, 2]).add("a/b", vec![2, 3]).add("a/c", vec![9]).add_plain("d");
+        h.write(dir.path(), &(0..8).collect()).unwrap();
+        let read = |p: &str| std::fs::read_to_string(dir.path().join(p)).unwrap();
+        assert_eq!(read("a/cpuset.cpus.effective"), "0-2\n");
+        assert_eq!(read("a/b/cpuset.cpus.effective"), "2\n");
+        assert_eq!(read("a/c/cpuset.cpus.effective"), "0-2\n", "outside the parent's");
+        assert!(!dir.path().join("d/cpuset.cpus.effective").exists());
+        assert_eq!(read("a/cgroup.subtree_control"), "cpuset cpu memory pids\n");
+    }
+}
