@@ -567,6 +567,9 @@ impl WrapRig {
         let mut args = device.broker_args(&tree);
         args.extend(["--collector.core-energy.msr-fallback".into(), "--msr.poll-interval".into()]);
         args.push("100ms".into());
+        // The counts are compared with the model's counters when they were frozen: every
+        // sample must read them after that, not take a read from within the freshness bound.
+        args.extend(["--sample.max-age".into(), "0".into()]);
         let broker = Broker::spawn_with(&[], &args, tempfile::tempdir().unwrap());
         let cpus = broker.client().topology().cores.iter().map(|c| c.cpu).collect();
         WrapRig { broker, _device: device, model, cpus, _alone: alone }
