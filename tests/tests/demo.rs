@@ -216,6 +216,9 @@ fn a_page_view_costs_one_sample_as_a_scrape_does() {
     let tree = fixtures::tree(&fixtures::fixtures_dir(), "turin-2p");
     let mut args = device.broker_args(&tree);
     args.extend(["--listen".into(), socket.display().to_string()]);
+    // Each request reads afresh, so that each costs what it costs alone: with the freshness
+    // bound, requests within it would share one reading.
+    args.extend(["--sample.max-age".into(), "0".into()]);
     let broker_exe = &harness::binaries().unwrap().broker;
     let mut broker =
         Proc::spawn("amd-hsmp-broker", broker_exe, &args, dir.path().join("b.log")).unwrap();
