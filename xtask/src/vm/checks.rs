@@ -6,6 +6,7 @@
 use super::guest::{Output, Vm};
 use super::responder::Responder;
 use super::sim::{DRIVER_TIMEOUT, Family, Target};
+use amd_hsmp_broker::sampler::DEFAULT_MAX_AGE;
 use anyhow::{Context, Result, bail};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -1185,9 +1186,13 @@ fn wait_for_exporter(vm: &mut Vm) -> Result<()> {
 
 /// Scrapes /metrics in the guest with `X-Prometheus-Scrape-Timeout-Seconds: timeout`.
 fn scrape(vm: &mut Vm, timeout: f64) -> Result<Scrape> {
+    // Past the broker's freshness bound since the last scrape, so that this one reads the
+    // mailbox (what a check changed shows, and its messages are counted), as Prometheus' scrapes,
+    // seconds apart, do. curl's own time is what is measured.
+    let past_the_bound = DEFAULT_MAX_AGE.as_secs_f64() + 0.1;
     let out: Output = vm.run(
         &format!(
-            "curl -sS -m 30 -H 'X-Prometheus-Scrape-Timeout-Seconds: {timeout}' \
+            "sleep {past_the_bound}; curl -sS -m 30 -H 'X-Prometheus-Scrape-Timeout-Seconds: {timeout}' \
              -w '\\n#time %{{time_total}}\\n' {METRICS_URL}"
         ),
         COMMAND_TIMEOUT,
