@@ -187,9 +187,7 @@ fn step(job: &SocketJob, task: &Task, round: &mut Round) -> Step {
         }
         let usable = round.usable.is_some_and(|u| u.is_ok());
         if plan.probe_esu && usable && device.esu(s).is_none() && !round.esu_asked {
-            round.esu_asked = true;
-            device.set_esu(s, heard(device, s, messages::rapl_esu(t, socket)));
-            return Step::Probed;
+            return ask_esu(device, job, round);
         }
     }
     let usable = round.usable.unwrap_or(Ok(()));
@@ -209,10 +207,7 @@ fn step(job: &SocketJob, task: &Task, round: &mut Round) -> Step {
                         Some(Ok(esu)) => Ok(esu),
                         Some(Err(ItemError::Unsupported)) => Err(ItemError::Unsupported),
                         _ if usable.is_ok() && !round.esu_asked => {
-                            round.esu_asked = true;
-                            let t = device.transport.as_ref();
-                            device.set_esu(s, heard(device, s, messages::rapl_esu(t, socket)));
-                            return Step::Probed;
+                            return ask_esu(device, job, round);
                         }
                         esu => esu.unwrap_or(Err(ItemError::DeadlineExceeded)),
                     };
@@ -237,6 +232,15 @@ fn step(job: &SocketJob, task: &Task, round: &mut Round) -> Step {
             Step::Read(Item::BoostLimit(i, r), Source::Hsmp(device.id))
         }
     }
+}
+
+/// Asks the socket's energy status unit (`GET_RAPL_UNITS`), once a round, and keeps the answer
+/// on the device.
+fn ask_esu(device: &OpenDevice, job: &SocketJob, round: &mut Round) -> Step {
+    round.esu_asked = true;
+    let esu = messages::rapl_esu(device.transport.as_ref(), job.socket);
+    device.set_esu(job.index, heard(device, job.index, esu));
+    Step::Probed
 }
 
 /// Notes how a message to socket `s` ended, for the device's health, and passes it on.

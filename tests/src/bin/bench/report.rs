@@ -390,31 +390,12 @@ fn fixture_table(out: &mut String, f: &FixtureReport) {
         "btw"
     );
     for s in &f.latencies {
-        let c = &s.cpu_ms_per_scrape;
         let msgs = if s.messages_min == s.messages_max {
             s.messages_min.to_string()
         } else {
             format!("{}-{}", s.messages_min, s.messages_max)
         };
-        let _ = writeln!(
-            out,
-            "  {:>6} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>6.3} {:>6.3} | {:>6.2} {:>6.2} {:>6.2} {:>6.2} {:>5.2} | {:>4} {:>3}",
-            s.latency_us,
-            s.scrape_ms.p50,
-            s.scrape_ms.p99,
-            s.collect_ms.p50,
-            s.floor_ms.p50,
-            s.floor_ms.p99,
-            s.ratio_median,
-            s.collect_ratio_median,
-            c.broker,
-            c.exporter,
-            c.both,
-            c.floor,
-            c.ratio,
-            msgs,
-            s.messages_between
-        );
+        let _ = writeln!(out, "{} | {:>4} {:>3}", latency_row(s), msgs, s.messages_between);
     }
     let _ = writeln!(
         out,
@@ -439,24 +420,7 @@ fn fixture_table(out: &mut String, f: &FixtureReport) {
             let c = &s.cpu_ms_per_scrape;
             let plain = f.latencies.iter().find(|p| p.latency_us == s.latency_us);
             let extra = plain.map_or(0.0, |p| c.exporter - p.cpu_ms_per_scrape.exporter);
-            let _ = writeln!(
-                out,
-                "  {:>6} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>6.3} {:>6.3} | {:>6.2} {:>6.2} {:>6.2} {:>6.2} {:>5.2} | exporter CPU +{:.2} ms",
-                s.latency_us,
-                s.scrape_ms.p50,
-                s.scrape_ms.p99,
-                s.collect_ms.p50,
-                s.floor_ms.p50,
-                s.floor_ms.p99,
-                s.ratio_median,
-                s.collect_ratio_median,
-                c.broker,
-                c.exporter,
-                c.both,
-                c.floor,
-                c.ratio,
-                extra
-            );
+            let _ = writeln!(out, "{} | exporter CPU +{extra:.2} ms", latency_row(s));
         }
     }
     let c = &f.concurrent;
@@ -503,6 +467,27 @@ fn fixture_table(out: &mut String, f: &FixtureReport) {
 /// A figure without needless decimals.
 fn trim(v: f64) -> String {
     if v.fract() == 0.0 { format!("{v:.0}") } else { format!("{v:.3}") }
+}
+
+/// The columns a latency series shares in the text report: wall times, ratios and CPU.
+fn latency_row(s: &LatencyReport) -> String {
+    let c = &s.cpu_ms_per_scrape;
+    format!(
+        "  {:>6} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>6.3} {:>6.3} | {:>6.2} {:>6.2} {:>6.2} {:>6.2} {:>5.2}",
+        s.latency_us,
+        s.scrape_ms.p50,
+        s.scrape_ms.p99,
+        s.collect_ms.p50,
+        s.floor_ms.p50,
+        s.floor_ms.p99,
+        s.ratio_median,
+        s.collect_ratio_median,
+        c.broker,
+        c.exporter,
+        c.both,
+        c.floor,
+        c.ratio
+    )
 }
 
 #[cfg(test)]
