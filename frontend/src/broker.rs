@@ -17,16 +17,16 @@ use tokio::time::{Instant, timeout_at};
 /// one with a short deadline is in flight; the broker shares one mailbox reading among
 /// concurrent samples, so this does not multiply mailbox traffic. The broker reserves two
 /// slots for the exporter's identity.
-pub const MAX_CONNECTIONS: usize = 2;
+pub(crate) const MAX_CONNECTIONS: usize = 2;
 
 /// How long past a sample's deadline its reply is awaited. The broker answers at the deadline
 /// with what it has read, so a reply later than this means the connection is stuck: only then
 /// is it given up.
-pub const REPLY_GRACE: Duration = Duration::from_secs(2);
+pub(crate) const REPLY_GRACE: Duration = Duration::from_secs(2);
 
 /// Why a request to the broker failed.
 #[derive(Debug, thiserror::Error)]
-pub enum BrokerError {
+pub(crate) enum BrokerError {
     /// The socket could not be connected (broker not running, wrong path, no permission).
     #[error("cannot connect to the broker socket {}{}", path.display(), connect_hint(source))]
     Connect {
@@ -108,7 +108,7 @@ impl BrokerError {
 
 /// What the broker said about itself in its Hello.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BrokerInfo {
+pub(crate) struct BrokerInfo {
     /// The broker's package version.
     pub broker_version: String,
     /// Changes on every broker start.
@@ -119,7 +119,7 @@ pub struct BrokerInfo {
 
 /// One answered sample with the context needed to label it.
 #[derive(Debug, Clone)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     /// The broker that answered.
     pub info: Arc<BrokerInfo>,
     /// Its topology; the sample's readings are aligned with it.
@@ -141,7 +141,7 @@ struct Connection {
 
 /// The client: a socket path and a pool of at most [`MAX_CONNECTIONS`] connections.
 #[derive(Debug)]
-pub struct BrokerClient {
+pub(crate) struct BrokerClient {
     path: PathBuf,
     /// One permit per connection that may be open and in use.
     permits: Semaphore,
@@ -165,7 +165,7 @@ fn connect_hint(source: &io::Error) -> &'static str {
 impl BrokerClient {
     /// A client for the broker listening on `path`; nothing is connected until the first
     /// request.
-    pub fn new(path: impl Into<PathBuf>) -> Self {
+    pub(crate) fn new(path: impl Into<PathBuf>) -> Self {
         BrokerClient {
             path: path.into(),
             permits: Semaphore::new(MAX_CONNECTIONS),
@@ -175,7 +175,7 @@ impl BrokerClient {
     }
 
     /// The socket path.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
@@ -189,7 +189,7 @@ impl BrokerClient {
     ///
     /// Cancel-safe in the sense that matters here: a call dropped mid-request drops its
     /// connection, so no later call reads a stale reply.
-    pub async fn sample(
+    pub(crate) async fn sample(
         &self,
         what: amd_hsmp_proto::Families,
         deadline: Instant,

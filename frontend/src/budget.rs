@@ -32,7 +32,7 @@ impl Budget {
     }
 
     /// The budget for a scrape timeout of `total`.
-    pub fn of(total: Duration) -> Budget {
+    pub(crate) fn of(total: Duration) -> Budget {
         let margin = (total / 10).min(MAX_MARGIN);
         Budget { broker_deadline: total - margin, wait: total - margin / 2 }
     }
@@ -44,7 +44,7 @@ impl Budget {
 }
 
 /// A duration in whole milliseconds for the broker's `deadline_ms`: at least 1, saturating.
-pub fn deadline_ms(d: Duration) -> u32 {
+pub(crate) fn deadline_ms(d: Duration) -> u32 {
     u32::try_from(d.as_millis()).unwrap_or(u32::MAX).max(1)
 }
 

@@ -117,9 +117,9 @@ pub fn command() -> clap::Command {
 }
 
 /// Default of `--web.max-connections`.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 512;
 /// Default of `--web.max-connections-per-client`.
-pub const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: usize = 32;
+pub(crate) const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: usize = 32;
 
 impl Args {
     /// The connection limits, sized within the file-descriptor limit `fd_limit`
@@ -220,7 +220,7 @@ impl std::fmt::Display for ListenAddress {
 }
 
 /// Parses `:PORT`, `IPv4:PORT`, `[IPv6]:PORT` and `localhost:PORT`.
-pub fn parse_listen_address(text: &str) -> Result<ListenAddress, String> {
+pub(crate) fn parse_listen_address(text: &str) -> Result<ListenAddress, String> {
     if let Some(port) = text.strip_prefix(':') {
         return port
             .parse()
@@ -254,7 +254,7 @@ fn parse_positive(text: &str) -> Result<usize, String> {
 }
 
 /// Parses a Prometheus-style duration: `500ms`, `10s`, `1m`, or a bare number of seconds.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let (number, scale) = if let Some(n) = text.strip_suffix("ms") {
         (n, 0.001)
     } else if let Some(n) = text.strip_suffix('s') {

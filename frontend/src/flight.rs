@@ -13,7 +13,7 @@ use tokio::time::{Instant, timeout_at};
 
 /// The flights in the air, each with the deadline it was started with.
 #[derive(Debug)]
-pub struct Flights<T> {
+pub(crate) struct Flights<T> {
     inner: Mutex<Inner<T>>,
     joins: AtomicU64,
 }
@@ -33,17 +33,18 @@ struct Entry<T> {
 
 /// A scrape's place on one flight.
 #[derive(Debug)]
-pub struct Ticket<T> {
+pub(crate) struct Ticket<T> {
     /// The deadline the flight was started with.
-    pub deadline: Instant,
+    #[cfg_attr(not(test), expect(dead_code, reason = "the tests check which flight was joined"))]
+    pub(crate) deadline: Instant,
     /// True when the scrape joined a flight another scrape started.
-    pub joined: bool,
+    pub(crate) joined: bool,
     landed: watch::Receiver<Option<T>>,
 }
 
 /// How a flight ended for one scrape.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Landing<T> {
+pub(crate) enum Landing<T> {
     /// The flight's result.
     Landed(T),
     /// The flight had not landed when the scrape had to answer; it keeps flying.
@@ -65,7 +66,7 @@ impl<T: Clone + Send + Sync + 'static> Flights<T> {
     /// Joins the flight that suits `deadline` (see [`suits`]), or starts `start()` as a new
     /// flight with that deadline. The new flight runs in its own task, so a scraper that hangs
     /// up does not cancel the request that others wait for.
-    pub fn join_or_start<F, Fut>(
+    pub(crate) fn join_or_start<F, Fut>(
         self: &Arc<Self>,
         deadline: Instant,
         tolerance: Duration,
@@ -105,19 +106,19 @@ impl<T: Clone + Send + Sync + 'static> Flights<T> {
     }
 
     /// How many times a scrape joined a flight another had started, since the start.
-    pub fn joins(&self) -> u64 {
+    pub(crate) fn joins(&self) -> u64 {
         self.joins.load(Ordering::Relaxed)
     }
 
     /// Flights in the air now.
-    pub fn flying(&self) -> usize {
+    pub(crate) fn flying(&self) -> usize {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).flying.len()
     }
 }
 
 impl<T: Clone> Ticket<T> {
     /// Waits for the flight until `by`.
-    pub async fn land_by(mut self, by: Instant) -> Landing<T> {
+    pub(crate) async fn land_by(mut self, by: Instant) -> Landing<T> {
         match timeout_at(by, self.landed.wait_for(Option::is_some)).await {
             Ok(Ok(result)) => result.clone().map_or(Landing::Lost, Landing::Landed),
             Ok(Err(_)) => Landing::Lost,
@@ -129,7 +130,7 @@ impl<T: Clone> Ticket<T> {
 /// True when a scrape with deadline `own` may join a flight with deadline `flight`: the flight
 /// answers no later than the scrape must, and asked the broker for at most `tolerance` less
 /// time.
-pub fn suits(flight: Instant, own: Instant, tolerance: Duration) -> bool {
+pub(crate) fn suits(flight: Instant, own: Instant, tolerance: Duration) -> bool {
     flight <= own && flight + tolerance >= own
 }
 

@@ -2,8 +2,9 @@
 //! `/-/ready`, 404 elsewhere, content negotiation between OpenMetrics 1.0 and the text format
 //! 0.0.4.
 
+use crate::budget::Budget;
 use crate::metrics::{self, Format};
-use crate::scrape::{Budget, Exporter};
+use crate::scrape::Exporter;
 use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
@@ -12,21 +13,21 @@ use axum::routing::get;
 use std::sync::Arc;
 
 /// Header in which Prometheus sends its scrape timeout, in seconds.
-pub const SCRAPE_TIMEOUT_HEADER: &str = "x-prometheus-scrape-timeout-seconds";
+pub(crate) const SCRAPE_TIMEOUT_HEADER: &str = "x-prometheus-scrape-timeout-seconds";
 
 /// The router, with `exporter` as shared state. Tests call it with
 /// `tower::ServiceExt::oneshot`, without a socket.
 pub fn app(exporter: Arc<Exporter>) -> Router {
     let path = exporter.config().telemetry_path.clone();
     Router::new()
-        .route("/", get(crate::landing::page))
+        .route("/", crate::landing::route(&exporter))
         .route(&path, get(telemetry))
         .fallback(not_found)
         .with_state(exporter)
 }
 
 /// Liveness and readiness probe paths, named as Prometheus names its own.
-pub const PROBE_PATHS: [&str; 2] = ["/-/healthy", "/-/ready"];
+pub(crate) const PROBE_PATHS: [&str; 2] = ["/-/healthy", "/-/ready"];
 
 /// The probe paths: a fixed answer once the server serves, without sampling (no broker request,
 /// so no mailbox message) and without authentication (a kubelet probe sends no credentials,
@@ -52,7 +53,7 @@ pub fn service(exporter: Arc<Exporter>, web: Arc<amd_hsmp_web::config::WebState>
 
 /// What can go wrong answering a request. The response never shows internals; the log does.
 #[derive(Debug, thiserror::Error)]
-pub enum AppError {
+pub(crate) enum AppError {
     /// The metrics could not be encoded.
     #[error("cannot encode the metrics")]
     Encode(#[source] std::fmt::Error),
@@ -116,22 +117,6 @@ pub fn negotiate(accept: Option<&str>) -> Format {
         }
     }
     if openmetrics > 0.0 && openmetrics >= text { Format::OpenMetrics } else { Format::Text }
-}
-
-/// `text` safe inside HTML text and double- or single-quoted attributes.
-pub(crate) fn escape_html(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 /// The `Accept` header Prometheus 2 sends by default: what the negotiation, the tests and the
@@ -206,10 +191,5 @@ mod tests {
         let response = router.clone().oneshot(get("/metrics", true)).await.unwrap();
         assert_eq!(response.status(), StatusCode::OK);
         assert!(broker.accept().is_ok(), "the scrape did not reach the broker");
-    }
-
-    #[test]
-    fn landing_page_escapes_the_path() {
-        assert_eq!(escape_html("/a\"<b>&"), "/a&quot;&lt;b&gt;&amp;");
     }
 }

@@ -7,13 +7,15 @@
 //! A page view costs one sample, taken through the scrape path (`Exporter::scrape`, so it shares
 //! a broker request in flight like any scrape), never more.
 
-use crate::http::escape_html;
+use crate::budget::Budget;
 use crate::metrics;
-use crate::scrape::{Budget, CoreLabel, Exporter, ScrapeReport, Telemetry};
+use crate::scrape::{AnswerObserver, Exporter, ScrapeReport};
+use crate::translate::{CoreLabel, Telemetry};
 use amd_hsmp_proto::EnergySource;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{MethodRouter, get};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -22,7 +24,7 @@ use tokio::time::Instant;
 
 /// Two samples closer than this are not used for power: the sample itself takes milliseconds,
 /// which would make the watts noisy.
-pub const MIN_POWER_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const MIN_POWER_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Heatmap cells per row.
 const COLUMNS: usize = 32;
@@ -38,27 +40,33 @@ struct Stamped {
     telemetry: Arc<Telemetry>,
 }
 
-/// The last two broker answers at least [`MIN_POWER_INTERVAL`] apart, kept by the exporter for
-/// the landing page's power.
+/// The last two broker answers at least [`MIN_POWER_INTERVAL`] apart, kept for the landing
+/// page's power: the page's own state, told of every answer as an [`AnswerObserver`].
 #[derive(Debug, Default)]
-pub struct RecentSamples {
+struct RecentSamples {
     pair: Mutex<(Option<Stamped>, Option<Stamped>)>,
 }
 
 /// Per-core power between two samples.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Power {
+struct Power {
     /// Watts of each core whose energy was read in both samples and did not go back.
-    pub watts: Vec<(CoreLabel, f64)>,
+    watts: Vec<(CoreLabel, f64)>,
     /// Time between the two samples.
-    pub interval: Duration,
+    interval: Duration,
+}
+
+impl AnswerObserver for RecentSamples {
+    fn answered(&self, telemetry: &Arc<Telemetry>, oldest: Duration) {
+        self.record(telemetry, oldest);
+    }
 }
 
 impl RecentSamples {
     /// Records a broker answer that landed now, if its values were all read after its request
     /// reached the broker (`oldest` zero): an answer that took reads made up to the broker's
     /// freshness bound before (another request's) has no read time good enough for power.
-    pub fn record(&self, telemetry: &Arc<Telemetry>, oldest: Duration) {
+    fn record(&self, telemetry: &Arc<Telemetry>, oldest: Duration) {
         if oldest.is_zero() {
             self.record_at(Instant::now(), telemetry);
         }
@@ -67,7 +75,7 @@ impl RecentSamples {
     /// Records a broker answer that landed `at`. The latest becomes the previous one only when
     /// the new one is at least [`MIN_POWER_INTERVAL`] later; otherwise the new one replaces the
     /// latest, so the two are always that far apart.
-    pub fn record_at(&self, at: Instant, telemetry: &Arc<Telemetry>) {
+    fn record_at(&self, at: Instant, telemetry: &Arc<Telemetry>) {
         let new = Stamped { at, telemetry: Arc::clone(telemetry) };
         // Plain data, valid even if a holder panicked.
         let mut pair = self.pair.lock().unwrap_or_else(PoisonError::into_inner);
@@ -82,7 +90,7 @@ impl RecentSamples {
     }
 
     /// The power between the last two samples; `None` until there are two.
-    pub fn power(&self) -> Option<Power> {
+    fn power(&self) -> Option<Power> {
         let pair = self.pair.lock().unwrap_or_else(PoisonError::into_inner);
         let (Some(prev), Some(last)) = (&pair.0, &pair.1) else { return None };
         Some(power_between(prev, last))
@@ -107,20 +115,43 @@ fn power_between(prev: &Stamped, last: &Stamped) -> Power {
     Power { watts, interval }
 }
 
+/// `GET /`, with the page's own state: the recent answers `exporter` tells it of from now on.
+pub(crate) fn route(exporter: &Exporter) -> MethodRouter<Arc<Exporter>> {
+    let recent = Arc::new(RecentSamples::default());
+    exporter.observe(Arc::clone(&recent) as Arc<dyn AnswerObserver>);
+    get(move |State(exporter): State<Arc<Exporter>>| page(exporter, Arc::clone(&recent)))
+}
+
 /// `GET /`: one sample through the scrape path, rendered.
-pub async fn page(State(exporter): State<Arc<Exporter>>) -> Response {
+async fn page(exporter: Arc<Exporter>, recent: Arc<RecentSamples>) -> Response {
     let Some(_permit) = exporter.admit_scrape() else {
         let body = "Limit of concurrent requests reached, try again later.\n";
         return (StatusCode::SERVICE_UNAVAILABLE, body).into_response();
     };
     let config = exporter.config();
     let report = exporter.scrape(Budget::new(None, config.max_scrape_timeout)).await;
-    let power = exporter.recent_samples().power();
+    let power = recent.power();
     Html(render(&report, power.as_ref(), &config.telemetry_path)).into_response()
 }
 
+/// `text` safe inside HTML text and double- or single-quoted attributes.
+fn escape_html(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// The page for one scrape's `report` and the `power` of the last two samples.
-pub fn render(report: &ScrapeReport, power: Option<&Power>, telemetry_path: &str) -> String {
+fn render(report: &ScrapeReport, power: Option<&Power>, telemetry_path: &str) -> String {
     let mut html = String::with_capacity(64 * 1024);
     let t = report.telemetry.as_deref();
     let simulated = t.and_then(|t| t.simulated.as_deref());
@@ -386,7 +417,7 @@ fn blend(a: (u8, u8, u8), b: (u8, u8, u8), f: f64) -> String {
 mod tests {
     use super::*;
     use crate::process::ProcessStats;
-    use crate::scrape::ErrorSource;
+    use crate::translate::ErrorSource;
 
     fn label(socket: u32, core: u32) -> CoreLabel {
         CoreLabel { socket, core }
@@ -500,6 +531,11 @@ mod tests {
         assert!(!html.contains("<script"), "{html}");
         assert!(html.contains("&lt;script&gt;&quot;x&quot;&amp;&lt;/script&gt;"));
         assert!(html.contains("href=\"/m&quot;&gt;&lt;script&gt;\""));
+    }
+
+    #[test]
+    fn landing_page_escapes_the_path() {
+        assert_eq!(escape_html("/a\"<b>&'"), "/a&quot;&lt;b&gt;&amp;&#39;");
     }
 
     #[test]

@@ -5,18 +5,18 @@
 //! the hardware comes through [`amd_hsmp_proto`]. An unavailable value is an absent series,
 //! never a sentinel, and a missing broker or device never stops the process.
 #![forbid(unsafe_code)]
+// What the binary, the tests, xtask and fuzz use is `pub`; everything else is `pub(crate)`.
+#![warn(unreachable_pub)]
 
-pub mod broker;
 pub mod budget;
 pub mod cli;
-pub mod flight;
 pub mod http;
-pub mod landing;
 pub mod metrics;
-pub mod owner;
-pub mod process;
 pub mod scrape;
-pub mod translate;
 
-pub use http::app;
-pub use scrape::{Config, Exporter};
+mod broker;
+mod flight;
+mod landing;
+mod owner;
+mod process;
+mod translate;

@@ -9,7 +9,7 @@
 #![forbid(unsafe_code)]
 
 use amd_hsmp_exporter::cli::Args;
-use amd_hsmp_exporter::{Config, Exporter};
+use amd_hsmp_exporter::scrape::{Config, Exporter};
 use amd_hsmp_web::config::WebState;
 use amd_hsmp_web::server::{self, Admission};
 use anyhow::Context as _;

@@ -3,7 +3,8 @@
 //!
 //! Names, types, labels and HELP texts are a public contract, listed in `docs/metrics.md`.
 
-use crate::scrape::{CoreLabel, ScrapeReport};
+use crate::scrape::ScrapeReport;
+use crate::translate::CoreLabel;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
     DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeMetric,
@@ -14,11 +15,11 @@ use prometheus_client::registry::{Registry, Unit};
 use std::sync::Arc;
 
 /// Package version, exported in `amd_hsmp_build_info`.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub(crate) const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// Git revision at build time, or `unknown`.
-pub const REVISION: &str = amd_hsmp_cli::version::REVISION;
+pub(crate) const REVISION: &str = amd_hsmp_cli::version::REVISION;
 /// Version of the compiler that built this binary, e.g. `1.88.0`.
-pub const RUSTVERSION: &str = amd_hsmp_cli::version::RUSTVERSION;
+pub(crate) const RUSTVERSION: &str = amd_hsmp_cli::version::RUSTVERSION;
 
 /// An exposition format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,7 +32,7 @@ pub enum Format {
 
 impl Format {
     /// The `Content-Type` of the format.
-    pub fn content_type(self) -> &'static str {
+    pub(crate) fn content_type(self) -> &'static str {
         match self {
             Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
             Format::Text => prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
@@ -40,7 +41,7 @@ impl Format {
 }
 
 /// Encodes a scrape report in `format`.
-pub fn render(report: Arc<ScrapeReport>, format: Format) -> Result<String, std::fmt::Error> {
+pub(crate) fn render(report: Arc<ScrapeReport>, format: Format) -> Result<String, std::fmt::Error> {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(ReportCollector(report)));
     let mut out = String::with_capacity(64 * 1024);
@@ -263,7 +264,7 @@ impl Collector for ReportCollector {
 mod tests {
     use super::*;
     use crate::process::ProcessStats;
-    use crate::scrape::{ErrorSource, Telemetry};
+    use crate::translate::{ErrorSource, Telemetry};
     use amd_hsmp_proto::EnergySource;
     use std::time::Duration;
 

@@ -15,7 +15,7 @@
 //! while it is read is skipped (normal churn); any other failure is an [`OwnerError`], and the
 //! scrape then has no owner series at all, never a partial answer.
 
-use crate::scrape::CoreLabel;
+use crate::translate::CoreLabel;
 use amd_hsmp_proto::Core;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -27,7 +27,7 @@ const MAX_CPUS: u32 = 1 << 16;
 
 /// Why the hierarchy gave no owners.
 #[derive(Debug, thiserror::Error)]
-pub enum OwnerError {
+pub(crate) enum OwnerError {
     /// The directory has no `cgroup.controllers`: a cgroup v1 or hybrid host's tmpfs, or no
     /// cgroup filesystem at all.
     #[error("{} is not a cgroup v2 hierarchy (no cgroup.controllers: a cgroup v1 or hybrid host?)", .root.display())]
@@ -140,20 +140,13 @@ impl Restriction {
 
 /// The restricting cgroups of one read of the hierarchy.
 #[derive(Debug, Clone, Default)]
-pub struct Hierarchy {
+pub(crate) struct Hierarchy {
     restrictions: Vec<Restriction>,
-    /// Cgroups read (domain cgroups, the root included).
-    cgroups: usize,
 }
 
 impl Hierarchy {
-    /// How many domain cgroups were read, the root included.
-    pub fn cgroups(&self) -> usize {
-        self.cgroups
-    }
-
     /// The owner of each core of `cores` that has one, in the order of `cores`.
-    pub fn owners(&self, cores: &[Core]) -> Vec<(CoreLabel, String)> {
+    pub(crate) fn owners(&self, cores: &[Core]) -> Vec<(CoreLabel, String)> {
         let mut out = Vec::new();
         let mut touching: Vec<&Restriction> = Vec::new();
         for core in cores {
@@ -261,7 +254,7 @@ fn children_of(dir: &Path) -> Result<Option<Vec<std::ffi::OsString>>, OwnerError
 }
 
 /// Reads the effective cpusets of every domain cgroup under `root` (`--path.cgroupfs`).
-pub fn read(root: &Path) -> Result<Hierarchy, OwnerError> {
+pub(crate) fn read(root: &Path) -> Result<Hierarchy, OwnerError> {
     let controllers = root.join("cgroup.controllers");
     let controllers = match std::fs::read_to_string(&controllers) {
         Ok(text) => text,
@@ -355,18 +348,18 @@ pub fn read(root: &Path) -> Result<Hierarchy, OwnerError> {
     for r in &mut restricting {
         r.end = ends[r.pre];
     }
-    Ok(Hierarchy { restrictions: restricting, cgroups: sets.len() })
+    Ok(Hierarchy { restrictions: restricting })
 }
 
 /// Logs a failure of the collector once per cause, and its recovery once.
 #[derive(Debug, Default)]
-pub struct CauseLog {
+pub(crate) struct CauseLog {
     last: Mutex<Option<String>>,
 }
 
 impl CauseLog {
     /// Records a failed read; logs it (and says so) if its cause differs from the last one's.
-    pub fn failed(&self, error: &OwnerError) -> bool {
+    pub(crate) fn failed(&self, error: &OwnerError) -> bool {
         let cause = error.cause();
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         if last.as_deref() != Some(cause.as_str()) {
@@ -381,7 +374,7 @@ impl CauseLog {
     }
 
     /// Records a successful read; logs the recovery after a failure.
-    pub fn succeeded(&self) {
+    pub(crate) fn succeeded(&self) {
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         if last.take().is_some() {
             tracing::info!("core-owner: the cgroup hierarchy is readable again");
@@ -389,7 +382,8 @@ impl CauseLog {
     }
 
     /// The cause last logged, if the collector is failing.
-    pub fn current(&self) -> Option<String> {
+    #[cfg(test)]
+    pub(crate) fn current(&self) -> Option<String> {
         self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }

@@ -14,7 +14,7 @@ const USER_HZ: f64 = 100.0;
 
 /// One reading of the process metrics; `None` where procfs did not give a value.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct ProcessStats {
+pub(crate) struct ProcessStats {
     /// User plus system CPU time, seconds.
     pub cpu_seconds: Option<f64>,
     /// Resident set size, bytes.
@@ -31,7 +31,7 @@ pub struct ProcessStats {
 
 /// Why one procfs file could not be used.
 #[derive(Debug, thiserror::Error)]
-pub enum ProcError {
+pub(crate) enum ProcError {
     /// The file could not be read.
     #[error("cannot read {path}")]
     Read {
@@ -51,7 +51,7 @@ pub enum ProcError {
 
 /// A procfs mount, normally `/proc`.
 #[derive(Debug, Clone)]
-pub struct ProcFs {
+pub(crate) struct ProcFs {
     root: PathBuf,
 }
 
@@ -67,13 +67,13 @@ struct Stat {
 
 impl ProcFs {
     /// A procfs mounted at `root`.
-    pub fn new(root: impl Into<PathBuf>) -> Self {
+    pub(crate) fn new(root: impl Into<PathBuf>) -> Self {
         ProcFs { root: root.into() }
     }
 
     /// Reads the metrics of the calling process (`<root>/self`); `page_size` converts the
     /// resident set from pages to bytes.
-    pub fn read_self(&self, page_size: u64) -> ProcessStats {
+    pub(crate) fn read_self(&self, page_size: u64) -> ProcessStats {
         let stat = self.stat().inspect_err(log_failure).ok();
         let boot_time = self.boot_time().inspect_err(log_failure).ok();
         ProcessStats {
@@ -157,7 +157,7 @@ fn parse_stat(text: &str) -> Option<Stat> {
 }
 
 /// Reads the process metrics of this process from `/proc`.
-pub fn read_own(proc_root: &Path) -> ProcessStats {
+pub(crate) fn read_own(proc_root: &Path) -> ProcessStats {
     let page_size = u64::try_from(rustix::param::page_size()).unwrap_or(4096);
     ProcFs::new(proc_root).read_self(page_size)
 }

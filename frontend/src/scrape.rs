@@ -3,17 +3,18 @@
 //! its report; the sample becomes series in [`crate::translate`].
 
 use crate::broker::{BrokerClient, BrokerError};
-pub use crate::budget::Budget;
+use crate::budget::Budget;
 use crate::flight::{Flights, Landing};
 use crate::owner::{self, CauseLog, Hierarchy, OwnerError};
 use crate::process::{self, ProcessStats};
-pub use crate::translate::{CoreLabel, ErrorCounters, ErrorSource, Telemetry, translate};
+use crate::translate::{CoreLabel, ErrorCounters, ErrorSource, Telemetry, translate};
 use amd_hsmp_cli::chain;
 use amd_hsmp_proto::{Families, Topology};
 use amd_hsmp_web::ratelimit::RateLimit;
+use std::fmt;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -89,27 +90,36 @@ enum Outcome {
 
 /// Everything one HTTP scrape exports.
 #[derive(Debug, Clone)]
-pub struct ScrapeReport {
+pub(crate) struct ScrapeReport {
     /// The broker's telemetry; `None` when the broker did not answer in time.
-    pub telemetry: Option<Arc<Telemetry>>,
+    pub(crate) telemetry: Option<Arc<Telemetry>>,
     /// `amd_hsmp_broker_up`: the broker answered, or the scrape merely ran out of time while
     /// the broker was reachable.
-    pub broker_up: bool,
+    pub(crate) broker_up: bool,
     /// Error counts, including this scrape's.
-    pub errors: Vec<(ErrorSource, u64)>,
+    pub(crate) errors: Vec<(ErrorSource, u64)>,
     /// The owner of each assigned core (`--collector.core-owner`), in topology order; empty
     /// when the collector is off, the hierarchy could not be read or the broker did not answer.
-    pub core_owners: Vec<(CoreLabel, String)>,
+    pub(crate) core_owners: Vec<(CoreLabel, String)>,
     /// Time this scrape spent collecting.
-    pub duration: Duration,
+    pub(crate) duration: Duration,
     /// This process' own metrics.
-    pub process: ProcessStats,
+    pub(crate) process: ProcessStats,
 }
 
 /// A running scrape's place within `--web.max-requests`.
 #[derive(Debug)]
-pub struct ScrapePermit {
+pub(crate) struct ScrapePermit {
     _held: Option<OwnedSemaphorePermit>,
+}
+
+/// Told of every broker answer as it lands, scrapes' and page views' alike (the landing page
+/// keeps the last ones for its power): an observer the router registers, so that the pipeline
+/// knows nothing of its views.
+pub(crate) trait AnswerObserver: Send + Sync + fmt::Debug {
+    /// `telemetry` landed now; its oldest value was read `oldest` before the broker received
+    /// the request.
+    fn answered(&self, telemetry: &Arc<Telemetry>, oldest: Duration);
 }
 
 /// Shared state of the HTTP handlers.
@@ -124,8 +134,8 @@ pub struct Exporter {
     /// One permit per scrape that may run at once; `None` without a limit.
     scrape_permits: Option<Arc<Semaphore>>,
     refusal_log: RateLimit,
-    /// The last broker answers, for the landing page's power.
-    recent: crate::landing::RecentSamples,
+    /// Told of every broker answer.
+    observers: Mutex<Vec<Arc<dyn AnswerObserver>>>,
     /// The core-owner collector's failures, logged once per cause.
     owner_log: CauseLog,
 }
@@ -143,20 +153,20 @@ impl Exporter {
             scrape_permits: (config.max_requests > 0)
                 .then(|| Arc::new(Semaphore::new(config.max_requests))),
             refusal_log: RateLimit::new(TIMEOUT_LOG_INTERVAL),
-            recent: crate::landing::RecentSamples::default(),
+            observers: Mutex::default(),
             owner_log: CauseLog::default(),
             config,
         })
     }
 
     /// The configuration.
-    pub fn config(&self) -> &Config {
+    pub(crate) fn config(&self) -> &Config {
         &self.config
     }
 
     /// A place for one more scrape within `--web.max-requests`, held until dropped; `None` when
     /// that many scrapes are running (logged at a bounded rate).
-    pub fn admit_scrape(&self) -> Option<ScrapePermit> {
+    pub(crate) fn admit_scrape(&self) -> Option<ScrapePermit> {
         let Some(permits) = &self.scrape_permits else { return Some(ScrapePermit { _held: None }) };
         match Arc::clone(permits).try_acquire_owned() {
             Ok(permit) => Some(ScrapePermit { _held: Some(permit) }),
@@ -173,9 +183,10 @@ impl Exporter {
         }
     }
 
-    /// The last broker answers (of scrapes and page views alike).
-    pub fn recent_samples(&self) -> &crate::landing::RecentSamples {
-        &self.recent
+    /// Tells `observer` of every broker answer from now on.
+    pub(crate) fn observe(&self, observer: Arc<dyn AnswerObserver>) {
+        // Plain data, valid even if a holder panicked.
+        self.observers.lock().unwrap_or_else(PoisonError::into_inner).push(observer);
     }
 
     /// Broker requests in flight now (including those waiting for a connection).
@@ -192,7 +203,7 @@ impl Exporter {
     /// and counted. The scrape keeps its own deadline: it joins a broker request in flight
     /// only if that request's deadline is within a tenth of its budget before its own and not
     /// after it, and else sends its own.
-    pub async fn scrape(self: &Arc<Self>, budget: Budget) -> ScrapeReport {
+    pub(crate) async fn scrape(self: &Arc<Self>, budget: Budget) -> ScrapeReport {
         let started = Instant::now();
         let deadline = started + budget.broker_deadline;
         let answer_by = started + budget.wait;
@@ -327,7 +338,10 @@ impl Exporter {
                 let telemetry = Arc::new(telemetry);
                 let sample = &snapshot.sample;
                 let oldest = Duration::from_micros(sample.oldest_read_us.into());
-                self.recent.record(&telemetry, oldest);
+                for observer in self.observers.lock().unwrap_or_else(PoisonError::into_inner).iter()
+                {
+                    observer.answered(&telemetry, oldest);
+                }
                 Outcome::Answered(Answer {
                     telemetry,
                     topology: Arc::clone(&snapshot.topology),

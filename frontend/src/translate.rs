@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// The `collector` label values of `amd_hsmp_scrape_errors_total`: those of [`ErrorSource::ALL`]
 /// present from the first scrape, [`ErrorSource::CoreOwner`] only while its collector is on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorSource {
+pub(crate) enum ErrorSource {
     /// `/dev/hsmp` exists but cannot be used: opening it was refused
     /// (`DeviceStatus::PermissionDenied`, a misconfiguration) or it did not answer
     /// (`DeviceStatus::Failed`). A device that is absent is no error: the machine may simply
@@ -31,7 +31,7 @@ pub enum ErrorSource {
 
 impl ErrorSource {
     /// Every value but [`ErrorSource::CoreOwner`], in exposition order.
-    pub const ALL: [ErrorSource; 6] = [
+    pub(crate) const ALL: [ErrorSource; 6] = [
         ErrorSource::Hsmp,
         ErrorSource::CoreEnergy,
         ErrorSource::BoostLimit,
@@ -41,7 +41,7 @@ impl ErrorSource {
     ];
 
     /// The label value.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             ErrorSource::Hsmp => "hsmp",
             ErrorSource::CoreEnergy => "core-energy",
@@ -56,7 +56,7 @@ impl ErrorSource {
 
 /// Error counts since the process started, one field per [`ErrorSource`].
 #[derive(Debug, Default)]
-pub struct ErrorCounters {
+pub(crate) struct ErrorCounters {
     hsmp: AtomicU64,
     core_energy: AtomicU64,
     boost_limit: AtomicU64,
@@ -103,13 +103,13 @@ impl ErrorCounters {
     }
 
     /// The count of one source.
-    pub fn get(&self, source: ErrorSource) -> u64 {
+    pub(crate) fn get(&self, source: ErrorSource) -> u64 {
         self.counter(source).load(Ordering::Relaxed)
     }
 
     /// The current counts, in the order of [`ErrorSource::ALL`], with
     /// [`ErrorSource::CoreOwner`]'s after PROCHOT's when `core_owner` (its collector is on).
-    pub fn snapshot(&self, core_owner: bool) -> Vec<(ErrorSource, u64)> {
+    pub(crate) fn snapshot(&self, core_owner: bool) -> Vec<(ErrorSource, u64)> {
         let mut out = Vec::with_capacity(ErrorSource::ALL.len() + 1);
         for source in ErrorSource::ALL {
             out.push((source, self.get(source)));
@@ -123,7 +123,7 @@ impl ErrorCounters {
 
 /// One core's series labels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CoreLabel {
+pub(crate) struct CoreLabel {
     /// `physical_package_id`.
     pub socket: u32,
     /// sysfs `core_id`.
@@ -138,7 +138,7 @@ impl From<&Core> for CoreLabel {
 
 /// What a broker answer turns into: only the values that exist.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Telemetry {
+pub(crate) struct Telemetry {
     /// `Some(profile)` when the broker serves its simulator.
     pub simulated: Option<String>,
     /// HSMP protocol version when the device is ready; `None` means `amd_hsmp_up 0`.
@@ -156,7 +156,7 @@ pub struct Telemetry {
 }
 
 /// Turns one sample into the series to export, counting each failed item once.
-pub fn translate(
+pub(crate) fn translate(
     info: &BrokerInfo,
     topology: &Topology,
     sample: &Sample,

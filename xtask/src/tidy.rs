@@ -1,5 +1,8 @@
 //! Repository-wide checks that run as ordinary tests: toolchain floor, file headers, what the
-//! privileged process links, and ARCHITECTURE.md against the code.
+//! privileged process links, ARCHITECTURE.md against the code, and module graphs without cycles.
+
+#[cfg(test)]
+mod modules;
 
 #[cfg(test)]
 mod tests {

@@ -1,7 +1,8 @@
 //! Test helpers: an in-process mock broker speaking the real protocol on a Unix socket, an
 //! exporter wired to it, scrapes through the router without a socket, and exposition parsing.
 
-use amd_hsmp_exporter::{Config, Exporter, app};
+use amd_hsmp_exporter::http::app;
+use amd_hsmp_exporter::scrape::{Config, Exporter};
 use amd_hsmp_proto::{
     Core, DeviceStatus, Energy, EnergySource, Families, ItemError, Message, PROTOCOL_VERSION,
     Readings, Reply, Request, Sample, Topology,
