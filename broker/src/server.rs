@@ -509,7 +509,7 @@ pub fn random_instance() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use amd_hsmp_proto::{Core, DeviceStatus, Families, Readings, Sample, Topology};
+    use amd_hsmp_proto::{Core, Families, Sample, Topology};
     use std::sync::Mutex;
 
     #[derive(Default)]
@@ -524,19 +524,7 @@ mod tests {
         }
         fn sample(&self, what: Families, deadline: Instant) -> Sample {
             self.deadlines.lock().unwrap().push(deadline.saturating_duration_since(Instant::now()));
-            let r = |on: bool| {
-                if on { Readings::Values(vec![Ok(true)]) } else { Readings::NotRequested }
-            };
-            Sample {
-                hsmp: DeviceStatus::Ready { protocol_version: 7 },
-                energy_source: None,
-                energy: Readings::NotRequested,
-                boost_limit: Readings::NotRequested,
-                prochot: r(what.prochot),
-                energy_resets: 0,
-                max_age_ms: 0,
-                oldest_read_us: 0,
-            }
+            Sample::healthy(&self.topology, what)
         }
     }
 
@@ -597,9 +585,7 @@ mod tests {
         assert_eq!(call(&mut c, &Request::Topology), Reply::Topology(backend.topology.clone()));
         let what = Families { prochot: true, ..Families::default() };
         match call(&mut c, &Request::Sample { what, deadline_ms: 5000 }) {
-            Reply::Sample(s) => {
-                assert_eq!(s.prochot, Readings::Values(vec![Ok(true)]))
-            }
+            Reply::Sample(s) => assert_eq!(s, Sample::healthy(&backend.topology, what)),
             other => panic!("{other:?}"),
         }
         drop(c);

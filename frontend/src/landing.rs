@@ -426,8 +426,6 @@ mod tests {
     fn telemetry(joules: f64, simulated: Option<&str>) -> Arc<Telemetry> {
         Arc::new(Telemetry {
             simulated: simulated.map(str::to_owned),
-            hsmp_protocol_version: Some(7),
-            energy_source: Some(EnergySource::Hsmp),
             energy_joules: vec![
                 (label(0, 0), joules),
                 (label(0, 1), 2.0 * joules),
@@ -438,8 +436,7 @@ mod tests {
                 (label(0, 1), 2.2e9),
                 (label(1, 0), 3.7e9),
             ],
-            prochot: vec![(0, false), (1, true)],
-            deadline_exceeded: false,
+            ..Telemetry::example()
         })
     }
 

@@ -265,7 +265,6 @@ mod tests {
     use super::*;
     use crate::process::ProcessStats;
     use crate::translate::{ErrorSource, Telemetry};
-    use amd_hsmp_proto::EnergySource;
     use std::time::Duration;
 
     fn report(telemetry: Option<Telemetry>) -> Arc<ScrapeReport> {
@@ -279,15 +278,13 @@ mod tests {
         })
     }
 
+    /// [`Telemetry::example`] (PROCHOT asserted on socket 1) with one core and the simulator.
     fn healthy() -> Telemetry {
         Telemetry {
             simulated: Some("turin-2p".into()),
-            hsmp_protocol_version: Some(7),
-            energy_source: Some(EnergySource::Hsmp),
             energy_joules: vec![(CoreLabel { socket: 1, core: 3 }, 12.5)],
             boost_limit_hertz: vec![(CoreLabel { socket: 1, core: 3 }, 3.7e9)],
-            prochot: vec![(0, false), (1, true)],
-            deadline_exceeded: false,
+            ..Telemetry::example()
         }
     }
 

@@ -244,9 +244,22 @@ impl Collector<'_> {
 }
 
 #[cfg(test)]
+impl Telemetry {
+    /// What [`translate`] makes of [`Sample::healthy`] on a 2 × 2-core machine without the
+    /// simulator: the example the other modules' tests change only what they test in, so
+    /// that a new family is written here once.
+    pub(crate) fn example() -> Telemetry {
+        let topology = amd_hsmp_proto::testing::topology(2, 2);
+        let sample = Sample::healthy(&topology, amd_hsmp_proto::Families::ALL);
+        let info = BrokerInfo { broker_version: "0.1.0".into(), instance: 1, simulated: None };
+        translate(&info, &topology, &sample, &ErrorCounters::default())
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
-    use amd_hsmp_proto::{Energy, Unavailable};
+    use amd_hsmp_proto::{Energy, Families, Unavailable};
 
     fn topology() -> Topology {
         Topology {
@@ -267,8 +280,6 @@ mod tests {
 
     fn sample() -> Sample {
         Sample {
-            hsmp: DeviceStatus::Ready { protocol_version: 7 },
-            energy_source: Some(EnergySource::Hsmp),
             energy: Readings::Values(vec![
                 Ok(Energy { counter: 3 << 16, esu: 16 }),
                 Err(ItemError::Io { errno: 5 }),
@@ -280,10 +291,28 @@ mod tests {
                 Err(ItemError::DeadlineExceeded),
             ]),
             prochot: Readings::Unavailable(Unavailable::Unsupported),
-            energy_resets: 0,
-            max_age_ms: 500,
-            oldest_read_us: 0,
+            ..Sample::healthy(&topology(), Families::ALL)
         }
+    }
+
+    #[test]
+    fn the_example_has_every_family_of_a_healthy_sample() {
+        let t = Telemetry::example();
+        assert_eq!(t.hsmp_protocol_version, Some(7));
+        assert_eq!(t.energy_source, Some(EnergySource::Hsmp));
+        let label = |socket, core| CoreLabel { socket, core };
+        let cores = [label(0, 0), label(0, 2), label(1, 0), label(1, 2)];
+        assert_eq!(
+            t.energy_joules,
+            cores
+                .iter()
+                .zip([1000.0, 1001.0, 1002.0, 1003.0])
+                .map(|(c, j)| (*c, j))
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(t.boost_limit_hertz, cores.map(|c| (c, 3.7e9)).to_vec());
+        assert_eq!(t.prochot, vec![(0, false), (1, true)]);
+        assert!(t.simulated.is_none() && !t.deadline_exceeded);
     }
 
     fn count(errors: &ErrorCounters, source: ErrorSource) -> u64 {

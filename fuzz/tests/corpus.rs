@@ -4,8 +4,8 @@
 
 use amd_hsmp_fuzz::Alloc;
 use amd_hsmp_proto::{
-    Core, DeviceStatus, Energy, EnergySource, Families, ItemError, Message, PROTOCOL_VERSION,
-    Readings, Reply, Request, RequestError, Sample, Topology, Unavailable,
+    Core, Energy, Families, ItemError, Message, PROTOCOL_VERSION, Readings, Reply, Request,
+    RequestError, Sample, Topology, Unavailable,
 };
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
@@ -188,8 +188,6 @@ fn replies() -> Vec<Reply> {
         ],
     };
     let sample = Sample {
-        hsmp: DeviceStatus::Ready { protocol_version: 7 },
-        energy_source: Some(EnergySource::Hsmp),
         energy: Readings::Values(vec![
             Ok(Energy { counter: 3 << 16, esu: 16 }),
             Err(ItemError::Io { errno: 5 }),
@@ -197,8 +195,8 @@ fn replies() -> Vec<Reply> {
         boost_limit: Readings::Values(vec![Ok(3700), Err(ItemError::DeadlineExceeded)]),
         prochot: Readings::Unavailable(Unavailable::Unsupported),
         energy_resets: 3,
-        max_age_ms: 500,
         oldest_read_us: 120_000,
+        ..Sample::healthy(&topology, Families::ALL)
     };
     vec![
         Reply::Hello {

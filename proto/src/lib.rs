@@ -23,6 +23,8 @@
 #![forbid(unsafe_code)]
 
 mod frame;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 use serde::{Deserialize, Serialize};
 use std::fmt;

@@ -223,11 +223,11 @@ async fn disabled_collector_is_never_asked_of_the_broker() {
     let dir = socket_dir();
     let broker = MockBroker::start(&dir.path, Behaviour::healthy());
     let mut config = config(&dir.path);
-    config.families = Families { core_energy: true, boost_limit: false, prochot: false };
+    config.families = Families { core_energy: true, ..Families::default() };
     let m = scrape(&router(config)).await;
     assert_eq!(
         *broker.seen.families.lock().unwrap(),
-        vec![Families { core_energy: true, boost_limit: false, prochot: false }]
+        vec![Families { core_energy: true, ..Families::default() }]
     );
     assert!(!m.mentions("amd_hsmp_core_boost_limit_hertz"));
     assert!(!m.mentions("amd_hsmp_prochot_active"));

@@ -4,8 +4,7 @@
 use amd_hsmp_exporter::http::app;
 use amd_hsmp_exporter::scrape::{Config, Exporter};
 use amd_hsmp_proto::{
-    Core, DeviceStatus, Energy, EnergySource, Families, ItemError, Message, PROTOCOL_VERSION,
-    Readings, Reply, Request, Sample, Topology,
+    Families, ItemError, Message, PROTOCOL_VERSION, Readings, Reply, Request, Sample, Topology,
 };
 use axum::Router;
 use axum::body::Body;
@@ -150,52 +149,13 @@ async fn serve(mut stream: UnixStream, behaviour: Arc<Behaviour>, seen: Arc<Seen
     }
 }
 
-/// `sockets` × `cores_per_socket` cores; core ids step by 2 (sparse, as on real parts) and
-/// APIC ids differ from CPU numbers.
-pub fn topology(sockets: u32, cores_per_socket: u32) -> Topology {
-    let mut cores = Vec::new();
-    for socket in 0..sockets {
-        for i in 0..cores_per_socket {
-            let cpu = socket * cores_per_socket + i;
-            cores.push(Core {
-                socket,
-                core: i * 2,
-                cpu,
-                apic_id: socket * 128 + i * 2,
-                threads: vec![cpu],
-            });
-        }
-    }
-    Topology { cpu_family: 0x1A, cpu_model: 0x11, sockets: (0..sockets).collect(), cores }
-}
+/// The mock's machines: `sockets` × `cores_per_socket` cores, core ids stepping by 2.
+pub use amd_hsmp_proto::testing::topology;
 
-/// A healthy machine: every requested family read, energy from HSMP RAPL at ESU 16.
+/// A healthy machine's answer, as a [`Responder`]: every requested family read
+/// ([`Sample::healthy`]: energy from HSMP RAPL, PROCHOT asserted on socket 1).
 pub fn healthy(topology: &Topology, what: Families, _deadline_ms: u32) -> Sample {
-    let n = topology.cores.len();
-    Sample {
-        hsmp: DeviceStatus::Ready { protocol_version: 7 },
-        energy_source: what.core_energy.then_some(EnergySource::Hsmp),
-        energy: if what.core_energy {
-            Readings::Values(
-                (0..n).map(|i| Ok(Energy { counter: (1000 + i as u64) << 16, esu: 16 })).collect(),
-            )
-        } else {
-            Readings::NotRequested
-        },
-        boost_limit: if what.boost_limit {
-            Readings::Values(vec![Ok(3700); n])
-        } else {
-            Readings::NotRequested
-        },
-        prochot: if what.prochot {
-            Readings::Values(topology.sockets.iter().map(|s| Ok(*s == 1)).collect())
-        } else {
-            Readings::NotRequested
-        },
-        energy_resets: 0,
-        max_age_ms: 500,
-        oldest_read_us: 0,
-    }
+    Sample::healthy(topology, what)
 }
 
 impl Behaviour {

@@ -1,0 +1,55 @@
+//! Examples of the contract for tests (the `testing` feature, which only dev-dependencies
+//! enable): a machine and a healthy broker's answer, so that a test states what it changes and
+//! takes the rest from here, e.g. `Sample { prochot: ..., ..Sample::healthy(&topology, what) }`.
+//! A new family is written here once, not in every test that builds a sample.
+
+use crate::{Core, DeviceStatus, Energy, EnergySource, Families, Readings, Sample, Topology};
+
+/// Energy status unit exponent of the examples (RAPL's usual 2^-16 J).
+pub const ESU: u8 = 16;
+
+/// A Zen 5 machine of `sockets` × `cores_per_socket` cores, one thread each; core ids step by
+/// 2 (sparse, as on real parts) and APIC ids differ from CPU numbers.
+pub fn topology(sockets: u32, cores_per_socket: u32) -> Topology {
+    let mut cores = Vec::new();
+    for socket in 0..sockets {
+        for i in 0..cores_per_socket {
+            let cpu = socket * cores_per_socket + i;
+            cores.push(Core {
+                socket,
+                core: i * 2,
+                cpu,
+                apic_id: socket * 128 + i * 2,
+                threads: vec![cpu],
+            });
+        }
+    }
+    Topology { cpu_family: 0x1A, cpu_model: 0x11, sockets: (0..sockets).collect(), cores }
+}
+
+impl Sample {
+    /// A healthy broker's answer to `what` on `topology`: `/dev/hsmp` ready (protocol 7), every
+    /// requested item read and every other family not requested. Core `i` (in topology order)
+    /// has used 1000 + `i` J of energy (HSMP RAPL, [`ESU`]) and has a boost limit of 3700 MHz;
+    /// PROCHOT is asserted on socket 1 only, so both of its values appear. Every value was read
+    /// after the request arrived, within a freshness bound of 500 ms.
+    pub fn healthy(topology: &Topology, what: Families) -> Sample {
+        fn read<T>(asked: bool, values: impl Iterator<Item = T>) -> Readings<T> {
+            if asked { Readings::Values(values.map(Ok).collect()) } else { Readings::NotRequested }
+        }
+        let cores = 0..topology.cores.len() as u64;
+        Sample {
+            hsmp: DeviceStatus::Ready { protocol_version: 7 },
+            energy_source: what.core_energy.then_some(EnergySource::Hsmp),
+            energy: read(
+                what.core_energy,
+                cores.clone().map(|i| Energy { counter: (1000 + i) << ESU, esu: ESU }),
+            ),
+            boost_limit: read(what.boost_limit, cores.map(|_| 3700)),
+            prochot: read(what.prochot, topology.sockets.iter().map(|s| *s == 1)),
+            energy_resets: 0,
+            max_age_ms: 500,
+            oldest_read_us: 0,
+        }
+    }
+}
