@@ -236,20 +236,11 @@ impl BrokerClient {
     }
 
     async fn connect(&self) -> Result<Connection, BrokerError> {
-        let stream = UnixStream::connect(&self.path)
+        let mut stream = UnixStream::connect(&self.path)
             .await
             .map_err(|source| BrokerError::Connect { path: self.path.clone(), source })?;
-        let mut conn = Connection {
-            stream,
-            info: Arc::new(BrokerInfo {
-                broker_version: String::new(),
-                instance: 0,
-                simulated: None,
-            }),
-            topology: Arc::new(Topology::default()),
-        };
         let hello = Request::Hello { protocol_version: PROTOCOL_VERSION };
-        conn.info = match conn.exchange(&hello, "Hello").await? {
+        let info = match exchange(&mut stream, &hello, "Hello").await? {
             Reply::Hello { broker_version, instance, simulated, .. } => {
                 Arc::new(BrokerInfo { broker_version, instance, simulated })
             }
@@ -258,7 +249,7 @@ impl BrokerClient {
         };
         // Topology is fetched on every new connection, so a restarted broker (new instance)
         // is always described by its own topology.
-        conn.topology = match conn.exchange(&Request::Topology, "Topology").await? {
+        let topology = match exchange(&mut stream, &Request::Topology, "Topology").await? {
             Reply::Topology(topology) => Arc::new(topology),
             Reply::Error(source) => {
                 return Err(BrokerError::Refused { request: "Topology", source });
@@ -267,6 +258,7 @@ impl BrokerClient {
                 return Err(BrokerError::Unexpected { request: "Topology", reply: kind(&other) });
             }
         };
+        let conn = Connection { stream, info, topology };
         let previous = self
             .last_instance
             .lock()
@@ -300,24 +292,23 @@ impl Connection {
     ) -> Result<Reply, BrokerError> {
         let left = deadline.saturating_duration_since(Instant::now());
         let request = Request::Sample { what, deadline_ms: crate::budget::deadline_ms(left) };
-        timeout_at(reply_by, self.exchange(&request, "Sample"))
+        timeout_at(reply_by, exchange(&mut self.stream, &request, "Sample"))
             .await
             .unwrap_or(Err(BrokerError::NoReply { request: "Sample", grace: REPLY_GRACE }))
     }
+}
 
-    async fn exchange(
-        &mut self,
-        request: &Request,
-        name: &'static str,
-    ) -> Result<Reply, BrokerError> {
-        request
-            .write_async(&mut self.stream)
-            .await
-            .map_err(|source| BrokerError::Send { request: name, source })?;
-        Reply::read_async(&mut self.stream)
-            .await
-            .map_err(|source| BrokerError::Receive { request: name, source })
-    }
+/// Sends `request` (called `name` in errors) on `stream` and reads the reply.
+async fn exchange(
+    stream: &mut UnixStream,
+    request: &Request,
+    name: &'static str,
+) -> Result<Reply, BrokerError> {
+    request
+        .write_async(stream)
+        .await
+        .map_err(|source| BrokerError::Send { request: name, source })?;
+    Reply::read_async(stream).await.map_err(|source| BrokerError::Receive { request: name, source })
 }
 
 fn kind(reply: &Reply) -> &'static str {
