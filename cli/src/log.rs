@@ -287,18 +287,19 @@ fn quote_if_needed(value: &str, out: &mut String) {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::{Arc, Mutex};
+/// The lines `emit` logs on this thread through the [`subscriber`] for `format` at `level`:
+/// what a test asserts about a program's log (the `testing` feature; dev-dependencies only).
+#[cfg(any(test, feature = "testing"))]
+pub fn capture(level: LogLevel, format: LogFormat, emit: impl FnOnce()) -> Vec<String> {
+    use std::sync::{Arc, Mutex, PoisonError};
 
-    /// A `MakeWriter` that appends to a shared buffer.
+    /// Appends to a shared buffer.
     #[derive(Clone, Default)]
     struct Buffer(Arc<Mutex<Vec<u8>>>);
 
     impl std::io::Write for Buffer {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
+            self.0.lock().unwrap_or_else(PoisonError::into_inner).extend_from_slice(buf);
             Ok(buf.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
@@ -313,13 +314,15 @@ mod tests {
         }
     }
 
-    /// The lines `emit` logs through the subscriber for `format` at `level`.
-    fn capture(level: LogLevel, format: LogFormat, emit: impl FnOnce()) -> Vec<String> {
-        let buffer = Buffer::default();
-        tracing::subscriber::with_default(subscriber(level, format, buffer.clone()), emit);
-        let bytes = buffer.0.lock().unwrap().clone();
-        String::from_utf8(bytes).unwrap().lines().map(str::to_owned).collect()
-    }
+    let buffer = Buffer::default();
+    tracing::subscriber::with_default(subscriber(level, format, buffer.clone()), emit);
+    let bytes = buffer.0.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    String::from_utf8_lossy(&bytes).lines().map(str::to_owned).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
 
     /// A logfmt parser independent of the writer: bare values end at a space; quoted values end
     /// at an unescaped quote and are unescaped as Go's strconv.Unquote would (for what JSON
