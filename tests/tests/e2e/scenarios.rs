@@ -1,4 +1,4 @@
-//! The end-to-end suite: the real `amd-hsmp-broker` and `amd-hsmp-exporter` against the FUSE
+//! The scenarios: the real `amd-hsmp-broker` and `amd-hsmp-exporter` against the FUSE
 //! fake device and a fixture machine, scraped over HTTP and compared with golden files, plus
 //! the wire-level assertions that a golden file cannot express.
 //!
