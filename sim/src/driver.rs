@@ -365,7 +365,7 @@ mod tests {
     use crate::faults::Faults;
     use crate::firmware::Mode;
     use crate::profile::{MachineSpec, Profile};
-    use crate::{FirmwareConfig, Machine};
+    use crate::{Clock, FirmwareConfig, Machine, ManualClock};
     use amd_hsmp_device::{HsmpOpener, MsrOpener};
     use std::collections::BTreeSet;
     use std::time::{Duration, Instant};
@@ -495,7 +495,12 @@ mod tests {
 
     #[test]
     fn live_energy_is_monotonic_and_grows_through_both_transports() {
-        let m = machine(Profile::Turin2p, Mode::Live);
+        let clock = ManualClock::at(Duration::from_secs(1));
+        let config = FirmwareConfig {
+            clock: Clock::Manual(clock.clone()),
+            ..FirmwareConfig::new(Mode::Live)
+        };
+        let m = Machine::new(Profile::Turin2p.spec(), config);
         let hsmp = m.hsmp_opener().open().unwrap();
         let core = m.topology().cores[200].clone();
         let msr = m.msr_opener().open(core.cpu).unwrap();
@@ -510,11 +515,11 @@ mod tests {
         };
         let mut last = read();
         for _ in 0..5 {
-            std::thread::sleep(Duration::from_millis(10));
+            clock.advance(Duration::from_millis(10));
             let now = read();
             assert!(now.0 > last.0, "{last:?} -> {now:?}");
-            // The MSR is the low half of the same count (it may have moved in between).
-            assert!(now.1.wrapping_sub(now.0 & 0xFFFF_FFFF) < 1 << 20);
+            // The MSR is the low half of the same count, read at the same instant.
+            assert_eq!(now.1, now.0 & 0xFFFF_FFFF, "{now:?}");
             last = now;
         }
     }
@@ -538,10 +543,14 @@ mod tests {
 
     #[test]
     fn static_mode_answers_the_same_on_two_machines() {
-        let a = machine(Profile::Genoa2p, Mode::Static);
-        let b = machine(Profile::Genoa2p, Mode::Static);
+        // Two machines at different instants of their day: static values do not follow time.
+        let at = |s| FirmwareConfig {
+            clock: Clock::Manual(ManualClock::at(Duration::from_secs(s))),
+            ..FirmwareConfig::new(Mode::Static)
+        };
+        let a = Machine::new(Profile::Genoa2p.spec(), at(5));
+        let b = Machine::new(Profile::Genoa2p.spec(), at(1300));
         let (da, db) = (a.hsmp_opener().open().unwrap(), b.hsmp_opener().open().unwrap());
-        std::thread::sleep(Duration::from_millis(5));
         for core in &a.topology().cores {
             let mut ma = message(id::GET_BOOST_LIMIT, 1, 1, core.apic_id, core.socket as u16);
             let mut mb = ma;

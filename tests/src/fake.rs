@@ -740,6 +740,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
     fn the_brokers_real_ioctl_round_trips_through_the_fake_node() {
         let dev = fake(None);
         let hsmp = DevHsmp::open(&dev.hsmp_path()).unwrap();
@@ -774,6 +775,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
     fn the_models_errno_reaches_the_caller() {
         let dev = fake(Some(libc::ETIMEDOUT));
         let hsmp = DevHsmp::open(&dev.hsmp_path()).unwrap();
@@ -783,6 +785,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
     fn msr_nodes_answer_pread_at_the_register_offset() {
         let dev = fake(None);
         let opener = MsrDeviceOpener { root: dev.msr_root() };
@@ -800,6 +803,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
     fn node_states_give_the_kernels_errno_and_switch_while_mounted() {
         let dev = fake(None);
         dev.set_hsmp_state(NodeState::Absent);
@@ -818,6 +822,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
     fn a_writable_open_is_recorded_as_such() {
         let dev = fake(None);
         let _rw = std::fs::OpenOptions::new().read(true).write(true).open(dev.hsmp_path()).unwrap();
@@ -841,6 +846,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
     fn a_held_socket_blocks_only_its_own_messages_through_the_fake() {
         let (machine, dev) = simulated();
         let hsmp = DevHsmp::open(&dev.hsmp_path()).unwrap();
@@ -859,6 +865,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
     fn a_replaced_node_fails_old_descriptors_with_enodev_and_opens_anew() {
         let (_machine, dev) = simulated();
         let old = DevHsmp::open(&dev.hsmp_path()).unwrap();
@@ -876,6 +883,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
     fn the_simulated_driver_checks_arrive_with_the_kernels_errno() {
         let (machine, dev) = simulated();
         let apic = machine.topology().cores[3].apic_id;
@@ -905,6 +913,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
     fn dropping_the_device_unmounts_it_even_with_a_descriptor_open() {
         let dev = fake(None);
         let root = dev.root().to_owned();

@@ -114,7 +114,7 @@ pub fn check(name: &str, actual: &str) -> Result<(), String> {
     }
     Err(format!(
         "output differs from {} (- golden, + actual); if the change is intended, refresh with \
-         {UPDATE_ENV}=1 cargo test -p amd-hsmp-e2e and review the diff\n{}",
+         {UPDATE_ENV}=1 cargo test -p amd-hsmp-e2e -- --include-ignored and review the diff\n{}",
         path.display(),
         diff(&want, actual)
     ))

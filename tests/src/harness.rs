@@ -341,8 +341,9 @@ pub fn start_exporter_from(
 /// Held by a test whose claim is a wall-clock bound (a scrape answered in time, a counter read
 /// within its wrap window) or that loads the machine (connect loops, floods, many scrapers),
 /// so that such tests of one test binary run one at a time: on a loaded 2-core machine they
-/// would otherwise slow each other past the bounds they assert. Cargo runs the test binaries
-/// one after another, so one lock per binary is enough.
+/// would otherwise slow each other past the bounds they assert. The suite is one test binary
+/// (`tests/tests/e2e/`), so this one lock orders all of them; cargo runs the test binaries one
+/// after another.
 pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     static TIMED: std::sync::Mutex<()> = std::sync::Mutex::new(());
     // A failed test poisons the lock; the next one still runs alone.

@@ -438,7 +438,7 @@ impl Rig {
             args.extend(["--log.level".into(), "debug".into()]);
             // A scenario checks what each scrape reads; with a freshness allowance a scrape
             // that follows another within it would be answered from the same reads. The
-            // allowance itself is pinned by `tests/tests/sampler_faults.rs`.
+            // allowance itself is pinned by `tests/tests/e2e/sampler_faults.rs`.
             if !scenario.broker_flags.iter().any(|f| f.starts_with("--sample.max-age")) {
                 args.extend(["--sample.max-age".into(), "0".into()]);
             }
@@ -602,7 +602,10 @@ fn drive(scenario: &Scenario, rig: &mut Rig) -> Result<Outcome> {
             let root = rig.dir.path().join("cgroup");
             cgroups::replace_layout(layout, &topology, &root)?;
         }
+        // A scrape bounded in wall-clock time runs alone among the timed tests, as they do.
+        let alone = scrape.max_ms.map(|_| harness::one_at_a_time());
         let response = rig.scrape(scrape).with_context(|| format!("scrape {n}"))?;
+        drop(alone);
         if response.status != 200 {
             bail!("scrape {n}: status {}:\n{}", response.status, response.body);
         }

@@ -10,7 +10,7 @@ use std::process::Command;
 pub const PACKAGES: &[(&str, &str)] = &[
     ("fuse3", "fusermount3"),
     ("prometheus", "promtool"),
-    // The broker suite's ptrace attach of a running broker (tests/tests/broker.rs).
+    // The broker suite's ptrace attach of a running broker (tests/tests/e2e/broker.rs).
     ("strace", "strace"),
     // The packaging checks (packaging.rs).
     ("systemd", "systemd-analyze"),
@@ -33,7 +33,7 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("hunspell-en-us", "/usr/share/hunspell/en_US.dic"),
     // The mixin checks (mixin.rs); promtool is above.
     ("jsonnet", "jsonnet"),
-    // The landing page rendered headless (tests/tests/demo.rs).
+    // The landing page rendered headless (tests/tests/e2e/demo.rs).
     ("chromium", "chromium"),
     // The pod of the Helm chart run for real (kube-test, xtask/src/kube/pod.rs): Debian 12's
     // podman 4.3 with runc (crun refuses this machine's hybrid cgroup layout), and catatonit for

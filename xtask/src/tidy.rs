@@ -205,12 +205,11 @@ mod tests {
         assert!(version("1.88.0") <= version("1.88"));
     }
 
-    /// Every Rust source file says what it is for in its first line.
-    #[test]
-    fn every_rust_file_starts_with_a_module_doc() {
-        let root = crate::root();
-        let mut missing = Vec::new();
-        let mut stack = vec![root.clone()];
+    /// The workspace's Rust source files, outside `target/`, hidden folders and the fixture
+    /// trees.
+    fn rust_files(root: &Path) -> Vec<std::path::PathBuf> {
+        let mut files = Vec::new();
+        let mut stack = vec![root.to_path_buf()];
         while let Some(dir) = stack.pop() {
             for entry in std::fs::read_dir(&dir).unwrap() {
                 let path = entry.unwrap().path();
@@ -220,14 +219,70 @@ mod tests {
                         stack.push(path);
                     }
                 } else if name.ends_with(".rs") {
-                    let text = std::fs::read_to_string(&path).unwrap();
-                    if !text.starts_with("//!") {
-                        missing.push(path.strip_prefix(&root).unwrap().display().to_string());
-                    }
+                    files.push(path);
                 }
             }
         }
-        missing.sort();
+        files.sort();
+        files
+    }
+
+    /// Every Rust source file says what it is for in its first line.
+    #[test]
+    fn every_rust_file_starts_with_a_module_doc() {
+        let root = crate::root();
+        let mut missing = Vec::new();
+        for path in rust_files(&root) {
+            let text = std::fs::read_to_string(&path).unwrap();
+            if !text.starts_with("//!") {
+                missing.push(path.strip_prefix(&root).unwrap().display().to_string());
+            }
+        }
         assert!(missing.is_empty(), "files without a leading //! line: {missing:?}");
+    }
+
+    /// The names of the test functions in `source`: each `fn` after a `#[test]` or
+    /// `#[tokio::test]` attribute (other attributes and comments may come between).
+    fn test_names(source: &str) -> Vec<&str> {
+        let mut names = Vec::new();
+        let mut attributed = false;
+        for line in source.lines().map(str::trim_start) {
+            if line.starts_with("#[test]") || line.starts_with("#[tokio::test") {
+                attributed = true;
+            } else if attributed && let Some(at) = line.find("fn ") {
+                let rest = &line[at + 3..];
+                let end = rest.find(|c: char| !(c.is_alphanumeric() || c == '_'));
+                names.push(&rest[..end.unwrap_or(rest.len())]);
+                attributed = false;
+            }
+        }
+        names
+    }
+
+    #[test]
+    fn test_names_are_read_past_other_attributes_and_async() {
+        let source = "#[test]\nfn plain() {}\nfn helper() {}\n#[tokio::test(start_paused = true)]\n\
+                      #[ignore = \"needs root\"]\n// why\npub async fn held() {}\n";
+        assert_eq!(test_names(source), ["plain", "held"]);
+    }
+
+    /// No two tests in the workspace share a name, whatever their tier: a name found in a
+    /// failure report points at one test, and a unit test and its end-to-end counterpart say in
+    /// their names what each adds.
+    #[test]
+    fn no_two_tests_share_a_name() {
+        use std::collections::BTreeMap;
+        let root = crate::root();
+        let mut files: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for path in rust_files(&root) {
+            let text = std::fs::read_to_string(&path).unwrap();
+            let file = path.strip_prefix(&root).unwrap().display().to_string();
+            for name in test_names(&text) {
+                files.entry(name.to_string()).or_default().push(file.clone());
+            }
+        }
+        assert!(files.len() > 500, "found only {} tests", files.len());
+        let shared: Vec<_> = files.iter().filter(|(_, in_files)| in_files.len() > 1).collect();
+        assert!(shared.is_empty(), "tests of the same name: {shared:?}");
     }
 }

@@ -164,6 +164,20 @@ fn after(ms: u64) -> Instant {
     Instant::now() + Duration::from_millis(ms)
 }
 
+/// The deadlines, shortest first, of a test whose claim is what happens when a deadline passes
+/// with a socket held, and whose premise is what the other socket reads before it.
+const BUDGETS_MS: [u64; 4] = [250, 1_000, 4_000, 16_000];
+
+/// Runs `attempt` with each of [`BUDGETS_MS`] until it reports that its premise held (`Some`).
+/// The premise is checked from what was read, never assumed: on a machine too loaded to send
+/// the messages within a budget, the test runs again with the next, so no claim rests on how
+/// fast a thread is scheduled. An attempt asserts its claim only once its premise held.
+fn with_a_budget_that_suffices<T>(attempt: impl FnMut(u64) -> Option<T>) -> T {
+    BUDGETS_MS.into_iter().map(attempt).find_map(|outcome| outcome).unwrap_or_else(|| {
+        panic!("what must be read before the deadline was not, within {} ms", BUDGETS_MS[3])
+    })
+}
+
 fn values<T: Clone + std::fmt::Debug>(readings: &Readings<T>) -> Vec<Result<T, ItemError>> {
     match readings {
         Readings::Values(values) => values.clone(),
@@ -187,6 +201,19 @@ fn on_socket<T: Clone + std::fmt::Debug>(
     let cores = &machine.topology().cores;
     let values = values(readings);
     cores.iter().zip(values).filter(|(c, _)| c.socket == socket).map(|(_, v)| v).collect()
+}
+
+/// Whether `sample` has every energy counter and boost limit of `socket`, as the machine has
+/// them (a device not yet open by the deadline has none).
+fn socket_read_in_full(machine: &Machine, sample: &Sample, socket: u32) -> bool {
+    let opened =
+        matches!((&sample.energy, &sample.boost_limit), (Readings::Values(_), Readings::Values(_)));
+    let cores = &machine.topology().cores;
+    let energy = energy_of(machine);
+    let expected = cores.iter().zip(energy).filter(|(c, _)| c.socket == socket).map(|(_, e)| e);
+    opened
+        && on_socket(machine, &sample.energy, socket) == expected.collect::<Vec<_>>()
+        && all_ok(&on_socket(machine, &sample.boost_limit, socket))
 }
 
 fn all_deadline<T: std::fmt::Debug>(items: &[Result<T, ItemError>]) -> bool {
@@ -472,28 +499,35 @@ fn sockets_are_read_in_parallel_and_each_socket_serially() {
 /// deadline, so a wedged socket made the whole reply late and the frontend dropped it.
 #[test]
 fn the_answer_comes_at_the_deadline_even_with_messages_in_flight() {
-    let machine = turin(2);
-    let (opener, sampler) = sampler(&machine);
-    let sampler = Arc::new(sampler);
-    let before = opener.count();
-    machine.hold_socket(0);
-    machine.hold_socket(1);
-    let s = Arc::clone(&sampler);
-    let (tx, rx) = mpsc::channel();
-    spawn(move || tx.send(s.sample(Families::ALL, after(500))).unwrap());
-    // Each socket's first message (PROCHOT) is in the mailbox, held there past the deadline.
-    for socket in [0, 1] {
-        machine.wait_mailbox(socket, GATE, |b| b.pending == 1).unwrap();
-    }
-    let sample = rx.recv_timeout(GATE).expect("answered while both messages are held");
-    assert_eq!(values(&sample.prochot), [Err(ItemError::DeadlineExceeded); 2]);
-    assert!(all_deadline(&values(&sample.energy)));
-    assert!(all_deadline(&values(&sample.boost_limit)));
-    machine.release_socket(0);
-    machine.release_socket(1);
-    sampler.wait_idle();
-    // Nothing was sent after the deadline.
-    assert_eq!(opener.count() - before, 2);
+    with_a_budget_that_suffices(|budget| {
+        let machine = turin(2);
+        let (opener, sampler) = sampler(&machine);
+        let sampler = Arc::new(sampler);
+        let before = opener.count();
+        machine.hold_socket(0);
+        machine.hold_socket(1);
+        let s = Arc::clone(&sampler);
+        let (tx, rx) = mpsc::channel();
+        let deadline = after(budget);
+        spawn(move || tx.send(s.sample(Families::ALL, deadline)).unwrap());
+        let sample = rx.recv_timeout(GATE).expect("answered while both messages are held");
+        assert!(Instant::now() >= deadline, "answered before the deadline");
+        // The premise: each socket's first message (PROCHOT) was in the mailbox, held there,
+        // when the answer came.
+        let in_flight = [0, 1].map(|socket| machine.mailbox(socket).pending == 1);
+        machine.release_socket(0);
+        machine.release_socket(1);
+        sampler.wait_idle();
+        if in_flight != [true; 2] {
+            return None;
+        }
+        assert_eq!(values(&sample.prochot), [Err(ItemError::DeadlineExceeded); 2]);
+        assert!(all_deadline(&values(&sample.energy)));
+        assert!(all_deadline(&values(&sample.boost_limit)));
+        // Nothing was sent after the deadline.
+        assert_eq!(opener.count() - before, 2);
+        Some(())
+    });
 }
 
 /// Regression (D7): every request started a thread per socket, and a thread stuck behind a
@@ -501,35 +535,40 @@ fn the_answer_comes_at_the_deadline_even_with_messages_in_flight() {
 /// piled up, one per request.
 #[test]
 fn a_wedged_socket_holds_one_message_and_queues_no_work() {
-    let machine = turin(3);
-    let (opener, sampler) = sampler(&machine);
-    let sampler = Arc::new(sampler);
-    let before = machine.mailbox(1);
-    machine.hold_socket(1);
-    for round in 0..3 {
-        let healthy = machine.mailbox(0).entered;
-        let s = Arc::clone(&sampler);
-        let request = spawn(move || s.sample(Families::ALL, after(1000)));
-        // Socket 0 is read in full (PROCHOT, 3 counters, 3 boost limits) while 1 is wedged.
-        let read = |b: &amd_hsmp_sim::MailboxState| b.pending == 0 && b.entered == healthy + 7;
-        machine.wait_mailbox(0, GATE, read).unwrap();
-        let sample = request.join().unwrap();
-        assert_eq!(on_socket(&machine, &sample.energy, 0), energy_of(&machine)[..3], "{round}");
-        assert!(all_ok(&on_socket(&machine, &sample.boost_limit, 0)), "{round}");
-        assert!(all_deadline(&on_socket(&machine, &sample.energy, 1)), "{round}");
-        let wedged = machine.mailbox(1);
-        assert_eq!((wedged.entered, wedged.pending), (before.entered + 1, 1), "{round}");
-    }
-    let sent_to_1 = || opener.sent().iter().filter(|m| m.sock_ind == 1).count();
-    let sent = sent_to_1();
-    machine.release_socket(1);
-    sampler.wait_idle();
-    // The held message finishes; the worker sends nothing for the requests that have passed.
-    assert_eq!(sent_to_1(), sent);
-    assert_eq!(machine.mailbox(1).max_pending, 1);
-    // The socket is read again by the next request.
-    let sample = sampler.sample(Families::ALL, soon());
-    assert!(all_ok(&values(&sample.energy)));
+    with_a_budget_that_suffices(|budget| {
+        let machine = turin(3);
+        let (opener, sampler) = sampler(&machine);
+        let sampler = Arc::new(sampler);
+        let before = machine.mailbox(1);
+        machine.hold_socket(1);
+        for round in 0..3 {
+            let healthy = machine.mailbox(0).entered;
+            let s = Arc::clone(&sampler);
+            let sample = spawn(move || s.sample(Families::ALL, after(budget))).join().unwrap();
+            // The premise: socket 0 was read in full (PROCHOT, 3 counters, 3 boost limits)
+            // within the deadline while 1 is wedged.
+            if !socket_read_in_full(&machine, &sample, 0) {
+                machine.release_socket(1);
+                return None;
+            }
+            let healthy_now = machine.mailbox(0);
+            assert_eq!((healthy_now.entered, healthy_now.pending), (healthy + 7, 0), "{round}");
+            assert!(all_deadline(&on_socket(&machine, &sample.energy, 1)), "{round}");
+            let wedged = machine.mailbox(1);
+            assert_eq!((wedged.entered, wedged.pending), (before.entered + 1, 1), "{round}");
+        }
+        let sent_to_1 = || opener.sent().iter().filter(|m| m.sock_ind == 1).count();
+        let sent = sent_to_1();
+        machine.release_socket(1);
+        sampler.wait_idle();
+        // The held message finishes; the worker sends nothing for the requests that have passed.
+        assert_eq!(sent_to_1(), sent);
+        assert_eq!(machine.mailbox(1).max_pending, 1);
+        // The socket is read again by the next request.
+        let sample = sampler.sample(Families::ALL, soon());
+        assert!(all_ok(&values(&sample.energy)));
+        Some(())
+    });
 }
 
 /// Regression (N2): a request that found a socket's worker busy, even for a moment, skipped
@@ -699,36 +738,42 @@ fn concurrent_samples_share_one_reading_each_answered_at_its_own_deadline() {
 /// lock, so a wedged socket blocked every request, the healthy socket's included.
 #[test]
 fn a_late_device_with_a_wedged_socket_serves_the_healthy_socket_in_time() {
-    let machine = turin(2);
-    let opener = Opener::new(&machine);
-    opener.refuse(Some(libc::ENOENT));
-    let topology = machine.topology().clone();
-    let sampler = Sampler::with_max_age(topology, Box::new(opener.clone()), None, Duration::ZERO);
-    let sampler = Arc::new(sampler);
-    assert_eq!(sampler.sample(Families::ALL, soon()).hsmp, DeviceStatus::Absent);
-    opener.refuse(None);
-    machine.hold_socket(0);
-    for round in 0..3 {
-        let healthy = machine.mailbox(1).entered;
-        let s = Arc::clone(&sampler);
-        let (tx, rx) = mpsc::channel();
-        spawn(move || tx.send(s.sample(Families::ALL, after(1000))).unwrap());
-        // Socket 1 is probed (the first round) and read in full while socket 0 is wedged.
-        let probes = if round == 0 { 2 } else { 0 };
-        let read =
-            |b: &amd_hsmp_sim::MailboxState| b.pending == 0 && b.entered == healthy + probes + 5;
-        let served = machine.wait_mailbox(1, GATE, read);
-        let sample = rx.recv_timeout(GATE);
-        let (Ok(_), Ok(sample)) = (served, sample) else {
-            machine.release_socket(0);
-            panic!("round {round}: socket 1 not served while socket 0 is wedged");
-        };
-        assert_eq!(sample.hsmp, DeviceStatus::Ready { protocol_version: 7 }, "{round}");
-        assert_eq!(on_socket(&machine, &sample.energy, 1), energy_of(&machine)[2..], "{round}");
-        assert!(all_ok(&on_socket(&machine, &sample.boost_limit, 1)), "{round}");
-        assert_eq!(values(&sample.prochot)[0], Err(ItemError::DeadlineExceeded));
-    }
-    machine.release_socket(0);
+    with_a_budget_that_suffices(|budget| {
+        let machine = turin(2);
+        let opener = Opener::new(&machine);
+        opener.refuse(Some(libc::ENOENT));
+        let topology = machine.topology().clone();
+        let sampler =
+            Sampler::with_max_age(topology, Box::new(opener.clone()), None, Duration::ZERO);
+        let sampler = Arc::new(sampler);
+        assert_eq!(sampler.sample(Families::ALL, soon()).hsmp, DeviceStatus::Absent);
+        opener.refuse(None);
+        machine.hold_socket(0);
+        for round in 0..3 {
+            let healthy = machine.mailbox(1).entered;
+            let s = Arc::clone(&sampler);
+            let (tx, rx) = mpsc::channel();
+            spawn(move || tx.send(s.sample(Families::ALL, after(budget))).unwrap());
+            // Answered at the deadline at the latest, whatever socket 0 holds.
+            let Ok(sample) = rx.recv_timeout(GATE) else {
+                machine.release_socket(0);
+                panic!("round {round}: no answer while socket 0 is wedged");
+            };
+            // The premise: socket 1 was probed (the first round) and read in full within the
+            // deadline while socket 0 is wedged.
+            if !socket_read_in_full(&machine, &sample, 1) {
+                machine.release_socket(0);
+                return None;
+            }
+            let probes = if round == 0 { 2 } else { 0 };
+            let served = machine.mailbox(1);
+            assert_eq!((served.entered, served.pending), (healthy + probes + 5, 0), "{round}");
+            assert_eq!(sample.hsmp, DeviceStatus::Ready { protocol_version: 7 }, "{round}");
+            assert_eq!(values(&sample.prochot)[0], Err(ItemError::DeadlineExceeded));
+        }
+        machine.release_socket(0);
+        Some(())
+    });
 }
 
 /// Regression (D11): a device that was replaced (a driver rebind) kept failing with `ENODEV`

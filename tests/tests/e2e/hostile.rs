@@ -2,7 +2,8 @@
 //! address while Prometheus scrapes from another, a flood of 1 ms timeout headers, absurd
 //! timeout headers, SIGHUP, and 64 concurrent scrapers. Each test is bounded in connections and
 //! time; `127.0.0.2` and up act as distinct client hosts. The figures each test measures are
-//! printed (`cargo test -p amd-hsmp-e2e --test hostile -- --nocapture`).
+//! printed (`cargo test -p amd-hsmp-e2e --test e2e hostile:: -- --include-ignored
+//! --nocapture`).
 
 use amd_hsmp_device::Message;
 use amd_hsmp_e2e::harness::{self, Exposition, Proc, Response};
@@ -175,6 +176,7 @@ fn slow_turin(exporter_flags: &str) -> Rig {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
 fn a_flood_of_1ms_timeout_headers_costs_a_normal_scraper_no_data() {
     let _alone = harness::one_at_a_time();
     let mut rig = slow_turin("");
@@ -281,6 +283,7 @@ fn sighup_to_both_processes_keeps_both_serving() {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
 fn sixty_four_concurrent_scrapers_get_complete_answers_from_few_broker_samples() {
     let _alone = harness::one_at_a_time();
     let mut rig = slow_turin("\"--web.max-requests\", \"100\"");
@@ -815,6 +818,7 @@ impl Drop for MemoryCgroup {
 }
 
 #[test]
+#[ignore = "needs root (moves the exporter into a memory cgroup): cargo xtask test runs it"]
 fn sixty_four_unfinished_400_kib_heads_in_a_16_mib_cgroup_leave_the_exporter_alive_and_serving() {
     let _alone = harness::one_at_a_time();
     let dir = tempfile::tempdir().unwrap();

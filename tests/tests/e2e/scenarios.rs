@@ -1,9 +1,9 @@
-//! The end-to-end suite: the real `amd-hsmp-broker` and `amd-hsmp-exporter` against the FUSE
+//! The scenarios: the real `amd-hsmp-broker` and `amd-hsmp-exporter` against the FUSE
 //! fake device and a fixture machine, scraped over HTTP and compared with golden files, plus
 //! the wire-level assertions that a golden file cannot express.
 //!
-//! Refresh the golden files with `UPDATE_GOLDEN=1 cargo test -p amd-hsmp-e2e` and review the
-//! diff; see `tests/README.md`.
+//! Refresh the golden files with `UPDATE_GOLDEN=1 cargo test -p amd-hsmp-e2e --
+//! --include-ignored` and review the diff; see `tests/README.md`.
 
 use amd_hsmp_device::Message;
 use amd_hsmp_e2e::fake::{self, Node};
@@ -39,6 +39,7 @@ macro_rules! scenarios {
     ($($test:ident => $name:literal,)*) => {
         $(
             #[test]
+            #[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
             fn $test() {
                 check($name);
             }
@@ -152,6 +153,7 @@ fn apic_ids(topology: &Topology) -> Vec<(u32, u32)> {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
 fn every_core_is_addressed_by_its_apic_id_exactly_once_per_scrape() {
     for machine in ["turin-2p", "genoa-2p-cpu-offline", "genoa-2p-smt-off"] {
         let mut rig = rig(&format!("description = \"\"\nmachine = \"{machine}\"\n[[scrapes]]\n"));
@@ -169,6 +171,7 @@ fn every_core_is_addressed_by_its_apic_id_exactly_once_per_scrape() {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
 fn a_full_scrape_costs_two_messages_per_core_and_one_per_socket() {
     let mut rig = rig("description = \"\"\nmachine = \"turin-2p\"\n[[scrapes]]\n");
     let (cores, sockets) = {
@@ -189,6 +192,7 @@ fn a_full_scrape_costs_two_messages_per_core_and_one_per_socket() {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
 fn msr_fallback_opens_each_cores_first_online_thread_read_only() {
     let mut rig = rig("description = \"\"\nmachine = \"genoa-2p-cpu-offline\"\n\
          broker-flags = [\"--collector.core-energy.msr-fallback\"]\n[[scrapes]]\n");
@@ -222,6 +226,7 @@ fn msr_fallback_opens_each_cores_first_online_thread_read_only() {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
 fn a_failing_test_leaves_no_process_or_mount_behind() {
     let (pids, mount) = {
         let rig = rig("description = \"\"\nmachine = \"milan-1p\"\n[[scrapes]]\n");

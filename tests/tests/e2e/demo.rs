@@ -74,6 +74,7 @@ fn metrics(addr: SocketAddr) -> Exposition {
 }
 
 #[test]
+#[ignore = "needs root (runs the daemons as other uids): cargo xtask test runs it"]
 fn broker_started_as_a_non_root_user_with_simulate_serves_its_own_uid() {
     let dir = shared_dir();
     let socket = dir.path().join("broker.sock");
@@ -152,6 +153,7 @@ fn cells(dom: &str, kind: &str, socket: u32) -> Vec<String> {
 }
 
 #[test]
+#[ignore = "needs chromium (cargo xtask deps installs it): cargo xtask test runs it"]
 fn landing_page_renders_in_chromium_with_a_cell_per_core_prochot_and_the_simulation() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("broker.sock");
@@ -197,6 +199,7 @@ fn landing_page_renders_in_chromium_with_a_cell_per_core_prochot_and_the_simulat
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
 fn a_page_view_costs_one_sample_as_a_scrape_does() {
     let spec = fixtures::machine("turin-2p").unwrap();
     let cpus: Vec<u32> = spec.cpus().iter().filter(|c| c.online).map(|c| c.cpu).collect();
