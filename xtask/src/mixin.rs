@@ -14,6 +14,8 @@
 mod live;
 
 use anyhow::{Context, Result, bail, ensure};
+use promql_parser::label::{METRIC_NAME, MatchOp};
+use promql_parser::parser::Expr;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -433,7 +435,7 @@ fn config_snippets(doc: &str) -> Vec<String> {
 fn unknown_metrics(what: &str, exprs: &[String], known: &BTreeSet<String>) -> Result<()> {
     let mut unknown = BTreeSet::new();
     for expr in exprs {
-        unknown.extend(metric_names(expr).into_iter().filter(|m| !known.contains(m)));
+        unknown.extend(metric_names(expr)?.into_iter().filter(|m| !known.contains(m)));
     }
     ensure!(
         unknown.is_empty(),
@@ -444,104 +446,60 @@ fn unknown_metrics(what: &str, exprs: &[String], known: &BTreeSet<String>) -> Re
     Ok(())
 }
 
-/// The metric names a PromQL expression selects: identifiers outside strings, label matchers,
-/// ranges and grouping clauses that are not followed by `(` (a function or an aggregation) and
-/// are not operators, keywords or aggregations (`sum without (core) (...)`).
-fn metric_names(expr: &str) -> BTreeSet<String> {
-    const KEYWORDS: &[&str] = &[
-        "and",
-        "or",
-        "unless",
-        "offset",
-        "bool",
-        "inf",
-        "nan",
-        "sum",
-        "min",
-        "max",
-        "avg",
-        "group",
-        "stddev",
-        "stdvar",
-        "count",
-        "count_values",
-        "bottomk",
-        "topk",
-        "quantile",
-    ];
-    const GROUPING: &[&str] = &["by", "without", "on", "ignoring", "group_left", "group_right"];
-    let chars: Vec<char> = expr.chars().collect();
+/// The metric names a PromQL expression selects, from its syntax tree: the name of every vector
+/// and matrix selector, written before the braces or as a `__name__="..."` matcher, wherever it
+/// sits (function and aggregation arguments, binary operands, subqueries). A selector that names
+/// its metrics by a regular expression names none here. An expression that does not parse is an
+/// error.
+fn metric_names(expr: &str) -> Result<BTreeSet<String>> {
+    let tree = promql_parser::parser::parse(expr)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .with_context(|| format!("PromQL does not parse: {expr}"))?;
     let mut names = BTreeSet::new();
-    let mut i = 0;
-    while i < chars.len() {
-        let c = chars[i];
-        if c == '"' || c == '\'' || c == '`' {
-            i = skip_string(&chars, i);
-        } else if c == '{' {
-            i = skip_until(&chars, i, '}');
-        } else if c == '[' {
-            i = skip_until(&chars, i, ']');
-        } else if c == '#' {
-            while i < chars.len() && chars[i] != '\n' {
-                i += 1;
+    selected_names(&tree, &mut names);
+    Ok(names)
+}
+
+/// Adds the metric names the selectors of `expr` and of its subexpressions name.
+fn selected_names(expr: &Expr, names: &mut BTreeSet<String>) {
+    let selector = match expr {
+        Expr::VectorSelector(vs) => vs,
+        Expr::MatrixSelector(ms) => &ms.vs,
+        Expr::Aggregate(agg) => {
+            selected_names(&agg.expr, names);
+            if let Some(param) = &agg.param {
+                selected_names(param, names);
             }
-        } else if c.is_ascii_digit()
-            || (c == '.' && chars.get(i + 1).is_some_and(char::is_ascii_digit))
-        {
-            // A number or a duration: 3.7e9, 1e+9, 0x1F, 5m.
-            i += 1;
-            while i < chars.len()
-                && (chars[i].is_ascii_alphanumeric()
-                    || chars[i] == '.'
-                    || (matches!(chars[i], '+' | '-') && matches!(chars[i - 1], 'e' | 'E')))
-            {
-                i += 1;
+            return;
+        }
+        Expr::Unary(unary) => return selected_names(&unary.expr, names),
+        Expr::Binary(binary) => {
+            selected_names(&binary.lhs, names);
+            return selected_names(&binary.rhs, names);
+        }
+        Expr::Paren(paren) => return selected_names(&paren.expr, names),
+        Expr::Subquery(subquery) => return selected_names(&subquery.expr, names),
+        Expr::Call(call) => {
+            for arg in &call.args.args {
+                selected_names(arg, names);
             }
-        } else if c.is_ascii_alphabetic() || c == '_' || c == ':' {
-            let start = i;
-            while i < chars.len()
-                && (chars[i].is_ascii_alphanumeric() || chars[i] == '_' || chars[i] == ':')
-            {
-                i += 1;
+            return;
+        }
+        Expr::Extension(extension) => {
+            for child in extension.expr.children() {
+                selected_names(child, names);
             }
-            let word: String = chars[start..i].iter().collect();
-            let mut next = i;
-            while next < chars.len() && chars[next].is_whitespace() {
-                next += 1;
-            }
-            let call = chars.get(next) == Some(&'(');
-            if GROUPING.contains(&word.as_str()) {
-                if call {
-                    i = skip_until(&chars, next, ')');
-                }
-            } else if !call && !KEYWORDS.contains(&word.to_ascii_lowercase().as_str()) {
-                names.insert(word);
-            }
-        } else {
-            i += 1;
+            return;
+        }
+        Expr::NumberLiteral(_) | Expr::StringLiteral(_) => return,
+    };
+    names.extend(selector.name.iter().cloned());
+    let matchers = &selector.matchers;
+    for matcher in matchers.matchers.iter().chain(matchers.or_matchers.iter().flatten()) {
+        if matcher.name == METRIC_NAME && matcher.op == MatchOp::Equal {
+            names.insert(matcher.value.clone());
         }
     }
-    names
-}
-
-/// The index after the string literal that starts at `start` (backslash escapes, except in
-/// backquoted raw strings).
-fn skip_string(chars: &[char], start: usize) -> usize {
-    let quote = chars[start];
-    let mut i = start + 1;
-    while i < chars.len() && chars[i] != quote {
-        i += if chars[i] == '\\' && quote != '`' { 2 } else { 1 };
-    }
-    i + 1
-}
-
-/// The index after the first `close` from `start` on, skipping string literals.
-fn skip_until(chars: &[char], start: usize, close: char) -> usize {
-    let mut i = start + 1;
-    while i < chars.len() && chars[i] != close {
-        i = if matches!(chars[i], '"' | '\'' | '`') { skip_string(chars, i) } else { i + 1 };
-    }
-    i + 1
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -743,7 +701,7 @@ mod tests {
     use super::*;
 
     fn names(expr: &str) -> Vec<String> {
-        metric_names(expr).into_iter().collect()
+        metric_names(expr).unwrap().into_iter().collect()
     }
 
     #[test]
@@ -770,6 +728,19 @@ mod tests {
     fn metric_names_ignore_braces_and_words_inside_strings() {
         assert_eq!(names(r#"ALERTS{alertname=~"AmdHsmp.*}", alertstate="firing"}"#), ["ALERTS"]);
         assert_eq!(names(r#"up{job="a\"b"} == bool 0"#), ["up"]);
+    }
+
+    /// A metric named only by a `__name__` matcher is still a metric the expression uses, and a
+    /// query that is not PromQL is reported rather than read for words.
+    #[test]
+    fn metric_names_include_name_matchers_and_reject_what_does_not_parse() {
+        assert_eq!(
+            names(r#"rate({__name__="amd_hsmp_core_energy_joules_total", core="1"}[5m]) or up"#),
+            ["amd_hsmp_core_energy_joules_total", "up"]
+        );
+        assert_eq!(names(r#"{__name__=~"amd_hsmp_.*"}"#), Vec::<String>::new());
+        let err = metric_names("sum(rate(amd_hsmp_up[5m])").unwrap_err();
+        assert!(format!("{err:#}").contains("does not parse"), "{err:#}");
     }
 
     #[test]
