@@ -20,14 +20,12 @@ use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Instant;
 
-/// The rule files: the mixin's field, the jsonnet file that renders it, the file it generates.
-const RULE_FILES: [(&str, &str, &str); 2] = [
-    ("prometheusRules", "rules.jsonnet", "prometheus_rules.yaml"),
-    ("prometheusAlerts", "alerts.jsonnet", "prometheus_alerts.yaml"),
-];
+/// The rule files: the jsonnet file that renders one, the file it generates.
+const RULE_FILES: [(&str, &str); 2] =
+    [("rules.jsonnet", "prometheus_rules.yaml"), ("alerts.jsonnet", "prometheus_alerts.yaml")];
 /// Jsonnet source of the dashboards (an object: file name to dashboard) and their directory.
 const DASHBOARDS_SOURCE: &str = "dashboards.jsonnet";
 const DASHBOARDS_OUT: &str = "dashboards_out";
@@ -84,7 +82,7 @@ pub fn check(root: &Path, live: bool) -> Result<()> {
 
     step("generated files", || generated_files(&dir, &work))?;
     step("promtool check rules", || {
-        let files: Vec<&str> = RULE_FILES.iter().map(|(_, _, out)| *out).collect();
+        let files: Vec<&str> = RULE_FILES.iter().map(|(_, out)| *out).collect();
         promtool(&dir, "check", &files).map(|_| format!("{} files", files.len()))
     })?;
     step("promtool test rules", || {
@@ -150,21 +148,27 @@ fn step(name: &str, f: impl FnOnce() -> Result<String>) -> Result<()> {
 // Generated files
 
 /// Compares (or, with `UPDATE_GOLDEN=1`, rewrites) every generated file with what jsonnet makes of
-/// the source now; a dashboard file without a source is an error too. The rule files are rendered
-/// here as `std.manifestYamlDoc(..., false, false)` renders them (the same bytes as
-/// `jsonnet -S alerts.jsonnet`), because that function takes jsonnet 0.18 seconds per file.
+/// the source now; a dashboard file without a source is an error too. The rule files are what
+/// `jsonnet -S` writes of their sources, byte for byte; the three jsonnet runs go in parallel (its
+/// `std.manifestYamlDoc` takes jsonnet 0.18 seconds).
 fn generated_files(dir: &Path, work: &Path) -> Result<String> {
-    let mut files: BTreeMap<String, String> = BTreeMap::new();
-    for (field, source, out) in RULE_FILES {
-        let render =
-            format!("std.manifestYamlDoc((import 'mixin.libsonnet').{field}, false, false)");
-        ensure!(read(&dir.join(source))?.contains(&render), "{source} does not say {render}");
-        let rules = eval_json(dir, &format!("(import 'mixin.libsonnet').{field}"))?;
-        files.insert(out.to_owned(), format!("{}\n", yaml_doc(&rules, "")));
-    }
     let rendered = work.join(DASHBOARDS_OUT);
     fs::create_dir_all(&rendered)?;
-    run(Command::new("jsonnet").arg("-m").arg(&rendered).arg(DASHBOARDS_SOURCE).current_dir(dir))?;
+    let mut jobs = Vec::new();
+    for (source, out) in RULE_FILES {
+        let mut rules = Command::new("jsonnet");
+        rules.arg("-S").arg(source).current_dir(dir);
+        jobs.push((Some(out), rules));
+    }
+    let mut dashboards = Command::new("jsonnet");
+    dashboards.arg("-m").arg(&rendered).arg(DASHBOARDS_SOURCE).current_dir(dir);
+    jobs.push((None, dashboards));
+    let mut files: BTreeMap<String, String> = BTreeMap::new();
+    for (out, stdout) in run_parallel(jobs)? {
+        if let Some(out) = out {
+            files.insert(out.to_owned(), stdout);
+        }
+    }
     for entry in fs::read_dir(&rendered)? {
         let entry = entry?;
         let name = format!("{DASHBOARDS_OUT}/{}", entry.file_name().to_string_lossy());
@@ -204,81 +208,6 @@ fn generated_files(dir: &Path, work: &Path) -> Result<String> {
         stale.join(", ")
     );
     Ok(format!("{} files equal their jsonnet source", files.len()))
-}
-
-/// YAML as jsonnet's `std.manifestYamlDoc(value, indent_array_in_object=false, quote_keys=false)`
-/// writes it: sorted keys, strings JSON-quoted unless they end in a newline (then a `|` block),
-/// arrays in an object not indented.
-fn yaml_doc(value: &Value, indent: &str) -> String {
-    match value {
-        Value::Null => "null".into(),
-        Value::Bool(b) => b.to_string(),
-        Value::Number(n) => n.to_string(),
-        Value::String(s) if s.is_empty() => "\"\"".into(),
-        Value::String(s) if s.ends_with('\n') => {
-            let lines: Vec<&str> = s[..s.len() - 1].split('\n').collect();
-            format!("|\n{indent}  {}", lines.join(&format!("\n{indent}  ")))
-        }
-        Value::String(s) => Value::String(s.clone()).to_string(),
-        Value::Array(items) if items.is_empty() => "[]".into(),
-        Value::Array(items) => {
-            let parts: Vec<String> = items
-                .iter()
-                .map(|item| {
-                    let inner = format!("{indent}  ");
-                    match item {
-                        Value::Array(a) if !a.is_empty() => {
-                            format!("-\n{inner}{}", yaml_doc(item, &inner))
-                        }
-                        Value::Object(o) if !o.is_empty() => {
-                            format!("- {}", yaml_doc(item, &inner))
-                        }
-                        _ => format!("- {}", yaml_doc(item, indent)),
-                    }
-                })
-                .collect();
-            parts.join(&format!("\n{indent}"))
-        }
-        Value::Object(map) if map.is_empty() => "{}".into(),
-        Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
-            let lines: Vec<String> = keys
-                .into_iter()
-                .map(|key| {
-                    let item = &map[key];
-                    let key = yaml_key(key);
-                    let inner = format!("{indent}  ");
-                    match item {
-                        Value::Array(a) if !a.is_empty() => {
-                            format!("{key}:\n{indent}{}", yaml_doc(item, indent))
-                        }
-                        Value::Object(o) if !o.is_empty() => {
-                            format!("{key}:\n{inner}{}", yaml_doc(item, &inner))
-                        }
-                        _ => format!("{key}: {}", yaml_doc(item, indent)),
-                    }
-                })
-                .collect();
-            lines.join(&format!("\n{indent}"))
-        }
-    }
-}
-
-/// A key bare when it is safe in YAML, as jsonnet 0.18 decides with `quote_keys=false`: only
-/// letters, digits and `_-./`, not a YAML 1.1 boolean or null in any case, not number-like.
-fn yaml_key(key: &str) -> String {
-    const RESERVED: &[&str] = &["true", "false", "yes", "no", "on", "off", "y", "n", "null", "~"];
-    let unsigned = key.strip_prefix(['-', '+']).unwrap_or(key);
-    let number_like = unsigned.chars().all(|c| c.is_ascii_digit() || c == '_' || c == '.')
-        || unsigned
-            .strip_prefix("0x")
-            .is_some_and(|hex| hex.chars().all(|c| c.is_ascii_hexdigit() || c == '_'));
-    let bare = !key.is_empty()
-        && key.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'))
-        && !RESERVED.contains(&key.to_ascii_lowercase().as_str())
-        && !number_like;
-    if bare { key.to_owned() } else { Value::String(key.to_owned()).to_string() }
 }
 
 /// Evaluates a jsonnet expression in `dir` and parses the JSON it prints.
@@ -692,6 +621,34 @@ fn run(cmd: &mut Command) -> Result<String> {
     Ok(stdout)
 }
 
+/// Starts every command, then waits for each; returns each tag with the command's standard output.
+/// A failure shows everything the failing command printed.
+fn run_parallel<T>(jobs: Vec<(T, Command)>) -> Result<Vec<(T, String)>> {
+    let mut started = Vec::new();
+    for (tag, mut cmd) in jobs {
+        let child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("cannot run {:?}", cmd.get_program()))?;
+        started.push((tag, format!("{cmd:?}"), child));
+    }
+    let mut outputs = Vec::new();
+    for (tag, cmd, child) in started {
+        let out = child.wait_with_output().with_context(|| format!("waiting for {cmd}"))?;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !out.status.success() {
+            bail!(
+                "{cmd} failed ({}):\n{stdout}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        outputs.push((tag, stdout));
+    }
+    Ok(outputs)
+}
+
 fn read(path: &Path) -> Result<String> {
     fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
 }
@@ -811,26 +768,6 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("Good: runbook_url"), "{err}");
-    }
-
-    /// The rule files are rendered here instead of by jsonnet's slow `std.manifestYamlDoc`; both
-    /// must write the same bytes, for the shapes a rule file has and the awkward ones.
-    #[test]
-    fn yaml_rendering_matches_jsonnet_manifest_yaml_doc() {
-        let value = json!({
-            "groups": [{"name": "g", "rules": [
-                {"alert": "A", "expr": "up{job=\"a\"} == 0\nand\n  x\n", "for": "5m",
-                 "labels": {"severity": "warning"}, "annotations": {}},
-                {"record": "a:b:c", "expr": "sum(x)", "keep_firing": true, "n": 3, "none": null},
-            ]}],
-            "nested": [[1, 2], [], {"k": []}, "text: with # and 'quotes' and \\", ""],
-            "odd keys": {"yes": 1, "On": 2, "2x": 3, "a-b.c/d": 4, "": 5, "-": 6, "-a": 7, ".a": 8,
-                         "0x1": 9, "1": 10, "1.5": 11, "1e3": 12, "_": 13, "a b": 14, "a:b": 15,
-                         "NULL": 16, "\u{e9}": 17},
-        });
-        let source = format!("std.manifestYamlDoc({value}, false, false)");
-        let jsonnet = run(Command::new("jsonnet").arg("-S").arg("-e").arg(&source)).unwrap();
-        assert_eq!(format!("{}\n", yaml_doc(&value, "")), jsonnet);
     }
 
     #[test]
