@@ -8,6 +8,7 @@
 //! reviewed as a diff.
 
 use anyhow::{Context, Result, bail, ensure};
+use spdx::expression::{ExprNode, Operator};
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -692,82 +693,61 @@ fn dependency_licenses(root: &Path) -> Result<BTreeSet<String>> {
         if expr.is_empty() {
             continue;
         }
-        terms.extend(license_terms(expr));
+        terms.extend(license_terms(expr)?);
     }
     ensure!(!terms.is_empty(), "cargo tree listed no license");
     Ok(terms)
 }
 
-/// Splits an SPDX expression into its top-level AND terms, each normalised: the alternatives of
-/// an OR sorted, `/` read as OR, operators upper-case, parentheses only around an OR.
-fn license_terms(expr: &str) -> BTreeSet<String> {
-    let expr = expr.replace('/', " OR ").replace('(', " ( ").replace(')', " ) ");
-    let tokens: Vec<String> = expr
-        .split_whitespace()
-        .map(|t| match t.to_ascii_uppercase().as_str() {
-            "AND" | "OR" | "WITH" => t.to_ascii_uppercase(),
-            _ => t.to_string(),
-        })
-        .collect();
-    let mut terms = BTreeSet::new();
-    for term in split_top(&tokens, "AND") {
-        let term = strip_parens(term);
-        // A parenthesised term may itself be an AND: flatten it.
-        if split_top(term, "AND").len() > 1 {
-            terms.extend(license_terms(&term.join(" ")));
-            continue;
-        }
-        let mut alternatives: Vec<String> =
-            split_top(term, "OR").into_iter().map(|a| strip_parens(a).join(" ")).collect();
-        alternatives.sort();
-        alternatives.dedup();
-        terms.insert(if alternatives.len() > 1 {
-            format!("({})", alternatives.join(" OR "))
-        } else {
-            alternatives.concat()
-        });
+/// Splits an SPDX expression (as cargo reports it: `/` for OR allowed) into its top-level AND
+/// terms, each written one way: the alternatives of an OR sorted and in parentheses, a `WITH`
+/// exception after its licence, operators upper-case. An expression that is not SPDX is an error.
+fn license_terms(expr: &str) -> Result<BTreeSet<String>> {
+    let parsed = spdx::Expression::parse_mode(expr, spdx::ParseMode::LAX)
+        .with_context(|| format!("not an SPDX license expression: {expr}"))?;
+    // Each subexpression as the AND of its terms, each term the set of its OR alternatives.
+    let mut stack: Vec<Vec<BTreeSet<String>>> = Vec::new();
+    for node in parsed.iter() {
+        let value = match node {
+            ExprNode::Req(req) => vec![BTreeSet::from([req.req.to_string()])],
+            ExprNode::Op(op) => {
+                let (Some(rhs), Some(mut lhs)) = (stack.pop(), stack.pop()) else {
+                    bail!("{expr}: an operator without two operands");
+                };
+                match op {
+                    Operator::And => {
+                        lhs.extend(rhs);
+                        lhs
+                    }
+                    Operator::Or => {
+                        vec![alternatives(lhs).into_iter().chain(alternatives(rhs)).collect()]
+                    }
+                }
+            }
+        };
+        stack.push(value);
     }
-    terms
+    let terms = stack.pop().filter(|_| stack.is_empty());
+    let terms = terms.with_context(|| format!("{expr}: not one expression"))?;
+    Ok(terms.into_iter().map(|alternatives| written(&alternatives, " OR ")).collect())
 }
 
-/// Splits tokens on `op` outside parentheses.
-fn split_top<'a>(tokens: &'a [String], op: &str) -> Vec<&'a [String]> {
-    let mut parts = Vec::new();
-    let (mut depth, mut start) = (0i32, 0);
-    for (i, t) in tokens.iter().enumerate() {
-        match t.as_str() {
-            "(" => depth += 1,
-            ")" => depth -= 1,
-            t if t == op && depth == 0 => {
-                parts.push(&tokens[start..i]);
-                start = i + 1;
-            }
-            _ => {}
+/// The alternatives of one side of an OR: its own alternatives, or the whole side when it is an
+/// AND (written in parentheses).
+fn alternatives(side: Vec<BTreeSet<String>>) -> BTreeSet<String> {
+    match <[_; 1]>::try_from(side) {
+        Ok([one]) => one,
+        Err(terms) => {
+            let terms: BTreeSet<String> = terms.iter().map(|t| written(t, " OR ")).collect();
+            BTreeSet::from([written(&terms, " AND ")])
         }
     }
-    parts.push(&tokens[start..]);
-    parts
 }
 
-/// Removes parentheses that enclose the whole token list.
-fn strip_parens(mut tokens: &[String]) -> &[String] {
-    while tokens.len() >= 2 && tokens[0] == "(" && tokens[tokens.len() - 1] == ")" {
-        let inner = &tokens[1..tokens.len() - 1];
-        let mut depth = 0i32;
-        let balanced = inner.iter().all(|t| {
-            match t.as_str() {
-                "(" => depth += 1,
-                ")" => depth -= 1,
-                _ => {}
-            }
-            depth >= 0
-        });
-        if !balanced {
-            break;
-        }
-        tokens = inner;
-    }
-    tokens
+/// Items joined by an operator, in parentheses when there is more than one.
+fn written(items: &BTreeSet<String>, op: &str) -> String {
+    let joined = items.iter().map(String::as_str).collect::<Vec<_>>().join(op);
+    if items.len() > 1 { format!("({joined})") } else { joined }
 }
 
 /// The license ids of a set of terms (`LLVM-exception` and the like included).
@@ -878,7 +858,7 @@ fn rpm(
     );
     same_licenses(
         "the spec's License tag",
-        &license_terms(lines.next().unwrap_or_default()),
+        &license_terms(lines.next().unwrap_or_default())?,
         licenses,
     )?;
 
@@ -1185,7 +1165,7 @@ fn deb_copyright_covers(copyright: &str, licenses: &BTreeSet<String>) -> Result<
         .find_map(|l| l.strip_prefix("License: "))
         .context("the usr/bin paragraph of packaging/deb/copyright has no License")?;
     let spdx = expr.replace(" with LLVM exception", " WITH LLVM-exception");
-    same_licenses("packaging/deb/copyright (usr/bin)", &license_terms(&spdx), licenses)?;
+    same_licenses("packaging/deb/copyright (usr/bin)", &license_terms(&spdx)?, licenses)?;
     let stand_alone: BTreeSet<String> = copyright
         .split("\n\n")
         .filter_map(|p| p.strip_prefix("License: "))
@@ -1345,21 +1325,46 @@ mod tests {
 
     #[test]
     fn license_expressions_that_mean_the_same_compare_equal() {
-        assert_eq!(license_terms("MIT/Apache-2.0"), license_terms("Apache-2.0 OR MIT"));
-        assert_eq!(license_terms("MIT/Apache-2.0"), set(&["(Apache-2.0 OR MIT)"]));
         assert_eq!(
-            license_terms("(MIT OR Apache-2.0) AND Unicode-3.0"),
+            license_terms("MIT/Apache-2.0").unwrap(),
+            license_terms("Apache-2.0 OR MIT").unwrap()
+        );
+        assert_eq!(license_terms("MIT/Apache-2.0").unwrap(), set(&["(Apache-2.0 OR MIT)"]));
+        assert_eq!(
+            license_terms("(MIT OR Apache-2.0) AND Unicode-3.0").unwrap(),
             set(&["(Apache-2.0 OR MIT)", "Unicode-3.0"])
         );
-        assert_eq!(license_terms("MIT AND BSD-3-Clause"), set(&["BSD-3-Clause", "MIT"]));
+        assert_eq!(license_terms("MIT AND BSD-3-Clause").unwrap(), set(&["BSD-3-Clause", "MIT"]));
         assert_eq!(
-            license_terms("Apache-2.0 WITH LLVM-exception OR Apache-2.0 OR MIT"),
+            license_terms("Apache-2.0 WITH LLVM-exception OR Apache-2.0 OR MIT").unwrap(),
             set(&["(Apache-2.0 OR Apache-2.0 WITH LLVM-exception OR MIT)"])
         );
         assert_eq!(
-            license_terms("Apache-2.0 and (MIT or Unlicense)"),
+            license_terms("Apache-2.0 and (MIT or Unlicense)").unwrap(),
             set(&["Apache-2.0", "(MIT OR Unlicense)"])
         );
+        assert_eq!(
+            license_terms("(MIT AND ISC) OR Apache-2.0").unwrap(),
+            set(&["((ISC AND MIT) OR Apache-2.0)"])
+        );
+    }
+
+    /// SPDX's AND binds tighter than OR: a crate under "Apache-2.0 OR MIT AND ISC" may be taken
+    /// under Apache-2.0 alone, so ISC is not a license the package must name on its own.
+    #[test]
+    fn and_binds_tighter_than_or_in_a_license_expression() {
+        assert_eq!(
+            license_terms("Apache-2.0 OR MIT AND ISC").unwrap(),
+            set(&["((ISC AND MIT) OR Apache-2.0)"])
+        );
+    }
+
+    #[test]
+    fn a_license_string_that_is_not_spdx_is_an_error() {
+        for bad in ["MIT OR", "Apache 2 OR MIT", "MIT AND (ISC", "Not-A-License"] {
+            let err = license_terms(bad).unwrap_err();
+            assert!(err.to_string().contains("not an SPDX license expression"), "{bad}: {err}");
+        }
     }
 
     #[test]
