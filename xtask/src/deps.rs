@@ -12,7 +12,7 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("prometheus", "promtool"),
     // The broker suite's ptrace attach of a running broker (tests/tests/broker.rs).
     ("strace", "strace"),
-    // The packaging checks (packaging.rs).
+    // The packaging checks (packaging/).
     ("systemd", "systemd-analyze"),
     ("rpm", "rpmbuild"),
     ("lintian", "lintian"),

@@ -106,7 +106,7 @@ pub fn run(outdir: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::packaging::expect_file;
+    use crate::packaging::helpers::expect_file;
     use crate::root;
 
     /// The `--help` text of a binary, as `NAME --help` prints it (no colour off a terminal).

@@ -328,7 +328,7 @@ pub fn run_all(
     }
     let socket_unit = super::repo_file("packaging/systemd/amd-hsmp-broker.socket")?;
     let setting = |key: &str| {
-        crate::packaging::parse_unit(&socket_unit)
+        crate::packaging::units::parse_unit(&socket_unit)
             .into_iter()
             .find(|(_, k, _)| k == key)
             .map(|(_, _, v)| v)
@@ -657,7 +657,7 @@ pub fn run_all(
     ev.check(!as_user.ok(), format!("/dev/hsmp as the exporter's user: {}", as_user.text.trim()));
     for unit in ["amd-hsmp-broker.service", "amd-hsmp-exporter.service"] {
         let report = sh(vm, &format!("systemd-analyze security --no-pager {unit}"))?;
-        match crate::packaging::parse_exposure(&report.text, unit) {
+        match crate::packaging::units::parse_exposure(&report.text, unit) {
             Ok(level) => ev.check(
                 level <= MAX_EXPOSURE,
                 format!("{unit} exposure {level} (at most {MAX_EXPOSURE})"),
