@@ -14,6 +14,7 @@
 mod bench;
 mod demo;
 mod deps;
+mod golden;
 mod image;
 mod kube;
 mod man;

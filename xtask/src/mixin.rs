@@ -148,7 +148,7 @@ fn step(name: &str, f: impl FnOnce() -> Result<String>) -> Result<()> {
 // Generated files
 
 /// Compares (or, with `UPDATE_GOLDEN=1`, rewrites) every generated file with what jsonnet makes of
-/// the source now; a dashboard file without a source is an error too. The rule files are what
+/// the source now; a dashboard file without a source is an error too (removed when rewriting). The rule files are what
 /// `jsonnet -S` writes of their sources, byte for byte; the three jsonnet runs go in parallel (its
 /// `std.manifestYamlDoc` takes jsonnet 0.18 seconds).
 fn generated_files(dir: &Path, work: &Path) -> Result<String> {
@@ -174,39 +174,13 @@ fn generated_files(dir: &Path, work: &Path) -> Result<String> {
         let name = format!("{DASHBOARDS_OUT}/{}", entry.file_name().to_string_lossy());
         files.insert(name, read(&entry.path())?);
     }
-    let update = std::env::var_os("UPDATE_GOLDEN").is_some_and(|v| v == "1");
-    let out_dir = dir.join(DASHBOARDS_OUT);
-    let mut stale = Vec::new();
-    for entry in
-        fs::read_dir(&out_dir).with_context(|| format!("cannot list {}", out_dir.display()))?
-    {
-        let name = format!("{DASHBOARDS_OUT}/{}", entry?.file_name().to_string_lossy());
-        if !files.contains_key(&name) {
-            stale.push(name);
-        }
+    let removed = crate::golden::expect_files(dir, &files, &[DASHBOARDS_OUT]).context(
+        "mixin/ files out of date with their jsonnet source; regenerate with UPDATE_GOLDEN=1 \
+         cargo xtask mixin and review the diff",
+    )?;
+    if crate::golden::updating() {
+        return Ok(format!("rewrote {} files, removed {removed}", files.len()));
     }
-    let mut differ = Vec::new();
-    for (name, text) in &files {
-        let path = dir.join(name);
-        if update {
-            fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
-        } else if fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
-            differ.push(name.clone());
-        }
-    }
-    if update {
-        for name in &stale {
-            fs::remove_file(dir.join(name)).with_context(|| format!("cannot remove {name}"))?;
-        }
-        return Ok(format!("rewrote {} files, removed {}", files.len(), stale.len()));
-    }
-    ensure!(
-        differ.is_empty() && stale.is_empty(),
-        "mixin/ files out of date with their jsonnet source: [{}], without a source: [{}]; \
-         regenerate with UPDATE_GOLDEN=1 cargo xtask mixin and review the diff",
-        differ.join(", "),
-        stale.join(", ")
-    );
     Ok(format!("{} files equal their jsonnet source", files.len()))
 }
 

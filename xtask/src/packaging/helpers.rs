@@ -1,49 +1,9 @@
-//! What the packaging checks share: the expected-file comparison, running commands, file copies.
+//! What the packaging checks share: running commands, file copies.
 
 use anyhow::{Context, Result, bail};
-use std::collections::BTreeSet;
 use std::fs;
 use std::path::Path;
 use std::process::{Command, Output};
-
-/// Compares `actual` with the expected file, or rewrites it when `UPDATE_GOLDEN=1`.
-pub(crate) fn expect_file(path: &Path, actual: &str) -> Result<()> {
-    if std::env::var_os("UPDATE_GOLDEN").is_some_and(|v| v == "1") {
-        if let Some(dir) = path.parent() {
-            fs::create_dir_all(dir)?;
-        }
-        fs::write(path, actual).with_context(|| format!("cannot write {}", path.display()))?;
-        println!("packaging: rewrote {}", path.display());
-        return Ok(());
-    }
-    let expected = fs::read_to_string(path).with_context(|| {
-        format!(
-            "cannot read {}; create it by running the check with UPDATE_GOLDEN=1",
-            path.display()
-        )
-    })?;
-    if expected == actual {
-        return Ok(());
-    }
-    let expected_lines: BTreeSet<&str> = expected.lines().collect();
-    let actual_lines: BTreeSet<&str> = actual.lines().collect();
-    let mut diff = String::new();
-    for line in expected.lines().filter(|l| !actual_lines.contains(l)) {
-        diff.push_str(&format!("- {line}\n"));
-    }
-    for line in actual.lines().filter(|l| !expected_lines.contains(l)) {
-        diff.push_str(&format!("+ {line}\n"));
-    }
-    if diff.is_empty() {
-        diff.push_str("(same lines, different order or repetition)\n");
-    }
-    bail!(
-        "{} differs from what was built (- expected, + built):\n{diff}accept by running the check \
-         again with UPDATE_GOLDEN=1 (cargo xtask packaging, cargo test -p xtask) and review the \
-         diff",
-        path.display()
-    )
-}
 
 /// Runs a command to completion, capturing its output; a failure to start or a non-zero exit is
 /// an error that shows what the command said.
