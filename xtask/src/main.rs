@@ -15,6 +15,7 @@ mod bench;
 mod demo;
 mod deps;
 mod golden;
+mod http;
 mod image;
 mod kube;
 mod man;
