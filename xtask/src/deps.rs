@@ -12,7 +12,7 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("prometheus", "promtool"),
     // The broker suite's ptrace attach of a running broker (tests/tests/e2e/broker.rs).
     ("strace", "strace"),
-    // The packaging checks (packaging.rs).
+    // The packaging checks (packaging/).
     ("systemd", "systemd-analyze"),
     ("rpm", "rpmbuild"),
     ("lintian", "lintian"),
@@ -203,7 +203,7 @@ fn install_packages() -> Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
-    if !is_root() {
+    if !rustix::process::geteuid().is_root() {
         bail!("missing Debian packages: {} (install them, or run as root)", missing.join(" "));
     }
     eprintln!("xtask: installing {}", missing.join(" "));
@@ -243,15 +243,4 @@ fn tool_at_version(krate: &str, cmd: &str, version: &str) -> bool {
             || output(Command::new(cargo).args(["install", "--list"]))
                 .lines()
                 .any(|l| l == installed))
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .map(|l| l.split_whitespace().nth(2) == Some("0"))
-        })
-        .unwrap_or(false)
 }

@@ -14,6 +14,8 @@
 mod bench;
 mod demo;
 mod deps;
+mod golden;
+mod http;
 mod image;
 mod kube;
 mod man;

@@ -106,7 +106,7 @@ pub fn run(outdir: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::packaging::expect_file;
+    use crate::golden::{expect_file, expect_files};
     use crate::root;
 
     /// The `--help` text of a binary, as `NAME --help` prints it (no colour off a terminal).
@@ -160,16 +160,12 @@ mod tests {
 
     #[test]
     fn packaged_man_pages_and_completions_are_generated_from_the_current_flags() {
-        let packaging = root().join("packaging");
         let files = generate().unwrap();
         assert_eq!(files.len(), 8);
-        let mut stale = Vec::new();
-        for file in &files {
-            if let Err(e) = expect_file(&packaging.join(&file.path), &file.text) {
-                stale.push(format!("{e:#}"));
-            }
+        let files = files.into_iter().map(|f| (f.path.to_string_lossy().into_owned(), f.text));
+        if let Err(e) = expect_files(&root().join("packaging"), &files.collect(), &[]) {
+            panic!("stale generated files:\n{e:#}");
         }
-        assert!(stale.is_empty(), "stale generated files:\n{}", stale.join("\n"));
     }
 
     #[test]

@@ -14,18 +14,18 @@
 mod live;
 
 use anyhow::{Context, Result, bail, ensure};
+use promql_parser::label::{METRIC_NAME, MatchOp};
+use promql_parser::parser::Expr;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Instant;
 
-/// The rule files: the mixin's field, the jsonnet file that renders it, the file it generates.
-const RULE_FILES: [(&str, &str, &str); 2] = [
-    ("prometheusRules", "rules.jsonnet", "prometheus_rules.yaml"),
-    ("prometheusAlerts", "alerts.jsonnet", "prometheus_alerts.yaml"),
-];
+/// The rule files: the jsonnet file that renders one, the file it generates.
+const RULE_FILES: [(&str, &str); 2] =
+    [("rules.jsonnet", "prometheus_rules.yaml"), ("alerts.jsonnet", "prometheus_alerts.yaml")];
 /// Jsonnet source of the dashboards (an object: file name to dashboard) and their directory.
 const DASHBOARDS_SOURCE: &str = "dashboards.jsonnet";
 const DASHBOARDS_OUT: &str = "dashboards_out";
@@ -82,7 +82,7 @@ pub fn check(root: &Path, live: bool) -> Result<()> {
 
     step("generated files", || generated_files(&dir, &work))?;
     step("promtool check rules", || {
-        let files: Vec<&str> = RULE_FILES.iter().map(|(_, _, out)| *out).collect();
+        let files: Vec<&str> = RULE_FILES.iter().map(|(_, out)| *out).collect();
         promtool(&dir, "check", &files).map(|_| format!("{} files", files.len()))
     })?;
     step("promtool test rules", || {
@@ -148,135 +148,40 @@ fn step(name: &str, f: impl FnOnce() -> Result<String>) -> Result<()> {
 // Generated files
 
 /// Compares (or, with `UPDATE_GOLDEN=1`, rewrites) every generated file with what jsonnet makes of
-/// the source now; a dashboard file without a source is an error too. The rule files are rendered
-/// here as `std.manifestYamlDoc(..., false, false)` renders them (the same bytes as
-/// `jsonnet -S alerts.jsonnet`), because that function takes jsonnet 0.18 seconds per file.
+/// the source now; a dashboard file without a source is an error too (removed when rewriting). The rule files are what
+/// `jsonnet -S` writes of their sources, byte for byte; the three jsonnet runs go in parallel (its
+/// `std.manifestYamlDoc` takes jsonnet 0.18 seconds).
 fn generated_files(dir: &Path, work: &Path) -> Result<String> {
-    let mut files: BTreeMap<String, String> = BTreeMap::new();
-    for (field, source, out) in RULE_FILES {
-        let render =
-            format!("std.manifestYamlDoc((import 'mixin.libsonnet').{field}, false, false)");
-        ensure!(read(&dir.join(source))?.contains(&render), "{source} does not say {render}");
-        let rules = eval_json(dir, &format!("(import 'mixin.libsonnet').{field}"))?;
-        files.insert(out.to_owned(), format!("{}\n", yaml_doc(&rules, "")));
-    }
     let rendered = work.join(DASHBOARDS_OUT);
     fs::create_dir_all(&rendered)?;
-    run(Command::new("jsonnet").arg("-m").arg(&rendered).arg(DASHBOARDS_SOURCE).current_dir(dir))?;
+    let mut jobs = Vec::new();
+    for (source, out) in RULE_FILES {
+        let mut rules = Command::new("jsonnet");
+        rules.arg("-S").arg(source).current_dir(dir);
+        jobs.push((Some(out), rules));
+    }
+    let mut dashboards = Command::new("jsonnet");
+    dashboards.arg("-m").arg(&rendered).arg(DASHBOARDS_SOURCE).current_dir(dir);
+    jobs.push((None, dashboards));
+    let mut files: BTreeMap<String, String> = BTreeMap::new();
+    for (out, stdout) in run_parallel(jobs)? {
+        if let Some(out) = out {
+            files.insert(out.to_owned(), stdout);
+        }
+    }
     for entry in fs::read_dir(&rendered)? {
         let entry = entry?;
         let name = format!("{DASHBOARDS_OUT}/{}", entry.file_name().to_string_lossy());
         files.insert(name, read(&entry.path())?);
     }
-    let update = std::env::var_os("UPDATE_GOLDEN").is_some_and(|v| v == "1");
-    let out_dir = dir.join(DASHBOARDS_OUT);
-    let mut stale = Vec::new();
-    for entry in
-        fs::read_dir(&out_dir).with_context(|| format!("cannot list {}", out_dir.display()))?
-    {
-        let name = format!("{DASHBOARDS_OUT}/{}", entry?.file_name().to_string_lossy());
-        if !files.contains_key(&name) {
-            stale.push(name);
-        }
+    let removed = crate::golden::expect_files(dir, &files, &[DASHBOARDS_OUT]).context(
+        "mixin/ files out of date with their jsonnet source; regenerate with UPDATE_GOLDEN=1 \
+         cargo xtask mixin and review the diff",
+    )?;
+    if crate::golden::updating() {
+        return Ok(format!("rewrote {} files, removed {removed}", files.len()));
     }
-    let mut differ = Vec::new();
-    for (name, text) in &files {
-        let path = dir.join(name);
-        if update {
-            fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
-        } else if fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
-            differ.push(name.clone());
-        }
-    }
-    if update {
-        for name in &stale {
-            fs::remove_file(dir.join(name)).with_context(|| format!("cannot remove {name}"))?;
-        }
-        return Ok(format!("rewrote {} files, removed {}", files.len(), stale.len()));
-    }
-    ensure!(
-        differ.is_empty() && stale.is_empty(),
-        "mixin/ files out of date with their jsonnet source: [{}], without a source: [{}]; \
-         regenerate with UPDATE_GOLDEN=1 cargo xtask mixin and review the diff",
-        differ.join(", "),
-        stale.join(", ")
-    );
     Ok(format!("{} files equal their jsonnet source", files.len()))
-}
-
-/// YAML as jsonnet's `std.manifestYamlDoc(value, indent_array_in_object=false, quote_keys=false)`
-/// writes it: sorted keys, strings JSON-quoted unless they end in a newline (then a `|` block),
-/// arrays in an object not indented.
-fn yaml_doc(value: &Value, indent: &str) -> String {
-    match value {
-        Value::Null => "null".into(),
-        Value::Bool(b) => b.to_string(),
-        Value::Number(n) => n.to_string(),
-        Value::String(s) if s.is_empty() => "\"\"".into(),
-        Value::String(s) if s.ends_with('\n') => {
-            let lines: Vec<&str> = s[..s.len() - 1].split('\n').collect();
-            format!("|\n{indent}  {}", lines.join(&format!("\n{indent}  ")))
-        }
-        Value::String(s) => Value::String(s.clone()).to_string(),
-        Value::Array(items) if items.is_empty() => "[]".into(),
-        Value::Array(items) => {
-            let parts: Vec<String> = items
-                .iter()
-                .map(|item| {
-                    let inner = format!("{indent}  ");
-                    match item {
-                        Value::Array(a) if !a.is_empty() => {
-                            format!("-\n{inner}{}", yaml_doc(item, &inner))
-                        }
-                        Value::Object(o) if !o.is_empty() => {
-                            format!("- {}", yaml_doc(item, &inner))
-                        }
-                        _ => format!("- {}", yaml_doc(item, indent)),
-                    }
-                })
-                .collect();
-            parts.join(&format!("\n{indent}"))
-        }
-        Value::Object(map) if map.is_empty() => "{}".into(),
-        Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
-            let lines: Vec<String> = keys
-                .into_iter()
-                .map(|key| {
-                    let item = &map[key];
-                    let key = yaml_key(key);
-                    let inner = format!("{indent}  ");
-                    match item {
-                        Value::Array(a) if !a.is_empty() => {
-                            format!("{key}:\n{indent}{}", yaml_doc(item, indent))
-                        }
-                        Value::Object(o) if !o.is_empty() => {
-                            format!("{key}:\n{inner}{}", yaml_doc(item, &inner))
-                        }
-                        _ => format!("{key}: {}", yaml_doc(item, indent)),
-                    }
-                })
-                .collect();
-            lines.join(&format!("\n{indent}"))
-        }
-    }
-}
-
-/// A key bare when it is safe in YAML, as jsonnet 0.18 decides with `quote_keys=false`: only
-/// letters, digits and `_-./`, not a YAML 1.1 boolean or null in any case, not number-like.
-fn yaml_key(key: &str) -> String {
-    const RESERVED: &[&str] = &["true", "false", "yes", "no", "on", "off", "y", "n", "null", "~"];
-    let unsigned = key.strip_prefix(['-', '+']).unwrap_or(key);
-    let number_like = unsigned.chars().all(|c| c.is_ascii_digit() || c == '_' || c == '.')
-        || unsigned
-            .strip_prefix("0x")
-            .is_some_and(|hex| hex.chars().all(|c| c.is_ascii_hexdigit() || c == '_'));
-    let bare = !key.is_empty()
-        && key.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'))
-        && !RESERVED.contains(&key.to_ascii_lowercase().as_str())
-        && !number_like;
-    if bare { key.to_owned() } else { Value::String(key.to_owned()).to_string() }
 }
 
 /// Evaluates a jsonnet expression in `dir` and parses the JSON it prints.
@@ -433,7 +338,7 @@ fn config_snippets(doc: &str) -> Vec<String> {
 fn unknown_metrics(what: &str, exprs: &[String], known: &BTreeSet<String>) -> Result<()> {
     let mut unknown = BTreeSet::new();
     for expr in exprs {
-        unknown.extend(metric_names(expr).into_iter().filter(|m| !known.contains(m)));
+        unknown.extend(metric_names(expr)?.into_iter().filter(|m| !known.contains(m)));
     }
     ensure!(
         unknown.is_empty(),
@@ -444,104 +349,60 @@ fn unknown_metrics(what: &str, exprs: &[String], known: &BTreeSet<String>) -> Re
     Ok(())
 }
 
-/// The metric names a PromQL expression selects: identifiers outside strings, label matchers,
-/// ranges and grouping clauses that are not followed by `(` (a function or an aggregation) and
-/// are not operators, keywords or aggregations (`sum without (core) (...)`).
-fn metric_names(expr: &str) -> BTreeSet<String> {
-    const KEYWORDS: &[&str] = &[
-        "and",
-        "or",
-        "unless",
-        "offset",
-        "bool",
-        "inf",
-        "nan",
-        "sum",
-        "min",
-        "max",
-        "avg",
-        "group",
-        "stddev",
-        "stdvar",
-        "count",
-        "count_values",
-        "bottomk",
-        "topk",
-        "quantile",
-    ];
-    const GROUPING: &[&str] = &["by", "without", "on", "ignoring", "group_left", "group_right"];
-    let chars: Vec<char> = expr.chars().collect();
+/// The metric names a PromQL expression selects, from its syntax tree: the name of every vector
+/// and matrix selector, written before the braces or as a `__name__="..."` matcher, wherever it
+/// sits (function and aggregation arguments, binary operands, subqueries). A selector that names
+/// its metrics by a regular expression names none here. An expression that does not parse is an
+/// error.
+fn metric_names(expr: &str) -> Result<BTreeSet<String>> {
+    let tree = promql_parser::parser::parse(expr)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .with_context(|| format!("PromQL does not parse: {expr}"))?;
     let mut names = BTreeSet::new();
-    let mut i = 0;
-    while i < chars.len() {
-        let c = chars[i];
-        if c == '"' || c == '\'' || c == '`' {
-            i = skip_string(&chars, i);
-        } else if c == '{' {
-            i = skip_until(&chars, i, '}');
-        } else if c == '[' {
-            i = skip_until(&chars, i, ']');
-        } else if c == '#' {
-            while i < chars.len() && chars[i] != '\n' {
-                i += 1;
+    selected_names(&tree, &mut names);
+    Ok(names)
+}
+
+/// Adds the metric names the selectors of `expr` and of its subexpressions name.
+fn selected_names(expr: &Expr, names: &mut BTreeSet<String>) {
+    let selector = match expr {
+        Expr::VectorSelector(vs) => vs,
+        Expr::MatrixSelector(ms) => &ms.vs,
+        Expr::Aggregate(agg) => {
+            selected_names(&agg.expr, names);
+            if let Some(param) = &agg.param {
+                selected_names(param, names);
             }
-        } else if c.is_ascii_digit()
-            || (c == '.' && chars.get(i + 1).is_some_and(char::is_ascii_digit))
-        {
-            // A number or a duration: 3.7e9, 1e+9, 0x1F, 5m.
-            i += 1;
-            while i < chars.len()
-                && (chars[i].is_ascii_alphanumeric()
-                    || chars[i] == '.'
-                    || (matches!(chars[i], '+' | '-') && matches!(chars[i - 1], 'e' | 'E')))
-            {
-                i += 1;
+            return;
+        }
+        Expr::Unary(unary) => return selected_names(&unary.expr, names),
+        Expr::Binary(binary) => {
+            selected_names(&binary.lhs, names);
+            return selected_names(&binary.rhs, names);
+        }
+        Expr::Paren(paren) => return selected_names(&paren.expr, names),
+        Expr::Subquery(subquery) => return selected_names(&subquery.expr, names),
+        Expr::Call(call) => {
+            for arg in &call.args.args {
+                selected_names(arg, names);
             }
-        } else if c.is_ascii_alphabetic() || c == '_' || c == ':' {
-            let start = i;
-            while i < chars.len()
-                && (chars[i].is_ascii_alphanumeric() || chars[i] == '_' || chars[i] == ':')
-            {
-                i += 1;
+            return;
+        }
+        Expr::Extension(extension) => {
+            for child in extension.expr.children() {
+                selected_names(child, names);
             }
-            let word: String = chars[start..i].iter().collect();
-            let mut next = i;
-            while next < chars.len() && chars[next].is_whitespace() {
-                next += 1;
-            }
-            let call = chars.get(next) == Some(&'(');
-            if GROUPING.contains(&word.as_str()) {
-                if call {
-                    i = skip_until(&chars, next, ')');
-                }
-            } else if !call && !KEYWORDS.contains(&word.to_ascii_lowercase().as_str()) {
-                names.insert(word);
-            }
-        } else {
-            i += 1;
+            return;
+        }
+        Expr::NumberLiteral(_) | Expr::StringLiteral(_) => return,
+    };
+    names.extend(selector.name.iter().cloned());
+    let matchers = &selector.matchers;
+    for matcher in matchers.matchers.iter().chain(matchers.or_matchers.iter().flatten()) {
+        if matcher.name == METRIC_NAME && matcher.op == MatchOp::Equal {
+            names.insert(matcher.value.clone());
         }
     }
-    names
-}
-
-/// The index after the string literal that starts at `start` (backslash escapes, except in
-/// backquoted raw strings).
-fn skip_string(chars: &[char], start: usize) -> usize {
-    let quote = chars[start];
-    let mut i = start + 1;
-    while i < chars.len() && chars[i] != quote {
-        i += if chars[i] == '\\' && quote != '`' { 2 } else { 1 };
-    }
-    i + 1
-}
-
-/// The index after the first `close` from `start` on, skipping string literals.
-fn skip_until(chars: &[char], start: usize, close: char) -> usize {
-    let mut i = start + 1;
-    while i < chars.len() && chars[i] != close {
-        i = if matches!(chars[i], '"' | '\'' | '`') { skip_string(chars, i) } else { i + 1 };
-    }
-    i + 1
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -734,6 +595,34 @@ fn run(cmd: &mut Command) -> Result<String> {
     Ok(stdout)
 }
 
+/// Starts every command, then waits for each; returns each tag with the command's standard output.
+/// A failure shows everything the failing command printed.
+fn run_parallel<T>(jobs: Vec<(T, Command)>) -> Result<Vec<(T, String)>> {
+    let mut started = Vec::new();
+    for (tag, mut cmd) in jobs {
+        let child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("cannot run {:?}", cmd.get_program()))?;
+        started.push((tag, format!("{cmd:?}"), child));
+    }
+    let mut outputs = Vec::new();
+    for (tag, cmd, child) in started {
+        let out = child.wait_with_output().with_context(|| format!("waiting for {cmd}"))?;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !out.status.success() {
+            bail!(
+                "{cmd} failed ({}):\n{stdout}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        outputs.push((tag, stdout));
+    }
+    Ok(outputs)
+}
+
 fn read(path: &Path) -> Result<String> {
     fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
 }
@@ -743,7 +632,7 @@ mod tests {
     use super::*;
 
     fn names(expr: &str) -> Vec<String> {
-        metric_names(expr).into_iter().collect()
+        metric_names(expr).unwrap().into_iter().collect()
     }
 
     #[test]
@@ -770,6 +659,19 @@ mod tests {
     fn metric_names_ignore_braces_and_words_inside_strings() {
         assert_eq!(names(r#"ALERTS{alertname=~"AmdHsmp.*}", alertstate="firing"}"#), ["ALERTS"]);
         assert_eq!(names(r#"up{job="a\"b"} == bool 0"#), ["up"]);
+    }
+
+    /// A metric named only by a `__name__` matcher is still a metric the expression uses, and a
+    /// query that is not PromQL is reported rather than read for words.
+    #[test]
+    fn metric_names_include_name_matchers_and_reject_what_does_not_parse() {
+        assert_eq!(
+            names(r#"rate({__name__="amd_hsmp_core_energy_joules_total", core="1"}[5m]) or up"#),
+            ["amd_hsmp_core_energy_joules_total", "up"]
+        );
+        assert_eq!(names(r#"{__name__=~"amd_hsmp_.*"}"#), Vec::<String>::new());
+        let err = metric_names("sum(rate(amd_hsmp_up[5m])").unwrap_err();
+        assert!(format!("{err:#}").contains("does not parse"), "{err:#}");
     }
 
     #[test]
@@ -840,27 +742,6 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("Good: runbook_url"), "{err}");
-    }
-
-    /// The rule files are rendered here instead of by jsonnet's slow `std.manifestYamlDoc`; both
-    /// must write the same bytes, for the shapes a rule file has and the awkward ones.
-    #[test]
-    #[ignore = "needs jsonnet (cargo xtask deps installs it): cargo xtask test runs it"]
-    fn yaml_rendering_matches_jsonnet_manifest_yaml_doc() {
-        let value = json!({
-            "groups": [{"name": "g", "rules": [
-                {"alert": "A", "expr": "up{job=\"a\"} == 0\nand\n  x\n", "for": "5m",
-                 "labels": {"severity": "warning"}, "annotations": {}},
-                {"record": "a:b:c", "expr": "sum(x)", "keep_firing": true, "n": 3, "none": null},
-            ]}],
-            "nested": [[1, 2], [], {"k": []}, "text: with # and 'quotes' and \\", ""],
-            "odd keys": {"yes": 1, "On": 2, "2x": 3, "a-b.c/d": 4, "": 5, "-": 6, "-a": 7, ".a": 8,
-                         "0x1": 9, "1": 10, "1.5": 11, "1e3": 12, "_": 13, "a b": 14, "a:b": 15,
-                         "NULL": 16, "\u{e9}": 17},
-        });
-        let source = format!("std.manifestYamlDoc({value}, false, false)");
-        let jsonnet = run(Command::new("jsonnet").arg("-S").arg("-e").arg(&source)).unwrap();
-        assert_eq!(format!("{}\n", yaml_doc(&value, "")), jsonnet);
     }
 
     #[test]

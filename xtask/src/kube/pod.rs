@@ -16,10 +16,10 @@
 //! (`containers.conf`); the socket's emptyDir is mounted at `/amd-hsmp`, not under `/run`, where
 //! podman's own tmpfs would hide it.
 
+use crate::http::free_port;
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -279,11 +279,6 @@ fn wrap(
     }))
 }
 
-/// A port of 127.0.0.1 free right now.
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
-}
-
 fn container<'a>(spec: &'a mut Value, name: &str) -> Result<&'a mut Value> {
     spec["containers"]
         .as_array_mut()
@@ -460,15 +455,7 @@ fn wait<T>(limit: Duration, mut f: impl FnMut() -> Result<Option<T>>) -> Result<
 
 /// `GET path` over HTTP/1.0 on 127.0.0.1:`port`: status and body.
 fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(Duration::from_secs(15)))?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    let (head, body) = response.split_once("\r\n\r\n").context("no HTTP head")?;
-    let status =
-        head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).context("no status")?;
-    Ok((status, body.to_owned()))
+    crate::http::get(port, path, Duration::from_secs(15))
 }
 
 /// The host pid of container `name` of the pod.

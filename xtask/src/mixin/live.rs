@@ -8,11 +8,10 @@
 //! waited for.
 
 use super::{Query, Values, dashboard_queries, load_dashboards};
+use crate::http::free_port;
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
 use std::fs::{self, File};
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -288,15 +287,9 @@ impl Prometheus {
 
 /// GET over HTTP/1.0 (the server closes the connection after the reply); the body of a 200.
 fn http_get(port: u16, path: &str) -> Result<String> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n")?;
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply)?;
-    let (head, body) = reply.split_once("\r\n\r\n").context("no end of the HTTP header")?;
-    let status = head.split_whitespace().nth(1).unwrap_or_default();
-    ensure!(status == "200", "GET {path}: HTTP {status}: {body}");
-    Ok(body.to_owned())
+    let (status, body) = crate::http::get(port, path, Duration::from_secs(10))?;
+    ensure!(status == 200, "GET {path}: HTTP {status}: {body}");
+    Ok(body)
 }
 
 /// Percent-encodes everything but the unreserved characters of RFC 3986.
@@ -309,11 +302,6 @@ fn percent_encode(s: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
-}
-
-/// A port of 127.0.0.1 that was free a moment ago.
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// Starts a command with its output in `log`.

@@ -71,7 +71,8 @@ impl Evidence {
         Ok(())
     }
 
-    fn verdict(self, id: &str, name: &str) -> Verdict {
+    /// The verdict; the check table gives its id.
+    fn verdict(self, name: &str) -> Verdict {
         let pass = self.items.iter().all(|(ok, _)| *ok);
         let detail = self
             .items
@@ -79,7 +80,7 @@ impl Evidence {
             .map(|(ok, what)| format!("{} {what}", if *ok { "ok  " } else { "FAIL" }))
             .collect::<Vec<_>>()
             .join("\n");
-        Verdict { id: id.into(), name: name.into(), pass, detail, seconds: 0.0 }
+        Verdict { id: String::new(), name: name.into(), pass, detail, seconds: 0.0 }
     }
 }
 
@@ -202,6 +203,48 @@ fn expected(responder: &Responder, energy: bool) -> Result<Vec<Expected>> {
     Ok(out)
 }
 
+/// Adds to `ev` that a healthy scrape at `protocol` has `amd_hsmp_up 1`, the protocol version,
+/// every series with the responder's exact value, and the energy family exactly when `energy`.
+fn healthy(
+    ev: &mut Evidence,
+    responder: &Responder,
+    s: &Scrape,
+    protocol: u32,
+    energy: bool,
+) -> Result<()> {
+    let topo = responder.topology();
+    ev.check(
+        s.get("amd_hsmp_up", &[]) == Some(1.0),
+        format!("amd_hsmp_up {:?}", s.get("amd_hsmp_up", &[])),
+    );
+    let proto = s.get("amd_hsmp_protocol_version", &[]);
+    ev.check(
+        proto == Some(f64::from(protocol)),
+        format!("amd_hsmp_protocol_version {proto:?}, responder {protocol}"),
+    );
+    let exp = expected(responder, energy)?;
+    let n = exact_values(ev, s, &exp, |_| false);
+    let cores = (topo.sockets * topo.cores) as usize;
+    let boost = s.count("amd_hsmp_core_boost_limit_hertz");
+    ev.check(boost == cores, format!("{boost} boost series for {cores} cores"));
+    let hot = s.count("amd_hsmp_prochot_active");
+    ev.check(
+        hot == topo.sockets as usize,
+        format!("{hot} PROCHOT series for {} sockets", topo.sockets),
+    );
+    let energy_lines = s.text.lines().filter(|l| l.contains("amd_hsmp_core_energy_joules")).count();
+    if energy {
+        ev.check(
+            s.count("amd_hsmp_core_energy_joules_total") == cores,
+            format!("energy series for {cores} cores"),
+        );
+    } else {
+        ev.check(energy_lines == 0, format!("no energy family ({energy_lines} lines mention it)"));
+    }
+    ev.check(true, format!("{n} series compared with the responder's values"));
+    Ok(())
+}
+
 /// Adds to `ev` that every expected series is in `scrape` with its exact value, except those
 /// `absent` says a fault removes, which must be missing; returns how many were checked.
 fn exact_values(
@@ -223,6 +266,52 @@ fn exact_values(
     expected.len()
 }
 
+/// A check: what it finds on the guest, as a verdict (its id is the table's).
+type Check = fn(&mut Ctx<'_>) -> Result<Verdict>;
+
+/// The checks in the order they run, as docs/testing.md ("The checks") lists them; a check may
+/// use what an earlier one left in the [`Ctx`].
+const CHECKS: &[(&str, Check)] = &[
+    ("1", driver),
+    ("2", package),
+    ("S", selinux),
+    ("3", protocol_7),
+    ("D", domains),
+    ("4", faults),
+    ("5", sandbox),
+    ("6", two_sockets),
+    ("7", message_time_ratio),
+    ("W", web_config),
+    ("C", confinement),
+    ("K", operator_check),
+    ("3b", protocol_5),
+    ("A", avc_denials),
+];
+
+/// What the checks share: the guest, the responder, what the set-up found, and what one check
+/// leaves for a later one.
+struct Ctx<'a> {
+    vm: &'a mut Vm,
+    responder: &'a Responder,
+    /// The system state once the guest settled, before the package (check 2).
+    settled: Output,
+    /// SELinux as booted (check S).
+    booted: Output,
+    /// `selinux/install.sh` and the seconds it took (check S).
+    policy: (Output, f64),
+    /// `apt-get install` of the package (check 2).
+    install: Output,
+    /// udev loading the driver from our SSDT (check 1).
+    load: Output,
+    /// Check 3's scrape at protocol 7 and the messages each mailbox had answered before and after
+    /// it (check 6).
+    protocol_7: Option<(Scrape, Vec<u64>, Vec<u64>)>,
+    /// The slowest of three healthy scrapes, measured by check 4 (the bound of checks 4 and 5).
+    guest_cost: Option<f64>,
+    /// The AVC records check C provoked and matched (check A leaves them out).
+    provoked: Vec<String>,
+}
+
 /// Runs the checks in order and returns every verdict; an error is a broken step (the guest
 /// stopped answering), not a failed check.
 pub fn run_all(
@@ -230,17 +319,33 @@ pub fn run_all(
     responder: &Responder,
     report: &mut dyn FnMut(&Verdict),
 ) -> Result<Vec<Verdict>> {
-    let mut verdicts = Vec::new();
+    // Check 1's time includes the set-up's.
     let mut since = std::time::Instant::now();
-    let mut emit = |mut v: Verdict, verdicts: &mut Vec<Verdict>| {
+    let mut ctx = prepare(vm, responder)?;
+    let mut verdicts = Vec::new();
+    for (id, check) in CHECKS {
+        let mut v = check(&mut ctx)?;
+        v.id = (*id).to_string();
         v.seconds = since.elapsed().as_secs_f64();
         since = std::time::Instant::now();
         report(&v);
         verdicts.push(v);
-    };
-    let sh = |vm: &mut Vm, script: &str| vm.run(script, COMMAND_TIMEOUT);
-    let topo = responder.topology();
+    }
+    if let Some(e) = responder.error() {
+        bail!("the responder stopped: {e}");
+    }
+    Ok(verdicts)
+}
 
+/// Runs a shell command on the guest.
+fn sh(vm: &mut Vm, script: &str) -> Result<Output> {
+    vm.run(script, COMMAND_TIMEOUT)
+}
+
+/// Before the checks: the guest's APIC ids, SELinux as booted, the policy module and the package
+/// installed, the driver loaded.
+fn prepare<'a>(vm: &'a mut Vm, responder: &'a Responder) -> Result<Ctx<'a>> {
+    let topo = responder.topology();
     // The guest's APIC ids must be the ones the responder translates.
     let apic = sh(vm, "awk -F': ' '/^apicid/ {print $2}' /proc/cpuinfo")?;
     let want: Vec<String> = (0..topo.sockets)
@@ -273,8 +378,25 @@ pub fn run_all(
         "rm /etc/modprobe.d/vm-test-hold-hsmp.conf && udevadm trigger --action=add \
          --subsystem-match=acpi && udevadm settle && lsmod | grep -E '^hsmp_(acpi|common) '",
     )?;
+    Ok(Ctx {
+        vm,
+        responder,
+        settled,
+        booted,
+        policy: (policy, policy_seconds),
+        install,
+        load,
+        protocol_7: None,
+        guest_cost: None,
+        provoked: Vec::new(),
+    })
+}
 
-    // 1. The driver probes from our SSDT, /dev/hsmp, the udev rule.
+/// Check 1: the driver probes from our SSDT, /dev/hsmp, the udev rule.
+fn driver(ctx: &mut Ctx<'_>) -> Result<Verdict> {
+    let vm = &mut *ctx.vm;
+    let topo = ctx.responder.topology();
+    let load = &ctx.load;
     let mut ev = Evidence::default();
     ev.check(
         load.ok(),
@@ -297,9 +419,13 @@ pub fn run_all(
         node.text.trim() == format!("character special file {rule}"),
         format!("/dev/hsmp is {} (the packaged rule: {rule})", node.text.trim()),
     );
-    emit(ev.verdict("1", "driver probes from the SSDT; /dev/hsmp; udev rule"), &mut verdicts);
+    Ok(ev.verdict("driver probes from the SSDT; /dev/hsmp; udev rule"))
+}
 
-    // 2. Package, users, socket, system state.
+/// Check 2: package, users, socket, system state.
+fn package(ctx: &mut Ctx<'_>) -> Result<Verdict> {
+    let vm = &mut *ctx.vm;
+    let (install, settled) = (&ctx.install, &ctx.settled);
     let mut ev = Evidence::default();
     let status = sh(vm, "dpkg-query -W -f='${Status} ${Version}' amd-hsmp-exporter")?;
     ev.check(
@@ -328,7 +454,7 @@ pub fn run_all(
     }
     let socket_unit = super::repo_file("packaging/systemd/amd-hsmp-broker.socket")?;
     let setting = |key: &str| {
-        crate::packaging::parse_unit(&socket_unit)
+        crate::packaging::units::parse_unit(&socket_unit)
             .into_iter()
             .find(|(_, k, _)| k == key)
             .map(|(_, _, v)| v)
@@ -376,12 +502,13 @@ pub fn run_all(
             settled.text.trim().replace('\n', " | ")
         ),
     );
-    emit(
-        ev.verdict("2", "package installs cleanly; sysusers; socket; system state"),
-        &mut verdicts,
-    );
+    Ok(ev.verdict("package installs cleanly; sysusers; socket; system state"))
+}
 
-    // S. SELinux enforcing, the module installed by the package's own steps.
+/// Check S: SELinux enforcing, the module installed by the package's own steps.
+fn selinux(ctx: &mut Ctx<'_>) -> Result<Verdict> {
+    let vm = &mut *ctx.vm;
+    let (booted, (policy, policy_seconds)) = (&ctx.booted, &ctx.policy);
     let mut ev = Evidence::default();
     let field = |name: &str| {
         booted
@@ -449,9 +576,13 @@ pub fn run_all(
         let line = files.text.lines().find(|l| l.trim_end().ends_with(path)).unwrap_or("(missing)");
         ev.check(line.contains(want), line.trim().to_string());
     }
-    emit(ev.verdict("S", "SELinux enforcing; module, boolean, port and labels"), &mut verdicts);
+    Ok(ev.verdict("SELinux enforcing; module, boolean, port and labels"))
+}
 
-    // 3. Socket activation and exact values at protocol 7.
+/// Check 3: socket activation and exact values at protocol 7.
+fn protocol_7(ctx: &mut Ctx<'_>) -> Result<Verdict> {
+    let vm = &mut *ctx.vm;
+    let responder = ctx.responder;
     let mut ev = Evidence::default();
     let before = sh(
         vm,
@@ -479,53 +610,18 @@ pub fn run_all(
     );
     let p7 = scrape(vm, 10.0)?;
     let answered_after = responder.answered();
-    let healthy = |ev: &mut Evidence, s: &Scrape, protocol: u32, energy: bool| -> Result<()> {
-        ev.check(
-            s.get("amd_hsmp_up", &[]) == Some(1.0),
-            format!("amd_hsmp_up {:?}", s.get("amd_hsmp_up", &[])),
-        );
-        let proto = s.get("amd_hsmp_protocol_version", &[]);
-        ev.check(
-            proto == Some(f64::from(protocol)),
-            format!("amd_hsmp_protocol_version {proto:?}, responder {protocol}"),
-        );
-        let exp = expected(responder, energy)?;
-        let n = exact_values(ev, s, &exp, |_| false);
-        let cores = (topo.sockets * topo.cores) as usize;
-        let boost = s.count("amd_hsmp_core_boost_limit_hertz");
-        ev.check(boost == cores, format!("{boost} boost series for {cores} cores"));
-        let hot = s.count("amd_hsmp_prochot_active");
-        ev.check(
-            hot == topo.sockets as usize,
-            format!("{hot} PROCHOT series for {} sockets", topo.sockets),
-        );
-        let energy_lines =
-            s.text.lines().filter(|l| l.contains("amd_hsmp_core_energy_joules")).count();
-        if energy {
-            ev.check(
-                s.count("amd_hsmp_core_energy_joules_total") == cores,
-                format!("energy series for {cores} cores"),
-            );
-        } else {
-            ev.check(
-                energy_lines == 0,
-                format!("no energy family ({energy_lines} lines mention it)"),
-            );
-        }
-        ev.check(true, format!("{n} series compared with the responder's values"));
-        Ok(())
-    };
     ev.check(
         first.get("amd_hsmp_up", &[]) == Some(1.0),
         "the first scrape already has amd_hsmp_up 1",
     );
-    healthy(&mut ev, &p7, 7, true)?;
-    emit(
-        ev.verdict("3", "socket activation; exact values at protocol 7 (energy present)"),
-        &mut verdicts,
-    );
+    healthy(&mut ev, responder, &p7, 7, true)?;
+    ctx.protocol_7 = Some((p7, answered_before, answered_after));
+    Ok(ev.verdict("socket activation; exact values at protocol 7 (energy present)"))
+}
 
-    // D. The running processes in their domains.
+/// Check D: the running processes in their domains.
+fn domains(ctx: &mut Ctx<'_>) -> Result<Verdict> {
+    let vm = &mut *ctx.vm;
     let mut ev = Evidence::default();
     let ps = sh(vm, "ps -eo label=,comm= | grep amd-hsmp")?;
     for (comm, domain) in
@@ -535,9 +631,14 @@ pub fn run_all(
             ps.text.lines().find(|l| l.trim_end().ends_with(comm)).unwrap_or("(not running)");
         ev.check(line.contains(domain), format!("ps -eZ: {}", line.trim()));
     }
-    emit(ev.verdict("D", "broker and exporter run in their domains"), &mut verdicts);
+    Ok(ev.verdict("broker and exporter run in their domains"))
+}
 
-    // 4. A failing core and a wedged socket; a short timeout header.
+/// Check 4: a failing core and a wedged socket; a short timeout header.
+fn faults(ctx: &mut Ctx<'_>) -> Result<Verdict> {
+    let vm = &mut *ctx.vm;
+    let responder = ctx.responder;
+    let topo = ctx.responder.topology();
     let mut ev = Evidence::default();
     // What one healthy scrape costs the guest end to end (TCG on a shared host is noisy: the
     // slowest of three).
@@ -545,6 +646,7 @@ pub fn run_all(
     for _ in 0..3 {
         guest_cost = guest_cost.max(scrape(vm, 10.0)?.seconds);
     }
+    ctx.guest_cost = Some(guest_cost);
     let before_faults = scrape(vm, 10.0)?;
     let failing = responder.sim_apic(0, FAILING_CORE);
     responder.update_faults(|f| {
@@ -618,9 +720,14 @@ pub fn run_all(
     if ev.failed() {
         ev.journal(vm)?;
     }
-    emit(ev.verdict("4", "failing core and wedged socket; short timeout header"), &mut verdicts);
+    Ok(ev.verdict("failing core and wedged socket; short timeout header"))
+}
 
-    // 5. The sandbox under real systemd; freeze and thaw.
+/// Check 5: the sandbox under real systemd; freeze and thaw.
+fn sandbox(ctx: &mut Ctx<'_>) -> Result<Verdict> {
+    let vm = &mut *ctx.vm;
+    let responder = ctx.responder;
+    let guest_cost = ctx.guest_cost.context("check 5 runs after check 4")?;
     let mut ev = Evidence::default();
     let pid = sh(vm, "systemctl show -p MainPID --value amd-hsmp-broker.service")?
         .text
@@ -657,7 +764,7 @@ pub fn run_all(
     ev.check(!as_user.ok(), format!("/dev/hsmp as the exporter's user: {}", as_user.text.trim()));
     for unit in ["amd-hsmp-broker.service", "amd-hsmp-exporter.service"] {
         let report = sh(vm, &format!("systemd-analyze security --no-pager {unit}"))?;
-        match crate::packaging::parse_exposure(&report.text, unit) {
+        match crate::packaging::units::parse_exposure(&report.text, unit) {
             Ok(level) => ev.check(
                 level <= MAX_EXPOSURE,
                 format!("{unit} exposure {level} (at most {MAX_EXPOSURE})"),
@@ -698,12 +805,15 @@ pub fn run_all(
         pid_after == pid,
         format!("same broker after the thaw (pid {pid_after}), {n} series exact"),
     );
-    emit(
-        ev.verdict("5", "sandbox under systemd; exporter cannot open /dev/hsmp; freeze/thaw"),
-        &mut verdicts,
-    );
+    Ok(ev.verdict("sandbox under systemd; exporter cannot open /dev/hsmp; freeze/thaw"))
+}
 
-    // 6. Two sockets from one /dev/hsmp.
+/// Check 6: two sockets from one /dev/hsmp.
+fn two_sockets(ctx: &mut Ctx<'_>) -> Result<Verdict> {
+    let vm = &mut *ctx.vm;
+    let topo = ctx.responder.topology();
+    let (p7, answered_before, answered_after) =
+        ctx.protocol_7.as_ref().context("check 6 runs after check 3")?;
     let mut ev = Evidence::default();
     let nodes = sh(vm, "ls -d /dev/hsmp* | wc -l")?;
     ev.check(nodes.text.trim() == "1", format!("{} /dev/hsmp* nodes", nodes.text.trim()));
@@ -713,9 +823,14 @@ pub fn run_all(
         let msgs = answered_after[socket as usize] - answered_before[socket as usize];
         ev.check(msgs > 0, format!("socket {socket}: {msgs} messages answered by its mailbox"));
     }
-    emit(ev.verdict("6", "two sockets' series from one /dev/hsmp"), &mut verdicts);
+    Ok(ev.verdict("two sockets' series from one /dev/hsmp"))
+}
 
-    // 7. The scrape against the driver's own per-message time.
+/// Check 7: the scrape against the driver's own per-message time.
+fn message_time_ratio(ctx: &mut Ctx<'_>) -> Result<Verdict> {
+    let vm = &mut *ctx.vm;
+    let responder = ctx.responder;
+    let topo = ctx.responder.topology();
     let mut ev = Evidence::default();
     let per_message = message_time(vm)?;
     let mut durations = Vec::new();
@@ -748,22 +863,13 @@ pub fn run_all(
             floor * 1e3
         ),
     );
-    emit(ev.verdict("7", "scrape duration against the driver's per-message time"), &mut verdicts);
+    Ok(ev.verdict("scrape duration against the driver's per-message time"))
+}
 
-    // W. The exporter with TLS and basic auth from --web.config.file, its files where an
-    // operator puts them, and a SIGHUP reload (denials, if any, are counted by check A).
-    emit(web_config(vm)?, &mut verdicts);
-
-    // C. Confinement from inside: root in each domain, so that DAC allows and only the policy
-    // can refuse; each refusal matched to its own AVC record.
-    let (verdict, provoked) = confinement(vm)?;
-    emit(verdict, &mut verdicts);
-
-    // K. The operator's check on the healthy guest, without the driver, with the socket's
-    // permissions broken.
-    emit(operator_check(vm, responder)?, &mut verdicts);
-
-    // 3b. Protocol 5: the driver probes again, the broker starts again, no energy family.
+/// Check 3b: protocol 5: the driver probes again, the broker starts again, no energy family.
+fn protocol_5(ctx: &mut Ctx<'_>) -> Result<Verdict> {
+    let vm = &mut *ctx.vm;
+    let responder = ctx.responder;
     let mut ev = Evidence::default();
     let stop = sh(
         vm,
@@ -778,10 +884,14 @@ pub fn run_all(
     ev.check(reload.ok(), format!("driver probed again at protocol 5: {}", reload.text.trim()));
     wait_for_exporter(vm)?;
     let p5 = scrape(vm, 10.0)?;
-    healthy(&mut ev, &p5, 5, false)?;
-    emit(ev.verdict("3b", "protocol 5: exact values, no energy family"), &mut verdicts);
+    healthy(&mut ev, responder, &p5, 5, false)?;
+    Ok(ev.verdict("protocol 5: exact values, no energy family"))
+}
 
-    // A. Every AVC record of the whole run naming one of the module's types.
+/// Check A: every AVC record of the whole run naming one of the module's types.
+fn avc_denials(ctx: &mut Ctx<'_>) -> Result<Verdict> {
+    let vm = &mut *ctx.vm;
+    let provoked = &ctx.provoked;
     let mut ev = Evidence::default();
     let log = sh(vm, AUDIT_LOG)?;
     let records = avc_records(&log.text);
@@ -821,12 +931,7 @@ pub fn run_all(
         "selinux: Enforcing, module amd_hsmp loaded, {} AVC denials for amd_hsmp domains",
         ours.len()
     );
-    emit(ev.verdict("A", &summary), &mut verdicts);
-
-    if let Some(e) = responder.error() {
-        bail!("the responder stopped: {e}");
-    }
-    Ok(verdicts)
+    Ok(ev.verdict(&summary))
 }
 
 /// The bcrypt hash (`htpasswd -nbBC 10 "" vm-test-password`) of check W's basic-auth user.
@@ -837,7 +942,8 @@ const WEB_USER_HASH: &str = "$2y$10$G/Cbv8kBCFnjZXpVYTxxxu19f5EkQHsWXGOEcw8B/ynw
 /// through `OPTIONS=` of the packaged sysconfig file; HTTPS without credentials is 401, with
 /// them 200 with `amd_hsmp_up 1`; `SIGHUP` reloads and the same process still serves. The
 /// packaged configuration is restored afterwards.
-fn web_config(vm: &mut Vm) -> Result<Verdict> {
+fn web_config(ctx: &mut Ctx<'_>) -> Result<Verdict> {
+    let vm = &mut *ctx.vm;
     let mut ev = Evidence::default();
     let dir = std::env::temp_dir().join(format!("amd-hsmp-vm-tls-{}", std::process::id()));
     fs_err(std::fs::create_dir_all(&dir))?;
@@ -921,7 +1027,7 @@ fn web_config(vm: &mut Vm) -> Result<Verdict> {
     )?;
     ev.check(restore.ok(), "the packaged configuration restored");
     wait_for_exporter(vm)?;
-    Ok(ev.verdict("W", "TLS and basic auth from --web.config.file; SIGHUP reload"))
+    Ok(ev.verdict("TLS and basic auth from --web.config.file; SIGHUP reload"))
 }
 
 /// An I/O error as an `anyhow` one.
@@ -1014,7 +1120,8 @@ const PROBE_EXPORTER: &str = "/usr/local/libexec/amd-hsmp-probe-exporter";
 /// Check C: every probe refused by SELinux (where root in the agent's unconfined domain
 /// succeeds), each refusal with its AVC record; the MSR boolean on lets the broker's domain open
 /// the MSR device. Returns the verdict and the provoked records, which check A leaves out.
-fn confinement(vm: &mut Vm) -> Result<(Verdict, Vec<String>)> {
+fn confinement(ctx: &mut Ctx<'_>) -> Result<Verdict> {
+    let vm = &mut *ctx.vm;
     let mut ev = Evidence::default();
     let setup = vm.run(
         &format!(
@@ -1081,16 +1188,15 @@ fn confinement(vm: &mut Vm) -> Result<(Verdict, Vec<String>)> {
         );
         provoked.extend(mine.iter().map(|r| r.to_string()));
     }
-    Ok((
-        ev.verdict("C", "confinement from inside: each refusal is SELinux's, with its AVC"),
-        provoked,
-    ))
+    ctx.provoked = provoked;
+    Ok(ev.verdict("confinement from inside: each refusal is SELinux's, with its AVC"))
 }
 
 /// Check K: `amd-hsmp-broker --check` as an operator runs it (root, unconfined): every check
 /// passes on the healthy guest (the responder's energy advancing meanwhile), the driver unloaded
 /// names modprobe, the socket's permissions broken name the group.
-fn operator_check(vm: &mut Vm, responder: &Responder) -> Result<Verdict> {
+fn operator_check(ctx: &mut Ctx<'_>) -> Result<Verdict> {
+    let (vm, responder) = (&mut *ctx.vm, ctx.responder);
     let mut ev = Evidence::default();
     let run_check = |vm: &mut Vm| {
         vm.run("runcon -t unconfined_t -- bash -c 'amd-hsmp-broker --check'", COMMAND_TIMEOUT)
@@ -1140,7 +1246,7 @@ fn operator_check(vm: &mut Vm, responder: &Responder) -> Result<Verdict> {
         broken.rc == 1 && socket.contains("through group amd-hsmp-exporter"),
         format!("socket mode 0600: exit {}; {socket}", broken.rc),
     );
-    Ok(ev.verdict("K", "amd-hsmp-broker --check: healthy, driver unloaded, socket broken"))
+    Ok(ev.verdict("amd-hsmp-broker --check: healthy, driver unloaded, socket broken"))
 }
 
 /// The AVC records (`type=1400`, and `type=1107` from user-space object managers such as
@@ -1256,12 +1362,37 @@ mod tests {
         assert!(records[0].contains("amd_hsmp_exporter_t"));
     }
 
+    /// The table runs each check once, in the order docs/testing.md's "The checks" lists them
+    /// (`1.` or `**S.**` at the start of a line).
+    #[test]
+    fn the_check_table_has_unique_ids_in_the_documented_order() {
+        let doc = std::fs::read_to_string(crate::root().join("docs/testing.md")).unwrap();
+        let section = doc.split("\n### The checks\n").nth(1).unwrap();
+        let section = section.split("\n#").next().unwrap();
+        let mut documented: Vec<&str> = Vec::new();
+        for line in section.lines() {
+            let marker = line.strip_prefix("**").and_then(|l| l.split_once(".**")).map(|(m, _)| m);
+            let marker = marker.or_else(|| {
+                line.split_once(". ")
+                    .map(|(m, _)| m)
+                    .filter(|m| m.len() <= 2 && m.starts_with(|c: char| c.is_ascii_digit()))
+            });
+            if let Some(m) = marker.filter(|m| !documented.contains(m)) {
+                documented.push(m);
+            }
+        }
+        let ids: Vec<&str> = CHECKS.iter().map(|(id, _)| *id).collect();
+        let unique: std::collections::BTreeSet<&str> = ids.iter().copied().collect();
+        assert_eq!(unique.len(), ids.len(), "{ids:?}");
+        assert_eq!(ids, documented);
+    }
+
     #[test]
     fn a_verdict_fails_when_one_item_fails() {
         let mut ev = Evidence::default();
         ev.check(true, "a");
         ev.check(false, "b");
-        let v = ev.verdict("1", "x");
+        let v = ev.verdict("x");
         assert!(!v.pass);
         assert!(v.detail.contains("FAIL b"));
     }

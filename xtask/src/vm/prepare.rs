@@ -476,7 +476,7 @@ pub fn deb(cache: &Cache) -> Result<PathBuf> {
         fs::remove_dir_all(&out)?;
     }
     fs::create_dir_all(&out)?;
-    crate::packaging::cargo_deb(&out)?;
+    crate::packaging::helpers::cargo_deb(&out)?;
     let debs: Vec<PathBuf> = fs::read_dir(&out)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|e| e == "deb"))
@@ -628,7 +628,8 @@ pub fn selinux_files(cache: &Cache, run: &Path) -> Result<SelinuxFiles> {
     let log = cache.log("selinux");
     let build = run.join("selinux");
     fs::create_dir_all(&build)?;
-    let module = crate::packaging::build_selinux_module(&crate::root().join("selinux"), &build)?;
+    let module =
+        crate::packaging::selinux::build_selinux_module(&crate::root().join("selinux"), &build)?;
     run_logged(Command::new("bzip2").args(["-9", "-f"]).arg(&module), &log)?;
     let probe = run.join("confine-probe");
     run_logged(
