@@ -4,7 +4,6 @@
 //! from the same definition `main` parses.
 
 use amd_hsmp_cli::CommonArgs;
-use amd_hsmp_sim as sim;
 use clap::{CommandFactory as _, Parser};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -14,6 +13,14 @@ use std::time::Duration;
 #[derive(Debug, Parser)]
 #[command(name = "amd-hsmp-broker", about, long_about = None, disable_version_flag = true)]
 pub struct Cli {
+    #[command(flatten)]
+    pub args: Args,
+}
+
+// Every flag of the broker, apart from the command's name and description, so that
+// `amd-hsmp-sim-broker` takes the same ones besides its own.
+#[derive(Debug, clap::Args)]
+pub struct Args {
     /// Create and listen on this Unix socket (mode --listen.mode). Without it, the socket passed by
     /// systemd socket activation (LISTEN_FDS) is used.
     #[arg(long, value_name = "PATH")]
@@ -94,17 +101,6 @@ pub struct Cli {
     /// sysfs mount point (for CPU topology).
     #[arg(long = "path.sysfs", value_name = "PATH", default_value = "/sys")]
     pub sysfs: PathBuf,
-
-    /// Serve the built-in firmware simulator for this machine profile instead of the devices.
-    /// The broker also serves its own uid, so that a user runs the demo without root.
-    #[arg(long, value_name = "PROFILE")]
-    pub simulate: Option<sim::Profile>,
-
-    /// Simulation only: the events the simulated machine goes through (for demos and the live
-    /// check of the alerts): normal, thermal-event, prochot-flapping.
-    #[arg(long = "simulate.scenario", value_name = "SCENARIO", requires = "simulate",
-          default_value_t = sim::Scenario::Normal)]
-    pub simulate_scenario: sim::Scenario,
 
     /// Check every precondition of a scrape on this machine (CPU, driver, /dev/hsmp, SELinux,
     /// the firmware's answers, energy, the socket), print one line each with its verdict and
