@@ -114,7 +114,7 @@ pub struct Args {
 }
 
 pub fn parse_poll_interval(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    let d = amd_hsmp_cli::duration::parse(s)?;
     if d < Duration::from_millis(10) || d > Duration::from_secs(600) {
         return Err("must be between 10ms and 10m (the counter wraps after ~65536 J)".into());
     }
@@ -130,11 +130,7 @@ pub fn parse_socket_mode(s: &str) -> Result<u32, String> {
 }
 
 pub fn parse_max_age(s: &str) -> Result<Duration, String> {
-    let d = if s == "0" {
-        Duration::ZERO
-    } else {
-        humantime::parse_duration(s).map_err(|e| e.to_string())?
-    };
+    let d = amd_hsmp_cli::duration::parse(s)?;
     if d > Duration::from_secs(10) {
         return Err("must be at most 10s (well under a scrape interval)".into());
     }
@@ -142,7 +138,7 @@ pub fn parse_max_age(s: &str) -> Result<Duration, String> {
 }
 
 pub fn parse_idle_timeout(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    let d = amd_hsmp_cli::duration::parse(s)?;
     if d < Duration::from_secs(1) || d > Duration::from_secs(240) {
         return Err("must be between 1s and 4m".into());
     }
@@ -152,4 +148,44 @@ pub fn parse_idle_timeout(s: &str) -> Result<Duration, String> {
 /// The broker's `clap` definition, for the man page and the completions.
 pub fn command() -> clap::Command {
     Cli::command()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        Cli::try_parse_from(std::iter::once("amd-hsmp-broker").chain(args.iter().copied()))
+            .map(|cli| cli.args)
+    }
+
+    #[test]
+    fn duration_flags_take_prometheus_grammar_and_keep_their_ranges() {
+        let args = parse(&[
+            "--msr.poll-interval",
+            "1m30s",
+            "--sample.max-age",
+            "0",
+            "--connections.idle-timeout",
+            "2m",
+        ])
+        .unwrap();
+        assert_eq!(args.msr_poll_interval, Duration::from_secs(90));
+        assert_eq!(args.sample_max_age, Duration::ZERO);
+        assert_eq!(args.idle_timeout, Duration::from_secs(120));
+        assert_eq!(parse(&["--sample.max-age", "250ms"]).unwrap().sample_max_age.as_millis(), 250);
+
+        for (flag, value, says) in [
+            ("--connections.idle-timeout", "1min", "unknown unit \"min\""),
+            ("--msr.poll-interval", "30", "\"30\" is not a duration"),
+            ("--sample.max-age", "0.5s", "\"0.5s\" is not a duration"),
+            ("--msr.poll-interval", "11m", "between 10ms and 10m"),
+            ("--sample.max-age", "10s1ms", "at most 10s"),
+            ("--connections.idle-timeout", "999ms", "between 1s and 4m"),
+        ] {
+            let err = parse(&[flag, value]).unwrap_err();
+            assert_eq!(err.exit_code(), 2, "{flag} {value}: {err}");
+            assert!(err.to_string().contains(says), "{flag} {value}: {err}");
+        }
+    }
 }

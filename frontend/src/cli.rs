@@ -253,23 +253,14 @@ fn parse_positive(text: &str) -> Result<usize, String> {
     }
 }
 
-/// Parses a Prometheus-style duration: `500ms`, `10s`, `1m`, or a bare number of seconds.
+/// A duration in Prometheus' grammar ([`amd_hsmp_cli::duration`]: `500ms`, `10s`, `1m30s`),
+/// above 0 and at most 1h.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let (number, scale) = if let Some(n) = text.strip_suffix("ms") {
-        (n, 0.001)
-    } else if let Some(n) = text.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = text.strip_suffix('m') {
-        (n, 60.0)
-    } else {
-        (text, 1.0)
-    };
-    let value: f64 = number.parse().map_err(|_| format!("invalid duration {text:?}"))?;
-    let seconds = value * scale;
-    if !seconds.is_finite() || seconds <= 0.0 || seconds > 3600.0 {
+    let d = amd_hsmp_cli::duration::parse(text)?;
+    if d.is_zero() || d > Duration::from_secs(3600) {
         return Err(format!("duration {text:?} must be above 0 and at most 1h"));
     }
-    Ok(Duration::from_secs_f64(seconds))
+    Ok(d)
 }
 
 #[cfg(test)]
@@ -371,11 +362,21 @@ mod tests {
     }
 
     #[test]
+    fn a_compound_duration_such_as_prometheus_writes_is_a_valid_scrape_timeout() {
+        let args = parse(&["--web.max-scrape-timeout", "1m30s"]).unwrap();
+        assert_eq!(args.max_scrape_timeout, Duration::from_secs(90));
+    }
+
+    #[test]
     fn durations_accept_prometheus_units() {
         assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
         assert_eq!(parse_duration("2500ms"), Ok(Duration::from_millis(2500)));
         assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
-        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert!(parse_duration("1h1ms").is_err());
+        assert!(parse_duration("1.5").is_err());
+        assert!(parse_duration("0").is_err());
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("-1s").is_err());
         assert!(parse_duration("ten").is_err());
