@@ -55,8 +55,11 @@ pub fn main(program: &str, args: Args, simulation: Option<&dyn Simulation>) -> E
 /// The machine the broker serves: its topology and how to reach its devices.
 #[derive(Debug)]
 pub struct Machine {
+    /// Sockets and cores, as the broker reports them.
     pub topology: amd_hsmp_proto::Topology,
+    /// Opens `/dev/hsmp` (or what stands for it).
     pub hsmp: Box<dyn HsmpOpener>,
+    /// Opens a CPU's MSR device, for `--collector.core-energy.msr-fallback`.
     pub msr: Box<dyn MsrOpener>,
 }
 
