@@ -4,7 +4,6 @@
 //! from the same definition `main` parses.
 
 use amd_hsmp_cli::CommonArgs;
-use amd_hsmp_sim as sim;
 use clap::{CommandFactory as _, Parser};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -14,6 +13,14 @@ use std::time::Duration;
 #[derive(Debug, Parser)]
 #[command(name = "amd-hsmp-broker", about, long_about = None, disable_version_flag = true)]
 pub struct Cli {
+    #[command(flatten)]
+    pub args: Args,
+}
+
+// Every flag of the broker, apart from the command's name and description, so that
+// `amd-hsmp-sim-broker` takes the same ones besides its own.
+#[derive(Debug, clap::Args)]
+pub struct Args {
     /// Create and listen on this Unix socket (mode --listen.mode). Without it, the socket passed by
     /// systemd socket activation (LISTEN_FDS) is used.
     #[arg(long, value_name = "PATH")]
@@ -95,17 +102,6 @@ pub struct Cli {
     #[arg(long = "path.sysfs", value_name = "PATH", default_value = "/sys")]
     pub sysfs: PathBuf,
 
-    /// Serve the built-in firmware simulator for this machine profile instead of the devices.
-    /// The broker also serves its own uid, so that a user runs the demo without root.
-    #[arg(long, value_name = "PROFILE")]
-    pub simulate: Option<sim::Profile>,
-
-    /// Simulation only: the events the simulated machine goes through (for demos and the live
-    /// check of the alerts): normal, thermal-event, prochot-flapping.
-    #[arg(long = "simulate.scenario", value_name = "SCENARIO", requires = "simulate",
-          default_value_t = sim::Scenario::Normal)]
-    pub simulate_scenario: sim::Scenario,
-
     /// Check every precondition of a scrape on this machine (CPU, driver, /dev/hsmp, SELinux,
     /// the firmware's answers, energy, the socket), print one line each with its verdict and
     /// fix, and exit: 0 when nothing a scrape needs fails, 1 otherwise. Starts no server; run it
@@ -118,7 +114,7 @@ pub struct Cli {
 }
 
 pub fn parse_poll_interval(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    let d = amd_hsmp_cli::duration::parse(s)?;
     if d < Duration::from_millis(10) || d > Duration::from_secs(600) {
         return Err("must be between 10ms and 10m (the counter wraps after ~65536 J)".into());
     }
@@ -134,11 +130,7 @@ pub fn parse_socket_mode(s: &str) -> Result<u32, String> {
 }
 
 pub fn parse_max_age(s: &str) -> Result<Duration, String> {
-    let d = if s == "0" {
-        Duration::ZERO
-    } else {
-        humantime::parse_duration(s).map_err(|e| e.to_string())?
-    };
+    let d = amd_hsmp_cli::duration::parse(s)?;
     if d > Duration::from_secs(10) {
         return Err("must be at most 10s (well under a scrape interval)".into());
     }
@@ -146,7 +138,7 @@ pub fn parse_max_age(s: &str) -> Result<Duration, String> {
 }
 
 pub fn parse_idle_timeout(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    let d = amd_hsmp_cli::duration::parse(s)?;
     if d < Duration::from_secs(1) || d > Duration::from_secs(240) {
         return Err("must be between 1s and 4m".into());
     }
@@ -156,4 +148,44 @@ pub fn parse_idle_timeout(s: &str) -> Result<Duration, String> {
 /// The broker's `clap` definition, for the man page and the completions.
 pub fn command() -> clap::Command {
     Cli::command()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        Cli::try_parse_from(std::iter::once("amd-hsmp-broker").chain(args.iter().copied()))
+            .map(|cli| cli.args)
+    }
+
+    #[test]
+    fn duration_flags_take_prometheus_grammar_and_keep_their_ranges() {
+        let args = parse(&[
+            "--msr.poll-interval",
+            "1m30s",
+            "--sample.max-age",
+            "0",
+            "--connections.idle-timeout",
+            "2m",
+        ])
+        .unwrap();
+        assert_eq!(args.msr_poll_interval, Duration::from_secs(90));
+        assert_eq!(args.sample_max_age, Duration::ZERO);
+        assert_eq!(args.idle_timeout, Duration::from_secs(120));
+        assert_eq!(parse(&["--sample.max-age", "250ms"]).unwrap().sample_max_age.as_millis(), 250);
+
+        for (flag, value, says) in [
+            ("--connections.idle-timeout", "1min", "unknown unit \"min\""),
+            ("--msr.poll-interval", "30", "\"30\" is not a duration"),
+            ("--sample.max-age", "0.5s", "\"0.5s\" is not a duration"),
+            ("--msr.poll-interval", "11m", "between 10ms and 10m"),
+            ("--sample.max-age", "10s1ms", "at most 10s"),
+            ("--connections.idle-timeout", "999ms", "between 1s and 4m"),
+        ] {
+            let err = parse(&[flag, value]).unwrap_err();
+            assert_eq!(err.exit_code(), 2, "{flag} {value}: {err}");
+            assert!(err.to_string().contains(says), "{flag} {value}: {err}");
+        }
+    }
 }

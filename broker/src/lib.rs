@@ -3,8 +3,8 @@
 //! It discovers the topology, opens `/dev/hsmp` (and, opt-in, the MSR devices) once at start-up,
 //! drops every capability, and answers the typed requests of [`amd_hsmp_proto`] on a Unix socket.
 //!
-//! The kernel interfaces it reads are [`amd_hsmp_device`]; the simulator behind `--simulate` is
-//! [`amd_hsmp_sim`].
+//! The kernel interfaces it reads are [`amd_hsmp_device`]. The simulator is not linked here:
+//! `amd-hsmp-sim-broker` (crate `amd-hsmp-sim-broker`) serves it through [`daemon::Simulation`].
 //!
 //! **Invariant:** the broker never listens on an IP socket and never parses text from a peer.
 //! **Invariant:** no `unsafe` here; the one `ioctl` lives in `amd_hsmp_device`.
@@ -19,6 +19,7 @@
 
 pub mod check;
 pub mod cli;
+pub mod daemon;
 pub mod lockdown;
 pub mod msr;
 pub mod sampler;

@@ -1,7 +1,8 @@
 //! What the two binaries' command lines share: `--log.level` and `--log.format` with the log
 //! lines Prometheus' own tools write, and `--version` in node_exporter's shape.
 //!
-//! It also renders an error with its causes ([`chain`]) the one way both binaries log it.
+//! It also renders an error with its causes ([`chain`]) the one way both binaries log it, and
+//! parses the durations of both binaries' flags in Prometheus' grammar ([`duration::parse`]).
 //!
 //! A crate of its own so that the broker and the exporter say each of these once without either
 //! depending on the other, and without putting command-line policy into `proto`, the IPC
@@ -9,6 +10,7 @@
 //! tracing-subscriber, serde_json, humantime).
 #![forbid(unsafe_code)]
 
+pub mod duration;
 pub mod error;
 pub mod log;
 pub mod version;

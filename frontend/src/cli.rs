@@ -253,23 +253,24 @@ fn parse_positive(text: &str) -> Result<usize, String> {
     }
 }
 
-/// Parses a Prometheus-style duration: `500ms`, `10s`, `1m`, or a bare number of seconds.
+/// A duration in Prometheus' grammar ([`amd_hsmp_cli::duration`]: `500ms`, `10s`, `1m30s`),
+/// above 0 and at most 1h. A plain number of seconds (`10`, `2.5`) is also taken: these flags
+/// documented that form before they took the grammar, and a configuration that started must
+/// keep starting.
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
-    let (number, scale) = if let Some(n) = text.strip_suffix("ms") {
-        (n, 0.001)
-    } else if let Some(n) = text.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = text.strip_suffix('m') {
-        (n, 60.0)
-    } else {
-        (text, 1.0)
+    let d = match amd_hsmp_cli::duration::parse(text) {
+        Ok(d) => d,
+        Err(grammar) => match text.parse::<f64>() {
+            Ok(seconds) if text.bytes().all(|b| b.is_ascii_digit() || b == b'.') => {
+                Duration::try_from_secs_f64(seconds).map_err(|_| grammar)?
+            }
+            _ => return Err(grammar),
+        },
     };
-    let value: f64 = number.parse().map_err(|_| format!("invalid duration {text:?}"))?;
-    let seconds = value * scale;
-    if !seconds.is_finite() || seconds <= 0.0 || seconds > 3600.0 {
+    if d.is_zero() || d > Duration::from_secs(3600) {
         return Err(format!("duration {text:?} must be above 0 and at most 1h"));
     }
-    Ok(Duration::from_secs_f64(seconds))
+    Ok(d)
 }
 
 #[cfg(test)]
@@ -371,11 +372,30 @@ mod tests {
     }
 
     #[test]
+    fn a_compound_duration_such_as_prometheus_writes_is_a_valid_scrape_timeout() {
+        let args = parse(&["--web.max-scrape-timeout", "1m30s"]).unwrap();
+        assert_eq!(args.max_scrape_timeout, Duration::from_secs(90));
+    }
+
+    #[test]
+    fn a_plain_number_of_seconds_still_sets_the_scrape_timeout_as_documented_before() {
+        let args = parse(&["--web.max-scrape-timeout", "2.5"]).unwrap();
+        assert_eq!(args.max_scrape_timeout, Duration::from_millis(2500));
+        assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
+        for refused in ["0", "0.0", "3601", "1e3", "inf", "NaN", "+5", "-5", ".", "1.5s"] {
+            assert!(parse_duration(refused).is_err(), "{refused}");
+        }
+    }
+
+    #[test]
     fn durations_accept_prometheus_units() {
         assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
         assert_eq!(parse_duration("2500ms"), Ok(Duration::from_millis(2500)));
         assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
-        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert!(parse_duration("1h1ms").is_err());
+        assert!(parse_duration("0").is_err());
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("-1s").is_err());
         assert!(parse_duration("ten").is_err());

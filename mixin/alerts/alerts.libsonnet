@@ -111,8 +111,8 @@
       ||| % c,
       labels: { severity: 'warning' },
       annotations: {
-        summary: 'amd-hsmp-broker serves simulated data.',
-        description: '{{ $labels.instance }} reports the simulator profile {{ $labels.profile }} instead of the machine: amd-hsmp-broker runs with --simulate.',
+        summary: 'amd-hsmp-sim-broker serves simulated data.',
+        description: '{{ $labels.instance }} reports the simulator profile {{ $labels.profile }} instead of the machine: its broker is amd-hsmp-sim-broker.',
       },
     },
   ],

@@ -2,10 +2,11 @@
 //! and the `amd_hsmp` and `msr` drivers in front of it) behind the transport traits of
 //! [`amd_hsmp_device`], the same ones the real devices implement.
 //!
-//! It is not part of what reads a real machine: the broker links it only to serve
-//! `--simulate`, and the test suite's fake device and the sampler's tests answer from it.
+//! It is not part of what reads a real machine: the packaged broker does not link it.
+//! `amd-hsmp-sim-broker --simulate` serves it, and the test suite's fake device and the
+//! sampler's tests answer from it.
 //!
-//! One model serves two transports: in process for `--simulate`, through
+//! One model serves two transports: in process for `amd-hsmp-sim-broker`, through
 //! [`Machine::hsmp_opener`] and [`Machine::msr_opener`], and the test suite's fake device, which
 //! forwards the ioctls and `pread`s it receives to [`Machine::open_hsmp`] and
 //! [`Machine::open_msr`].

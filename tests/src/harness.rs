@@ -1,4 +1,5 @@
-//! Runs the real `amd-hsmp-broker` and `amd-hsmp-exporter` binaries for a test: locating (and
+//! Runs the real `amd-hsmp-broker` (or `amd-hsmp-sim-broker`) and `amd-hsmp-exporter` binaries
+//! for a test: locating (and
 //! if needed building) them, starting them with kill-on-drop guards (optionally under a lower
 //! file-descriptor limit), waiting until they serve, scraping over plain HTTP/1.1 from any
 //! loopback address, parsing what they export, and reading their fds and memory from `/proc`.
@@ -24,13 +25,27 @@ use std::time::{Duration, Instant};
 /// How long a process may take to start serving.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// The two binaries under test.
+/// The binaries under test.
 #[derive(Debug, Clone)]
 pub struct Binaries {
     /// `amd-hsmp-broker`.
     pub broker: PathBuf,
+    /// `amd-hsmp-sim-broker`: the broker on the simulator (`--simulate PROFILE`).
+    pub sim_broker: PathBuf,
     /// `amd-hsmp-exporter`.
     pub exporter: PathBuf,
+}
+
+impl Binaries {
+    /// The broker that takes `args`: `amd-hsmp-sim-broker` if they name a `--simulate` profile,
+    /// `amd-hsmp-broker` otherwise.
+    pub fn broker_for<S: AsRef<str>>(&self, args: &[S]) -> &Path {
+        if args.iter().any(|a| a.as_ref() == "--simulate") {
+            &self.sim_broker
+        } else {
+            &self.broker
+        }
+    }
 }
 
 /// The binaries of the profile this test was built with (`target/<profile>/`), brought up to
@@ -40,7 +55,7 @@ pub fn binaries() -> Result<&'static Binaries> {
     BINARIES
         .get_or_init(|| build_binaries().map_err(|e| format!("{e:#}")))
         .as_ref()
-        .map_err(|e| anyhow::anyhow!("cannot build amd-hsmp-broker and amd-hsmp-exporter: {e}"))
+        .map_err(|e| anyhow::anyhow!("cannot build the brokers and amd-hsmp-exporter: {e}"))
 }
 
 /// The broker crate's example `name` (in `target/<profile>/examples/`), built once per test
@@ -75,10 +90,16 @@ fn profile_dir() -> Result<PathBuf> {
 
 fn build_binaries() -> Result<Binaries> {
     let dir = profile_dir()?;
-    let bins =
-        Binaries { broker: dir.join("amd-hsmp-broker"), exporter: dir.join("amd-hsmp-exporter") };
-    cargo_build(&dir, &["-p", "amd-hsmp-broker", "-p", "amd-hsmp-exporter", "--bins"])?;
-    for bin in [&bins.broker, &bins.exporter] {
+    let bins = Binaries {
+        broker: dir.join("amd-hsmp-broker"),
+        sim_broker: dir.join("amd-hsmp-sim-broker"),
+        exporter: dir.join("amd-hsmp-exporter"),
+    };
+    let packages = ["amd-hsmp-broker", "amd-hsmp-sim-broker", "amd-hsmp-exporter"];
+    let mut what: Vec<&str> = packages.iter().flat_map(|p| ["-p", p]).collect();
+    what.push("--bins");
+    cargo_build(&dir, &what)?;
+    for bin in [&bins.broker, &bins.sim_broker, &bins.exporter] {
         if !bin.is_file() {
             bail!("{} does not exist after the build", bin.display());
         }
@@ -272,7 +293,7 @@ pub fn wait_until(proc: &mut Proc, what: &str, mut ready: impl FnMut() -> bool) 
     }
 }
 
-/// `amd-hsmp-broker --simulate PROFILE --listen SOCKET` (with `extra` flags), started and
+/// `amd-hsmp-sim-broker --simulate PROFILE --listen SOCKET` (with `extra` flags), started and
 /// waited for until its socket exists. A stale socket file is removed first.
 pub fn start_simulated_broker(
     profile: &str,
@@ -284,7 +305,7 @@ pub fn start_simulated_broker(
     let mut args: Vec<String> =
         vec!["--simulate".into(), profile.into(), "--listen".into(), socket.display().to_string()];
     args.extend(extra.iter().map(|a| a.to_string()));
-    let mut broker = Proc::spawn("amd-hsmp-broker", &binaries()?.broker, &args, log)?;
+    let mut broker = Proc::spawn("amd-hsmp-sim-broker", &binaries()?.sim_broker, &args, log)?;
     wait_until(&mut broker, "broker socket", || socket.exists())?;
     Ok(broker)
 }

@@ -1,5 +1,6 @@
-//! `cargo xtask demo [--scenario NAME]`: the broker on the simulated Turin 2P and the exporter
-//! on :10054, as whoever runs it (the simulating broker serves its own uid; no root needed).
+//! `cargo xtask demo [--scenario NAME]`: the broker on the simulated Turin 2P
+//! (`amd-hsmp-sim-broker`) and the exporter on :10054, as whoever runs it (the simulating broker
+//! serves its own uid; no root needed).
 
 use anyhow::{Context, Result, bail};
 use rustix::process::{Pid, Signal, kill_process};
@@ -49,13 +50,13 @@ pub fn run(args: &[String]) -> Result<()> {
     result
 }
 
-/// Builds the broker and the exporter (debug); returns the directory that holds them.
+/// Builds the simulating broker and the exporter (debug); returns the directory that holds them.
 pub fn build() -> Result<PathBuf> {
     crate::cargo(&[
         "build",
         "--quiet",
         "-p",
-        "amd-hsmp-broker",
+        "amd-hsmp-sim-broker",
         "-p",
         "amd-hsmp-exporter",
         "--bins",
@@ -71,20 +72,20 @@ fn serve(bin: &Path, dir: &Path, scenario: Option<&str>) -> Result<()> {
 
     let socket = dir.join("broker.sock");
     let mut broker = Guard(
-        Command::new(bin.join("amd-hsmp-broker"))
+        Command::new(bin.join("amd-hsmp-sim-broker"))
             .args(["--simulate", PROFILE, "--listen"])
             .arg(&socket)
             .args(scenario.iter().flat_map(|s| ["--simulate.scenario", *s]))
             .spawn()
-            .context("cannot start amd-hsmp-broker")?,
+            .context("cannot start amd-hsmp-sim-broker")?,
     );
     let started = Instant::now();
     while !socket.exists() {
         if let Some(status) = broker.0.try_wait()? {
-            bail!("amd-hsmp-broker exited: {status}");
+            bail!("amd-hsmp-sim-broker exited: {status}");
         }
         if started.elapsed() > Duration::from_secs(10) {
-            bail!("amd-hsmp-broker did not create {} within 10 s", socket.display());
+            bail!("amd-hsmp-sim-broker did not create {} within 10 s", socket.display());
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -102,7 +103,7 @@ fn serve(bin: &Path, dir: &Path, scenario: Option<&str>) -> Result<()> {
     );
     while !stop.load(Ordering::SeqCst) {
         if let Some(status) = broker.0.try_wait()? {
-            bail!("amd-hsmp-broker exited: {status}");
+            bail!("amd-hsmp-sim-broker exited: {status}");
         }
         if let Some(status) = exporter.0.try_wait()? {
             bail!("amd-hsmp-exporter exited: {status}");

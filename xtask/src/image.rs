@@ -32,6 +32,9 @@ pub fn reference() -> String {
 }
 /// The binaries, installed in `/usr/bin`.
 pub const BINARIES: [&str; 2] = ["amd-hsmp-broker", "amd-hsmp-exporter"];
+/// The simulating broker: built with the binaries (static, the same flags) but not put in the
+/// image, which holds what a node runs; `cargo xtask kube-test` mounts it into its simulator pod.
+pub const SIM_BROKER: &str = "amd-hsmp-sim-broker";
 /// The user the image runs as: nobody, by number, so that the kubelet can check `runAsNonRoot`.
 pub const USER: &str = "65534";
 /// The target the binaries are built for (explicit, so that `+crt-static` does not reach build
@@ -88,6 +91,11 @@ pub fn run(args: &[String]) -> Result<()> {
 /// differ (a static target build, the dependency list embedded).
 pub fn cargo_target_dir(root: &Path) -> PathBuf {
     crate::target_dir(root).join("image/cargo")
+}
+
+/// The static [`SIM_BROKER`] of the last [`build`] of the sources at `root`.
+pub fn sim_broker(root: &Path) -> PathBuf {
+    cargo_target_dir(root).join(TARGET).join("release").join(SIM_BROKER)
 }
 
 /// The archive's path for the sources at `root`.
@@ -211,7 +219,7 @@ fn build_from(
     crate::run_cmd(
         Command::new(cargo)
             .args(["auditable", "build", "--release", "--locked", "--target", TARGET])
-            .args(BINARIES.iter().flat_map(|b| ["--package", b]))
+            .args(BINARIES.iter().chain(&[SIM_BROKER]).flat_map(|b| ["--package", b]))
             .arg("--bins")
             .current_dir(src)
             .env("CARGO_TARGET_DIR", target_dir)

@@ -13,8 +13,6 @@ complete -c amd-hsmp-broker -l connections.shared -d 'Connection slots shared by
 complete -c amd-hsmp-broker -l connections.idle-timeout -d 'A connection with no request for this long is closed (the exporter reconnects)' -r
 complete -c amd-hsmp-broker -l path.procfs -d 'procfs mount point (for cpuinfo)' -r -F
 complete -c amd-hsmp-broker -l path.sysfs -d 'sysfs mount point (for CPU topology)' -r -F
-complete -c amd-hsmp-broker -l simulate -d 'Serve the built-in firmware simulator for this machine profile instead of the devices. The broker also serves its own uid, so that a user runs the demo without root' -r
-complete -c amd-hsmp-broker -l simulate.scenario -d 'Simulation only: the events the simulated machine goes through (for demos and the live check of the alerts): normal, thermal-event, prochot-flapping' -r
 complete -c amd-hsmp-broker -l log.level -d 'Only log messages with the given severity or above' -r -f -a "debug\t'Everything, including each reconnect attempt and each refused peer'
 info\t'Start-up, listening, peers and broker lost and found again'
 warn\t'Problems that cost telemetry'

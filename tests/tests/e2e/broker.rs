@@ -49,11 +49,11 @@ impl Broker {
         let socket = dir.path().join("broker.sock");
         let mut argv: Vec<String> = prefix.iter().skip(1).map(|s| s.to_string()).collect();
         if !prefix.is_empty() {
-            argv.push(path(&bins.broker));
+            argv.push(path(bins.broker_for(args)));
         }
         argv.extend(["--listen".to_string(), path(&socket)]);
         argv.extend(args.iter().cloned());
-        let program = prefix.first().map_or(bins.broker.clone(), PathBuf::from);
+        let program = prefix.first().map_or(bins.broker_for(args).to_owned(), PathBuf::from);
         let log = dir.path().join("broker.log");
         let mut proc = Proc::spawn("amd-hsmp-broker", &program, &argv, log).unwrap();
         harness::wait_until(&mut proc, "broker socket", || serves(&socket)).unwrap();
@@ -276,7 +276,7 @@ fn groups_are_allowed_by_name() {
 #[test]
 fn an_unknown_group_name_stops_the_start_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(&harness::binaries().unwrap().broker)
+    let out = Command::new(&harness::binaries().unwrap().sim_broker)
         .args(["--simulate", "milan-1p", "--allow-group", "no-such-group-here", "--listen"])
         .arg(dir.path().join("s.sock"))
         .output()
@@ -388,7 +388,7 @@ fn sigterm_leaves_a_socket_activated_socket_file_in_place() {
     let args = vec![
         "-l".to_string(),
         path(&socket),
-        path(&bins.broker),
+        path(&bins.sim_broker),
         "--simulate".into(),
         "milan-1p".into(),
     ];
@@ -516,7 +516,7 @@ fn respawn_at(socket: &Path, args: &[String], mut old: Broker) -> Broker {
     let mut argv = vec!["--listen".to_string(), path(socket)];
     argv.extend(args.iter().cloned());
     let log = socket.with_extension("restarted.log");
-    let mut proc = Proc::spawn("amd-hsmp-broker", &bins.broker, &argv, log).unwrap();
+    let mut proc = Proc::spawn("amd-hsmp-broker", bins.broker_for(args), &argv, log).unwrap();
     harness::wait_until(&mut proc, "restarted broker", || {
         // Listening again once a connection is accepted by the new process (the old socket
         // file refuses connections).

@@ -9,7 +9,7 @@ fn the_check_prints_one_line_per_precondition_and_fails_without_the_socket() {
     let bins = harness::binaries().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("broker.sock");
-    let out = Command::new(&bins.broker)
+    let out = Command::new(&bins.sim_broker)
         .args(["--check", "--simulate", "turin-2p", "--listen"])
         .arg(&socket)
         .output()
@@ -32,7 +32,7 @@ fn the_check_prints_one_line_per_precondition_and_fails_without_the_socket() {
     assert!(socket_line.starts_with("FAIL  socket"), "{text}");
     assert!(socket_line.contains("fix: systemctl enable --now amd-hsmp-broker.socket"), "{text}");
     assert_eq!(
-        verdict, "amd-hsmp-broker --check: a scrape cannot work as it should; see FAIL above",
+        verdict, "amd-hsmp-sim-broker --check: a scrape cannot work as it should; see FAIL above",
         "{text}"
     );
 }

@@ -40,7 +40,7 @@ fn the_broker_logs_logfmt_records_by_default() {
     let keys: Vec<&str> =
         line.split(' ').filter_map(|pair| pair.split_once('=').map(|(k, _)| k)).collect();
     assert_eq!(keys[..4], HEAD, "{line}");
-    assert!(line.contains(" level=INFO source=main.rs:"), "{line}");
+    assert!(line.contains(" level=INFO source=daemon.rs:"), "{line}");
     assert!(!log.contains('\u{1b}'), "colour codes in a log file: {log}");
 }
 

@@ -78,12 +78,12 @@ fn metrics(addr: SocketAddr) -> Exposition {
 fn broker_started_as_a_non_root_user_with_simulate_serves_its_own_uid() {
     let dir = shared_dir();
     let socket = dir.path().join("broker.sock");
-    let broker_exe = &harness::binaries().unwrap().broker;
+    let broker_exe = &harness::binaries().unwrap().sim_broker;
     let sock = socket.display().to_string();
     // 0666 so that the stranger reaches the allow-list instead of failing at connect().
     let args = ["--simulate", "turin-2p", "--listen", &sock, "--listen.mode", "0666"];
     let mut broker =
-        spawn_as(NOBODY, "amd-hsmp-broker", broker_exe, &args, dir.path().join("broker.log"));
+        spawn_as(NOBODY, "amd-hsmp-sim-broker", broker_exe, &args, dir.path().join("broker.log"));
     harness::wait_until(&mut broker, "broker socket", || socket.exists()).unwrap();
     let meta = std::fs::metadata(&socket).unwrap();
     assert_eq!(meta.permissions().mode() & 0o777, 0o666);
@@ -106,7 +106,7 @@ fn broker_started_as_a_non_root_user_with_simulate_serves_its_own_uid() {
 
 #[test]
 fn simulate_scenario_without_simulate_and_a_bad_socket_mode_exit_2() {
-    let broker = &harness::binaries().unwrap().broker;
+    let broker = &harness::binaries().unwrap().sim_broker;
     for args in [
         &["--simulate.scenario", "thermal-event", "--listen", "/nonexistent/s"][..],
         &["--simulate", "turin-2p", "--simulate.scenario", "meltdown"][..],

@@ -1,5 +1,5 @@
 //! The exporter binary end to end, on the e2e harness (so the broker it talks to is always
-//! built from the current tree): `amd-hsmp-broker --simulate turin-2p` on a temporary socket
+//! built from the current tree): `amd-hsmp-sim-broker --simulate turin-2p` on a temporary socket
 //! and `amd-hsmp-exporter` on a free loopback port, scraped over HTTP; flags, exit codes,
 //! signals and the file-descriptor limit check.
 

@@ -1,7 +1,8 @@
 //! The DaemonSet's pod template, rendered from the chart with the default values, run for real
 //! with `podman kube play` (podman 4.3 plays a `Pod`, not a `DaemonSet`: the template is wrapped),
-//! twice: the broker on the simulator (`--simulate turin-2p`), then on the end-to-end suite's FUSE
-//! fake device passed in as the hostPath `/dev/hsmp`. Each run is scraped from the host and checked
+//! twice: the broker on the simulator (`amd-hsmp-sim-broker --simulate turin-2p`, a static build
+//! next to the image's, mounted into the pod: the image holds only what a node runs), then on the
+//! end-to-end suite's FUSE fake device passed in as the hostPath `/dev/hsmp`. Each run is scraped from the host and checked
 //! with its evidence printed: the full contract (384 energy, 384 boost limit, 2 PROCHOT series),
 //! the exporter's uid 65534, empty capability sets and no-new-privs, the broker's empty capability
 //! sets after start-up, and a third container under another uid refused by the broker.
@@ -190,9 +191,16 @@ pub fn run(root: &Path, archive: &crate::image::Archive, daemonset: &Value) -> R
     ensure!(made.success(), "mknod {} failed", standin.display());
     let ports = (free_port()?, free_port()?);
     println!("kube-test: pod on the simulator");
+    let sim_broker = crate::image::sim_broker(root);
+    ensure!(sim_broker.is_file(), "{} was not built with the image", sim_broker.display());
     let pod = wrap(template, ports, |spec, changes| {
+        run_sim_broker(spec, &sim_broker);
         push_arg(spec, "broker", &format!("--simulate={PROFILE}"));
-        changes.push(format!("broker: --simulate={PROFILE}"));
+        changes.push(format!(
+            "broker: {} mounted at {SIM_BROKER_AT} and run instead of amd-hsmp-broker, \
+             --simulate={PROFILE}",
+            sim_broker.display()
+        ));
         set_host_path(spec, "hsmp", &standin, "CharDevice");
         changes.push(format!("hostPath /dev/hsmp → {} (char 1:3 stand-in)", standin.display()));
     })?;
@@ -300,6 +308,24 @@ fn set_host_path(spec: &mut Value, volume: &str, path: &Path, kind: &str) {
     for v in spec["volumes"].as_array_mut().into_iter().flatten() {
         if v["name"] == volume {
             v["hostPath"] = json!({"path": path, "type": kind});
+        }
+    }
+}
+
+/// Where the simulator pod's broker container finds the mounted `amd-hsmp-sim-broker`.
+const SIM_BROKER_AT: &str = "/sim/amd-hsmp-sim-broker";
+
+/// The broker container runs `host` (the static `amd-hsmp-sim-broker`), mounted read-only at
+/// [`SIM_BROKER_AT`], instead of the image's `amd-hsmp-broker`; the flags stay the chart's.
+fn run_sim_broker(spec: &mut Value, host: &Path) {
+    if let Some(volumes) = spec["volumes"].as_array_mut() {
+        volumes.push(json!({"name": "sim-broker", "hostPath": {"path": host, "type": "File"}}));
+    }
+    if let Ok(c) = container(spec, "broker") {
+        c["command"] = json!([SIM_BROKER_AT]);
+        if let Some(mounts) = c["volumeMounts"].as_array_mut() {
+            mounts
+                .push(json!({"name": "sim-broker", "mountPath": SIM_BROKER_AT, "readOnly": true}));
         }
     }
 }

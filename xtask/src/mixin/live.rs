@@ -73,7 +73,7 @@ impl Broker<'_> {
     fn start(&self, profile: &str, flags: &[&str], log: &str) -> Result<Running> {
         let _ = fs::remove_file(&self.socket);
         let running = spawn(
-            Command::new(self.bin.join("amd-hsmp-broker"))
+            Command::new(self.bin.join("amd-hsmp-sim-broker"))
                 .args(["--simulate", profile, "--allow-uid", &self.uid])
                 .args(flags)
                 .arg("--listen")

@@ -79,6 +79,8 @@ fn run(cli: Cli) -> Result<()> {
     };
     let bins = amd_hsmp_e2e::harness::Binaries {
         broker: bin_dir.join("amd-hsmp-broker"),
+        // Not built for the benchmark, which measures the broker on the fake device.
+        sim_broker: bin_dir.join("amd-hsmp-sim-broker"),
         exporter: bin_dir.join("amd-hsmp-exporter"),
     };
     for bin in [&bins.broker, &bins.exporter] {

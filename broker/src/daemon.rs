@@ -1,0 +1,327 @@
+//! The start-up sequence and `--check` of the broker, shared by `amd-hsmp-broker`, which serves
+//! this machine's devices, and `amd-hsmp-sim-broker`, which serves a [`Simulation`] instead.
+//!
+//! Exit codes: 0 after `SIGTERM` or `SIGINT` (the `--listen` socket file removed), 1 start-up
+//! failure (the message names the step), 2 bad command line (clap's, in the binaries). `SIGHUP`,
+//! `SIGUSR1` and `SIGUSR2` are ignored (logged once each).
+
+use crate::cli::Args;
+use crate::server::{self, Backend, Identity, ServerConfig};
+use crate::{lockdown, msr, sampler::Sampler, topology};
+use amd_hsmp_device::{HsmpDeviceOpener, HsmpOpener, MsrDeviceOpener, MsrOpener};
+use anyhow::{Context, Result, bail};
+use nix::sys::signal::{SigSet, Signal};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+/// A machine served in place of this one's devices: what `amd-hsmp-sim-broker` brings. The broker
+/// then reads no device, so it also serves the uid that started it (a user runs the demo without
+/// root); everything else (privilege drop, seccomp, the allow-lists) is as with the devices.
+pub trait Simulation {
+    /// The name `Hello` reports as `simulated` (the simulator profile).
+    fn profile(&self) -> String;
+    /// The machine to serve, made once the allow-lists are resolved.
+    fn serve(&self) -> Machine;
+    /// The machine `--check` examines.
+    fn check(&self) -> Machine;
+}
+
+/// The broker's `main` after parsing: `--version`, logging, then `--check` or serving. `program`
+/// names the binary in `--version` and messages; `simulation`, if any, replaces the devices.
+pub fn main(program: &str, args: Args, simulation: Option<&dyn Simulation>) -> ExitCode {
+    if args.common.version {
+        print!("{}", amd_hsmp_cli::version::report(program));
+        return ExitCode::SUCCESS;
+    }
+    if let Err(e) = amd_hsmp_cli::log::init(args.common.log_level, args.common.log_format) {
+        eprintln!("{program}: cannot set up logging: {e}");
+        return ExitCode::FAILURE;
+    }
+    if args.check {
+        return check(program, &args, simulation);
+    }
+    match run(args, simulation) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The machine the broker serves: its topology and how to reach its devices.
+#[derive(Debug)]
+pub struct Machine {
+    /// Sockets and cores, as the broker reports them.
+    pub topology: amd_hsmp_proto::Topology,
+    /// Opens `/dev/hsmp` (or what stands for it).
+    pub hsmp: Box<dyn HsmpOpener>,
+    /// Opens a CPU's MSR device, for `--collector.core-energy.msr-fallback`.
+    pub msr: Box<dyn MsrOpener>,
+}
+
+fn machine(cli: &Args, simulation: Option<&dyn Simulation>) -> Result<Machine> {
+    if let Some(simulation) = simulation {
+        return Ok(simulation.serve());
+    }
+    let topology =
+        topology::discover(&cli.procfs, &cli.sysfs).context("cannot discover topology")?;
+    Ok(Machine {
+        topology,
+        hsmp: Box::new(HsmpDeviceOpener { path: cli.hsmp_device.clone() }),
+        msr: Box::new(MsrDeviceOpener { root: cli.msr_device_root.clone() }),
+    })
+}
+
+/// `--check`: runs the checks of [`crate::check`] and prints one line each.
+fn check(program: &str, cli: &Args, simulation: Option<&dyn Simulation>) -> ExitCode {
+    use crate::check::{self, Account, Accounts};
+    let (simulated, hsmp, msr): (_, Box<dyn HsmpOpener>, Box<dyn MsrOpener>) =
+        match simulation.map(Simulation::check) {
+            Some(Machine { topology, hsmp, msr }) => (Some(topology), hsmp, msr),
+            None => (
+                None,
+                Box::new(HsmpDeviceOpener { path: cli.hsmp_device.clone() }),
+                Box::new(MsrDeviceOpener { root: cli.msr_device_root.clone() }),
+            ),
+        };
+    let msr = cli.msr_fallback.then_some(msr);
+    let group = |name: &str| nix::unistd::Group::from_name(name).ok().flatten();
+    let exporter = nix::unistd::User::from_name(check::EXPORTER_USER).ok().flatten().map(|u| {
+        let mut gids = vec![u.gid.as_raw()];
+        if let Ok(name) = std::ffi::CString::new(u.name.clone())
+            && let Ok(all) = nix::unistd::getgrouplist(&name, u.gid)
+        {
+            gids.extend(all.iter().map(|g| g.as_raw()));
+        }
+        Account { uid: u.uid.as_raw(), gids }
+    });
+    let accounts =
+        Accounts { broker_gid: group(check::BROKER_GROUP).map(|g| g.gid.as_raw()), exporter };
+    let socket = cli.listen.clone().unwrap_or_else(|| check::DEFAULT_SOCKET.into());
+    let mut wait = || {
+        let started = std::time::Instant::now();
+        std::thread::sleep(check::ENERGY_WINDOW);
+        started.elapsed()
+    };
+    let mut inputs = check::Inputs {
+        procfs: &cli.procfs,
+        sysfs: &cli.sysfs,
+        hsmp_device: &cli.hsmp_device,
+        hsmp: hsmp.as_ref(),
+        msr: msr.as_deref(),
+        msr_root: &cli.msr_device_root,
+        etc: Path::new("/etc"),
+        socket: &socket,
+        accounts: &accounts,
+        labels: &check::selinux_label,
+        energy_wait: &mut wait,
+        simulated,
+    };
+    let lines = check::run(&mut inputs);
+    for line in &lines {
+        println!("{line}");
+    }
+    if check::passed(&lines) {
+        println!("{program} --check: every check a scrape needs passed");
+        ExitCode::SUCCESS
+    } else {
+        println!("{program} --check: a scrape cannot work as it should; see FAIL above");
+        ExitCode::FAILURE
+    }
+}
+
+/// The numeric allow-lists: ids as given, plus names resolved through NSS now, while the broker
+/// may still read /etc/passwd and /etc/group (or ask sssd).
+fn allow_lists(cli: &Args) -> Result<(Vec<u32>, Vec<u32>)> {
+    let mut uids = cli.allow_uid.clone();
+    for name in &cli.allow_user {
+        let user = nix::unistd::User::from_name(name)
+            .with_context(|| format!("cannot look up user {name:?}"))?
+            .with_context(|| format!("--allow-user {name:?}: no such user"))?;
+        uids.push(user.uid.as_raw());
+    }
+    let mut gids = cli.allow_gid.clone();
+    for name in &cli.allow_group {
+        let group = nix::unistd::Group::from_name(name)
+            .with_context(|| format!("cannot look up group {name:?}"))?
+            .with_context(|| format!("--allow-group {name:?}: no such group"))?;
+        gids.push(group.gid.as_raw());
+    }
+    Ok((uids, gids))
+}
+
+/// The signals the broker handles on its own thread instead of dying of them.
+fn handled_signals() -> SigSet {
+    let mut set = SigSet::empty();
+    for sig in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGUSR1, Signal::SIGUSR2] {
+        set.add(sig);
+    }
+    set
+}
+
+/// Waits for the handled signals for the life of the process: `SIGTERM`/`SIGINT` remove the
+/// socket file the broker created and exit 0; the others are ignored, logged the first time.
+fn spawn_signal_thread(set: SigSet, socket: Option<lockdown::SocketFile>) -> Result<()> {
+    let body = move || {
+        let mut logged: Vec<Signal> = Vec::new();
+        loop {
+            let sig = match set.wait() {
+                Ok(sig) => sig,
+                Err(e) => {
+                    // Without sigwait, let SIGTERM end the process the default way.
+                    tracing::error!(error = %e, "cannot wait for signals; SIGTERM will not remove the socket");
+                    let mut term = SigSet::empty();
+                    term.add(Signal::SIGTERM);
+                    term.add(Signal::SIGINT);
+                    let _ = term.thread_unblock();
+                    loop {
+                        std::thread::park();
+                    }
+                }
+            };
+            match sig {
+                Signal::SIGTERM | Signal::SIGINT => {
+                    if let Some(Err(e)) = socket.as_ref().map(lockdown::SocketFile::remove) {
+                        tracing::warn!(error = %e, "cannot remove the socket file");
+                    }
+                    tracing::info!(signal = %sig, "stopping");
+                    std::process::exit(0);
+                }
+                other if !logged.contains(&other) => {
+                    logged.push(other);
+                    tracing::info!(signal = %other, "signal ignored (logged once)");
+                }
+                _ => {}
+            }
+        }
+    };
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(body)
+        .context("cannot start the signal thread")?;
+    Ok(())
+}
+
+fn run(cli: Args, simulation: Option<&dyn Simulation>) -> Result<()> {
+    // Blocked before any thread exists, so every thread inherits the mask and only the signal
+    // thread's sigwait receives them.
+    let signals = handled_signals();
+    signals.thread_block().context("cannot block signals")?;
+    let (mut allow_uids, allow_gids) = allow_lists(&cli)?;
+    if simulation.is_some() {
+        // The simulator reads no device: whoever started it may read it.
+        let own = nix::unistd::getuid().as_raw();
+        if own != 0 && !allow_uids.contains(&own) {
+            allow_uids.push(own);
+        }
+    }
+    tracing::info!(uids = ?allow_uids, gids = ?allow_gids, "peers allowed besides root");
+    let machine = machine(&cli, simulation)?;
+    let topo = &machine.topology;
+    tracing::info!(
+        sockets = topo.sockets.len(),
+        cores = topo.cores.len(),
+        family = format_args!("{:#x}", topo.cpu_family),
+        model = format_args!("{:#x}", topo.cpu_model),
+        "topology discovered"
+    );
+
+    let msr_energy = if cli.msr_fallback {
+        match msr::MsrEnergy::open(topo, machine.msr.as_ref()) {
+            Ok(energy) => Some(Arc::new(energy)),
+            Err(e @ msr::MsrOpenError::Unreadable { errno: libc::EACCES, .. }) => {
+                tracing::error!(
+                    error = %format!("{e:#}"),
+                    next_step = "under SELinux: setsebool -P amd_hsmp_broker_use_msr on (ausearch -m avc -c amd-hsmp-broker shows the denial); run amd-hsmp-broker --check --collector.core-energy.msr-fallback",
+                    "MSR fallback unavailable (permission denied); core energy will come from HSMP only"
+                );
+                None
+            }
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), "MSR fallback unavailable; core energy will come from HSMP only");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let sampler = Sampler::with_max_age(
+        machine.topology.clone(),
+        machine.hsmp,
+        msr_energy.clone(),
+        cli.sample_max_age,
+    );
+
+    lockdown::drop_privileges().context("cannot drop privileges")?;
+    let (listener, socket_file) = listener(cli.listen.as_deref(), cli.listen_mode)?;
+    // Not under systemd this is a no-op.
+    if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
+        tracing::warn!(error = %e, "cannot notify the service manager");
+    }
+    lockdown::install_seccomp(socket_file.as_ref()).context("cannot install the seccomp filter")?;
+    tracing::info!("capabilities dropped, no-new-privs set, seccomp filter installed");
+    spawn_signal_thread(signals, socket_file)?;
+
+    if let Some(energy) = msr_energy {
+        msr::spawn_poller(energy, cli.msr_poll_interval).context("cannot start the MSR poller")?;
+    }
+    let identity = Identity {
+        instance: server::random_instance(),
+        simulated: simulation.map(Simulation::profile),
+    };
+    let config = ServerConfig {
+        allow_uids,
+        allow_gids,
+        per_uid: usize::from(cli.connections_per_uid),
+        shared: usize::from(cli.connections_shared),
+        idle_timeout: cli.idle_timeout,
+        ..ServerConfig::default()
+    };
+    let backend: Arc<dyn Backend> = Arc::new(sampler);
+    server::serve(listener, backend, identity, config).context("listening socket failed")
+}
+
+/// Creates the socket at `path` (replacing a stale one) with `mode`, or takes the one systemd
+/// passed. A created socket comes with the handle that removes it on `SIGTERM`.
+fn listener(
+    path: Option<&Path>,
+    mode: u32,
+) -> Result<(UnixListener, Option<lockdown::SocketFile>)> {
+    let Some(path) = path else {
+        let mut fds = listenfd::ListenFd::from_env();
+        return match fds
+            .take_unix_listener(0)
+            .context("LISTEN_FDS socket is not a Unix stream socket")?
+        {
+            Some(l) => {
+                tracing::info!("listening on the socket passed by systemd");
+                Ok((l, None))
+            }
+            None => bail!(
+                "no socket to listen on: pass --listen PATH or start under systemd socket activation"
+            ),
+        };
+    };
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            bail!("{} exists and is not a socket", path.display());
+        }
+        if UnixStream::connect(path).is_ok() {
+            bail!("{} is in use by another process", path.display());
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("cannot remove stale socket {}", path.display()))?;
+    }
+    let listener =
+        UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("cannot set mode {mode:04o} on {}", path.display()))?;
+    let file = lockdown::SocketFile::new(path)
+        .with_context(|| format!("cannot open the directory of {}", path.display()))?;
+    tracing::info!(path = %path.display(), mode = format_args!("{mode:04o}"), "listening");
+    Ok((listener, Some(file)))
+}

@@ -1,0 +1,76 @@
+//! `amd-hsmp-sim-broker`: `amd-hsmp-broker` serving the built-in firmware simulator instead of
+//! this machine's devices, for the demo, dashboard work and the end-to-end suite. The same flags,
+//! start-up sequence and lockdown as the broker ([`amd_hsmp_broker::daemon`]), plus the machine
+//! profile (`--simulate`) and its events (`--simulate.scenario`). A binary of its own so that the
+//! packaged, privileged broker links none of the simulator.
+#![forbid(unsafe_code)]
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+
+use amd_hsmp_broker::daemon::{Machine, Simulation};
+use amd_hsmp_sim as sim;
+use clap::Parser;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Serves the built-in firmware simulator of an AMD EPYC machine, as amd-hsmp-broker serves
+/// /dev/hsmp: for demos, dashboards and tests, never for a production node.
+#[derive(Debug, Parser)]
+#[command(name = "amd-hsmp-sim-broker", about, long_about = None, disable_version_flag = true)]
+struct Cli {
+    /// Serve the built-in firmware simulator for this machine profile instead of the devices.
+    /// The broker also serves its own uid, so that a user runs the demo without root.
+    #[arg(long, value_name = "PROFILE")]
+    simulate: sim::Profile,
+
+    /// The events the simulated machine goes through (for demos and the live check of the
+    /// alerts): normal, thermal-event, prochot-flapping.
+    #[arg(long = "simulate.scenario", value_name = "SCENARIO", default_value_t = sim::Scenario::Normal)]
+    simulate_scenario: sim::Scenario,
+
+    #[command(flatten)]
+    broker: amd_hsmp_broker::cli::Args,
+}
+
+/// The simulated machine of `--simulate` and `--simulate.scenario`.
+struct Simulated {
+    profile: sim::Profile,
+    scenario: sim::Scenario,
+}
+
+impl Simulation for Simulated {
+    fn profile(&self) -> String {
+        self.profile.to_string()
+    }
+
+    fn serve(&self) -> Machine {
+        tracing::warn!(
+            profile = %self.profile,
+            scenario = %self.scenario,
+            "SIMULATION: serving the built-in firmware simulator, not this machine's devices"
+        );
+        // A real mailbox round trip takes ~100 µs (the driver sleeps before its first poll), so
+        // scrape durations in the demo look like a real machine's.
+        let mut config = sim::FirmwareConfig::live();
+        config.faults.latency = Duration::from_micros(100);
+        config.scenario = self.scenario;
+        machine(sim::Machine::new(self.profile.spec(), config))
+    }
+
+    fn check(&self) -> Machine {
+        machine(sim::Machine::new(self.profile.spec(), sim::FirmwareConfig::live()))
+    }
+}
+
+fn machine(machine: std::sync::Arc<sim::Machine>) -> Machine {
+    Machine {
+        topology: machine.topology().clone(),
+        hsmp: Box::new(machine.hsmp_opener()),
+        msr: Box::new(machine.msr_opener()),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let simulated = Simulated { profile: cli.simulate, scenario: cli.simulate_scenario };
+    amd_hsmp_broker::daemon::main("amd-hsmp-sim-broker", cli.broker, Some(&simulated))
+}
