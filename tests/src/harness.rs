@@ -270,12 +270,13 @@ impl Drop for Proc {
 /// `setpriv` from util-linux, if installed.
 fn setpriv() -> Option<&'static Path> {
     static SETPRIV: OnceLock<Option<PathBuf>> = OnceLock::new();
-    SETPRIV
-        .get_or_init(|| {
-            let path = std::env::var_os("PATH")?;
-            std::env::split_paths(&path).map(|d| d.join("setpriv")).find(|p| p.is_file())
-        })
-        .as_deref()
+    SETPRIV.get_or_init(|| which("setpriv")).as_deref()
+}
+
+/// The file `name` names in a directory of `PATH`, if there is one.
+pub fn which(name: impl AsRef<Path>) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join(name.as_ref())).find(|p| p.is_file())
 }
 
 /// Waits until `ready` holds, polling; fails if `proc` exits first or time runs out.

@@ -568,6 +568,9 @@ pub struct Outcome {
     pub start: Traffic,
     /// Each scrape's response and traffic.
     pub scrapes: Vec<(Response, Traffic)>,
+    /// Whether the scenario compares its message counts with `<name>.wire`
+    /// ([`Scenario::wire_golden`]).
+    pub wire_golden: bool,
 }
 
 impl Outcome {
@@ -632,6 +635,7 @@ fn drive(scenario: &Scenario, rig: &mut Rig) -> Result<Outcome> {
         exporter_pid: rig.exporter_pid(),
         start,
         scrapes,
+        wire_golden: scenario.wire_golden,
     };
     check_wire_invariants(&outcome)?;
     Ok(outcome)

@@ -216,13 +216,16 @@ fn install_packages() -> Result<()> {
     )
 }
 
-/// Whether `cmd` is on `PATH`, or, when it is an absolute path, whether that file exists.
-fn on_path(cmd: &str) -> bool {
+/// Whether `cmd` is on `PATH` or in the system directories a root shell has (`/usr/sbin`,
+/// `/sbin`), or, when it is an absolute path, whether that file exists.
+pub(crate) fn on_path(cmd: &str) -> bool {
     if cmd.starts_with('/') {
         return std::path::Path::new(cmd).is_file();
     }
-    std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(cmd).is_file()))
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin"].map(std::path::PathBuf::from))
+        .any(|d| d.join(cmd).is_file())
 }
 
 /// Whether `cmd` is on `PATH` at `version`: `cmd --version` prints it (cargo-deb prints

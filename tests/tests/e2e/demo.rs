@@ -44,13 +44,8 @@ fn shared_dir() -> tempfile::TempDir {
 
 fn spawn_as(uid: u32, name: &'static str, program: &Path, args: &[&str], log: PathBuf) -> Proc {
     let (setpriv, line) = as_user(uid, program, args);
-    let setpriv = which(&setpriv).expect("setpriv (util-linux)");
+    let setpriv = harness::which(&setpriv).expect("setpriv (util-linux)");
     Proc::spawn(name, &setpriv, &line, log).unwrap()
-}
-
-fn which(name: &Path) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
 }
 
 /// An exporter as `uid` for `socket` on a free port, waited for until it serves.

@@ -461,7 +461,7 @@ fn systemd_socket_activation_serves_on_the_passed_socket() -> Result<()> {
 
     let dir = tempfile::tempdir()?;
     let addr: SocketAddr = ([127, 0, 0, 1], harness::free_port()?).into();
-    let activate = which("systemd-socket-activate").context("systemd-socket-activate")?;
+    let activate = harness::which("systemd-socket-activate").context("systemd-socket-activate")?;
     let args: Vec<String> = vec![
         "--listen".into(),
         addr.to_string(),
@@ -486,11 +486,6 @@ fn systemd_socket_activation_serves_on_the_passed_socket() -> Result<()> {
     proc.check_running()?;
     assert!(proc.log().contains("listening"), "{}", proc.log());
     Ok(())
-}
-
-fn which(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
 }
 
 /// Makes `path` a FIFO (nobody ever writes to it).

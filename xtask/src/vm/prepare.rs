@@ -134,14 +134,6 @@ pub fn output(cmd: &mut Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Whether `cmd` is on `PATH` or in the system directories a root shell has.
-fn on_path(cmd: &str) -> bool {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
-        .any(|d| d.join(cmd).is_file())
-}
-
 /// Whether `dir/stamp` holds `key`.
 fn is_current(dir: &Path, key: &str) -> bool {
     fs::read_to_string(dir.join("stamp")).is_ok_and(|s| s == key)
@@ -211,8 +203,11 @@ pub fn host_tools(cache: &Cache) -> Result<String> {
         crate::cargo(&["install", "--locked", "--force", krate, "--version", version])?;
         installed.push(tool);
     }
-    let missing: Vec<&str> =
-        HOST_TOOLS.iter().filter(|(cmd, _)| !on_path(cmd)).map(|(_, pkg)| *pkg).collect();
+    let missing: Vec<&str> = HOST_TOOLS
+        .iter()
+        .filter(|(cmd, _)| !crate::deps::on_path(cmd))
+        .map(|(_, pkg)| *pkg)
+        .collect();
     if missing.is_empty() {
         return Ok(if installed.is_empty() {
             "all present (cached)".into()
