@@ -12,7 +12,9 @@ use std::time::Duration;
 pub fn get(port: u16, path: &str, timeout: Duration) -> Result<(u16, String)> {
     let mut stream = TcpStream::connect(("127.0.0.1", port))?;
     stream.set_read_timeout(Some(timeout))?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n")?;
+    // One write: `write!` would send the request in pieces, and a server may answer the first.
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n").as_bytes())?;
     let mut response = String::new();
     stream.read_to_string(&mut response)?;
     let (head, body) = response.split_once("\r\n\r\n").context("no end of the HTTP head")?;
@@ -37,10 +39,16 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         let server = std::thread::spawn(move || {
             let (mut conn, _) = listener.accept().unwrap();
-            let mut request = [0u8; 256];
-            let n = conn.read(&mut request).unwrap();
+            // The whole head, as a server reads it, then the reply and the close.
+            let mut request = Vec::new();
+            let mut buf = [0u8; 256];
+            while !request.ends_with(b"\r\n\r\n") {
+                let n = conn.read(&mut buf).unwrap();
+                assert!(n > 0, "the client closed before the end of its head");
+                request.extend_from_slice(&buf[..n]);
+            }
             conn.write_all(b"HTTP/1.0 404 Not Found\r\nX: y\r\n\r\nno such\r\n\r\npage").unwrap();
-            String::from_utf8_lossy(&request[..n]).into_owned()
+            String::from_utf8_lossy(&request).into_owned()
         });
         let (status, body) = get(port, "/a?b=c", Duration::from_secs(10)).unwrap();
         assert_eq!((status, body.as_str()), (404, "no such\r\n\r\npage"));
