@@ -8,7 +8,8 @@
 
 use amd_hsmp_broker::daemon::{Machine, Simulation};
 use amd_hsmp_sim as sim;
-use clap::Parser;
+use clap::error::ErrorKind;
+use clap::{CommandFactory, Parser};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -19,8 +20,8 @@ use std::time::Duration;
 struct Cli {
     /// Serve the built-in firmware simulator for this machine profile instead of the devices.
     /// The broker also serves its own uid, so that a user runs the demo without root.
-    #[arg(long, value_name = "PROFILE")]
-    simulate: sim::Profile,
+    #[arg(long, value_name = "PROFILE", required_unless_present = "version")]
+    simulate: Option<sim::Profile>,
 
     /// The events the simulated machine goes through (for demos and the live check of the
     /// alerts): normal, thermal-event, prochot-flapping.
@@ -69,8 +70,21 @@ fn machine(machine: std::sync::Arc<sim::Machine>) -> Machine {
     }
 }
 
+const PROGRAM: &str = "amd-hsmp-sim-broker";
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let simulated = Simulated { profile: cli.simulate, scenario: cli.simulate_scenario };
-    amd_hsmp_broker::daemon::main("amd-hsmp-sim-broker", cli.broker, Some(&simulated))
+    match cli.simulate {
+        Some(profile) => {
+            let simulated = Simulated { profile, scenario: cli.simulate_scenario };
+            amd_hsmp_broker::daemon::main(PROGRAM, cli.broker, Some(&simulated))
+        }
+        // `--version` alone: answered before anything is opened.
+        None if cli.broker.common.version => {
+            amd_hsmp_broker::daemon::main(PROGRAM, cli.broker, None)
+        }
+        None => Cli::command()
+            .error(ErrorKind::MissingRequiredArgument, "--simulate PROFILE is required")
+            .exit(),
+    }
 }

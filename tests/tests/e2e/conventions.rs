@@ -8,9 +8,13 @@ use std::process::Command;
 const HEAD: [&str; 4] = ["time", "level", "source", "msg"];
 
 #[test]
-fn both_binaries_print_version_in_node_exporter_shape() {
+fn every_binary_prints_version_in_node_exporter_shape() {
     let bins = harness::binaries().unwrap();
-    for (name, exe) in [("amd-hsmp-broker", &bins.broker), ("amd-hsmp-exporter", &bins.exporter)] {
+    for (name, exe) in [
+        ("amd-hsmp-broker", &bins.broker),
+        ("amd-hsmp-sim-broker", &bins.sim_broker),
+        ("amd-hsmp-exporter", &bins.exporter),
+    ] {
         let out = Command::new(exe).arg("--version").output().unwrap();
         assert!(out.status.success(), "{name} --version: {}", out.status);
         let text = String::from_utf8(out.stdout).unwrap();
