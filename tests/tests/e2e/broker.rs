@@ -229,15 +229,27 @@ fn bad_frames_close_only_their_connection() {
 fn lockdown_is_visible_in_proc_status() {
     let broker = Broker::simulated("turin-2p", &["--collector.core-energy.msr-fallback"]);
     let status = std::fs::read_to_string(format!("/proc/{}/status", broker.proc.pid())).unwrap();
-    let field = |name: &str| {
+    let ours = std::fs::read_to_string("/proc/self/status").unwrap();
+    let of = |status: &str, name: &str| {
         status
             .lines()
             .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
             .unwrap_or_else(|| panic!("{name} missing from /proc/<pid>/status"))
     };
-    for cap in ["CapEff:", "CapPrm:", "CapBnd:", "CapInh:", "CapAmb:"] {
+    let field = |name: &str| of(&status, name);
+    for cap in ["CapEff:", "CapPrm:", "CapInh:", "CapAmb:"] {
         assert_eq!(field(cap), "0000000000000000", "{cap}");
     }
+    // The bounding set is emptied only with CAP_SETPCAP (bit 8), which a start as root has; an
+    // ordinary user's broker keeps the set it was given, which no-new-privs makes inert.
+    const CAP_SETPCAP: u64 = 1 << 8;
+    let our_effective = u64::from_str_radix(&of(&ours, "CapEff:"), 16).unwrap();
+    let bounding = if our_effective & CAP_SETPCAP != 0 {
+        "0000000000000000".into()
+    } else {
+        of(&ours, "CapBnd:")
+    };
+    assert_eq!(field("CapBnd:"), bounding, "CapBnd:");
     assert_eq!(field("NoNewPrivs:"), "1");
     assert_eq!(field("Seccomp:"), "2");
     // Still serves after the lock-down, MSR fallback included.
