@@ -69,25 +69,25 @@ fn machine(cli: &Args, simulation: Option<&dyn Simulation>) -> Result<Machine> {
     }
     let topology =
         topology::discover(&cli.procfs, &cli.sysfs).context("cannot discover topology")?;
-    Ok(Machine {
-        topology,
-        hsmp: Box::new(HsmpDeviceOpener { path: cli.hsmp_device.clone() }),
-        msr: Box::new(MsrDeviceOpener { root: cli.msr_device_root.clone() }),
-    })
+    let (hsmp, msr) = devices(cli);
+    Ok(Machine { topology, hsmp, msr })
+}
+
+/// This machine's `/dev/hsmp` and MSR devices, where the command line says they are.
+fn devices(cli: &Args) -> (Box<dyn HsmpOpener>, Box<dyn MsrOpener>) {
+    (
+        Box::new(HsmpDeviceOpener { path: cli.hsmp_device.clone() }),
+        Box::new(MsrDeviceOpener { root: cli.msr_device_root.clone() }),
+    )
 }
 
 /// `--check`: runs the checks of [`crate::check`] and prints one line each.
 fn check(program: &str, cli: &Args, simulation: Option<&dyn Simulation>) -> ExitCode {
     use crate::check::{self, Account, Accounts};
-    let (simulated, hsmp, msr): (_, Box<dyn HsmpOpener>, Box<dyn MsrOpener>) =
-        match simulation.map(Simulation::check) {
-            Some(Machine { topology, hsmp, msr }) => (Some(topology), hsmp, msr),
-            None => (
-                None,
-                Box::new(HsmpDeviceOpener { path: cli.hsmp_device.clone() }),
-                Box::new(MsrDeviceOpener { root: cli.msr_device_root.clone() }),
-            ),
-        };
+    let (simulated, (hsmp, msr)) = match simulation.map(Simulation::check) {
+        Some(Machine { topology, hsmp, msr }) => (Some(topology), (hsmp, msr)),
+        None => (None, devices(cli)),
+    };
     let msr = cli.msr_fallback.then_some(msr);
     let group = |name: &str| nix::unistd::Group::from_name(name).ok().flatten();
     let exporter = nix::unistd::User::from_name(check::EXPORTER_USER).ok().flatten().map(|u| {
