@@ -41,7 +41,9 @@ pub struct Args {
           value_parser = parse_duration)]
     pub max_scrape_timeout: Duration,
 
-    /// Most scrapes handled at once; more are answered 503 at once. 0 means no limit.
+    /// Most scrapes and landing-page views handled at once, each counted until the last piece
+    /// of work it started has ended (its broker request, its walk of the cgroup hierarchy),
+    /// also when its client hung up; more are answered 503 at once. 0 means no limit.
     #[arg(long = "web.max-requests", value_name = "N", default_value_t = 40)]
     pub max_requests: usize,
 
@@ -107,6 +109,13 @@ pub struct Args {
     #[arg(long = "path.cgroupfs", value_name = "PATH", default_value = "/sys/fs/cgroup")]
     pub cgroupfs: PathBuf,
 
+    /// How long one walk of the cgroup hierarchy serves the scrapes that arrive after it began
+    /// (at most one walk runs at a time); 0 walks again for every scrape that arrives after a
+    /// walk began (e.g. `1s`, `0`, at most 1m).
+    #[arg(long = "collector.core-owner.max-age", value_name = "DURATION",
+          default_value = DEFAULT_CORE_OWNER_MAX_AGE, value_parser = parse_max_age)]
+    pub core_owner_max_age: Duration,
+
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -115,6 +124,9 @@ pub struct Args {
 pub fn command() -> clap::Command {
     Args::command()
 }
+
+/// Default of `--collector.core-owner.max-age`: [`crate::owner::WALK_MAX_AGE`].
+const DEFAULT_CORE_OWNER_MAX_AGE: &str = "1s";
 
 /// Default of `--web.max-connections`.
 pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 512;
@@ -253,6 +265,15 @@ fn parse_positive(text: &str) -> Result<usize, String> {
     }
 }
 
+/// A freshness bound: a duration in Prometheus' grammar or `0`, at most 1m.
+fn parse_max_age(text: &str) -> Result<Duration, String> {
+    let d = amd_hsmp_cli::duration::parse(text)?;
+    if d > Duration::from_secs(60) {
+        return Err(format!("duration {text:?} must be at most 1m"));
+    }
+    Ok(d)
+}
+
 /// A duration in Prometheus' grammar ([`amd_hsmp_cli::duration`]: `500ms`, `10s`, `1m30s`),
 /// above 0 and at most 1h. A plain number of seconds (`10`, `2.5`) is also taken: these flags
 /// documented that form before they took the grammar, and a configuration that started must
@@ -295,6 +316,15 @@ mod tests {
         assert!(!args.systemd_socket);
         assert_eq!(args.web_config_file, None);
         assert_eq!(args.core_owner(), None, "the core-owner collector is off by default");
+    }
+
+    #[test]
+    fn the_core_owner_max_age_is_its_constant_and_takes_zero() {
+        let default = parse(&[]).unwrap().core_owner_max_age;
+        assert_eq!(default, crate::owner::WALK_MAX_AGE);
+        let zero = parse(&["--collector.core-owner.max-age", "0"]).unwrap();
+        assert_eq!(zero.core_owner_max_age, Duration::ZERO);
+        assert!(parse(&["--collector.core-owner.max-age", "2m"]).is_err());
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use crate::budget::Budget;
 use crate::metrics::{self, Format};
-use crate::scrape::Exporter;
+use crate::scrape::{Exporter, Owners};
 use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
@@ -70,7 +70,7 @@ async fn telemetry(
     State(exporter): State<Arc<Exporter>>,
     headers: HeaderMap,
 ) -> Result<Response, AppError> {
-    let Some(_permit) = exporter.admit_scrape() else {
+    let Some(permit) = exporter.admit_scrape() else {
         let limit = exporter.config().max_requests;
         let body = format!("Limit of concurrent requests reached ({limit}), try again later.\n");
         return Ok((StatusCode::SERVICE_UNAVAILABLE, body).into_response());
@@ -78,7 +78,7 @@ async fn telemetry(
     let timeout = headers.get(SCRAPE_TIMEOUT_HEADER).map(|v| v.as_bytes());
     let budget = Budget::new(timeout, exporter.config().max_scrape_timeout);
     let format = negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
-    let report = Arc::new(exporter.scrape(budget).await);
+    let report = Arc::new(exporter.scrape(budget, &permit, Owners::Wanted).await);
     let body = metrics::render(report, format).map_err(AppError::Encode)?;
     Ok(([(header::CONTENT_TYPE, format.content_type())], body).into_response())
 }
@@ -170,6 +170,7 @@ mod tests {
             telemetry_path: "/metrics".into(),
             procfs: "/proc".into(),
             core_owner: None,
+            core_owner_max_age: std::time::Duration::ZERO,
         });
         let router = service(exporter, web);
         let get = |path: &str, auth: bool| {

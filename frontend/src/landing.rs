@@ -9,7 +9,7 @@
 
 use crate::budget::Budget;
 use crate::metrics;
-use crate::scrape::{AnswerObserver, Exporter, ScrapeReport};
+use crate::scrape::{AnswerObserver, Exporter, Owners, ScrapeReport};
 use crate::translate::{CoreLabel, Telemetry};
 use amd_hsmp_proto::EnergySource;
 use axum::extract::State;
@@ -124,12 +124,14 @@ pub(crate) fn route(exporter: &Exporter) -> MethodRouter<Arc<Exporter>> {
 
 /// `GET /`: one sample through the scrape path, rendered.
 async fn page(exporter: Arc<Exporter>, recent: Arc<RecentSamples>) -> Response {
-    let Some(_permit) = exporter.admit_scrape() else {
+    let Some(permit) = exporter.admit_scrape() else {
         let body = "Limit of concurrent requests reached, try again later.\n";
         return (StatusCode::SERVICE_UNAVAILABLE, body).into_response();
     };
     let config = exporter.config();
-    let report = exporter.scrape(Budget::new(None, config.max_scrape_timeout)).await;
+    // The page shows no owners, so it reads nothing of the cgroup hierarchy.
+    let budget = Budget::new(None, config.max_scrape_timeout);
+    let report = exporter.scrape(budget, &permit, Owners::Skipped).await;
     let power = recent.power();
     Html(render(&report, power.as_ref(), &config.telemetry_path)).into_response()
 }
@@ -446,6 +448,7 @@ mod tests {
             broker_up: true,
             errors: ErrorSource::ALL.map(|s| (s, u64::from(s == ErrorSource::Prochot))).to_vec(),
             core_owners: Vec::new(),
+            core_owner_skipped: None,
             duration: Duration::from_millis(42),
             process: ProcessStats::default(),
         }

@@ -20,3 +20,4 @@ mod landing;
 mod owner;
 mod process;
 mod translate;
+mod work;

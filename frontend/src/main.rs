@@ -40,8 +40,26 @@ fn main() -> ExitCode {
     }
 }
 
-#[tokio::main]
-async fn run(args: Args) -> anyhow::Result<()> {
+/// How long work still running when the servers have stopped may take before the process exits
+/// without it: a broker request that outlived its scrape, a cgroup read stuck in a file system
+/// that does not answer. SIGTERM ends the exporter within the servers' drain
+/// ([`server::SHUTDOWN_GRACE`]) plus this, whatever I/O is stuck.
+const RUNTIME_SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Runs [`serve`] on a runtime of its own, and leaves behind whatever work is still stuck when
+/// it returns: dropping a runtime waits for every blocking task for ever, this waits
+/// [`RUNTIME_SHUTDOWN_GRACE`].
+fn run(args: Args) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let result = runtime.block_on(serve(args));
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN_GRACE);
+    result
+}
+
+async fn serve(args: Args) -> anyhow::Result<()> {
     // First, so that a SIGHUP during start-up does not end the process either.
     let signals = Signals::install()?;
     let families = args.families();
@@ -58,6 +76,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         telemetry_path: args.telemetry_path.clone(),
         procfs: "/proc".into(),
         core_owner: args.core_owner(),
+        core_owner_max_age: args.core_owner_max_age,
     });
     let web = match &args.web_config_file {
         Some(path) => WebState::load(path)?,

@@ -197,6 +197,13 @@ impl Collector for ReportCollector {
         )?;
         family(
             &mut e,
+            "amd_hsmp_core_owner_skipped_cgroups",
+            "Cgroups the core-owner collector skipped with their subtrees because it may not read them; the cores they may hold are unassigned",
+            None,
+            report.core_owner_skipped.and_then(|n| one(i64::try_from(n).unwrap_or(i64::MAX))),
+        )?;
+        family(
+            &mut e,
             "amd_hsmp_scrape_errors",
             "Failed reads since the exporter started, by collector",
             None,
@@ -273,6 +280,7 @@ mod tests {
             telemetry: telemetry.map(Arc::new),
             errors: ErrorSource::ALL.map(|s| (s, 0)).to_vec(),
             core_owners: Vec::new(),
+            core_owner_skipped: None,
             duration: Duration::from_millis(12),
             process: ProcessStats::default(),
         })

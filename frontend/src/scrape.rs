@@ -5,9 +5,10 @@
 use crate::broker::{BrokerClient, BrokerError};
 use crate::budget::Budget;
 use crate::flight::{Flights, Landing};
-use crate::owner::{self, CauseLog, Hierarchy, OwnerError};
+use crate::owner::{CauseLog, Done, OwnerError, SkipLog, Walker};
 use crate::process::{self, ProcessStats};
 use crate::translate::{CoreLabel, ErrorCounters, ErrorSource, Telemetry, translate};
+use crate::work::{Permit, Permits};
 use amd_hsmp_cli::chain;
 use amd_hsmp_proto::{Families, Topology};
 use amd_hsmp_web::ratelimit::RateLimit;
@@ -16,7 +17,6 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 /// A scrape joins a flight whose deadline is at most this fraction of its own budget earlier
@@ -51,6 +51,9 @@ pub struct Config {
     /// The cgroup v2 hierarchy the core-owner collector reads (`--path.cgroupfs`); `None`
     /// while the collector is off.
     pub core_owner: Option<PathBuf>,
+    /// How long one walk of the hierarchy serves the scrapes that arrive after it began
+    /// (`--collector.core-owner.max-age`).
+    pub core_owner_max_age: Duration,
 }
 
 /// The broker's answer to one flight, and how fresh it is.
@@ -101,16 +104,13 @@ pub(crate) struct ScrapeReport {
     /// The owner of each assigned core (`--collector.core-owner`), in topology order; empty
     /// when the collector is off, the hierarchy could not be read or the broker did not answer.
     pub(crate) core_owners: Vec<(CoreLabel, String)>,
+    /// Cgroups the walk behind `core_owners` skipped because this process may not read them;
+    /// `None` when no walk was served to this scrape.
+    pub(crate) core_owner_skipped: Option<u64>,
     /// Time this scrape spent collecting.
     pub(crate) duration: Duration,
     /// This process' own metrics.
     pub(crate) process: ProcessStats,
-}
-
-/// A running scrape's place within `--web.max-requests`.
-#[derive(Debug)]
-pub(crate) struct ScrapePermit {
-    _held: Option<OwnedSemaphorePermit>,
 }
 
 /// Told of every broker answer as it lands, scrapes' and page views' alike (the landing page
@@ -131,13 +131,26 @@ pub struct Exporter {
     flights: Arc<Flights<Outcome>>,
     broker_reachable: AtomicBool,
     timeout_log: RateLimit,
-    /// One permit per scrape that may run at once; `None` without a limit.
-    scrape_permits: Option<Arc<Semaphore>>,
+    /// The places of `--web.max-requests`, held by the scrapes and by the work they start.
+    permits: Permits,
     refusal_log: RateLimit,
     /// Told of every broker answer.
     observers: Mutex<Vec<Arc<dyn AnswerObserver>>>,
+    /// The core-owner collector's walks; `None` while it is off.
+    walker: Option<Walker>,
     /// The core-owner collector's failures, logged once per cause.
     owner_log: CauseLog,
+    /// The cgroups the core-owner collector skips, logged once per cause.
+    skip_log: SkipLog,
+}
+
+/// Whether a request wants the core owners (a scrape) or not (a page view, which shows none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Owners {
+    /// Walk the hierarchy if the collector is on.
+    Wanted,
+    /// Read nothing of it.
+    Skipped,
 }
 
 impl Exporter {
@@ -150,11 +163,15 @@ impl Exporter {
             // Assume reachable so that the first failure is logged as a warning.
             broker_reachable: AtomicBool::new(true),
             timeout_log: RateLimit::new(TIMEOUT_LOG_INTERVAL),
-            scrape_permits: (config.max_requests > 0)
-                .then(|| Arc::new(Semaphore::new(config.max_requests))),
+            permits: Permits::new(config.max_requests),
             refusal_log: RateLimit::new(TIMEOUT_LOG_INTERVAL),
             observers: Mutex::default(),
+            walker: config
+                .core_owner
+                .clone()
+                .map(|root| Walker::with_max_age(root, config.core_owner_max_age)),
             owner_log: CauseLog::default(),
+            skip_log: SkipLog::default(),
             config,
         })
     }
@@ -164,13 +181,13 @@ impl Exporter {
         &self.config
     }
 
-    /// A place for one more scrape within `--web.max-requests`, held until dropped; `None` when
-    /// that many scrapes are running (logged at a bounded rate).
-    pub(crate) fn admit_scrape(&self) -> Option<ScrapePermit> {
-        let Some(permits) = &self.scrape_permits else { return Some(ScrapePermit { _held: None }) };
-        match Arc::clone(permits).try_acquire_owned() {
-            Ok(permit) => Some(ScrapePermit { _held: Some(permit) }),
-            Err(_) => {
+    /// A place for one more scrape within `--web.max-requests`, held until the scrape and all
+    /// the work it starts have ended (see [`crate::work`]); `None` when every place is held
+    /// (logged at a bounded rate).
+    pub(crate) fn admit_scrape(&self) -> Option<Permit> {
+        match self.permits.try_take() {
+            Some(permit) => Some(permit),
+            None => {
                 if let Some(suppressed) = self.refusal_log.check() {
                     tracing::warn!(
                         max_requests = self.config.max_requests,
@@ -199,31 +216,37 @@ impl Exporter {
         self.flights.joins()
     }
 
+    /// How many walks of the cgroup hierarchy the core-owner collector began, since the start.
+    pub fn owner_walks(&self) -> u64 {
+        self.walker.as_ref().map_or(0, Walker::walks)
+    }
+
     /// Collects one scrape within `budget`, never failing: what could not be read is absent
     /// and counted. The scrape keeps its own deadline: it joins a broker request in flight
     /// only if that request's deadline is within a tenth of its budget before its own and not
-    /// after it, and else sends its own.
-    pub(crate) async fn scrape(self: &Arc<Self>, budget: Budget) -> ScrapeReport {
+    /// after it, and else sends its own. The work it starts holds `permit` while it runs.
+    pub(crate) async fn scrape(
+        self: &Arc<Self>,
+        budget: Budget,
+        permit: &Permit,
+        owners: Owners,
+    ) -> ScrapeReport {
         let started = Instant::now();
         let deadline = started + budget.broker_deadline;
         let answer_by = started + budget.wait;
         let tolerance = budget.broker_deadline / JOIN_TOLERANCE_DIVISOR;
-        // The hierarchy is read on a blocking thread while the broker samples, so that it adds
-        // nothing to the scrape's time unless it takes longer than the broker.
-        let hierarchy = self
-            .config
-            .core_owner
-            .clone()
-            .map(|root| tokio::task::spawn_blocking(move || owner::read(&root)));
-        let outcome = self.collect(started, deadline, answer_by, tolerance).await;
-        let hierarchy = match hierarchy {
-            None => None,
-            Some(reading) => Some(match tokio::time::timeout_at(answer_by, reading).await {
-                Ok(Ok(result)) => result,
-                // The reading thread panicked: a bug, reported as no answer in time.
-                Ok(Err(_)) | Err(_) => Err(OwnerError::TimedOut),
-            }),
+        // The hierarchy is walked on the walker's thread while the broker samples, so that it
+        // adds nothing to the scrape's time unless it takes longer than the broker.
+        let walk = async {
+            match (&self.walker, owners) {
+                (Some(walker), Owners::Wanted) => {
+                    Some(walker.walk(started, answer_by, permit).await)
+                }
+                _ => None,
+            }
         };
+        let (outcome, hierarchy) =
+            tokio::join!(self.collect(started, deadline, answer_by, tolerance, permit), walk);
         let mut topology = None;
         let (telemetry, broker_up) = match outcome {
             Outcome::Answered(Answer { telemetry, topology: t, .. }) => {
@@ -246,36 +269,44 @@ impl Exporter {
             }
             Outcome::BrokerFailed => (None, false),
         };
-        let core_owners = self.core_owners(hierarchy, topology.as_deref());
+        let (core_owners, core_owner_skipped) = self.core_owners(hierarchy, topology.as_deref());
         ScrapeReport {
             telemetry,
             broker_up,
             errors: self.errors.snapshot(self.config.core_owner.is_some()),
             core_owners,
+            core_owner_skipped,
             duration: started.elapsed(),
             process: process::read_own(&self.config.procfs),
         }
     }
 
-    /// The owner series of one scrape from its read of the hierarchy (`None`: the collector is
-    /// off) and its broker answer's topology; a failed read is counted once and the family left
-    /// out whole.
+    /// The owner series of one scrape from the walk it was served (`None`: the collector is
+    /// off, or the request wants no owners) and its broker answer's topology, with the count
+    /// of cgroups that walk skipped; a failed walk is counted once and the family left out
+    /// whole.
     fn core_owners(
         &self,
-        hierarchy: Option<Result<Hierarchy, OwnerError>>,
+        walk: Option<Result<Arc<Done>, OwnerError>>,
         topology: Option<&Topology>,
-    ) -> Vec<(CoreLabel, String)> {
-        match hierarchy {
-            None => Vec::new(),
-            Some(Ok(hierarchy)) => {
-                self.owner_log.succeeded();
-                topology.map(|t| hierarchy.owners(&t.cores)).unwrap_or_default()
-            }
-            Some(Err(e)) => {
-                self.errors.add(ErrorSource::CoreOwner, 1);
-                self.owner_log.failed(&e);
-                Vec::new()
-            }
+    ) -> (Vec<(CoreLabel, String)>, Option<u64>) {
+        let failed = |e: &OwnerError| {
+            self.errors.add(ErrorSource::CoreOwner, 1);
+            self.owner_log.failed(e);
+            (Vec::new(), None)
+        };
+        match walk {
+            None => (Vec::new(), None),
+            Some(Ok(done)) => match &done.result {
+                Ok(walk) => {
+                    self.owner_log.succeeded();
+                    self.skip_log.record(walk);
+                    let owners = topology.map(|t| walk.hierarchy.owners(&t.cores));
+                    (owners.unwrap_or_default(), Some(walk.skipped))
+                }
+                Err(e) => failed(e),
+            },
+            Some(Err(e)) => failed(&e),
         }
     }
 
@@ -290,12 +321,17 @@ impl Exporter {
         deadline: Instant,
         answer_by: Instant,
         tolerance: Duration,
+        permit: &Permit,
     ) -> Outcome {
         let mut partial = None;
         for _ in 0..MAX_FLIGHTS_PER_SCRAPE {
             let this = Arc::clone(self);
+            // The flight's task holds the permit until it lands, whoever still waits for it.
+            let held = permit.clone();
             let ticket = self.flights.join_or_start(deadline, tolerance, move || async move {
-                this.fly(deadline).await
+                let outcome = this.fly(deadline).await;
+                drop(held);
+                outcome
             });
             let joined = ticket.joined;
             let outcome = match ticket.land_by(answer_by).await {
@@ -336,6 +372,9 @@ impl Exporter {
                 let telemetry =
                     translate(&snapshot.info, &snapshot.topology, &snapshot.sample, &self.errors);
                 let telemetry = Arc::new(telemetry);
+                if let Some(walker) = &self.walker {
+                    walker.note_topology(&snapshot.topology);
+                }
                 let sample = &snapshot.sample;
                 let oldest = Duration::from_micros(sample.oldest_read_us.into());
                 for observer in self.observers.lock().unwrap_or_else(PoisonError::into_inner).iter()

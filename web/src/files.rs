@@ -27,8 +27,20 @@ pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// `O_NONBLOCK`, so a FIFO cannot hold the open, and checked before any read: a FIFO, a
 /// directory, a device or a socket is refused.
 pub(crate) fn read_regular(path: &Path, cap: u64) -> std::io::Result<Vec<u8>> {
+    let mut data = Vec::new();
+    read_regular_into(path, cap, &mut data)?;
+    Ok(data)
+}
+
+/// [`read_regular`] into `buf` (cleared first), for a reader of many small files that keeps
+/// one buffer: a file that is not regular is an `InvalidInput` error naming its kind, one
+/// larger than `cap` a `FileTooLarge` error.
+/// What a file system that ignores `O_NONBLOCK` does with a read is its own: a caller that
+/// cannot trust it reads on a thread whose wait it bounds.
+pub fn read_regular_into(path: &Path, cap: u64, buf: &mut Vec<u8>) -> std::io::Result<()> {
     use rustix::fs::{Mode, OFlags};
-    use std::io::Read as _;
+    use std::io::{Error, ErrorKind, Read as _};
+    buf.clear();
     let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY;
     let file = std::fs::File::from(rustix::fs::open(path, flags, Mode::empty())?);
     let meta = file.metadata()?;
@@ -46,16 +58,17 @@ pub(crate) fn read_regular(path: &Path, cap: u64) -> std::io::Result<Vec<u8>> {
         } else {
             "not a file"
         };
-        return Err(std::io::Error::other(format!("not a regular file ({what})")));
+        return Err(Error::new(ErrorKind::InvalidInput, format!("not a regular file ({what})")));
     }
-    let too_big = || std::io::Error::other(format!("larger than the {cap}-byte limit"));
+    let too_big =
+        || Error::new(ErrorKind::FileTooLarge, format!("larger than the {cap}-byte limit"));
     if meta.len() > cap {
         return Err(too_big());
     }
-    let mut data = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
-    file.take(cap + 1).read_to_end(&mut data)?;
-    if data.len() as u64 > cap {
+    file.take(cap.saturating_add(1)).read_to_end(buf)?;
+    if buf.len() as u64 > cap {
+        buf.clear();
         return Err(too_big());
     }
-    Ok(data)
+    Ok(())
 }

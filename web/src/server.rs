@@ -61,7 +61,7 @@ const MAX_CLOSING: usize = 16;
 const EVICTION_WAIT: Duration = Duration::from_millis(100);
 
 /// How long a shutdown waits for open connections to finish their request.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
 
 /// The connection bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

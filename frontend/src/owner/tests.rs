@@ -3,6 +3,7 @@
 
 use super::*;
 use std::fs;
+use std::time::Duration;
 
 /// A cgroup tree written to a temporary directory.
 struct Tree(tempfile::TempDir);
@@ -52,14 +53,18 @@ impl Tree {
     }
 
     fn owners(&self, cores: &[Core]) -> Vec<(u32, u32, String)> {
-        read(self.root())
+        read(self.root(), LIMITS)
             .unwrap()
+            .hierarchy
             .owners(cores)
             .into_iter()
             .map(|(c, owner)| (c.socket, c.core, owner))
             .collect()
     }
 }
+
+/// The bounds of a walk before the broker's topology is known.
+const LIMITS: Limits = Limits { cpus: MAX_CPUS, cgroups: MAX_CGROUPS, bytes: MAX_WALK_BYTES };
 
 /// One socket of `n` cores with SMT: core `i` is CPUs `i` and `i + n`.
 fn smt_cores(n: u32) -> Vec<Core> {
@@ -227,7 +232,7 @@ fn a_cgroup_v1_host_is_an_error() {
         fs::create_dir_all(dir.path().join(controller)).unwrap();
     }
     fs::write(dir.path().join("cpuset/cpuset.cpus"), "0-7\n").unwrap();
-    let err = read(dir.path()).unwrap_err();
+    let err = read(dir.path(), LIMITS).unwrap_err();
     assert!(matches!(err, OwnerError::NotV2 { .. }), "{err:?}");
     assert!(err.to_string().contains("not a cgroup v2 hierarchy"), "{err}");
 }
@@ -237,14 +242,14 @@ fn a_v2_hierarchy_without_the_cpuset_controller_is_an_error() {
     // A hybrid host's unified hierarchy: cpuset is bound to v1.
     let tree = Tree::v2("0-7");
     tree.file("cgroup.controllers", "cpu io memory pids\n");
-    let err = read(tree.root()).unwrap_err();
+    let err = read(tree.root(), LIMITS).unwrap_err();
     assert!(matches!(err, OwnerError::NoCpuset { .. }), "{err:?}");
 }
 
 #[test]
 fn a_missing_hierarchy_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
-    let err = read(&dir.path().join("nothing")).unwrap_err();
+    let err = read(&dir.path().join("nothing"), LIMITS).unwrap_err();
     assert!(matches!(err, OwnerError::NotV2 { .. }), "{err:?}");
 }
 
@@ -254,7 +259,7 @@ fn an_unreadable_cpuset_file_is_an_error_not_a_partial_answer() {
     tree.domain("/job_1", "0,4").cgroup("/job_2", "domain", None);
     // Unreadable even for root: the file is a directory (EISDIR).
     fs::create_dir(tree.root().join("job_2/cpuset.cpus.effective")).unwrap();
-    let err = read(tree.root()).unwrap_err();
+    let err = read(tree.root(), LIMITS).unwrap_err();
     match &err {
         OwnerError::Read { path, .. } => assert!(path.ends_with("job_2/cpuset.cpus.effective")),
         other => panic!("unexpected {other:?}"),
@@ -275,22 +280,22 @@ fn an_unreadable_directory_is_an_error() {
 fn a_malformed_cpu_list_is_an_error() {
     let tree = Tree::v2("0-7");
     tree.domain("/job_1", "0-x");
-    let err = read(tree.root()).unwrap_err();
+    let err = read(tree.root(), LIMITS).unwrap_err();
     assert!(matches!(&err, OwnerError::CpuList { content, .. } if content == "0-x"), "{err:?}");
 }
 
 #[test]
 fn cpu_lists_parse_as_the_kernel_prints_them() {
-    let set = CpuSet::parse("0-2,5,64-65\n").unwrap();
+    let set = CpuSet::parse_all("0-2,5,64-65\n").unwrap();
     let members: Vec<u32> = (0..130).filter(|&c| set.contains(c)).collect();
     assert_eq!(members, vec![0, 1, 2, 5, 64, 65]);
-    assert_eq!(CpuSet::parse("\n"), Some(CpuSet::default()));
-    assert_eq!(CpuSet::parse("3-1"), None);
-    assert_eq!(CpuSet::parse("0-4294967295"), None, "beyond MAX_CPUS");
-    assert_eq!(CpuSet::parse("a"), None);
+    assert_eq!(CpuSet::parse_all("\n"), Some(CpuSet::default()));
+    assert_eq!(CpuSet::parse_all("3-1"), None);
+    assert_eq!(CpuSet::parse_all("0-4294967295"), None, "beyond MAX_CPUS");
+    assert_eq!(CpuSet::parse_all("a"), None);
     // The same set however it is written: restriction compares sets, not text.
-    assert_eq!(CpuSet::parse("0-1,3"), CpuSet::parse("0,1,3"));
-    assert_eq!(CpuSet::parse("0-127"), CpuSet::parse("0-63,64-127"));
+    assert_eq!(CpuSet::parse_all("0-1,3"), CpuSet::parse_all("0,1,3"));
+    assert_eq!(CpuSet::parse_all("0-127"), CpuSet::parse_all("0-63,64-127"));
 }
 
 #[test]
@@ -336,8 +341,218 @@ fn the_cause_is_logged_once_and_again_only_when_it_changes() {
 fn a_cgroup_with_two_links_has_no_children_and_one_with_more_is_listed() {
     let tree = Tree::v2("0-7");
     tree.domain("/a", "0-7").domain("/a/b", "0,4").domain("/a/c", "1,5");
-    let names = |dir: &str| children_of(&tree.root().join(dir)).unwrap().unwrap();
-    assert_eq!(names("a"), vec!["b", "c"]);
-    assert_eq!(names("a/b"), Vec::<std::ffi::OsString>::new());
-    assert_eq!(children_of(&tree.root().join("gone")).unwrap(), None, "vanished");
+    let mut reader = Reader { buf: Vec::new(), limits: LIMITS, bytes: 0 };
+    let mut names = |dir: &str| children_of(&tree.root().join(dir), &mut reader).unwrap();
+    assert_eq!(names("a"), Some(vec!["b".into(), "c".into()]));
+    assert_eq!(names("a/b"), Some(Vec::new()));
+    assert_eq!(names("gone"), None, "vanished");
+}
+
+impl CpuSet {
+    /// [`CpuSet::parse`] without a topology: every CPU a list may name.
+    fn parse_all(text: &str) -> Option<CpuSet> {
+        CpuSet::parse(text, MAX_CPUS)
+    }
+}
+
+/// Runs `f` on a thread that reads files as an ordinary user does: without the effective
+/// `CAP_DAC_OVERRIDE` and `CAP_DAC_READ_SEARCH` a root test run holds (capabilities are per
+/// thread, and the thread ends with `f`).
+fn without_file_capabilities<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    use rustix::thread::{CapabilitySet, capabilities, set_capabilities};
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let mut sets = capabilities(None).unwrap();
+                sets.effective -= CapabilitySet::DAC_OVERRIDE | CapabilitySet::DAC_READ_SEARCH;
+                set_capabilities(None, sets).unwrap();
+                f()
+            })
+            .join()
+            .unwrap()
+    })
+}
+
+/// `path` (a directory of `tree`) made unreadable to everyone but its owner, as a user's
+/// `chmod 0700` of a cgroup in their delegated subtree makes it for the exporter.
+fn chmod_0700(tree: &Tree, path: &str) {
+    use std::os::unix::fs::PermissionsExt as _;
+    // 0700 of a directory the user owns; here the test owns it, so no bit is left for it.
+    let dir = tree.root().join(path.trim_start_matches('/'));
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o000)).unwrap();
+}
+
+/// A host with a job owning core 0 and a user whose delegated subtree holds cores 2 and 3.
+fn host_with_a_user(tree: &Tree, user_delegates_cpuset: bool) {
+    tree.domain("/system.slice", "0-7").domain("/system.slice/job_1.scope", "0,4");
+    tree.domain("/user.slice", "2-3,6-7")
+        .domain("/user.slice/user-1000.slice", "2-3,6-7")
+        .domain("/user.slice/user-1000.slice/user@1000.service", "2-3,6-7")
+        .domain("/user.slice/user-1000.slice/user@1000.service/app.slice", "2-3,6-7");
+    let subtree =
+        if user_delegates_cpuset { "cpuset cpu memory pids\n" } else { "cpu memory pids\n" };
+    tree.file("/user.slice/user-1000.slice/user@1000.service/cgroup.subtree_control", subtree);
+}
+
+#[test]
+fn an_unreadable_cgroup_in_a_subtree_without_cpuset_costs_nothing() {
+    let tree = Tree::v2("0-7");
+    host_with_a_user(&tree, false);
+    tree.file(
+        "/user.slice/user-1000.slice/user@1000.service/app.slice/cpuset.cpus.effective",
+        "2\n",
+    );
+    chmod_0700(&tree, "/user.slice/user-1000.slice/user@1000.service/app.slice");
+    let walk = without_file_capabilities(|| read(tree.root(), LIMITS)).unwrap();
+    // Its parent does not enable cpuset for its children: app.slice cannot restrict, and is
+    // not read at all.
+    assert_eq!(walk.skipped, 0);
+    let owners: Vec<_> =
+        walk.hierarchy.owners(&smt_cores(4)).into_iter().map(|(c, o)| (c.core, o)).collect();
+    assert_eq!(
+        owners,
+        vec![
+            (0, "/system.slice/job_1.scope".to_owned()),
+            (2, "/user.slice".to_owned()),
+            (3, "/user.slice".to_owned())
+        ]
+    );
+}
+
+#[test]
+fn an_unreadable_cgroup_is_skipped_and_unassigns_only_the_cores_its_parent_holds() {
+    let tree = Tree::v2("0-7");
+    host_with_a_user(&tree, true);
+    chmod_0700(&tree, "/user.slice/user-1000.slice/user@1000.service/app.slice");
+    let walk = without_file_capabilities(|| read(tree.root(), LIMITS)).unwrap();
+    assert_eq!(walk.skipped, 1);
+    let (path, kind) = walk.first_skipped.clone().unwrap();
+    assert!(path.ends_with("app.slice/cpuset.cpus.effective"), "{}", path.display());
+    assert_eq!(kind, io::ErrorKind::PermissionDenied);
+    // Every other workload keeps its owner; the cores app.slice could hold (its parent's set)
+    // are unassigned, not given to an ancestor that might not own them.
+    let owners: Vec<_> =
+        walk.hierarchy.owners(&smt_cores(4)).into_iter().map(|(c, o)| (c.core, o)).collect();
+    assert_eq!(owners, vec![(0, "/system.slice/job_1.scope".to_owned())]);
+}
+
+#[test]
+fn an_unreadable_root_is_an_error() {
+    let tree = Tree::v2("0-7");
+    use std::os::unix::fs::PermissionsExt as _;
+    fs::set_permissions(
+        tree.root().join("cpuset.cpus.effective"),
+        fs::Permissions::from_mode(0o000),
+    )
+    .unwrap();
+    let err = without_file_capabilities(|| read(tree.root(), LIMITS)).unwrap_err();
+    assert!(matches!(&err, OwnerError::Read { source, .. } if denied(source)), "{err:?}");
+}
+
+#[test]
+fn a_hierarchy_past_the_cgroup_bound_is_an_error_not_a_partial_answer() {
+    let tree = Tree::v2("0-7");
+    for job in 0..4 {
+        tree.domain(&format!("/job_{job}"), &format!("{job},{}", job + 4));
+    }
+    let limits = Limits { cgroups: 3, ..LIMITS };
+    let err = read(tree.root(), limits).unwrap_err();
+    assert!(matches!(err, OwnerError::TooLarge { what: "cgroups", limit: 3 }), "{err:?}");
+    assert_eq!(read(tree.root(), Limits { cgroups: 4, ..LIMITS }).unwrap().skipped, 0);
+}
+
+#[test]
+fn an_oversized_file_or_walk_is_an_error_and_costs_no_more_than_its_bound() {
+    let tree = Tree::v2("0-7");
+    tree.domain("/job_1", "0,4");
+    let huge = "0,".repeat(40 * 1024);
+    tree.file("/job_1/cpuset.cpus.effective", &huge);
+    let err = read(tree.root(), LIMITS).unwrap_err();
+    assert!(
+        matches!(&err, OwnerError::Read { source, .. } if source.kind() == io::ErrorKind::FileTooLarge),
+        "{err:?}"
+    );
+    tree.file("/job_1/cpuset.cpus.effective", "0,4\n");
+    let err = read(tree.root(), Limits { bytes: 16, ..LIMITS }).unwrap_err();
+    assert!(matches!(err, OwnerError::TooLarge { what: "bytes", .. }), "{err:?}");
+}
+
+#[test]
+fn a_fifo_in_the_hierarchy_is_refused_at_once() {
+    let tree = Tree::v2("0-7");
+    tree.domain("/job_1", "0,4");
+    let fifo = tree.root().join("job_1/cpuset.cpus.effective");
+    fs::remove_file(&fifo).unwrap();
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
+    let err = read(tree.root(), LIMITS).unwrap_err();
+    assert!(err.to_string().contains("job_1/cpuset.cpus.effective"), "{err}");
+    assert!(matches!(&err, OwnerError::Read { source, .. } if source.to_string().contains("FIFO")));
+}
+
+#[test]
+fn cpu_lists_keep_only_the_topologys_cpus() {
+    let set = CpuSet::parse("0-65535", 8).unwrap();
+    assert_eq!(Some(set.clone()), CpuSet::parse_all("0-7"));
+    assert_eq!(set.0.len(), 1, "one word, not 1,024");
+    assert_eq!(CpuSet::parse("9-12,3", 8), CpuSet::parse_all("3"));
+    assert_eq!(CpuSet::parse("65536", 8), None, "still malformed past MAX_CPUS");
+    let limits = Limits::for_highest_cpu(Some(383));
+    assert_eq!(limits.cpus, 384);
+    assert_eq!(Limits::for_highest_cpu(None).cpus, MAX_CPUS);
+}
+
+#[test]
+fn cgroups_that_do_not_restrict_share_their_parents_set() {
+    let tree = Tree::v2("0-7");
+    tree.domain("/a", "0-7").domain("/a/b", "0-7").domain("/a/b/c", "0,4").domain("/d", "0-7");
+    let walk = read(tree.root(), LIMITS).unwrap();
+    assert_eq!(walk.hierarchy.sets.len(), 2, "the root's set and c's, nothing per cgroup");
+}
+
+#[tokio::test]
+async fn scrapes_share_one_walk_while_it_is_fresh_and_start_one_after() {
+    let tree = Tree::v2("0-7");
+    tree.domain("/job_1", "0,4");
+    async fn scrape(walker: &Walker) -> Arc<Done> {
+        let permit = crate::work::Permits::new(0).try_take().unwrap();
+        let now = tokio::time::Instant::now();
+        walker.walk(now, now + Duration::from_secs(10), &permit).await.unwrap()
+    }
+    let walker = Walker::with_max_age(tree.root().to_path_buf(), WALK_MAX_AGE);
+    let first = scrape(&walker).await;
+    let second = scrape(&walker).await;
+    assert!(Arc::ptr_eq(&first, &second), "a walk that began after the scrape arrived is shared");
+    assert_eq!(walker.walks(), 1);
+    assert!(first.result.is_ok());
+    // A scrape arriving after the walk's freshness has passed gets a walk of its own.
+    let walker = Walker::with_max_age(tree.root().to_path_buf(), Duration::ZERO);
+    let first = scrape(&walker).await;
+    let second = scrape(&walker).await;
+    assert!(!Arc::ptr_eq(&first, &second));
+    assert_eq!(walker.walks(), 2);
+}
+
+#[tokio::test]
+async fn a_walk_holds_the_permit_of_the_scrape_that_asked_for_it_until_it_ends() {
+    let tree = Tree::v2("0-7");
+    let walker = Walker::with_max_age(tree.root().to_path_buf(), WALK_MAX_AGE);
+    let permits = crate::work::Permits::new(1);
+    let permit = permits.try_take().unwrap();
+    let now = tokio::time::Instant::now();
+    let done = walker.walk(now, now + Duration::from_secs(10), &permit).await.unwrap();
+    drop(permit);
+    assert!(done.result.is_ok());
+    // The walk ended and the scrape dropped its clone: the place is free again.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while permits.available() != 1 {
+        assert!(std::time::Instant::now() < deadline, "the walk kept its permit");
+        std::thread::yield_now();
+    }
 }

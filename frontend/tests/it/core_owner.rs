@@ -3,6 +3,8 @@
 //! while the broker samples.
 
 use crate::support::*;
+use amd_hsmp_exporter::scrape::Config;
+use axum::http::StatusCode;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
@@ -60,37 +62,99 @@ async fn a_failing_hierarchy_leaves_the_family_out_and_counts_one_error_per_scra
     }
 }
 
-/// The hierarchy is read while the broker samples: a cpuset file that is a FIFO holds the read
-/// until the test writes it, and the broker receives the scrape's request meanwhile. Read
-/// before the broker is asked, the request would never come while the FIFO is unwritten (two
-/// worker threads, so that a read blocking one of them does not stop the test's clock).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_hierarchy_is_read_while_the_broker_samples() {
+/// A mock broker whose replies wait for `hold`, and a hierarchy where job_1 owns cores 0 and 2.
+struct Held {
+    dir: SocketDir,
+    hold: Arc<Semaphore>,
+    broker: MockBroker,
+    cgroups: tempfile::TempDir,
+}
+
+fn held_broker_and_one_job() -> Held {
     let dir = socket_dir();
     let hold = Arc::new(Semaphore::new(0));
     let behaviour = Behaviour { hold: Some(hold.clone()), ..Behaviour::healthy() };
     let broker = MockBroker::start(&dir.path, behaviour);
     let cgroups = cgroup_root();
     cgroup(cgroups.path(), "job_1", "0-1");
-    let fifo = cgroups.path().join("job_1/cpuset.cpus.effective");
-    std::fs::remove_file(&fifo).unwrap();
-    let status = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
-    assert!(status.success(), "mkfifo failed");
+    Held { dir, hold, broker, cgroups }
+}
 
-    let router = router(owner_config(&dir.path, cgroups.path()));
+/// The hierarchy is walked while the broker samples: with the broker's reply held, the walk
+/// has happened before the broker answers.
+#[tokio::test]
+async fn the_hierarchy_is_walked_while_the_broker_samples() {
+    let Held { dir, hold, broker, cgroups } = held_broker_and_one_job();
+    let (exporter, router) = exporter_and_router(owner_config(&dir.path, cgroups.path()));
     let scraping = tokio::spawn(async move { scrape(&router).await });
-    let asked = tokio::time::timeout(Duration::from_secs(20), async {
-        while broker.samples() == 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+    until("the broker is asked and the hierarchy walked", || {
+        broker.samples() == 1 && exporter.owner_walks() == 1
     })
     .await;
-    // Unblock the read whatever happened, so that no thread is left waiting on the FIFO.
-    let writer = tokio::task::spawn_blocking(move || std::fs::write(&fifo, "0-1\n"));
-    assert!(asked.is_ok(), "the broker was not asked while the hierarchy was being read");
-    writer.await.unwrap().unwrap();
     hold.add_permits(1);
     let m = scraping.await.unwrap();
     assert_eq!(m.count("amd_hsmp_core_owner_info"), 2, "{}", m.text);
+    assert_eq!(m.value("amd_hsmp_core_owner_skipped_cgroups"), Some(0.0), "{}", m.text);
     assert_eq!(m.errors("core-owner"), 0.0);
+}
+
+/// P2: concurrent scrapes share one walk, and scrapes that hang up leave the work they
+/// started holding their place in `--web.max-requests` until it ends, so a flood of hang-ups
+/// is bounded by that flag, not by the threads a runtime will start.
+#[tokio::test]
+async fn scrapes_that_hang_up_free_their_place_only_when_their_work_ends() {
+    let Held { dir, hold, broker, cgroups } = held_broker_and_one_job();
+    let config = Config {
+        max_requests: 3,
+        core_owner_max_age: Duration::from_secs(60),
+        ..owner_config(&dir.path, cgroups.path())
+    };
+    let (exporter, router) = exporter_and_router(config);
+    // Three scrapes start and hang up while the broker holds its reply: their request
+    // futures are dropped, the flight they share keeps flying.
+    let hung: Vec<_> = (0..3).map(|_| spawn_scrape(&router, "5")).collect();
+    until("the broker is asked", || broker.samples() >= 1).await;
+    until("the walk", || exporter.owner_walks() == 1).await;
+    for scrape in &hung {
+        scrape.abort();
+    }
+    for scrape in hung {
+        let _ = scrape.await;
+    }
+    // The flight still holds the place of the scrape that started it: a flood of hang-ups
+    // meets 503s, not a new broker request or walk each.
+    let crowd: Vec<_> = (0..5).map(|_| spawn_scrape(&router, "0.5")).collect();
+    let mut refused = 0;
+    let mut answered = Vec::new();
+    for scrape in crowd {
+        let answer = scrape.await.unwrap();
+        if answer.status == StatusCode::SERVICE_UNAVAILABLE {
+            refused += 1;
+        } else {
+            answered.push(answer);
+        }
+    }
+    assert!(refused >= 3, "only {refused} of 5 refused while the flight held its place");
+    assert_eq!(exporter.owner_walks(), 1, "every scrape shared the one walk");
+    hold.add_permits(100);
+    until("the held flight lands", || exporter.flying() == 0).await;
+    let m = scrape(&router).await;
+    assert_eq!(m.count("amd_hsmp_core_owner_info"), 2, "{}", m.text);
+    assert_eq!(exporter.owner_walks(), 1, "a walk is shared while it is fresh");
+}
+
+/// P8: the landing page shows no owners and reads nothing of the hierarchy.
+#[tokio::test]
+async fn a_page_view_reads_nothing_of_the_hierarchy() {
+    let dir = socket_dir();
+    let broker = MockBroker::start(&dir.path, Behaviour::healthy());
+    let cgroups = cgroup_root();
+    cgroup(cgroups.path(), "job_1", "0-1");
+    let (exporter, router) = exporter_and_router(owner_config(&dir.path, cgroups.path()));
+    let page = get(&router, "/", None, None).await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert_eq!(broker.samples(), 1, "the page costs one sample");
+    assert_eq!(exporter.owner_walks(), 0, "and no walk of the hierarchy");
+    scrape(&router).await;
+    assert_eq!(exporter.owner_walks(), 1);
 }

@@ -212,6 +212,7 @@ pub fn config(socket: &Path) -> Config {
         telemetry_path: "/metrics".into(),
         procfs: "/proc".into(),
         core_owner: None,
+        core_owner_max_age: Duration::ZERO,
     }
 }
 
