@@ -443,6 +443,29 @@ pub fn replace_layout(layout: Layout, topology: &Topology, root: &Path) -> Resul
     write_layout(layout, topology, root)
 }
 
+/// What a hostile or broken cgroupfs could show: `size` bytes of `cpuset.cpus.effective` for the
+/// cgroup `group` (path from `root`, `/`-separated; empty for the root) of a written tree, a
+/// valid-looking CPU list (`0-1,0-1,...,0-1\n`: `size` bytes rounded down to whole items, at
+/// least one) however far a reader goes.
+pub fn write_oversized_cpuset(root: &Path, group: &str, size: usize) -> Result<()> {
+    // Whole items only: the list is `size` bytes rounded down to a multiple of 4.
+    let mut text = "0-1,".repeat((size / 4).max(1));
+    text.pop();
+    text.push('\n');
+    write(&root.join(group).join("cpuset.cpus.effective"), &text)
+}
+
+/// Closes the cgroup `group` (path from `root`) of a written tree to every uid but its owner
+/// (root, for a tree a root test wrote): `chmod 0700`, as a cgroup delegated to one user is
+/// closed to others. An exporter running as another uid (65534) can neither list it nor read
+/// its files.
+pub fn make_unreadable(root: &Path, group: &str) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = root.join(group);
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("cannot chmod {}", dir.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -477,5 +500,37 @@ mod tests {
         assert_eq!(read("a/c/cpuset.cpus.effective"), "0-2\n", "outside the parent's");
         assert!(!dir.path().join("d/cpuset.cpus.effective").exists());
         assert_eq!(read("a/cgroup.subtree_control"), "cpuset cpu memory pids\n");
+    }
+
+    #[test]
+    fn an_oversized_cpuset_is_a_valid_looking_list_of_the_size_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut h = Hierarchy::default();
+        h.add("a", vec![0, 1]);
+        h.write(dir.path(), &(0..8).collect()).unwrap();
+        for size in [1 << 20, (1 << 20) + 1, (1 << 20) + 2, (1 << 20) + 3] {
+            write_oversized_cpuset(dir.path(), "a", size).unwrap();
+            let text = std::fs::read_to_string(dir.path().join("a/cpuset.cpus.effective")).unwrap();
+            assert!(text.len() <= size && text.len() + 4 > size, "{size}: {}", text.len());
+            let list = text.strip_suffix('\n').unwrap();
+            assert!(
+                list.split(',').all(|item| item == "0-1"),
+                "{size}: {}",
+                &list[list.len() - 8..]
+            );
+        }
+    }
+
+    #[test]
+    fn an_unreadable_cgroup_is_closed_to_all_but_its_owner() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mut h = Hierarchy::default();
+        h.add("a", vec![]).add("a/b", vec![]);
+        h.write(dir.path(), &(0..8).collect()).unwrap();
+        make_unreadable(dir.path(), "a/b").unwrap();
+        let mode = |p: &str| std::fs::metadata(dir.path().join(p)).unwrap().permissions().mode();
+        assert_eq!(mode("a/b") & 0o777, 0o700);
+        assert_ne!(mode("a") & 0o777, 0o700, "the parent is left as it was");
     }
 }

@@ -535,16 +535,9 @@ impl FakeDevice {
             msr_reads: Mutex::new(Vec::new()),
             created: SystemTime::now(),
         });
-        let mut fuse = Config::default();
-        fuse.mount_options = vec![
-            MountOption::FSName("amd-hsmp-fake".into()),
-            MountOption::AutoUnmount,
-            MountOption::NoExec,
-            MountOption::NoSuid,
-        ];
-        fuse.acl = SessionACL::RootAndOwner;
-        fuse.n_threads = Some(FUSE_THREADS);
-        let session = fuser::spawn_mount(FakeFs(Arc::clone(&shared)), &mountpoint, &fuse)?;
+        let fs = FakeFs(Arc::clone(&shared));
+        let session =
+            spawn(fs, &mountpoint, "amd-hsmp-fake", SessionACL::RootAndOwner, FUSE_THREADS, &[])?;
         Ok(FakeDevice { shared, session: Some(session), mountpoint, _dir: dir })
     }
 
@@ -639,10 +632,7 @@ impl FakeDevice {
     /// Unmounts now; also done on drop.
     pub fn unmount(&mut self) {
         if let Some(session) = self.session.take() {
-            // A lazy unmount first: it cannot fail with EBUSY, and it returns only once the
-            // mount is gone from the namespace. Then the session ends its threads.
-            let _ = rustix::mount::unmount(&self.mountpoint, rustix::mount::UnmountFlags::DETACH);
-            drop(session);
+            detach(&self.mountpoint, session);
         }
     }
 }
@@ -651,6 +641,38 @@ impl Drop for FakeDevice {
     fn drop(&mut self) {
         self.unmount();
     }
+}
+
+/// Mounts `fs` on `mountpoint` as file system `name`, served by `threads` FUSE threads, with
+/// what every test mount has besides `extra`: `auto_unmount` (even a test process killed
+/// outright leaves no mount behind), `noexec` and `nosuid`.
+pub(crate) fn spawn(
+    fs: impl Filesystem + 'static,
+    mountpoint: &Path,
+    name: &str,
+    acl: SessionACL,
+    threads: usize,
+    extra: &[MountOption],
+) -> std::io::Result<BackgroundSession> {
+    let mut fuse = Config::default();
+    fuse.mount_options = vec![
+        MountOption::FSName(name.into()),
+        MountOption::AutoUnmount,
+        MountOption::NoExec,
+        MountOption::NoSuid,
+    ];
+    fuse.mount_options.extend_from_slice(extra);
+    fuse.acl = acl;
+    fuse.n_threads = Some(threads);
+    fuser::spawn_mount(fs, mountpoint, &fuse)
+}
+
+/// Unmounts the FUSE mount at `mountpoint` served by `session`: a lazy unmount first, which
+/// cannot fail with EBUSY and returns only once the mount is gone from the namespace; then the
+/// session ends its threads.
+pub(crate) fn detach(mountpoint: &Path, session: BackgroundSession) {
+    let _ = rustix::mount::unmount(mountpoint, rustix::mount::UnmountFlags::DETACH);
+    drop(session);
 }
 
 /// The process (thread group) of thread `tid`; FUSE reports the calling thread. The thread

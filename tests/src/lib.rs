@@ -7,6 +7,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cgroupfs;
 pub mod cgroups;
 pub mod energy;
 pub mod fake;
