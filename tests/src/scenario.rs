@@ -431,6 +431,12 @@ impl Rig {
             let root = dir.path().join("cgroup");
             cgroups::write_layout(layout, &topology, &root)?;
             exporter_flags.extend(["--path.cgroupfs".into(), path(&root)]);
+            // As for the broker's reads below: a scrape that follows another within the walk's
+            // freshness would be answered from the same walk, and a scenario replaces the
+            // hierarchy between scrapes. The freshness itself is pinned by the exporter's tests.
+            if !exporter_flags.iter().any(|f| f.starts_with("--collector.core-owner.max-age")) {
+                exporter_flags.extend(["--collector.core-owner.max-age".into(), "0".into()]);
+            }
         }
         let broker = if scenario.broker {
             let mut args: Vec<String> = vec!["--listen".into(), path(&socket)];
