@@ -66,6 +66,9 @@ enum Held {
 /// What the test controls and observes.
 #[derive(Debug, Default)]
 struct State {
+    /// Directories whose entries and listing are refused with `EACCES`, as a `chmod 0700`
+    /// directory is to another uid.
+    denied: Vec<Pattern>,
     block_reads: Vec<Pattern>,
     block_opens: Vec<Pattern>,
     held: Vec<Held>,
@@ -163,6 +166,10 @@ fn answer(source: &Path, held: Held) {
 }
 
 impl Shared {
+    fn denied(&self, dir: &Path) -> bool {
+        lock(&self.state).denied.iter().any(|p| p.matches(dir))
+    }
+
     fn path(&self, ino: INodeNo) -> Result<PathBuf, fuser::Errno> {
         lock(&self.inodes).path(ino.0).ok_or(fuser::Errno::ENOENT)
     }
@@ -215,6 +222,7 @@ struct Passthrough(Arc<Shared>);
 impl Filesystem for Passthrough {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let path = match self.0.path(parent) {
+            Ok(parent) if self.0.denied(&parent) => return reply.error(fuser::Errno::EACCES),
             Ok(parent) => parent.join(name),
             Err(e) => return reply.error(e),
         };
@@ -251,6 +259,7 @@ impl Filesystem for Passthrough {
         mut reply: ReplyDirectory,
     ) {
         let path = match self.0.path(ino) {
+            Ok(path) if self.0.denied(&path) => return reply.error(fuser::Errno::EACCES),
             Ok(path) => path,
             Err(e) => return reply.error(e),
         };
@@ -397,6 +406,14 @@ impl BlockingCgroupfs {
         lock(&self.shared.state).block_reads.push(Pattern(file.as_ref().to_owned()));
     }
 
+    /// From now on, the directory `dir` (a bare name matches in every directory, a path with
+    /// `/` from the root) refuses its listing and every lookup in it with `EACCES`, for every
+    /// caller, root included: what a user's `chmod 0700` of a cgroup they own is to the
+    /// exporter's user. `release` lifts it.
+    pub fn deny(&self, dir: impl AsRef<Path>) {
+        lock(&self.shared.state).denied.push(Pattern(dir.as_ref().to_owned()));
+    }
+
     /// As [`block`](Self::block), for the `open` of a matching file.
     pub fn block_open(&self, file: impl AsRef<Path>) {
         lock(&self.shared.state).block_opens.push(Pattern(file.as_ref().to_owned()));
@@ -409,6 +426,7 @@ impl BlockingCgroupfs {
             let mut state = lock(&self.shared.state);
             state.block_reads.clear();
             state.block_opens.clear();
+            state.denied.clear();
             std::mem::take(&mut state.held)
         };
         for h in held {

@@ -396,6 +396,8 @@ pub struct Rig {
     machine: Arc<Machine>,
     addr: SocketAddr,
     marks: Marks,
+    /// The exporter's flags besides its address and socket, for a restart.
+    exporter_flags: Vec<String>,
     dir: tempfile::TempDir,
 }
 
@@ -460,7 +462,8 @@ impl Rig {
         };
 
         let (exporter, addr) = harness::start_exporter(&socket, &exporter_flags, None, dir.path())?;
-        Ok(Rig { exporter, broker, device, machine, addr, marks: Marks::default(), dir })
+        let marks = Marks::default();
+        Ok(Rig { exporter, broker, device, machine, addr, marks, exporter_flags, dir })
     }
 
     /// The fake device.
@@ -481,6 +484,25 @@ impl Rig {
     /// The exporter's process id.
     pub fn exporter_pid(&self) -> u32 {
         self.exporter.pid()
+    }
+
+    /// The exporter's process.
+    pub fn exporter(&mut self) -> &mut Proc {
+        &mut self.exporter
+    }
+
+    /// Ends the exporter with `signal` (waiting up to 30 s for it to exit) and starts it again
+    /// at once with the same flags, as `systemctl restart` or a crash and a restart would; its
+    /// address may change.
+    pub fn restart_exporter(&mut self, signal: i32) -> Result<()> {
+        self.exporter.signal(signal)?;
+        self.exporter.wait_exit(Duration::from_secs(30))?;
+        let socket = self.broker_socket();
+        let (exporter, addr) =
+            harness::start_exporter(&socket, &self.exporter_flags, None, self.dir.path())?;
+        self.exporter = exporter;
+        self.addr = addr;
+        Ok(())
     }
 
     /// The mount point of the fake device.

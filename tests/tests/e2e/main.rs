@@ -5,6 +5,7 @@
 
 mod broker;
 mod check;
+mod collectors;
 mod conventions;
 mod demo;
 mod frontend;

@@ -1,0 +1,537 @@
+//! The hostile table: every collector of the exporter against the same hostile inputs, so that
+//! a new collector is a new row and inherits the discipline of the others (ARCHITECTURE.md,
+//! "The discipline of collectors and inputs"). Each row names a collector, the series it
+//! exports and how its source is made hostile; each case is one test per row:
+//!
+//! | case | what it does | what must hold |
+//! |---|---|---|
+//! | `hang_up_flood` | scrapes that hang up 50 ms after sending, for 2 s from 4 clients, on a slow source; then the same with the collector off | the exporter's threads within a few of the control's, its CPU within a small factor |
+//! | `blocking_source` | the source never answers (a wedged mailbox, a cgroupfs read held) | every scrape answers in time with the rest, the row's failure counted; one stuck read, not one per scrape; threads do not grow |
+//! | `unreadable_source` | the source refuses this process (`EACCES`) | the rest of the row's series and every other family kept; the refusal counted |
+//! | `oversized_source` | the source is larger than anything it may be (a 64 MiB broker frame, a 16 MiB cpuset file) | a counted error, no series guessed, RSS bounded, the next scrape whole |
+//! | `sigterm_during_stuck_io` | SIGTERM while a read is stuck | the exporter exits 0 within its grace |
+//! | `restart_with_requests_in_flight` | the exporter killed (SIGKILL, then SIGTERM) with two long requests in flight, restarted at once | its first scrape is complete |
+//!
+//! Each test holds `harness::one_at_a_time`: they measure threads, CPU and time.
+
+use amd_hsmp_e2e::cgroupfs::BlockingCgroupfs;
+use amd_hsmp_e2e::harness::{self, Exposition, Response};
+use amd_hsmp_e2e::scenario::{self, Rig};
+use amd_hsmp_e2e::{cgroups, fixtures};
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// One collector of the exporter.
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    /// As in `--collector.NAME` and `amd_hsmp_scrape_errors_total{collector="NAME"}`.
+    collector: &'static str,
+    /// The metric its series are.
+    metric: &'static str,
+    /// Its source.
+    source: Source,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// A broker family: the fault names it as `family`, and a healthy Turin 2P has `series`.
+    Broker { family: &'static str, series: usize },
+    /// The cgroup hierarchy.
+    Cgroups,
+}
+
+const ENERGY: Row = Row {
+    collector: "core-energy",
+    metric: "amd_hsmp_core_energy_joules_total",
+    source: Source::Broker { family: "rapl", series: 384 },
+};
+const BOOST_LIMIT: Row = Row {
+    collector: "boost-limit",
+    metric: "amd_hsmp_core_boost_limit_hertz",
+    source: Source::Broker { family: "boost-limit", series: 384 },
+};
+const PROCHOT: Row = Row {
+    collector: "prochot",
+    metric: "amd_hsmp_prochot_active",
+    source: Source::Broker { family: "proc-hot", series: 2 },
+};
+const CORE_OWNER: Row =
+    Row { collector: "core-owner", metric: "amd_hsmp_core_owner_info", source: Source::Cgroups };
+
+/// The broker collectors, each of which the exporter can switch off.
+const BROKER_COLLECTORS: [&str; 3] = ["core-energy", "boost-limit", "prochot"];
+
+/// Owners in the Slurm layout on a Turin 2P: job 4242's tasks hold 8 cores of socket 0, job
+/// 4243 two of socket 1.
+const SLURM_OWNERS: usize = 10;
+
+/// A Turin 2P with `faults` (TOML of the `[faults]` table) and `row`'s collector on (the other
+/// broker collectors off, so that a row's figures are its own), or off with `on` false. The
+/// core-owner row reads a FUSE passthrough of a written cgroup tree that the test can make
+/// block or refuse.
+struct Node {
+    // Field order is drop order: the processes before the mount they read.
+    rig: Rig,
+    cgroupfs: Option<BlockingCgroupfs>,
+    _tree: tempfile::TempDir,
+}
+
+impl Node {
+    fn start(row: Row, on: bool, faults: &str, pods: Option<usize>) -> Node {
+        let tree = tempfile::tempdir().unwrap();
+        let root = tree.path().join("cgroup");
+        let topology = fixtures::machine("turin-2p").unwrap().topology();
+        match pods {
+            Some(pods) => cgroups::generated(&topology, pods).write(&root, &online(&topology)),
+            None => cgroups::write_layout(cgroups::Layout::Slurm, &topology, &root),
+        }
+        .unwrap();
+        let mut flags: Vec<String> = Vec::new();
+        let mut cgroupfs = None;
+        match row.source {
+            Source::Broker { .. } => {
+                for other in BROKER_COLLECTORS.iter().filter(|c| **c != row.collector || !on) {
+                    flags.push(format!("--no-collector.{other}"));
+                }
+            }
+            Source::Cgroups if on => {
+                let fs = BlockingCgroupfs::mount(&root).unwrap();
+                flags.extend([
+                    "--collector.core-owner".into(),
+                    "--path.cgroupfs".into(),
+                    fs.root().display().to_string(),
+                ]);
+                cgroupfs = Some(fs);
+            }
+            Source::Cgroups => {}
+        }
+        let quoted: Vec<String> = flags.iter().map(|f| format!("{f:?}")).collect();
+        let toml = format!(
+            "description = \"the hostile table\"\nmachine = \"turin-2p\"\nwire-golden = false\n\
+             exporter-flags = [{}]\n[faults]\n{faults}\n[[scrapes]]\n",
+            quoted.join(", ")
+        );
+        let rig = Rig::start(&scenario::parse(&toml).unwrap()).unwrap();
+        Node { rig, cgroupfs, _tree: tree }
+    }
+
+    fn fs(&self) -> &BlockingCgroupfs {
+        self.cgroupfs.as_ref().expect("the core-owner row mounts a cgroupfs")
+    }
+
+    fn scrape(&self, timeout: &str) -> (Response, Exposition) {
+        scrape(self.rig.addr(), timeout)
+    }
+}
+
+fn online(topology: &amd_hsmp_proto::Topology) -> std::collections::BTreeSet<u32> {
+    topology.cores.iter().flat_map(|c| c.threads.iter().copied()).collect()
+}
+
+fn scrape(addr: SocketAddr, timeout: &str) -> (Response, Exposition) {
+    let headers = [("X-Prometheus-Scrape-Timeout-Seconds", timeout)];
+    let response = harness::http_get(addr, "/metrics", &headers, Duration::from_secs(30)).unwrap();
+    assert_eq!(response.status, 200, "{}", response.body);
+    let exposition = Exposition::parse(&response.body).unwrap();
+    (response, exposition)
+}
+
+/// How many series of `row` a healthy scrape of the node has.
+fn healthy(row: Row) -> usize {
+    match row.source {
+        Source::Broker { series, .. } => series,
+        Source::Cgroups => SLURM_OWNERS,
+    }
+}
+
+/// Threads of `pid` now.
+fn threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count())
+}
+
+/// User and system CPU time of `pid` so far (USER_HZ is 100 on Linux).
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10)
+}
+
+/// What one flood cost the exporter.
+#[derive(Debug)]
+struct FloodCost {
+    hang_ups: usize,
+    cpu: Duration,
+    max_threads: usize,
+}
+
+/// Four clients send scrapes (10 s timeout) and hang up 50 ms later, for 2 s; then the
+/// exporter is given 2 s to finish what it started.
+fn hang_up_flood(addr: SocketAddr, pid: u32) -> FloodCost {
+    let stop = Arc::new(AtomicBool::new(false));
+    let hang_ups = Arc::new(AtomicUsize::new(0));
+    let cpu_before = cpu_time(pid);
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let (stop, hang_ups) = (stop.clone(), hang_ups.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    let Ok(mut stream) = std::net::TcpStream::connect(addr) else { continue };
+                    let request = "GET /metrics HTTP/1.1\r\nHost: x\r\n\
+                                   X-Prometheus-Scrape-Timeout-Seconds: 10\r\n\r\n";
+                    if stream.write_all(request.as_bytes()).is_ok() {
+                        std::thread::sleep(Duration::from_millis(50));
+                        hang_ups.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut max_threads = threads(pid);
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        max_threads = max_threads.max(threads(pid));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stop.store(true, Ordering::SeqCst);
+    for client in clients {
+        client.join().unwrap();
+    }
+    let settle = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < settle {
+        max_threads = max_threads.max(threads(pid));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    FloodCost {
+        hang_ups: hang_ups.load(Ordering::SeqCst),
+        cpu: cpu_time(pid) - cpu_before,
+        max_threads,
+    }
+}
+
+/// A slow source for a flood: 1 ms a mailbox message (a Turin 2P sample takes about 0.4 s),
+/// and for the core-owner row a node of about 1,000 cgroups.
+fn flood_node(row: Row, on: bool) -> Node {
+    let pods = (row.source == Source::Cgroups).then_some(250);
+    Node::start(row, on, "latency-ms = 1", pods)
+}
+
+fn case_hang_up_flood(row: Row) {
+    let _alone = harness::one_at_a_time();
+    let control = {
+        let mut node = flood_node(row, false);
+        let pid = node.rig.exporter_pid();
+        let cost = hang_up_flood(node.rig.addr(), pid);
+        node.rig.stop();
+        cost
+    };
+    let node = flood_node(row, true);
+    let on = hang_up_flood(node.rig.addr(), node.rig.exporter_pid());
+    eprintln!("{}: hang-up flood with the collector on {on:?}, off {control:?}", row.collector);
+    assert!(on.hang_ups > 20, "the flood did not run: {on:?}");
+    assert!(
+        on.max_threads <= control.max_threads + 4,
+        "{}: threads {} under the flood, {} with the collector off",
+        row.collector,
+        on.max_threads,
+        control.max_threads
+    );
+    let allowed = control.cpu * 4 + Duration::from_millis(500);
+    assert!(on.cpu <= allowed, "{}: CPU {:?} vs {:?} off", row.collector, on.cpu, control.cpu);
+    let (_, m) = node.scrape("10");
+    assert_eq!(m.count(row.metric), healthy(row), "{}", m.text);
+}
+
+fn case_blocking_source(row: Row) {
+    let _alone = harness::one_at_a_time();
+    let node = match row.source {
+        Source::Broker { .. } => {
+            Node::start(row, true, "wedged-sockets = [1]\ndriver-timeout-ms = 30000", None)
+        }
+        Source::Cgroups => {
+            let node = Node::start(row, true, "", None);
+            node.fs().block("cpuset.cpus.effective");
+            node
+        }
+    };
+    let pid = node.rig.exporter_pid();
+    let mut after_first = 0;
+    for n in 1..=5u32 {
+        let (response, m) = node.scrape("1");
+        assert!(
+            response.elapsed < Duration::from_millis(1500),
+            "scrape {n}: {:?}",
+            response.elapsed
+        );
+        match row.source {
+            Source::Broker { series, .. } => {
+                assert_eq!(m.count(row.metric), series / 2, "socket 0 kept: {}", m.text);
+                assert_eq!(m.errors("scrape"), f64::from(n), "{}", m.text);
+            }
+            Source::Cgroups => {
+                assert_eq!(m.count(row.metric), 0, "{}", m.text);
+                assert_eq!(m.errors("core-owner"), f64::from(n), "{}", m.text);
+                assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 384, "{}", m.text);
+                assert_eq!(node.fs().held(), 1, "one walk holds one read, whatever the scrapes");
+            }
+        }
+        if n == 1 {
+            after_first = threads(pid);
+        }
+    }
+    let after = threads(pid);
+    assert!(after <= after_first + 1, "threads grew with scrapes: {after_first} → {after}");
+    if let Some(fs) = &node.cgroupfs {
+        fs.release();
+    }
+}
+
+fn case_unreadable_source(row: Row) {
+    let _alone = harness::one_at_a_time();
+    match row.source {
+        Source::Broker { family, series } => {
+            let faults =
+                format!("errors = [{{ family = \"{family}\", socket = 1, errno = \"EACCES\" }}]");
+            let node = Node::start(row, true, &faults, None);
+            let (_, m) = node.scrape("10");
+            assert_eq!(m.count(row.metric), series / 2, "socket 0 kept: {}", m.text);
+            assert!(m.errors(row.collector) >= 1.0, "the refusal is counted: {}", m.text);
+            assert_eq!(m.value("amd_hsmp_broker_up"), Some(1.0));
+        }
+        Source::Cgroups => {
+            let node = Node::start(row, true, "", None);
+            // A user's own delegated subtree, where cpuset is not delegated: nothing in it can
+            // restrict, so nothing is lost and nothing is even read.
+            node.fs().deny("user.slice/user-1000.slice");
+            let (_, m) = node.scrape("10");
+            assert_eq!(m.count(row.metric), SLURM_OWNERS, "{}", m.text);
+            assert_eq!(m.value("amd_hsmp_core_owner_skipped_cgroups"), Some(0.0), "{}", m.text);
+            // A cgroup whose parent enables cpuset: it is skipped and counted, the cores its
+            // parent holds are unassigned, every other workload keeps its owner.
+            node.fs().deny("system.slice/slurmstepd.scope/job_4242/step_0");
+            let (_, m) = node.scrape("10");
+            assert_eq!(m.value("amd_hsmp_core_owner_skipped_cgroups"), Some(1.0), "{}", m.text);
+            assert_eq!(m.count(row.metric), 2, "job 4243 keeps its two cores: {}", m.text);
+            assert!(m.text.contains(
+                r#"core="0",owner="/system.slice/slurmstepd.scope/job_4243",socket="1"} 1"#
+            ));
+            assert!(!m.text.contains("job_4242"), "{}", m.text);
+            assert_eq!(m.errors("core-owner"), 0.0);
+        }
+    }
+}
+
+fn case_oversized_source(row: Row) {
+    let _alone = harness::one_at_a_time();
+    match row.source {
+        Source::Broker { .. } => {
+            // A "broker" that answers the handshake with a frame of 64 MiB.
+            let dir = tempfile::tempdir().unwrap();
+            let socket = dir.path().join("broker.sock");
+            let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+            let served = std::thread::spawn(move || {
+                let mut answered = 0;
+                while answered < 3 {
+                    let Ok((mut stream, _)) = listener.accept() else { break };
+                    let mut hello = [0u8; 256];
+                    let _ = std::io::Read::read(&mut stream, &mut hello);
+                    let _ = stream.write_all(&(64u32 << 20).to_le_bytes());
+                    let _ = stream.write_all(&[0u8; 4096]);
+                    answered += 1;
+                }
+            });
+            let flags: Vec<String> = BROKER_COLLECTORS
+                .iter()
+                .filter(|c| **c != row.collector)
+                .map(|c| format!("--no-collector.{c}"))
+                .collect();
+            let (mut exporter, addr) =
+                harness::start_exporter(&socket, &flags, None, dir.path()).unwrap();
+            let before = exporter.rss_kib().unwrap();
+            for n in 1..=3u32 {
+                let (_, m) = scrape(addr, "2");
+                assert_eq!(m.value("amd_hsmp_broker_up"), Some(0.0), "{}", m.text);
+                assert_eq!(m.count(row.metric), 0);
+                assert_eq!(m.errors("broker"), f64::from(n), "{}", m.text);
+            }
+            let after = exporter.rss_kib().unwrap();
+            assert!(after < before + 4096, "RSS {before} → {after} KiB for a 64 MiB frame");
+            exporter.kill();
+            served.join().unwrap();
+        }
+        Source::Cgroups => {
+            let node = Node::start(row, true, "", None);
+            let source = node._tree.path().join("cgroup");
+            let before = {
+                let (_, m) = node.scrape("10");
+                assert_eq!(m.count(row.metric), SLURM_OWNERS);
+                node.rig.exporter_pid()
+            };
+            let rss = |pid: u32| {
+                let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+                let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap().to_owned();
+                line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap()
+            };
+            let hwm = rss(before);
+            cgroups::write_oversized_cpuset(
+                &source,
+                "system.slice/slurmstepd.scope/job_4243",
+                16 << 20,
+            )
+            .unwrap();
+            for n in 1..=3u32 {
+                let (_, m) = node.scrape("10");
+                assert_eq!(m.count(row.metric), 0, "no owner guessed from part of it: {}", m.text);
+                assert_eq!(m.errors("core-owner"), f64::from(n), "{}", m.text);
+                assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 384);
+            }
+            let grown = rss(before).saturating_sub(hwm);
+            assert!(grown < 2048, "peak RSS grew by {grown} KiB for a 16 MiB file");
+        }
+    }
+}
+
+fn case_sigterm_during_stuck_io(row: Row) {
+    let _alone = harness::one_at_a_time();
+    let mut node = match row.source {
+        Source::Broker { .. } => {
+            Node::start(row, true, "wedged-sockets = [1]\ndriver-timeout-ms = 60000", None)
+        }
+        Source::Cgroups => {
+            let node = Node::start(row, true, "", None);
+            node.fs().block("cpuset.cpus.effective");
+            node
+        }
+    };
+    let addr = node.rig.addr();
+    let before = node.rig.device().message_count();
+    let scraping = std::thread::spawn(move || {
+        let headers = [("X-Prometheus-Scrape-Timeout-Seconds", "2")];
+        harness::http_get(addr, "/metrics", &headers, Duration::from_secs(30))
+    });
+    // The read is stuck: the wedged socket has its message, or the cgroupfs holds a read.
+    let stuck = Instant::now() + Duration::from_secs(20);
+    loop {
+        let is_stuck = match row.source {
+            Source::Broker { .. } => node.rig.device().message_count() > before,
+            Source::Cgroups => node.fs().held() > 0,
+        };
+        if is_stuck {
+            break;
+        }
+        assert!(Instant::now() < stuck, "the read never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let term = Instant::now();
+    node.rig.exporter().signal(libc::SIGTERM).unwrap();
+    let status = node.rig.exporter().wait_exit(Duration::from_secs(10)).unwrap();
+    let took = term.elapsed();
+    assert!(status.success(), "{status:?}");
+    // The scrape in flight answers at its own 2 s, then the exporter is gone.
+    assert!(took < Duration::from_secs(5), "SIGTERM took {took:?}");
+    let _ = scraping.join();
+    if let Some(fs) = &node.cgroupfs {
+        assert!(fs.held() > 0, "the read was still stuck when the exporter exited");
+        fs.release();
+    }
+}
+
+fn case_restart_with_requests_in_flight(row: Row) {
+    let _alone = harness::one_at_a_time();
+    let mut node = match row.source {
+        // 5 ms a message: a Turin 2P sample takes about 2 s.
+        Source::Broker { .. } => Node::start(row, true, "latency-ms = 5", None),
+        Source::Cgroups => Node::start(row, true, "", None),
+    };
+    for signal in [libc::SIGKILL, libc::SIGTERM] {
+        if let Some(fs) = &node.cgroupfs {
+            fs.block("cpuset.cpus.effective");
+        }
+        let addr = node.rig.addr();
+        let before = node.rig.device().message_count();
+        let in_flight: Vec<_> = (0..2)
+            .map(|_| {
+                std::thread::spawn(move || {
+                    let headers = [("X-Prometheus-Scrape-Timeout-Seconds", "10")];
+                    harness::http_get(addr, "/metrics", &headers, Duration::from_secs(30))
+                })
+            })
+            .collect();
+        let started = Instant::now() + Duration::from_secs(20);
+        while node.rig.device().message_count() <= before + 10
+            || node.cgroupfs.as_ref().is_some_and(|fs| fs.held() == 0)
+        {
+            assert!(Instant::now() < started, "the requests never reached their sources");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // SIGTERM lets the scrapes in flight answer first, as systemctl restart does; SIGKILL
+        // leaves their broker requests to the broker.
+        node.rig.restart_exporter(signal).unwrap();
+        if let Some(fs) = &node.cgroupfs {
+            fs.release();
+        }
+        let (_, m) = node.scrape("10");
+        assert_eq!(m.value("amd_hsmp_broker_up"), Some(1.0), "signal {signal}: {}", m.text);
+        assert_eq!(m.count(row.metric), healthy(row), "signal {signal}: {}", m.text);
+        for scrape in in_flight {
+            let _ = scrape.join();
+        }
+    }
+}
+
+/// One test per row and case: `collectors::ROW::CASE`.
+macro_rules! hostile_table {
+    ($($row:ident => $value:expr,)*) => {
+        $(
+            mod $row {
+                use super::*;
+
+                #[test]
+                #[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
+                fn hang_up_flood() {
+                    case_hang_up_flood($value);
+                }
+
+                #[test]
+                #[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
+                fn blocking_source() {
+                    case_blocking_source($value);
+                }
+
+                #[test]
+                #[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
+                fn unreadable_source() {
+                    case_unreadable_source($value);
+                }
+
+                #[test]
+                #[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
+                fn oversized_source() {
+                    case_oversized_source($value);
+                }
+
+                #[test]
+                #[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
+                fn sigterm_during_stuck_io() {
+                    case_sigterm_during_stuck_io($value);
+                }
+
+                #[test]
+                #[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
+                fn restart_with_requests_in_flight() {
+                    case_restart_with_requests_in_flight($value);
+                }
+            }
+        )*
+    };
+}
+
+hostile_table! {
+    core_energy => ENERGY,
+    boost_limit => BOOST_LIMIT,
+    prochot => PROCHOT,
+    core_owner => CORE_OWNER,
+}
