@@ -1,21 +1,57 @@
-//! An honest single flight: concurrent scrapes share one broker request only when its deadline
-//! suits each of them. A scrape joins a flight in the air only if that flight's deadline is not
-//! later than its own (so the answer comes in time) and not earlier than its own minus a small
-//! tolerance (so it does not get less data because another client asked with a shorter
-//! timeout); otherwise it starts its own flight with its own deadline.
+//! An honest single flight: concurrent scrapes share one broker request only when it costs none
+//! of them data. A flight departs (sends its request) when one of the broker client's
+//! connections is free for it (a runway). A scrape joins a flight in the air only if
+//!
+//! - what the flight's request reads is fresh for the joiner: the flight has not departed yet,
+//!   or departed no more than the broker's freshness bound (`Sample::max_age_ms` of its last
+//!   answer; unknown before the first answer, when only flights still waiting to depart are
+//!   joined) before the joiner arrived. Every value the broker reads for that request is then
+//!   read no earlier than the bound before the joiner's own arrival. A value the broker took
+//!   from an earlier request's reads may still be older: the scrape checks the answer (see
+//!   `Answer::fresh_for` in `scrape.rs`);
+//! - its deadline is not later than the joiner's own (so the answer comes in time) and not
+//!   earlier than the joiner's minus a small tolerance (so the joiner does not get less data
+//!   because another client asked with a shorter timeout).
+//!
+//! Otherwise the scrape starts its own flight with its own deadline: the broker shares reads
+//! between requests within its bound, so nothing is read twice for it.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 use tokio::time::{Instant, timeout_at};
 
-/// The flights in the air, each with the deadline it was started with.
+/// The flights in the air, each with its deadline and when it departed.
 #[derive(Debug)]
 pub(crate) struct Flights<T> {
     inner: Mutex<Inner<T>>,
     joins: AtomicU64,
+    /// One permit per connection of the broker client ([`RUNWAYS`]): a flight departs only
+    /// with one, so that the board knows which requests have been sent.
+    runways: Semaphore,
+    /// The broker's freshness bound in milliseconds as of its last answer; [`UNKNOWN`] before
+    /// any.
+    bound_ms: AtomicU64,
+}
+
+/// `bound_ms` before the broker's first answer.
+const UNKNOWN: u64 = u64::MAX;
+
+/// Flights that may have departed at once: the broker client's pool, whose connections they
+/// would otherwise wait for out of the board's sight.
+const RUNWAYS: usize = crate::broker::MAX_CONNECTIONS;
+
+/// What a scrape needs of a flight to join it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Needs {
+    /// When the scrape arrived: the values it is served must be fresh for this instant.
+    pub(crate) arrived: Instant,
+    /// The scrape's own broker deadline.
+    pub(crate) deadline: Instant,
+    /// How much earlier than `deadline` a flight's deadline may be.
+    pub(crate) tolerance: Duration,
 }
 
 #[derive(Debug)]
@@ -28,7 +64,9 @@ struct Inner<T> {
 struct Entry<T> {
     id: u64,
     deadline: Instant,
-    landed: watch::Receiver<Option<T>>,
+    /// When it took a runway; `None` while it waits for one.
+    departed: Option<Instant>,
+    landed: watch::Receiver<Option<Landing<T>>>,
 }
 
 /// A scrape's place on one flight.
@@ -39,7 +77,7 @@ pub(crate) struct Ticket<T> {
     pub(crate) deadline: Instant,
     /// True when the scrape joined a flight another scrape started.
     pub(crate) joined: bool,
-    landed: watch::Receiver<Option<T>>,
+    landed: watch::Receiver<Option<Landing<T>>>,
 }
 
 /// How a flight ended for one scrape.
@@ -49,6 +87,8 @@ pub(crate) enum Landing<T> {
     Landed(T),
     /// The flight had not landed when the scrape had to answer; it keeps flying.
     Late,
+    /// No runway was free before the flight's deadline: its request was never sent.
+    Grounded,
     /// The flight's task ended without a result (it panicked).
     Lost,
 }
@@ -58,29 +98,31 @@ impl<T> Default for Flights<T> {
         Flights {
             inner: Mutex::new(Inner { next_id: 0, flying: Vec::new() }),
             joins: AtomicU64::new(0),
+            bound_ms: AtomicU64::new(UNKNOWN),
+            runways: Semaphore::new(RUNWAYS),
         }
     }
 }
 
 impl<T: Clone + Send + Sync + 'static> Flights<T> {
-    /// Joins the flight that suits `deadline` (see [`suits`]), or starts `start()` as a new
-    /// flight with that deadline. The new flight runs in its own task, so a scraper that hangs
-    /// up does not cancel the request that others wait for.
-    pub(crate) fn join_or_start<F, Fut>(
-        self: &Arc<Self>,
-        deadline: Instant,
-        tolerance: Duration,
-        start: F,
-    ) -> Ticket<T>
+    /// Joins the flight that suits `needs` (see [`suits`]), or starts a new flight with its
+    /// deadline, which runs `start()` once it has a runway (and lands [`Landing::Grounded`] if
+    /// none is free before the deadline). The new flight runs in its own task, so a scraper
+    /// that hangs up does not cancel the request that others wait for.
+    pub(crate) fn join_or_start<F, Fut>(self: &Arc<Self>, needs: Needs, start: F) -> Ticket<T>
     where
-        F: FnOnce() -> Fut,
+        F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = T> + Send + 'static,
     {
+        let bound = match self.bound_ms.load(Ordering::Relaxed) {
+            UNKNOWN => None,
+            ms => Some(Duration::from_millis(ms)),
+        };
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let best = inner
             .flying
             .iter()
-            .filter(|f| suits(f.deadline, deadline, tolerance))
+            .filter(|f| suits(f.departed, f.deadline, needs, bound))
             .max_by_key(|f| f.deadline);
         if let Some(flight) = best {
             self.joins.fetch_add(1, Ordering::Relaxed);
@@ -93,16 +135,37 @@ impl<T: Clone + Send + Sync + 'static> Flights<T> {
         let (tx, rx) = watch::channel(None);
         let id = inner.next_id;
         inner.next_id += 1;
-        inner.flying.push(Entry { id, deadline, landed: rx.clone() });
+        let deadline = needs.deadline;
+        inner.flying.push(Entry { id, deadline, departed: None, landed: rx.clone() });
         drop(inner);
-        let flight = start();
         let flights = Arc::clone(self);
         tokio::spawn(async move {
-            let grounded = Grounded { flights: &flights, id, tx: Some(tx) };
-            let result = flight.await;
-            grounded.land(result);
+            let ending = Ending { flights: &flights, id, tx: Some(tx) };
+            // Never closed.
+            let Ok(Ok(runway)) = timeout_at(deadline, flights.runways.acquire()).await else {
+                ending.land(Landing::Grounded);
+                return;
+            };
+            flights.depart(id);
+            let result = start().await;
+            drop(runway);
+            ending.land(Landing::Landed(result));
         });
         Ticket { deadline, joined: false, landed: rx }
+    }
+
+    /// Notes that flight `id` took a runway now: its request is sent from here on.
+    fn depart(&self, id: u64) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(flight) = inner.flying.iter_mut().find(|f| f.id == id) {
+            flight.departed = Some(Instant::now());
+        }
+    }
+
+    /// Takes note of the broker's freshness bound, as its latest answer states it.
+    pub(crate) fn learn_bound(&self, bound: Duration) {
+        let ms = u64::try_from(bound.as_millis()).unwrap_or(UNKNOWN - 1).min(UNKNOWN - 1);
+        self.bound_ms.store(ms, Ordering::Relaxed);
     }
 
     /// How many times a scrape joined a flight another had started, since the start.
@@ -120,31 +183,40 @@ impl<T: Clone> Ticket<T> {
     /// Waits for the flight until `by`.
     pub(crate) async fn land_by(mut self, by: Instant) -> Landing<T> {
         match timeout_at(by, self.landed.wait_for(Option::is_some)).await {
-            Ok(Ok(result)) => result.clone().map_or(Landing::Lost, Landing::Landed),
+            Ok(Ok(landing)) => landing.clone().unwrap_or(Landing::Lost),
             Ok(Err(_)) => Landing::Lost,
             Err(_) => Landing::Late,
         }
     }
 }
 
-/// True when a scrape with deadline `own` may join a flight with deadline `flight`: the flight
-/// answers no later than the scrape must, and asked the broker for at most `tolerance` less
-/// time.
-pub(crate) fn suits(flight: Instant, own: Instant, tolerance: Duration) -> bool {
-    flight <= own && flight + tolerance >= own
+/// True when a scrape with `needs` may join a flight with deadline `deadline` that `departed`
+/// then (`None`: not yet), the broker's freshness bound being `bound` (`None`: not known yet):
+/// the flight's request leaves after the scrape arrived, or left no more than the bound before
+/// (so what the broker reads for it is fresh for the scrape); it answers no later than the
+/// scrape must, and asked the broker for at most the tolerance less time.
+pub(crate) fn suits(
+    departed: Option<Instant>,
+    deadline: Instant,
+    needs: Needs,
+    bound: Option<Duration>,
+) -> bool {
+    departed.is_none_or(|departed| bound.is_some_and(|bound| departed + bound >= needs.arrived))
+        && deadline <= needs.deadline
+        && deadline + needs.tolerance >= needs.deadline
 }
 
 /// Takes a flight off the board when its task ends, even by panic, before its passengers are
 /// told (its sender is a field, dropped after `drop` ran), so no later scrape joins a landed
 /// or dead flight.
-struct Grounded<'a, T> {
+struct Ending<'a, T> {
     flights: &'a Flights<T>,
     id: u64,
-    tx: Option<watch::Sender<Option<T>>>,
+    tx: Option<watch::Sender<Option<Landing<T>>>>,
 }
 
-impl<T> Grounded<'_, T> {
-    fn land(mut self, result: T) {
+impl<T> Ending<'_, T> {
+    fn land(mut self, result: Landing<T>) {
         let tx = self.tx.take();
         drop(self);
         if let Some(tx) = tx {
@@ -153,7 +225,7 @@ impl<T> Grounded<'_, T> {
     }
 }
 
-impl<T> Drop for Grounded<'_, T> {
+impl<T> Drop for Ending<'_, T> {
     fn drop(&mut self) {
         let mut inner = self.flights.inner.lock().unwrap_or_else(|p| p.into_inner());
         inner.flying.retain(|f| f.id != self.id);
@@ -167,33 +239,161 @@ mod tests {
 
     const MS: Duration = Duration::from_millis(1);
 
+    /// The broker's default freshness bound.
+    const BOUND: Duration = Duration::from_millis(500);
+
+    /// A scrape arriving now with deadline `deadline`.
+    fn now_until(deadline: Instant, tolerance: Duration) -> Needs {
+        Needs { arrived: Instant::now(), deadline, tolerance }
+    }
+
+    /// Flights whose broker stated `BOUND` in its last answer.
+    fn flights() -> Arc<Flights<u32>> {
+        let flights = Arc::new(Flights::default());
+        flights.learn_bound(BOUND);
+        flights
+    }
+
+    /// A flight that lands `value` once `release` is sent.
+    fn held(value: u32) -> (oneshot::Sender<()>, impl FnOnce() -> BoxFuture + Send + 'static) {
+        let (release, held) = oneshot::channel::<()>();
+        (release, move || -> BoxFuture {
+            Box::pin(async move {
+                let _ = held.await;
+                value
+            })
+        })
+    }
+
+    type BoxFuture = std::pin::Pin<Box<dyn Future<Output = u32> + Send>>;
+
+    /// Yields until `n` flights have taken a runway.
+    async fn departed(flights: &Flights<u32>, n: usize) {
+        let count = || {
+            let inner = flights.inner.lock().unwrap();
+            inner.flying.iter().filter(|f| f.departed.is_some()).count()
+        };
+        while count() != n {
+            tokio::task::yield_now().await;
+        }
+    }
+
     #[test]
     fn a_flight_suits_only_deadlines_it_neither_shortens_nor_outlasts() {
         let t = Instant::now();
         let tol = 100 * MS;
-        assert!(suits(t, t, tol));
-        assert!(suits(t, t + 100 * MS, tol), "at most the tolerance shorter");
-        assert!(!suits(t, t + 101 * MS, tol), "shorter than the tolerance allows");
-        assert!(!suits(t + MS, t, tol), "would answer after the scrape must");
-        assert!(!suits(t, t + 9_000 * MS, tol), "a 1 ms flight never serves a 10 s scrape");
+        let own = |deadline| Needs { arrived: t, deadline, tolerance: tol };
+        let suits = |deadline, needs| suits(Some(t), deadline, needs, Some(BOUND));
+        assert!(suits(t, own(t)));
+        assert!(suits(t, own(t + 100 * MS)), "at most the tolerance shorter");
+        assert!(!suits(t, own(t + 101 * MS)), "shorter than the tolerance allows");
+        assert!(!suits(t + MS, own(t)), "would answer after the scrape must");
+        assert!(!suits(t, own(t + 9_000 * MS)), "a 1 ms flight never serves a 10 s scrape");
+    }
+
+    #[test]
+    fn a_flight_suits_only_scrapes_arriving_within_the_bound_after_it_departed() {
+        let t = Instant::now();
+        let (deadline, tolerance) = (t + 10_000 * MS, 1_000 * MS);
+        let arriving = |after| Needs { arrived: t + after, deadline: deadline + after, tolerance };
+        let left = Some(t);
+        assert!(suits(left, deadline, arriving(500 * MS), Some(BOUND)), "within the bound");
+        assert!(!suits(left, deadline, arriving(501 * MS), Some(BOUND)), "past the bound");
+        assert!(!suits(left, deadline, arriving(MS), Some(Duration::ZERO)), "a bound of 0");
+        assert!(!suits(left, deadline, arriving(Duration::ZERO), None), "no bound known yet");
+        // A flight still waiting for a runway sends its request after the scrape arrived.
+        assert!(suits(None, deadline, arriving(900 * MS), Some(Duration::ZERO)));
+        assert!(suits(None, deadline, arriving(900 * MS), None));
+        assert!(!suits(None, deadline, arriving(1_001 * MS), None), "the tolerance still holds");
+    }
+
+    /// Regression (P5): a scrape 0.7 s after another with the same 10 s timeout joined its
+    /// flight (the deadlines are within a tenth of the budget), though the broker's bound of
+    /// 0.5 s made every value that flight read too old for it.
+    #[tokio::test(start_paused = true)]
+    async fn a_flight_departed_more_than_the_bound_before_a_scrape_is_not_joined() {
+        let flights = flights();
+        let (release, flight) = held(1);
+        let first = flights.join_or_start(now_until(Instant::now() + 9_000 * MS, 900 * MS), flight);
+        departed(&flights, 1).await;
+        tokio::time::advance(300 * MS).await;
+        let within =
+            flights.join_or_start(now_until(first.deadline + 300 * MS, 900 * MS), || async { 2 });
+        assert!(within.joined, "0.3 s after, within the bound");
+        tokio::time::advance(400 * MS).await;
+        let past =
+            flights.join_or_start(now_until(first.deadline + 700 * MS, 900 * MS), || async { 3 });
+        assert!(!past.joined, "0.7 s after, past the bound: its own flight");
+        assert_eq!(past.land_by(Instant::now() + 60_000 * MS).await, Landing::Landed(3));
+        release.send(()).unwrap();
+        assert_eq!(within.land_by(Instant::now() + 60_000 * MS).await, Landing::Landed(1));
+        assert_eq!(flights.joins(), 1);
+    }
+
+    #[tokio::test]
+    async fn before_the_bound_is_known_only_flights_waiting_for_a_runway_are_joined() {
+        let flights = Arc::new(Flights::<u32>::default());
+        let deadline = Instant::now() + 1_000 * MS;
+        let needs = now_until(deadline, 100 * MS);
+        let mut releases = Vec::new();
+        let mut tickets = Vec::new();
+        for i in 0..RUNWAYS {
+            let (release, flight) = held(i as u32);
+            let ticket = flights.join_or_start(needs, flight);
+            assert!(!ticket.joined, "no departed flight is joined before the bound is known");
+            departed(&flights, i + 1).await;
+            releases.push(release);
+            tickets.push(ticket);
+        }
+        // Every runway is taken: this flight waits, and a scrape may join it.
+        let waiting = flights.join_or_start(needs, || async { 10 });
+        assert!(!waiting.joined);
+        let joiner = flights.join_or_start(needs, || async { 11 });
+        assert!(joiner.joined, "the waiting flight sends after the joiner arrived");
+        for release in releases {
+            release.send(()).unwrap();
+        }
+        for (i, ticket) in tickets.into_iter().enumerate() {
+            assert_eq!(ticket.land_by(deadline).await, Landing::Landed(i as u32));
+        }
+        assert_eq!(joiner.land_by(deadline).await, Landing::Landed(10));
+        assert_eq!(flights.joins(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flight_without_a_runway_before_its_deadline_is_grounded_unsent() {
+        let flights = flights();
+        let now = Instant::now();
+        let (_release, flight) = held(1);
+        let hold = flights.join_or_start(now_until(now + 60_000 * MS, MS), flight);
+        let (_release, flight) = held(2);
+        let _hold = flights.join_or_start(now_until(now + 50_000 * MS, MS), flight);
+        let sent = Arc::new(AtomicU64::new(0));
+        let counted = Arc::clone(&sent);
+        let grounded = flights.join_or_start(now_until(now + 1_000 * MS, MS), move || async move {
+            counted.fetch_add(1, Ordering::Relaxed);
+            3
+        });
+        assert_eq!(grounded.land_by(now + 10_000 * MS).await, Landing::Grounded);
+        assert_eq!(sent.load(Ordering::Relaxed), 0, "the request was never sent");
+        assert_eq!(flights.flying(), 2);
+        drop(hold);
     }
 
     #[tokio::test]
     async fn scrapes_join_a_suitable_flight_and_start_their_own_otherwise() {
-        let flights = Arc::new(Flights::<u32>::default());
+        let flights = flights();
         let now = Instant::now();
-        let (release, held) = oneshot::channel::<()>();
-        let long = flights.join_or_start(now + 10_000 * MS, 1_000 * MS, move || async move {
-            let _ = held.await;
-            1
-        });
+        let (release, flight) = held(1);
+        let long = flights.join_or_start(now_until(now + 10_000 * MS, 1_000 * MS), flight);
         assert!(!long.joined);
-        // 0.5 s later with the same timeout: its deadline is 0.5 s later, within tolerance.
-        let joiner = flights.join_or_start(now + 10_500 * MS, 1_000 * MS, || async { 2 });
+        // A deadline 0.5 s later with the same timeout: within tolerance.
+        let joiner =
+            flights.join_or_start(now_until(now + 10_500 * MS, 1_000 * MS), || async { 2 });
         assert!(joiner.joined);
         assert_eq!(joiner.deadline, long.deadline);
         // A short deadline never joins the long flight (it would answer too late)...
-        let short = flights.join_or_start(now + 100 * MS, 10 * MS, || async { 3 });
+        let short = flights.join_or_start(now_until(now + 100 * MS, 10 * MS), || async { 3 });
         assert!(!short.joined);
         // ...and a long one never joins a short flight (it would get less).
         assert_eq!(short.land_by(now + 10_000 * MS).await, Landing::Landed(3));
@@ -207,14 +407,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_late_flight_keeps_flying_for_its_other_passengers() {
-        let flights = Arc::new(Flights::<u32>::default());
+        let flights = flights();
         let now = Instant::now();
-        let (release, held) = oneshot::channel::<()>();
-        let first = flights.join_or_start(now + 1_000 * MS, 100 * MS, move || async move {
-            let _ = held.await;
-            7
-        });
-        let second = flights.join_or_start(now + 1_000 * MS, 100 * MS, || async { 8 });
+        let (release, flight) = held(7);
+        let first = flights.join_or_start(now_until(now + 1_000 * MS, 100 * MS), flight);
+        let second = flights.join_or_start(now_until(now + 1_000 * MS, 100 * MS), || async { 8 });
         assert!(second.joined);
         assert_eq!(first.land_by(Instant::now()).await, Landing::Late);
         release.send(()).unwrap();
@@ -223,10 +420,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_flight_whose_task_panics_is_lost_and_grounded() {
-        let flights = Arc::new(Flights::<u32>::default());
+        let flights = flights();
         let now = Instant::now();
-        let ticket = flights
-            .join_or_start(now + 1_000 * MS, 100 * MS, || async { panic!("flight task panics") });
+        let ticket = flights.join_or_start(now_until(now + 1_000 * MS, 100 * MS), || async {
+            panic!("flight task panics")
+        });
         assert_eq!(ticket.land_by(now + 60_000 * MS).await, Landing::Lost);
         assert_eq!(flights.flying(), 0);
     }

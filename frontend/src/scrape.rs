@@ -4,7 +4,7 @@
 
 use crate::broker::{BrokerClient, BrokerError};
 use crate::budget::Budget;
-use crate::flight::{Flights, Landing};
+use crate::flight::{Flights, Landing, Needs};
 use crate::owner::{CauseLog, Done, OwnerError, SkipLog, Walker};
 use crate::process::{self, ProcessStats};
 use crate::translate::{CoreLabel, ErrorCounters, ErrorSource, Telemetry, translate};
@@ -20,14 +20,16 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// A scrape joins a flight whose deadline is at most this fraction of its own budget earlier
-/// than its own (and never later).
+/// than its own (and never later), and only one whose request was not sent yet or was sent no
+/// more than the broker's freshness bound before the scrape arrived (see [`crate::flight`]).
 const JOIN_TOLERANCE_DIVISOR: u32 = 10;
 
-/// A scrape whose joined flight came back partial asks again only with at least this much of
-/// its own broker deadline left.
+/// A scrape whose joined flight came back partial or too old for it asks again only with at
+/// least this much of its own broker deadline left.
 const MIN_RETRY: Duration = Duration::from_millis(50);
 
-/// Flights one scrape takes at most: its first, and retries after partial joined answers.
+/// Flights one scrape takes at most: its first, and retries after joined answers that were
+/// partial or too old for it.
 const MAX_FLIGHTS_PER_SCRAPE: usize = 3;
 
 /// At most one "timed out" warning per this interval; the others are counted in the next.
@@ -73,9 +75,27 @@ struct Answer {
 impl Answer {
     /// Whether every value was read no earlier than the broker's freshness bound before
     /// `arrived`, when a scrape reached the exporter: always for the scrape that sent the
-    /// request, and for a scrape that joined it only if it came soon enough after.
+    /// request, and for a scrape that joined it only if it came soon enough after. The join rule
+    /// admits only scrapes for which what the flight's request read is fresh; this is still
+    /// false when the broker took values read for an earlier request, up to the bound before
+    /// this one.
     fn fresh_for(&self, arrived: Instant) -> bool {
         self.sent + self.max_age >= arrived + self.oldest
+    }
+
+    /// How many values the answer holds (series of the broker's families).
+    fn values(&self) -> usize {
+        let t = &self.telemetry;
+        t.energy_joules.len() + t.boost_limit_hertz.len() + t.prochot.len()
+    }
+
+    /// Of a partial answer `kept` and a later `other`, the one with more values; `other` when
+    /// they hold as many.
+    fn fuller(kept: Option<Answer>, other: Answer) -> Answer {
+        match kept {
+            Some(kept) if kept.values() > other.values() => kept,
+            _ => other,
+        }
     }
 }
 
@@ -223,8 +243,10 @@ impl Exporter {
 
     /// Collects one scrape within `budget`, never failing: what could not be read is absent
     /// and counted. The scrape keeps its own deadline: it joins a broker request in flight
-    /// only if that request's deadline is within a tenth of its budget before its own and not
-    /// after it, and else sends its own. The work it starts holds `permit` while it runs.
+    /// only if that request was not sent yet or was sent no more than the broker's freshness
+    /// bound before the scrape arrived, and its deadline is within a tenth of the budget before
+    /// its own and not after it; else it sends its own. The work it starts holds `permit` while
+    /// it runs.
     pub(crate) async fn scrape(
         self: &Arc<Self>,
         budget: Budget,
@@ -311,10 +333,15 @@ impl Exporter {
     }
 
     /// The answer for a scrape that arrived at `arrived`, with broker deadline `deadline`,
-    /// that must answer by `answer_by`. A joined flight that comes back partial (its shorter
-    /// deadline left items unread) is followed by another flight with the time left, if there
-    /// is enough; so is one whose values are older than the broker's freshness bound allows
-    /// for this scrape, which is never served to it.
+    /// that must answer by `answer_by`. The join rule ([`crate::flight`]) keeps the values a
+    /// joined flight reads fresh for this scrape, but the broker may also return values it
+    /// read for an earlier request: a joined answer whose oldest value is older than the
+    /// broker's freshness bound allows for this scrape is never served to it, and another
+    /// flight follows with the time left, if there is enough (the broker measures that
+    /// flight's freshness from its own arrival, so on a slow socket it may bring back less
+    /// than the full sample). A joined flight that comes back partial (its shorter deadline
+    /// left items unread) is followed by another flight too; the scrape is served whichever
+    /// of the two holds more values.
     async fn collect(
         self: &Arc<Self>,
         arrived: Instant,
@@ -323,12 +350,13 @@ impl Exporter {
         tolerance: Duration,
         permit: &Permit,
     ) -> Outcome {
+        let needs = Needs { arrived, deadline, tolerance };
         let mut partial = None;
         for _ in 0..MAX_FLIGHTS_PER_SCRAPE {
             let this = Arc::clone(self);
             // The flight's task holds the permit until it lands, whoever still waits for it.
             let held = permit.clone();
-            let ticket = self.flights.join_or_start(deadline, tolerance, move || async move {
+            let ticket = self.flights.join_or_start(needs, move || async move {
                 let outcome = this.fly(deadline).await;
                 drop(held);
                 outcome
@@ -336,10 +364,14 @@ impl Exporter {
             let joined = ticket.joined;
             let outcome = match ticket.land_by(answer_by).await {
                 Landing::Landed(outcome) => outcome,
-                Landing::Late => Outcome::TimedOut,
+                // Not landed in time, or never sent: no broker connection was free in time.
+                Landing::Late | Landing::Grounded => Outcome::TimedOut,
                 // The flight task died; nothing was counted for it.
                 Landing::Lost => Outcome::BrokerFailed,
             };
+            if let Outcome::Answered(a) = &outcome {
+                self.flights.learn_bound(a.max_age);
+            }
             let time_left = deadline.saturating_duration_since(Instant::now()) >= MIN_RETRY;
             match outcome {
                 Outcome::Answered(a) if !a.fresh_for(arrived) => {
@@ -352,9 +384,9 @@ impl Exporter {
                     }
                 }
                 Outcome::Answered(a) if a.telemetry.deadline_exceeded && joined && time_left => {
-                    partial = Some(a);
+                    partial = Some(Answer::fuller(partial, a));
                 }
-                Outcome::Answered(a) => return Outcome::Answered(a),
+                Outcome::Answered(a) => return Outcome::Answered(Answer::fuller(partial, a)),
                 other => return partial.map_or(other, Outcome::Answered),
             }
         }

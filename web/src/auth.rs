@@ -376,17 +376,17 @@ fn credentials(value: &HeaderValue) -> Option<(String, String)> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::net::Ipv4Addr;
 
-    fn basic(user: &str, password: &str) -> HeaderValue {
+    pub(crate) fn basic(user: &str, password: &str) -> HeaderValue {
         let encoded =
             base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
         HeaderValue::from_str(&format!("Basic {encoded}")).unwrap()
     }
 
-    fn hash(password: &str, cost: u32) -> String {
+    pub(crate) fn hash(password: &str, cost: u32) -> String {
         bcrypt::hash_with_result(password, cost).unwrap().format_for_version(bcrypt::Version::TwoY)
     }
 

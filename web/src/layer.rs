@@ -13,7 +13,9 @@ use std::sync::Arc;
 
 /// The middleware in front of every path: the configured headers on every response, and a
 /// `401` with `WWW-Authenticate` for a request without valid credentials when users are
-/// configured (a `503` with `Retry-After` when its client's checks are queued full).
+/// configured (a `503` with `Retry-After` when its client's checks are queued full, a `400`
+/// before any check when it has more than one `Authorization` header: which one counts would
+/// be a guess, and a proxy in front may guess otherwise).
 pub async fn middleware(
     State(web): State<Arc<WebState>>,
     request: Request,
@@ -22,6 +24,16 @@ pub async fn middleware(
     let config = web.current();
     let mut response = match &config.users {
         None => next.run(request).await,
+        Some(_) if request.headers().get_all(header::AUTHORIZATION).iter().nth(1).is_some() => {
+            if let Some(suppressed) = web.auth().failures.check() {
+                tracing::info!(
+                    path = %request.uri().path(),
+                    suppressed,
+                    "HTTP request refused with 400: more than one Authorization header"
+                );
+            }
+            (StatusCode::BAD_REQUEST, "More than one Authorization header.\n").into_response()
+        }
         Some(users) => {
             let authorization = request.headers().get(header::AUTHORIZATION).cloned();
             let client = request
@@ -70,4 +82,43 @@ pub async fn middleware(
         response.headers_mut().insert(name.clone(), value.clone());
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::tests::{basic, hash};
+    use axum::Router;
+    use axum::body::Body;
+    use axum::routing::get;
+    use tower::ServiceExt as _;
+
+    /// Regression (I1): with two `Authorization` headers the first decided, [right, wrong]
+    /// passing and [wrong, right] failing, while a proxy that takes the last one would disagree.
+    #[tokio::test]
+    async fn more_than_one_authorization_header_is_a_400_before_any_check() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("web.yml");
+        let yaml = format!("basic_auth_users:\n  prometheus: {}\n", hash("s3cret", 4));
+        std::fs::write(&path, yaml).unwrap();
+        let web = WebState::load(&path).unwrap();
+        let app = Router::new()
+            .route("/", get(|| async { "served" }))
+            .layer(axum::middleware::from_fn_with_state(Arc::clone(&web), middleware));
+        let get = |authorization: &[HeaderValue]| {
+            let mut request = Request::get("/");
+            for value in authorization {
+                request = request.header(header::AUTHORIZATION, value);
+            }
+            app.clone().oneshot(request.body(Body::empty()).unwrap())
+        };
+        let (right, wrong) = (basic("prometheus", "s3cret"), basic("prometheus", "wrong"));
+        for pair in [[&right, &wrong], [&wrong, &right], [&right, &right]] {
+            let response = get(&pair.map(Clone::clone)).await.unwrap();
+            assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{pair:?}");
+        }
+        assert_eq!(web.auth().cached(), 0, "no credentials were checked");
+        assert_eq!(get(&[right]).await.unwrap().status(), StatusCode::OK);
+        assert_eq!(web.auth().cached(), 1);
+    }
 }

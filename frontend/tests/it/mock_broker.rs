@@ -357,9 +357,31 @@ fn partial_below(ms: u32) -> Responder {
     })
 }
 
+/// A broker whose `n`th answer leaves the energy and boost limit of its first `unread[n]` cores
+/// unread (the last count for every later answer).
+fn unread_by_answer(unread: &'static [usize]) -> Responder {
+    let answers = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    Arc::new(move |t, what, deadline_ms| {
+        let mut s = healthy(t, what, deadline_ms);
+        let n = answers.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        for i in 0..unread[n.min(unread.len() - 1)] {
+            fail_item(&mut s.energy, i, ItemError::DeadlineExceeded);
+            fail_item(&mut s.boost_limit, i, ItemError::DeadlineExceeded);
+        }
+        s
+    })
+}
+
 fn held(respond: Responder) -> (Behaviour, Arc<Semaphore>) {
     let gate = Arc::new(Semaphore::new(0));
     (Behaviour { respond, hold: Some(gate.clone()), ..Behaviour::healthy() }, gate)
+}
+
+/// One scrape let through `gate`: the broker's first answer states its freshness bound, without
+/// which no scrape joins another's flight.
+async fn first_answer(router: &axum::Router, gate: &Semaphore) {
+    gate.add_permits(1);
+    scrape(router).await;
 }
 
 #[tokio::test]
@@ -368,9 +390,10 @@ async fn concurrent_scrapes_with_the_same_timeout_share_one_broker_request() {
     let (behaviour, gate) = held(Arc::new(healthy));
     let broker = MockBroker::start(&dir.path, behaviour);
     let (exporter, router) = exporter_and_router(config(&dir.path));
+    first_answer(&router, &gate).await;
 
     let first = spawn_scrape(&router, "10");
-    until("the first scrape's Sample reached the broker", || broker.samples() == 1).await;
+    until("the first scrape's Sample reached the broker", || broker.samples() == 2).await;
     let second = spawn_scrape(&router, "10");
     // Hold the reply until the second scrape has joined the first one's flight.
     until("the second scrape joined", || exporter.joins() == 1).await;
@@ -380,17 +403,52 @@ async fn concurrent_scrapes_with_the_same_timeout_share_one_broker_request() {
         assert_eq!(m.value("amd_hsmp_broker_up"), Some(1.0));
         assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 8);
     }
-    assert_eq!(broker.samples(), 1, "two concurrent scrapes must share one Sample request");
+    assert_eq!(broker.samples(), 2, "two concurrent scrapes must share one Sample request");
 
     // Once the flight has landed, the next scrape asks again.
     gate.add_permits(1);
     scrape(&router).await;
-    assert_eq!(broker.samples(), 2);
+    assert_eq!(broker.samples(), 3);
+}
+
+/// Regression (P5): a scrape 0.7 s after another with the same 10 s timeout joined its flight
+/// (their deadlines are within a tenth of the budget), although with the broker's bound of
+/// 0.5 s nothing that flight read could be served to it; it waited for the whole flight,
+/// discarded the answer and asked again with the time left, getting less. It starts its own
+/// flight (the broker shares the reads) and gets the whole sample.
+#[tokio::test(start_paused = true)]
+async fn a_scrape_past_the_bound_after_a_flight_started_flies_its_own_and_gets_everything() {
+    let dir = socket_dir();
+    // The broker's default bound (0.5 s); a request with less than 8 s leaves half the cores
+    // unread, as a socket that takes about 7 s to read would.
+    let (behaviour, gate) = held(partial_below(8_000));
+    let broker = MockBroker::start(&dir.path, behaviour);
+    let (exporter, router) = exporter_and_router(config(&dir.path));
+    first_answer(&router, &gate).await;
+
+    let first = spawn_scrape(&router, "10");
+    until("the first scrape's Sample reached the broker", || broker.samples() == 2).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let second = spawn_scrape(&router, "10");
+    until("the second scrape flew or joined", || broker.samples() == 3 || exporter.joins() == 1)
+        .await;
+    // The first flight lands after a slow read, 7 s in.
+    tokio::time::sleep(Duration::from_millis(6_300)).await;
+    gate.add_permits(3);
+    for answer in [first.await.unwrap(), second.await.unwrap()] {
+        let m = Exposition::parse(&answer.body);
+        assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 8, "{}", m.text);
+        assert_eq!(m.count("amd_hsmp_core_boost_limit_hertz"), 8);
+    }
+    assert_eq!(exporter.joins(), 0);
+    assert_eq!(broker.samples(), 3);
 }
 
 /// A scrape that joins a flight gets its answer only if every value in it was read no earlier
 /// than the broker's freshness bound before the scrape itself arrived; otherwise it asks again.
-#[tokio::test]
+/// The join rule lets it join only within the bound after the flight started, but the broker
+/// may answer with values it read for an earlier request.
+#[tokio::test(start_paused = true)]
 async fn a_joined_answer_older_than_the_bound_for_the_joiner_is_never_served_to_it() {
     let dir = socket_dir();
     // The broker's bound is 50 ms, and its oldest value was read 40 ms before the request came.
@@ -402,22 +460,24 @@ async fn a_joined_answer_older_than_the_bound_for_the_joiner_is_never_served_to_
     }));
     let broker = MockBroker::start(&dir.path, behaviour);
     let (exporter, router) = exporter_and_router(config(&dir.path));
+    first_answer(&router, &gate).await;
 
     let first = spawn_scrape(&router, "10");
-    until("the first scrape's Sample reached the broker", || broker.samples() == 1).await;
-    // More than the 10 ms the bound leaves after the first request was sent.
+    until("the first scrape's Sample reached the broker", || broker.samples() == 2).await;
+    // Within the bound after the first request was sent, more than the 10 ms it leaves for a
+    // value read 40 ms before.
     tokio::time::sleep(Duration::from_millis(30)).await;
     let second = spawn_scrape(&router, "10");
     until("the second scrape joined", || exporter.joins() == 1).await;
     gate.add_permits(1);
-    until("the joiner asked again", || broker.samples() == 2).await;
+    until("the joiner asked again", || broker.samples() == 3).await;
     gate.add_permits(1);
     for answer in [first.await.unwrap(), second.await.unwrap()] {
         let m = Exposition::parse(&answer.body);
         assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 8, "{}", m.text);
         assert_eq!(m.errors("scrape"), 0.0);
     }
-    assert_eq!(broker.samples(), 2);
+    assert_eq!(broker.samples(), 3);
 }
 
 #[tokio::test]
@@ -462,31 +522,48 @@ async fn a_short_scrape_never_joins_a_longer_flight_and_is_answered_in_time() {
     assert_eq!(exporter.joins(), 0);
 }
 
-#[tokio::test]
-async fn a_joiner_whose_flight_came_back_partial_asks_again_with_its_own_deadline() {
+/// A scrape that starts a flight and one that joins it, against a broker whose answers leave
+/// cores unread as [`unread_by_answer`] says (the first answer, before theirs, states the
+/// bound): their expositions and how many Samples the broker was asked.
+async fn a_starter_and_a_joiner(unread: &'static [usize]) -> (Exposition, Exposition, usize) {
     let dir = socket_dir();
-    // The first Sample comes back with half its items unread; later ones are complete.
-    let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let respond: Responder = Arc::new(move |t, what, d| {
-        let partial = first.swap(false, std::sync::atomic::Ordering::SeqCst);
-        partial_below(if partial { u32::MAX } else { 0 })(t, what, d)
-    });
-    let (behaviour, gate) = held(respond);
+    let (behaviour, gate) = held(unread_by_answer(unread));
     let broker = MockBroker::start(&dir.path, behaviour);
     let (exporter, router) = exporter_and_router(config(&dir.path));
+    first_answer(&router, &gate).await;
 
     let starter = spawn_scrape(&router, "10");
-    until("the first Sample reached the broker", || broker.samples() == 1).await;
+    until("the starter's Sample reached the broker", || broker.samples() == 2).await;
     let joiner = spawn_scrape(&router, "10");
     until("the second scrape joined", || exporter.joins() == 1).await;
     gate.add_permits(2);
     let starter = Exposition::parse(&starter.await.unwrap().body);
     let joiner = Exposition::parse(&joiner.await.unwrap().body);
+    (starter, joiner, broker.samples())
+}
+
+#[tokio::test]
+async fn a_joiner_whose_flight_came_back_partial_asks_again_with_its_own_deadline() {
+    // The starter's Sample comes back with half its cores unread; the others are complete.
+    let (starter, joiner, samples) = a_starter_and_a_joiner(&[0, 4, 0]).await;
     // The starter had its own full deadline: what it got is what there was.
     assert_eq!(starter.count("amd_hsmp_core_energy_joules_total"), 4);
     // The joiner had time left and asked again.
     assert_eq!(joiner.count("amd_hsmp_core_energy_joules_total"), 8, "{}", joiner.text);
-    assert_eq!(broker.samples(), 2);
+    assert_eq!(samples, 3);
+}
+
+/// The retry after a partial joined answer has only the time the joined flight's shorter
+/// deadline left, and the broker measures its freshness from its own arrival: on a slow socket
+/// it brings back less than the partial answer it follows. The scrape keeps the fuller one.
+#[tokio::test]
+async fn a_joiner_keeps_its_partial_answer_when_asking_again_brings_back_less() {
+    // The starter's Sample has half its cores unread, the joiner's retry all of them.
+    let (starter, joiner, samples) = a_starter_and_a_joiner(&[0, 4, 8]).await;
+    assert_eq!(starter.count("amd_hsmp_core_energy_joules_total"), 4);
+    assert_eq!(samples, 3, "the joiner asked again");
+    assert_eq!(joiner.count("amd_hsmp_core_energy_joules_total"), 4, "{}", joiner.text);
+    assert_eq!(joiner.count("amd_hsmp_core_boost_limit_hertz"), 4);
 }
 
 #[tokio::test]
