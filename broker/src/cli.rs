@@ -112,6 +112,12 @@ pub struct Args {
     #[arg(long)]
     pub check: bool,
 
+    /// How long --check may take in all. Past it a `deadline` line names the check that did not
+    /// finish (a device or a file that does not answer) and --check exits 1.
+    #[arg(long = "check.timeout", value_name = "DURATION", default_value = "30s",
+          value_parser = parse_check_timeout, requires = "check")]
+    pub check_timeout: Duration,
+
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -144,6 +150,14 @@ pub fn parse_idle_timeout(s: &str) -> Result<Duration, String> {
     let d = amd_hsmp_cli::duration::parse(s)?;
     if d < Duration::from_secs(1) || d > Duration::from_secs(240) {
         return Err("must be between 1s and 4m".into());
+    }
+    Ok(d)
+}
+
+pub fn parse_check_timeout(s: &str) -> Result<Duration, String> {
+    let d = amd_hsmp_cli::duration::parse(s)?;
+    if d < Duration::from_secs(1) || d > Duration::from_secs(600) {
+        return Err("must be between 1s and 10m".into());
     }
     Ok(d)
 }

@@ -13,6 +13,7 @@ complete -c amd-hsmp-broker -l connections.shared -d 'Connection slots shared by
 complete -c amd-hsmp-broker -l connections.idle-timeout -d 'A connection with no request for this long is closed (the exporter reconnects)' -r
 complete -c amd-hsmp-broker -l path.procfs -d 'procfs mount point (for cpuinfo)' -r -F
 complete -c amd-hsmp-broker -l path.sysfs -d 'sysfs mount point (for CPU topology)' -r -F
+complete -c amd-hsmp-broker -l check.timeout -d 'How long --check may take in all. Past it a `deadline` line names the check that did not finish (a device or a file that does not answer) and --check exits 1' -r
 complete -c amd-hsmp-broker -l log.level -d 'Only log messages with the given severity or above' -r -f -a "debug\t'Everything, including each reconnect attempt and each refused peer'
 info\t'Start-up, listening, peers and broker lost and found again'
 warn\t'Problems that cost telemetry'
