@@ -11,7 +11,7 @@
 //! `--path.sysfs`, `--hsmp.device`, `--msr.device-root`), so they are tested on fixture trees and
 //! the simulator; what needs the operating system (accounts, SELinux labels) is passed in.
 
-use crate::msr::MsrEnergy;
+use crate::msr::{MAX_CORE_WATTS, MsrEnergy};
 use crate::topology;
 use amd_hsmp_device::{self as device, HsmpOpener, HsmpTransport, MsrOpener, files, messages};
 use amd_hsmp_proto::{ItemError, Message as _, PROTOCOL_VERSION, Reply, Request, Topology};
@@ -38,9 +38,6 @@ pub const ENERGY_WINDOW: Duration = Duration::from_secs(2);
 /// core only, instead of one message per core (a firmware answers in about a millisecond, and
 /// the driver gives up after a few hundred).
 pub const SLOW_MESSAGE: Duration = Duration::from_millis(250);
-/// The most a core can plausibly draw, watts: a Turin core at its highest boost draws well
-/// under half of it.
-const MAX_CORE_WATTS: f64 = 60.0;
 /// Boost limits outside this range (MHz) are not a setting any EPYC part accepts; the upper
 /// bound is the part's own `cpuinfo_max_freq` where cpufreq reports it.
 const BOOST_FLOOR_MHZ: u32 = 400;
@@ -789,8 +786,8 @@ pub fn boost_range(limits: &[(usize, u32)], part_max_mhz: Option<u32>) -> Line {
     }
 }
 
-/// Judges per-core energy over `waited`: every core must advance, at no more than
-/// [`MAX_CORE_WATTS`].
+/// Judges per-core energy over `waited`: every core must advance, at no more than the most a
+/// core can draw ([`MAX_CORE_WATTS`], the bound the MSR fallback's restart rule uses too).
 pub fn energy_rates(
     source: &str,
     before: &[Result<f64, ItemError>],
