@@ -4,7 +4,12 @@
 //! shared pool plus a reserve per allowed identity, and no uid holds more than its share (see
 //! [`ServerConfig::per_uid`]). A peer that is not allowed, a malformed or oversized frame, a
 //! frame that does not arrive in time, or an idle connection closes that connection and nothing
-//! else; refusals are logged at a bounded rate.
+//! else; refusals are logged at a bounded rate. An allowed peer turned away for want of a slot
+//! reads [`Reply::Refused`] with the reason first; one that is not allowed reads nothing.
+//!
+//! A slot is held by a live peer: while a request waits in the sampler, its connection thread
+//! asks the socket every 50 ms whether the peer hung up, and if it has, the request stops
+//! waiting and the connection ends, slot and all.
 
 use amd_hsmp_proto::{
     self as proto, FrameError, Message, PROTOCOL_VERSION, Reply, Request, RequestError,

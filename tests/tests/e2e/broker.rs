@@ -116,12 +116,13 @@ fn closed(s: &mut UnixStream) -> bool {
 /// when this returns: it ends its side and waits for the broker's end, which the broker sends
 /// only after giving the connection's slot back. A bare `connect()` left that slot taken for a
 /// moment, so the next two connections of the test's uid could find its share (2) held and be
-/// refused.
+/// refused. A broker that turns the connection away (its `Refused` reply, then the close)
+/// listens too.
 fn serves(socket: &Path) -> bool {
     let Ok(mut s) = UnixStream::connect(socket) else { return false };
     s.set_read_timeout(Some(PATIENCE)).is_ok()
         && s.shutdown(std::net::Shutdown::Write).is_ok()
-        && closed(&mut s)
+        && s.read_to_end(&mut Vec::new()).is_ok()
 }
 
 /// The `probe` example, copied where uid `uid` can run it, run against `socket` as `uid`.
