@@ -36,8 +36,8 @@ pub const MSR_BOOLEAN: &str = "amd_hsmp_broker_use_msr";
 pub const ENERGY_WINDOW: Duration = Duration::from_secs(2);
 /// A mailbox message that takes longer than this is slow: the `cores` line then asks the first
 /// core only, instead of one message per core (a firmware answers in about a millisecond, and
-/// the driver gives up after a few hundred).
-pub const SLOW_MESSAGE: Duration = Duration::from_millis(250);
+/// the driver gives up after 100 to 500 ms, by kernel version).
+pub const SLOW_MESSAGE: Duration = Duration::from_millis(500);
 /// Boost limits outside this range (MHz) are not a setting any EPYC part accepts; the upper
 /// bound is the part's own `cpuinfo_max_freq` where cpufreq reports it.
 const BOOST_FLOOR_MHZ: u32 = 400;
