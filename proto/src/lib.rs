@@ -18,8 +18,9 @@
 //!
 //! Variants are only ever appended; [`Request::Hello`] and [`Reply::Hello`] stay first so their
 //! discriminant never moves and a peer of any version can always read the handshake. A change
-//! that an older peer cannot decode bumps [`PROTOCOL_VERSION`]. Each variant says which
-//! version introduced it by linking a constant of [`version`].
+//! that an older peer cannot decode bumps [`PROTOCOL_VERSION`], except [`Reply::Refused`], which
+//! is sent in place of the handshake's answer, before any version is agreed. Each variant says
+//! which version introduced it by linking a constant of [`version`].
 #![forbid(unsafe_code)]
 
 mod frame;
