@@ -11,15 +11,15 @@
 //! `--path.sysfs`, `--hsmp.device`, `--msr.device-root`), so they are tested on fixture trees and
 //! the simulator; what needs the operating system (accounts, SELinux labels) is passed in.
 
-use crate::msr::MsrEnergy;
+use crate::msr::{MAX_CORE_WATTS, MsrEnergy};
 use crate::topology;
-use amd_hsmp_device::{self as device, HsmpOpener, HsmpTransport, MsrOpener, messages};
+use amd_hsmp_device::{self as device, HsmpOpener, HsmpTransport, MsrOpener, files, messages};
 use amd_hsmp_proto::{ItemError, Message as _, PROTOCOL_VERSION, Reply, Request, Topology};
 use std::fmt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The group the packaged udev rule gives `/dev/hsmp` (the broker's user's group).
 pub const BROKER_GROUP: &str = "amd-hsmp-broker";
@@ -34,9 +34,10 @@ pub const DEFAULT_SOCKET: &str = "/run/amd-hsmp/broker.sock";
 pub const MSR_BOOLEAN: &str = "amd_hsmp_broker_use_msr";
 /// How long per-core energy is watched.
 pub const ENERGY_WINDOW: Duration = Duration::from_secs(2);
-/// The most a core can plausibly draw, watts: a Turin core at its highest boost draws well
-/// under half of it.
-const MAX_CORE_WATTS: f64 = 60.0;
+/// A mailbox message that takes longer than this is slow: the `cores` line then asks the first
+/// core only, instead of one message per core (a firmware answers in about a millisecond, and
+/// the driver gives up after 100 to 500 ms, by kernel version).
+pub const SLOW_MESSAGE: Duration = Duration::from_millis(500);
 /// Boost limits outside this range (MHz) are not a setting any EPYC part accepts; the upper
 /// bound is the part's own `cpuinfo_max_freq` where cpufreq reports it.
 const BOOST_FLOOR_MHZ: u32 = 400;
@@ -105,6 +106,26 @@ impl fmt::Display for Line {
         }
         Ok(())
     }
+}
+
+/// The line `--check` ends with when it has not finished within `timeout`, `after` being the
+/// name of the last line it printed.
+pub fn deadline(timeout: Duration, after: Option<&str>) -> Line {
+    let step = match after {
+        Some(name) => format!("the check after `{name}`"),
+        None => "the first check (the CPU topology)".into(),
+    };
+    Line::fail(
+        "deadline",
+        format!(
+            "--check did not finish within {} s: {step} is still waiting for a device or a file \
+             that does not answer",
+            timeout.as_secs()
+        ),
+        "look at the input that check reads (--path.procfs, --path.sysfs, --hsmp.device, \
+         --msr.device-root, the socket) and at dmesg; raise --check.timeout only for a slow \
+         machine",
+    )
 }
 
 /// Whether a scrape can work: no line failed.
@@ -177,6 +198,12 @@ impl Node {
 pub enum Selinux {
     /// No selinuxfs: SELinux is not enabled.
     Disabled,
+    /// selinuxfs's `enforce` exists but cannot be read as the file it must be (a FIFO, a
+    /// directory, too long).
+    Unreadable {
+        /// The file and why: `<path>: <error>`.
+        why: String,
+    },
     /// Enabled.
     Enabled {
         /// Enforcing (else permissive).
@@ -188,14 +215,17 @@ pub enum Selinux {
 }
 
 impl Selinux {
-    /// Reads `sysfs/fs/selinux`.
+    /// Reads `sysfs/fs/selinux`, each file without blocking and only as a regular file.
     pub fn read(sysfs: &Path) -> Selinux {
         let fs = sysfs.join("fs/selinux");
-        let Ok(enforce) = std::fs::read_to_string(fs.join("enforce")) else {
-            return Selinux::Disabled;
+        let path = fs.join("enforce");
+        let enforce = match files::read_text(&path, files::TEXT_CAP) {
+            Ok(enforce) => enforce,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Selinux::Disabled,
+            Err(e) => return Selinux::Unreadable { why: format!("{}: {e}", path.display()) },
         };
         // "1 1": the current value, then the pending one.
-        let msr_boolean = std::fs::read_to_string(fs.join("booleans").join(MSR_BOOLEAN))
+        let msr_boolean = files::read_text(&fs.join("booleans").join(MSR_BOOLEAN), files::TEXT_CAP)
             .ok()
             .map(|v| v.split_whitespace().next() == Some("1"));
         Selinux::Enabled { enforcing: enforce.trim() == "1", msr_boolean }
@@ -248,7 +278,35 @@ pub struct Inputs<'a> {
 
 /// Runs every check in order; later ones are skipped where an earlier failure decides them.
 pub fn run(inputs: &mut Inputs<'_>) -> Vec<Line> {
-    let mut lines = Vec::new();
+    run_streaming(inputs, &mut |_| {})
+}
+
+/// The lines so far, each handed to the caller as soon as it is decided.
+struct Report<'e> {
+    lines: Vec<Line>,
+    emit: &'e mut dyn FnMut(&Line),
+}
+
+impl Report<'_> {
+    fn push(&mut self, line: Line) {
+        (self.emit)(&line);
+        self.lines.push(line);
+    }
+
+    fn any_failed(&self) -> bool {
+        self.lines.iter().any(|l| l.verdict == Verdict::Fail)
+    }
+}
+
+/// [`run`], handing each line to `emit` as soon as it is decided, so that an operator sees the
+/// checks done so far even if a later one takes long (a slow mailbox, the energy window).
+pub fn run_streaming(inputs: &mut Inputs<'_>, emit: &mut dyn FnMut(&Line)) -> Vec<Line> {
+    let mut report = Report { lines: Vec::new(), emit };
+    checks(inputs, &mut report);
+    report.lines
+}
+
+fn checks(inputs: &mut Inputs<'_>, report: &mut Report<'_>) {
     let discovered = match &inputs.simulated {
         Some(topo) => Ok(topo.clone()),
         None => topology::discover(inputs.procfs, inputs.sysfs),
@@ -256,34 +314,34 @@ pub fn run(inputs: &mut Inputs<'_>) -> Vec<Line> {
     let topo = match discovered {
         Ok(t) => t,
         Err(e) => {
-            lines.push(Line::fail(
+            report.push(Line::fail(
                 "cpu",
-                format!("cannot read the CPU topology: {e}"),
+                format!("cannot read the CPU topology: {}", amd_hsmp_cli::ErrorChain(&e)),
                 "check --path.procfs and --path.sysfs (a container needs the host's /proc and /sys)",
             ));
-            return lines;
+            return;
         }
     };
     let vendor =
         if inputs.simulated.is_some() { "AuthenticAMD".into() } else { vendor(inputs.procfs) };
-    lines.push(cpu(&vendor, topo.cpu_family, topo.cpu_model));
+    report.push(cpu(&vendor, topo.cpu_family, topo.cpu_model));
     let zen2 = topo.cpu_family == 0x17;
     let node = Node::of(inputs.hsmp_device);
-    let selinux = Selinux::read(inputs.sysfs);
     if inputs.simulated.is_some() {
-        lines.push(Line::skip("driver", "--simulate: the built-in simulator answers"));
+        report.push(Line::skip("driver", "--simulate: the built-in simulator answers"));
     } else {
-        lines.push(driver(inputs.sysfs, zen2, node.is_some()));
-        lines.push(device_node(inputs.hsmp_device, node, inputs.accounts, zen2));
-        lines.push(selinux_state(&selinux, inputs.msr.is_some()));
-        lines.push(labels(&selinux, inputs));
+        report.push(driver(inputs.sysfs, zen2, node.is_some()));
+        report.push(device_node(inputs.hsmp_device, node, inputs.accounts, zen2));
+        let selinux = Selinux::read(inputs.sysfs);
+        report.push(selinux_state(&selinux, inputs.msr.is_some()));
+        report.push(labels(&selinux, inputs));
     }
     let transport = match inputs.hsmp.open() {
         Ok(t) => Some(t),
         Err(errno) => {
             let (found, fix) = open_failure(inputs.hsmp_device, errno);
-            let done = lines.iter().any(|l| l.verdict == Verdict::Fail);
-            lines.push(if done && errno != libc::EACCES && errno != libc::EPERM {
+            let done = report.any_failed();
+            report.push(if done && errno != libc::EACCES && errno != libc::EPERM {
                 Line::skip("protocol", found)
             } else {
                 Line::fail("protocol", found, fix)
@@ -291,32 +349,45 @@ pub fn run(inputs: &mut Inputs<'_>) -> Vec<Line> {
             None
         }
     };
+    // Why energy is not read through HSMP, when the device answered in part.
+    let mut no_hsmp_energy = None;
     let mut rapl = false;
     if let Some(t) = &transport {
-        let (line, version, has_rapl) = protocol(t.as_ref(), &topo);
-        lines.push(line);
-        rapl = has_rapl;
-        if version.is_some() {
-            let (line, limits) = cores(t.as_ref(), &topo);
-            lines.push(line);
-            lines.push(boost_range(&limits, max_boost_mhz(inputs.sysfs)));
-        } else {
-            lines.push(Line::skip("cores", "the device does not answer"));
-            lines.push(Line::skip("boost", "the device does not answer"));
+        let (line, probe) = protocol(t.as_ref(), &topo);
+        report.push(line);
+        rapl = probe.rapl;
+        match probe.silent_socket {
+            None => {
+                let (line, limits, slow) = cores(t.as_ref(), &topo);
+                report.push(line);
+                report.push(boost_range(&limits, max_boost_mhz(inputs.sysfs)));
+                if slow {
+                    no_hsmp_energy =
+                        Some("the mailbox is too slow to read every core (see cores)".into());
+                }
+            }
+            Some(socket) => {
+                let why = format!("socket {socket} does not answer (see protocol)");
+                report.push(Line::skip("cores", why.clone()));
+                report.push(Line::skip("boost", why.clone()));
+                no_hsmp_energy = Some(why);
+            }
         }
     } else {
-        lines.push(Line::skip("cores", "no device"));
-        lines.push(Line::skip("boost", "no device"));
+        report.push(Line::skip("cores", "no device"));
+        report.push(Line::skip("boost", "no device"));
     }
     if let Some(opener) = inputs.msr {
-        lines.push(msr_setup(inputs.sysfs, inputs.msr_root, inputs.etc));
-        lines.push(energy_msr(&topo, opener, inputs.energy_wait));
+        report.push(msr_setup(inputs.sysfs, inputs.msr_root, inputs.etc));
+        report.push(energy_msr(&topo, opener, inputs.energy_wait));
+    } else if let Some(why) = no_hsmp_energy {
+        report.push(Line::skip("energy", format!("not read through HSMP: {why}")));
     } else if rapl {
         if let Some(t) = &transport {
-            lines.push(energy_hsmp(t.as_ref(), &topo, inputs.energy_wait));
+            report.push(energy_hsmp(t.as_ref(), &topo, inputs.energy_wait));
         }
     } else {
-        lines.push(Line::warn(
+        report.push(Line::warn(
             "energy",
             "no source: HSMP without the RAPL messages (protocol below 7, or no device) and no MSR \
              fallback; amd_hsmp_core_energy_joules_total is not exported",
@@ -324,13 +395,12 @@ pub fn run(inputs: &mut Inputs<'_>) -> Vec<Line> {
              guide, \"MSR fallback\") and run the check with --collector.core-energy.msr-fallback",
         ));
     }
-    lines.push(socket(inputs.socket, Node::of(inputs.socket), inputs.accounts));
-    lines
+    report.push(socket(inputs.socket, Node::of(inputs.socket), inputs.accounts));
 }
 
 /// `vendor_id` of the first processor in cpuinfo.
 fn vendor(procfs: &Path) -> String {
-    std::fs::read_to_string(procfs.join("cpuinfo"))
+    files::read_text(&procfs.join("cpuinfo"), files::CPUINFO_CAP)
         .ok()
         .and_then(|text| {
             text.lines().find_map(|l| {
@@ -441,8 +511,16 @@ pub fn device_node(path: &Path, node: Option<Node>, accounts: &Accounts, zen2: b
 
 /// SELinux mode, the policy module and the MSR boolean.
 pub fn selinux_state(selinux: &Selinux, msr_fallback: bool) -> Line {
-    let Selinux::Enabled { enforcing, msr_boolean } = selinux else {
-        return Line::pass("selinux", "disabled: nothing to check");
+    let (enforcing, msr_boolean) = match selinux {
+        Selinux::Disabled => return Line::pass("selinux", "disabled: nothing to check"),
+        Selinux::Unreadable { why } => {
+            return Line::fail(
+                "selinux",
+                format!("cannot read the SELinux mode: {why}"),
+                "check --path.sysfs: selinuxfs (sys/fs/selinux) must be the kernel's",
+            );
+        }
+        Selinux::Enabled { enforcing, msr_boolean } => (enforcing, msr_boolean),
     };
     let mode = if *enforcing { "enforcing" } else { "permissive" };
     let Some(boolean) = msr_boolean else {
@@ -539,9 +617,17 @@ pub fn denied_hint() -> &'static str {
      /dev/hsmp); run amd-hsmp-broker --check"
 }
 
-/// `GET_PROTO_VER` on every socket, and which families answer on the first one. Returns the
-/// line, the version, and whether the RAPL messages answer.
-fn protocol(t: &dyn HsmpTransport, topo: &Topology) -> (Line, Option<u32>, bool) {
+/// What the protocol check found out for the checks after it.
+#[derive(Debug, Clone, Copy, Default)]
+struct Probe {
+    /// The RAPL messages answer on the first socket.
+    rapl: bool,
+    /// The first socket that did not answer `GET_PROTO_VER` (or the topology has none).
+    silent_socket: Option<u32>,
+}
+
+/// `GET_PROTO_VER` on every socket, and which families answer on the first one.
+fn protocol(t: &dyn HsmpTransport, topo: &Topology) -> (Line, Probe) {
     let mut versions = Vec::new();
     for &socket in &topo.sockets {
         match messages::proto_version(t, socket) {
@@ -554,14 +640,14 @@ fn protocol(t: &dyn HsmpTransport, topo: &Topology) -> (Line, Option<u32>, bool)
                         "reload the driver and look at dmesg; if it persists, update the BIOS \
                          (SMU firmware)",
                     ),
-                    None,
-                    false,
+                    Probe { rapl: false, silent_socket: Some(socket) },
                 );
             }
         }
     }
     let Some(&version) = versions.first() else {
-        return (Line::fail("protocol", "no socket in the topology", "report it"), None, false);
+        let line = Line::fail("protocol", "no socket in the topology", "report it");
+        return (line, Probe { rapl: false, silent_socket: Some(0) });
     };
     let first = topo.sockets.first().copied().unwrap_or(0);
     let apic = topo.cores.first().map_or(0, |c| c.apic_id);
@@ -591,19 +677,22 @@ fn protocol(t: &dyn HsmpTransport, topo: &Topology) -> (Line, Option<u32>, bool)
                 format!("{found}; sockets differ: {versions:?}"),
                 "update the BIOS so both sockets run the same SMU firmware",
             ),
-            Some(version),
-            has_rapl,
+            Probe { rapl: has_rapl, silent_socket: None },
         );
     }
-    (Line::pass("protocol", found), Some(version), has_rapl)
+    (Line::pass("protocol", found), Probe { rapl: has_rapl, silent_socket: None })
 }
 
-/// `GET_BOOST_LIMIT` of every core by its APIC id on its socket. Returns the line and the
-/// limits read (MHz).
-fn cores(t: &dyn HsmpTransport, topo: &Topology) -> (Line, Vec<(usize, u32)>) {
+/// `GET_BOOST_LIMIT` of every core by its APIC id on its socket. Returns the line, the limits
+/// read (MHz), and whether the mailbox is too slow to be asked once per core: if the first
+/// core's message takes longer than [`SLOW_MESSAGE`], the other cores are not asked (one
+/// bounded probe, not one slow message per core) and the line says so.
+fn cores(t: &dyn HsmpTransport, topo: &Topology) -> (Line, Vec<(usize, u32)>, bool) {
     let mut limits = Vec::new();
     let mut failed = Vec::new();
+    let total = topo.cores.len();
     for (index, core) in topo.cores.iter().enumerate() {
+        let started = Instant::now();
         match messages::boost_limit_mhz(t, core.socket, core.apic_id) {
             Ok(mhz) => limits.push((index, mhz)),
             Err(e) => failed.push(format!(
@@ -611,8 +700,26 @@ fn cores(t: &dyn HsmpTransport, topo: &Topology) -> (Line, Vec<(usize, u32)>) {
                 core.socket, core.core, core.apic_id
             )),
         }
+        let took = started.elapsed();
+        if index == 0 && total > 1 && took > SLOW_MESSAGE {
+            let line = Line::fail(
+                "cores",
+                format!(
+                    "the first core's GET_BOOST_LIMIT took {:.1} s, over the {} ms a message may \
+                     take: the other {} cores were not asked (a scrape of this machine would \
+                     need {:.0} s)",
+                    took.as_secs_f64(),
+                    SLOW_MESSAGE.as_millis(),
+                    total - 1,
+                    took.as_secs_f64() * (2 * total + topo.sockets.len()) as f64
+                        / topo.sockets.len().max(1) as f64,
+                ),
+                "the SMU mailbox answers slowly: look at dmesg, reload the driver (modprobe -r \
+                 amd_hsmp; modprobe amd_hsmp); if it persists, update the BIOS (SMU firmware)",
+            );
+            return (line, limits, true);
+        }
     }
-    let total = topo.cores.len();
     if failed.is_empty() {
         return (
             Line::pass(
@@ -623,6 +730,7 @@ fn cores(t: &dyn HsmpTransport, topo: &Topology) -> (Line, Vec<(usize, u32)>) {
                 ),
             ),
             limits,
+            false,
         );
     }
     let shown: Vec<&str> = failed.iter().take(4).map(String::as_str).collect();
@@ -636,14 +744,14 @@ fn cores(t: &dyn HsmpTransport, topo: &Topology) -> (Line, Vec<(usize, u32)>) {
              that the BIOS's APIC layout matches /proc/cpuinfo, then update the BIOS",
         ),
         limits,
+        false,
     )
 }
 
 /// The part's highest frequency from cpufreq (`cpuinfo_max_freq`, kHz), in MHz.
 fn max_boost_mhz(sysfs: &Path) -> Option<u32> {
-    let text =
-        std::fs::read_to_string(sysfs.join("devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"))
-            .ok()?;
+    let path = sysfs.join("devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq");
+    let text = files::read_text(&path, files::TEXT_CAP).ok()?;
     text.trim().parse::<u32>().ok().map(|khz| khz / 1000).filter(|&m| m > 0)
 }
 
@@ -678,8 +786,8 @@ pub fn boost_range(limits: &[(usize, u32)], part_max_mhz: Option<u32>) -> Line {
     }
 }
 
-/// Judges per-core energy over `waited`: every core must advance, at no more than
-/// [`MAX_CORE_WATTS`].
+/// Judges per-core energy over `waited`: every core must advance, at no more than the most a
+/// core can draw ([`MAX_CORE_WATTS`], the bound the MSR fallback's restart rule uses too).
 pub fn energy_rates(
     source: &str,
     before: &[Result<f64, ItemError>],
@@ -792,14 +900,18 @@ pub fn msr_setup(sysfs: &Path, msr_root: &Path, etc: &Path) -> Line {
     }
     // "[none] integrity confidentiality": the bracketed one is active. Lockdown blocks MSR
     // writes only; reads, all the broker does, stay allowed.
-    let lockdown = std::fs::read_to_string(sysfs.join("kernel/security/lockdown"))
-        .ok()
-        .and_then(|t| {
-            let start = t.find('[')?;
-            let end = t.get(start..)?.find(']')?;
-            t.get(start + 1..start + end).map(str::to_string)
-        })
-        .unwrap_or_else(|| "not available".into());
+    let path = sysfs.join("kernel/security/lockdown");
+    let lockdown = match files::read_text(&path, files::TEXT_CAP) {
+        Ok(t) => {
+            let active = t.find('[').and_then(|start| {
+                let end = t.get(start..)?.find(']')?;
+                t.get(start + 1..start + end).map(str::to_string)
+            });
+            active.unwrap_or_else(|| "not available".into())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => "not available".into(),
+        Err(e) => format!("unknown ({}: {e})", path.display()),
+    };
     let drop_in = etc.join("systemd/system/amd-hsmp-broker.service.d/msr-fallback.conf");
     if !drop_in.is_file() {
         problems.push(format!("no {}", drop_in.display()));

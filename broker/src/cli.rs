@@ -33,7 +33,8 @@ pub struct Args {
           value_parser = parse_socket_mode, requires = "listen")]
     pub listen_mode: u32,
 
-    /// Serve peers with this uid (repeatable). Root is always served.
+    /// Serve peers with this uid (repeatable). Root is always allowed, within the same
+    /// --connections.per-uid limit as any uid.
     #[arg(long = "allow-uid", value_name = "UID")]
     pub allow_uid: Vec<u32>,
 
@@ -77,9 +78,11 @@ pub struct Args {
           value_parser = parse_max_age)]
     pub sample_max_age: Duration,
 
-    /// Connection slots each peer uid may hold at once. Each --allow-uid/--allow-user/
-    /// --allow-gid/--allow-group identity has this many slots kept for it alone, so the
-    /// exporter (which holds at most 2) always connects, whoever else squats.
+    /// Connection slots each peer uid may hold at once, root included. Each
+    /// --allow-uid/--allow-user/--allow-gid/--allow-group identity has this many slots kept for
+    /// it alone, so the exporter (which holds at most 2) always connects, whoever else squats.
+    /// A slot is free again as soon as its peer hangs up, even while its request waits; an
+    /// allowed peer turned away is told why before the close.
     #[arg(long = "connections.per-uid", value_name = "N", default_value_t = 2,
           value_parser = clap::value_parser!(u16).range(2..=64))]
     pub connections_per_uid: u16,
@@ -108,6 +111,12 @@ pub struct Args {
     /// as root with the flags of /etc/sysconfig/amd-hsmp-broker.
     #[arg(long)]
     pub check: bool,
+
+    /// How long --check may take in all. Past it a `deadline` line names the check that did not
+    /// finish (a device or a file that does not answer) and --check exits 1.
+    #[arg(long = "check.timeout", value_name = "DURATION", default_value = "30s",
+          value_parser = parse_check_timeout, requires = "check")]
+    pub check_timeout: Duration,
 
     #[command(flatten)]
     pub common: CommonArgs,
@@ -141,6 +150,14 @@ pub fn parse_idle_timeout(s: &str) -> Result<Duration, String> {
     let d = amd_hsmp_cli::duration::parse(s)?;
     if d < Duration::from_secs(1) || d > Duration::from_secs(240) {
         return Err("must be between 1s and 4m".into());
+    }
+    Ok(d)
+}
+
+pub fn parse_check_timeout(s: &str) -> Result<Duration, String> {
+    let d = amd_hsmp_cli::duration::parse(s)?;
+    if d < Duration::from_secs(1) || d > Duration::from_secs(600) {
+        return Err("must be between 1s and 10m".into());
     }
     Ok(d)
 }

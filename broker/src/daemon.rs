@@ -3,7 +3,11 @@
 //!
 //! Exit codes: 0 after `SIGTERM` or `SIGINT` (the `--listen` socket file removed), 1 start-up
 //! failure (the message names the step), 2 bad command line (clap's, in the binaries). `SIGHUP`,
-//! `SIGUSR1` and `SIGUSR2` are ignored (logged once each).
+//! `SIGUSR1` and `SIGUSR2` are ignored (logged once each). A `SIGTERM` or `SIGINT` during
+//! start-up, before the capabilities are dropped and the socket taken, ends the broker by the
+//! signal's default action (no exit code: "killed by SIGTERM", which systemd counts as a clean
+//! stop), so a start-up stuck on a device or a file that does not answer still stops when told.
+//! `--check` exits 0 when no check fails and 1 otherwise, past `--check.timeout` included.
 
 use crate::cli::Args;
 use crate::server::{self, Backend, Identity, ServerConfig};
@@ -121,17 +125,51 @@ fn check(program: &str, cli: &Args, simulation: Option<&dyn Simulation>) -> Exit
         energy_wait: &mut wait,
         simulated,
     };
-    let lines = check::run(&mut inputs);
-    for line in &lines {
+    // Each line is printed as soon as it is decided. A watchdog ends the run at
+    // --check.timeout with a line naming the check that did not finish: a blocking ioctl or
+    // read cannot be interrupted, so the deadline is kept from another thread.
+    let printed = Arc::new(std::sync::Mutex::new(Printed::default()));
+    let watched = Arc::clone(&printed);
+    let timeout = cli.check_timeout;
+    let verdict = |passed: bool| {
+        if passed {
+            format!("{program} --check: every check a scrape needs passed")
+        } else {
+            format!("{program} --check: a scrape cannot work as it should; see FAIL above")
+        }
+    };
+    let failed = verdict(false);
+    let watchdog = std::thread::Builder::new().name("check-deadline".into()).spawn(move || {
+        std::thread::sleep(timeout);
+        let printed = watched.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !printed.finished {
+            println!("{}", check::deadline(timeout, printed.last));
+            println!("{failed}");
+            std::process::exit(1);
+        }
+    });
+    if let Err(e) = watchdog {
+        eprintln!("{program}: cannot start the --check deadline: {e}; running without it");
+    }
+    let lock = || printed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let lines = check::run_streaming(&mut inputs, &mut |line| {
+        let mut printed = lock();
         println!("{line}");
-    }
-    if check::passed(&lines) {
-        println!("{program} --check: every check a scrape needs passed");
-        ExitCode::SUCCESS
-    } else {
-        println!("{program} --check: a scrape cannot work as it should; see FAIL above");
-        ExitCode::FAILURE
-    }
+        printed.last = Some(line.name);
+    });
+    let mut printed = lock();
+    printed.finished = true;
+    let passed = check::passed(&lines);
+    println!("{}", verdict(passed));
+    if passed { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+/// What `--check` has printed, shared with its deadline's watchdog: the last line's name, and
+/// whether the verdict is being printed (then the watchdog says nothing).
+#[derive(Debug, Default)]
+struct Printed {
+    last: Option<&'static str>,
+    finished: bool,
 }
 
 /// The numeric allow-lists: ids as given, plus names resolved through NSS now, while the broker
@@ -156,10 +194,18 @@ fn allow_lists(cli: &Args) -> Result<(Vec<u32>, Vec<u32>)> {
 
 /// The signals the broker handles on its own thread instead of dying of them.
 fn handled_signals() -> SigSet {
-    let mut set = SigSet::empty();
-    for sig in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGUSR1, Signal::SIGUSR2] {
+    let mut set = stopping_signals();
+    for sig in [Signal::SIGHUP, Signal::SIGUSR1, Signal::SIGUSR2] {
         set.add(sig);
     }
+    set
+}
+
+/// The signals that stop the broker.
+fn stopping_signals() -> SigSet {
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGTERM);
+    set.add(Signal::SIGINT);
     set
 }
 
@@ -208,9 +254,16 @@ fn spawn_signal_thread(set: SigSet, socket: Option<lockdown::SocketFile>) -> Res
 
 fn run(cli: Args, simulation: Option<&dyn Simulation>) -> Result<()> {
     // Blocked before any thread exists, so every thread inherits the mask and only the signal
-    // thread's sigwait receives them.
+    // thread's sigwait receives them. SIGTERM and SIGINT only once the devices are open and the
+    // capabilities dropped: until then their default action ends the broker, so a start-up that
+    // blocks (a device or a file that does not answer) is not deaf to them. The broker is still
+    // single-threaded there, and one arriving after the block waits for the signal thread.
     let signals = handled_signals();
-    signals.thread_block().context("cannot block signals")?;
+    let mut ignored = signals;
+    for stop in stopping_signals().iter() {
+        ignored.remove(stop);
+    }
+    ignored.thread_block().context("cannot block signals")?;
     let (mut allow_uids, allow_gids) = allow_lists(&cli)?;
     if simulation.is_some() {
         // The simulator reads no device: whoever started it may read it.
@@ -257,6 +310,9 @@ fn run(cli: Args, simulation: Option<&dyn Simulation>) -> Result<()> {
     );
 
     lockdown::drop_privileges().context("cannot drop privileges")?;
+    // From here a SIGTERM removes the socket file the next step creates (the signal thread
+    // takes it once it runs).
+    stopping_signals().thread_block().context("cannot block signals")?;
     let (listener, socket_file) = listener(cli.listen.as_deref(), cli.listen_mode)?;
     // Not under systemd this is a no-op.
     if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {

@@ -182,7 +182,8 @@ const FORBIDDEN: &[i64] = &[
 /// System calls the broker makes while serving, each with the code path that needs it.
 #[cfg(target_arch = "x86_64")]
 const ALLOWED: &[i64] = &[
-    // server: accept, peer credentials, timeouts, framing
+    // server: accept, peer credentials, timeouts, framing; poll/ppoll: a connection whose
+    // request waits in the sampler asks its socket whether the peer hung up (server::hung_up)
     libc::SYS_accept4,
     libc::SYS_accept,
     libc::SYS_getsockopt,
@@ -200,7 +201,8 @@ const ALLOWED: &[i64] = &[
     libc::SYS_ppoll,
     // MSR reads (pread at the register number)
     libc::SYS_pread64,
-    // File metadata (std's File and a late re-open of /dev/hsmp)
+    // File metadata (std's File and a late re-open of /dev/hsmp: files::open_device checks the
+    // node's type with fstat/statx and clears O_NONBLOCK with fcntl F_GETFL/F_SETFL)
     libc::SYS_fstat,
     libc::SYS_newfstatat,
     libc::SYS_statx,

@@ -24,9 +24,11 @@ use std::time::Duration;
 /// half an hour for a core drawing 30 W, so two wraps can never fit in one period.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(30);
 
-/// The most power one core is assumed able to draw, in watts, to bound how fast its counter can
-/// wrap. No EPYC core comes near it: the largest parts' package power (500 W) spread over their
-/// fewest cores (16) is 31 W a core, and a single core at full boost draws well under 20 W.
+/// The most power one core can draw, in watts: the broker's one bound on a core's power. It
+/// bounds how fast a core's counter can wrap ([`wrap_window`]), what a reading may add before it
+/// is taken for a restarted counter, and, in `--check`, which energy rates are implausible. No
+/// EPYC core comes near it: the largest parts' package power (500 W) spread over their fewest
+/// cores (16) is 31 W a core, and a single core at full boost draws well under 20 W.
 pub const MAX_CORE_WATTS: f64 = 100.0;
 
 /// The shortest time in which a core's 32-bit counter of `2^-esu` J units can wrap:

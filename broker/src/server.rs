@@ -4,7 +4,12 @@
 //! shared pool plus a reserve per allowed identity, and no uid holds more than its share (see
 //! [`ServerConfig::per_uid`]). A peer that is not allowed, a malformed or oversized frame, a
 //! frame that does not arrive in time, or an idle connection closes that connection and nothing
-//! else; refusals are logged at a bounded rate.
+//! else; refusals are logged at a bounded rate. An allowed peer turned away for want of a slot
+//! reads [`Reply::Refused`] with the reason first; one that is not allowed reads nothing.
+//!
+//! A slot is held by a live peer: while a request waits in the sampler, its connection thread
+//! asks the socket every 50 ms whether the peer hung up, and if it has, the request stops
+//! waiting and the connection ends, slot and all.
 
 use amd_hsmp_proto::{
     self as proto, FrameError, Message, PROTOCOL_VERSION, Reply, Request, RequestError,
@@ -19,8 +24,15 @@ use std::time::{Duration, Instant};
 pub trait Backend: Send + Sync {
     /// The discovered machine.
     fn topology(&self) -> &proto::Topology;
-    /// One reading of `what`, with no message sent after `deadline`.
-    fn sample(&self, what: proto::Families, deadline: Instant) -> proto::Sample;
+    /// One reading of `what`, with no message sent after `deadline`. While it waits it asks
+    /// `gone` now and then whether the requester is still there, and once it is not, stops
+    /// waiting (and wanting reads) and returns what it has.
+    fn sample(
+        &self,
+        what: proto::Families,
+        deadline: Instant,
+        gone: &dyn Fn() -> bool,
+    ) -> proto::Sample;
 }
 
 /// Fixed facts sent in the handshake.
@@ -121,6 +133,19 @@ enum Refusal {
 }
 
 impl Refusal {
+    /// What an allowed peer is told before the close; `None` for the refusals said nothing of
+    /// (a peer that is not allowed learns nothing).
+    fn reply(self, config: &ServerConfig) -> Option<Reply> {
+        let reason = match self {
+            Refusal::PerUidLimit => proto::Refusal::PerUidLimit {
+                limit: u32::try_from(config.per_uid).unwrap_or(u32::MAX),
+            },
+            Refusal::NoSlot => proto::Refusal::NoSlot,
+            Refusal::NotAllowed | Refusal::Credentials | Refusal::Dropped => return None,
+        };
+        Some(Reply::Refused { reason })
+    }
+
     fn message(self) -> &'static str {
         match self {
             Refusal::NotAllowed => "peer not allowed; closing",
@@ -323,6 +348,9 @@ pub fn serve(
             Ok(slot) => SlotGuard { slots: Arc::clone(&slots), uid: peer.uid, slot },
             Err(reason) => {
                 refuse(&peer, reason);
+                if let Some(reply) = reason.reply(&config) {
+                    tell(stream, &reply);
+                }
                 continue;
             }
         };
@@ -354,6 +382,27 @@ pub fn serve(
             tracing::warn!(error = %e, "cannot start a connection thread; closing");
         }
     }
+}
+
+/// Writes `reply` to a connection about to be closed, without ever blocking the accept loop:
+/// a few bytes into a fresh socket's empty buffer, with a short write timeout besides. A peer
+/// that has gone already is not an error.
+fn tell(mut stream: UnixStream, reply: &Reply) {
+    let Ok(frame) = reply.to_frame() else { return };
+    if stream.set_write_timeout(Some(Duration::from_millis(100))).is_ok() {
+        let _ = stream.write_all(&frame);
+    }
+}
+
+/// Whether the peer of `stream` has hung up: `poll` without waiting reports `POLLHUP` (the peer
+/// closed its end or died) or an error. A peer that only shut down its writing half, or that
+/// sent more bytes, is still there.
+fn hung_up(stream: &UnixStream) -> bool {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    let mut fds = [PollFd::new(stream, PollFlags::IN)];
+    let now = Timespec { tv_sec: 0, tv_nsec: 0 };
+    let gone = PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL;
+    poll(&mut fds, Some(&now)).is_ok() && fds.iter().any(|fd| fd.revents().intersects(gone))
 }
 
 fn is_transient_accept_error(e: &io::Error) -> bool {
@@ -490,7 +539,15 @@ pub fn handle(
             Request::Topology => Reply::Topology(backend.topology().clone()),
             Request::Sample { what, deadline_ms } => {
                 let budget = Duration::from_millis(u64::from(deadline_ms)).min(config.max_deadline);
-                Reply::Sample(backend.sample(what, Instant::now() + budget))
+                let peer = &*stream;
+                let sample = backend.sample(what, Instant::now() + budget, &|| hung_up(peer));
+                if hung_up(stream) {
+                    // Nobody reads the answer: end now, so the slot is free for the peer's
+                    // next connection (an exporter restarted with requests in flight).
+                    tracing::debug!("peer hung up while its request waited; closing");
+                    return Ok(());
+                }
+                Reply::Sample(sample)
             }
         };
         send(stream, &reply)?;
@@ -522,7 +579,7 @@ mod tests {
         fn topology(&self) -> &Topology {
             &self.topology
         }
-        fn sample(&self, what: Families, deadline: Instant) -> Sample {
+        fn sample(&self, what: Families, deadline: Instant, _gone: &dyn Fn() -> bool) -> Sample {
             self.deadlines.lock().unwrap().push(deadline.saturating_duration_since(Instant::now()));
             Sample::healthy(&self.topology, what)
         }
@@ -727,6 +784,115 @@ mod tests {
             log.record(uid, Refusal::NotAllowed, t0 + Duration::from_secs(11));
         }
         assert_eq!(log.suppressed.len(), PEER_LOG_KEYS + 1, "bounded, with one overflow bucket");
+    }
+
+    /// A backend whose samples wait for their requester to hang up (or their deadline), and
+    /// say when they start and end.
+    struct Waits {
+        topology: Topology,
+        started: std::sync::mpsc::Sender<()>,
+        ended: std::sync::mpsc::Sender<bool>,
+    }
+
+    impl Backend for Waits {
+        fn topology(&self) -> &Topology {
+            &self.topology
+        }
+        fn sample(&self, what: Families, deadline: Instant, gone: &dyn Fn() -> bool) -> Sample {
+            self.started.send(()).unwrap();
+            while Instant::now() < deadline && !gone() {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            self.ended.send(gone()).unwrap();
+            Sample::healthy(&self.topology, what)
+        }
+    }
+
+    /// The broker on a socket in a temporary directory, with a backend whose samples wait.
+    fn serving(
+        config: ServerConfig,
+    ) -> (
+        tempfile::TempDir,
+        std::path::PathBuf,
+        std::sync::mpsc::Receiver<()>,
+        std::sync::mpsc::Receiver<bool>,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("broker.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let (started, started_rx) = std::sync::mpsc::channel();
+        let (ended, ended_rx) = std::sync::mpsc::channel();
+        let backend = Arc::new(Waits { topology: fake().topology, started, ended });
+        let identity = Identity { instance: 1, simulated: None };
+        std::thread::spawn(move || serve(listener, backend, identity, config));
+        (dir, path, started_rx, ended_rx)
+    }
+
+    fn greeted(path: &std::path::Path) -> Result<UnixStream, Reply> {
+        let mut c = UnixStream::connect(path).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        // A refused connection may be closed before the Hello is written: the reason is read
+        // all the same.
+        let _ = hello().write(&mut c);
+        match Reply::read(&mut c).unwrap() {
+            Reply::Hello { .. } => Ok(c),
+            other => Err(other),
+        }
+    }
+
+    /// Regression (P4): a slot was freed only when its request's deadline passed, so an
+    /// exporter restarted with two requests in flight was refused by its own per-uid limit.
+    #[test]
+    fn a_peer_whose_connections_hang_up_while_waiting_connects_again_at_once() {
+        let uid = rustix::process::geteuid().as_raw();
+        let (_dir, path, started, ended) =
+            serving(ServerConfig { allow_uids: vec![uid], ..config() });
+        let mut waiting = Vec::new();
+        for _ in 0..2 {
+            let mut c = greeted(&path).unwrap();
+            Request::Sample { what: Families::ALL, deadline_ms: 60_000 }.write(&mut c).unwrap();
+            started.recv_timeout(Duration::from_secs(5)).unwrap();
+            waiting.push(c);
+        }
+        // This test's uid (every test peer is one uid) is at its limit of 2.
+        let limit = u32::try_from(config().per_uid).unwrap();
+        let refused = greeted(&path).unwrap_err();
+        assert_eq!(refused, Reply::Refused { reason: proto::Refusal::PerUidLimit { limit } });
+        drop(waiting);
+        for _ in 0..2 {
+            let hung_up = ended.recv_timeout(Duration::from_secs(5)).expect("a sample still waits");
+            assert!(hung_up, "the sample ended without seeing the hang-up");
+        }
+        // Its deadline is a minute away; the slot is free within the time the connection thread
+        // takes to return.
+        let started = Instant::now();
+        let again = loop {
+            match greeted(&path) {
+                Ok(c) => break c,
+                Err(reply) if started.elapsed() < Duration::from_secs(5) => {
+                    assert!(matches!(reply, Reply::Refused { .. }), "{reply:?}");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(reply) => panic!("still refused after 5 s: {reply:?}"),
+            }
+        };
+        drop(again);
+    }
+
+    #[test]
+    fn a_refused_allowed_peer_is_told_why_and_a_peer_not_allowed_nothing() {
+        // No shared slot and no reserve: root is allowed but finds no slot; anyone else is not
+        // allowed. The test runs as one or the other.
+        let (_dir, path, _started, _ended) = serving(ServerConfig { shared: 0, ..config() });
+        let mut c = UnixStream::connect(&path).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let _ = hello().write(&mut c);
+        let reply = Reply::read(&mut c);
+        if rustix::process::geteuid().is_root() {
+            assert_eq!(reply.unwrap(), Reply::Refused { reason: proto::Refusal::NoSlot });
+        } else {
+            assert!(matches!(reply, Err(FrameError::Closed | FrameError::Io(_))), "{reply:?}");
+        }
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! by (`physical_package_id`, `core_id`). These differ on multi-socket SMT machines, so all three
 //! are read here once and carried together in [`Core`].
 
+use amd_hsmp_device::files;
 use amd_hsmp_proto::{Core, Topology};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, BufRead};
@@ -131,6 +132,10 @@ pub enum CpuListError {
 
 /// Discovers the machine's physical cores.
 ///
+/// Every file is opened without blocking and must be a regular file (as procfs and sysfs files
+/// are): a FIFO or a directory in its place is an error at once, never a hang; cpuinfo is read
+/// up to [`files::CPUINFO_CAP`], the sysfs files up to [`files::TEXT_CAP`].
+///
 /// Reads `<procfs>/cpuinfo` (`processor`, `apicid`, `cpu family`, `model`), the online list
 /// `<sysfs>/devices/system/cpu/online` (if missing, every listed processor counts as online) and,
 /// per online processor, `<sysfs>/devices/system/cpu/cpuN/topology/{core_id,physical_package_id}`.
@@ -142,10 +147,12 @@ pub enum CpuListError {
 pub fn discover(procfs: &Path, sysfs: &Path) -> Result<Topology, TopologyError> {
     let cpuinfo_path = procfs.join("cpuinfo");
     // Streamed line by line: on a 2 × 192-core machine cpuinfo is over a megabyte, which
-    // read whole would be most of the broker's peak memory.
-    let cpuinfo = std::fs::File::open(&cpuinfo_path)
+    // read whole would be most of the broker's peak memory. Opened without blocking, as a
+    // regular file only, and read up to a cap.
+    let cpuinfo = files::open_regular(&cpuinfo_path)
         .map_err(|source| TopologyError::Read { path: cpuinfo_path.clone(), source })?;
-    let mut processors = parse_cpuinfo(&cpuinfo_path, io::BufReader::new(cpuinfo))?;
+    let cpuinfo = io::BufReader::new(files::capped(cpuinfo, files::CPUINFO_CAP));
+    let mut processors = parse_cpuinfo(&cpuinfo_path, cpuinfo)?;
     processors.sort_by_key(|p| p.processor);
     let mut apic_ids: BTreeMap<u32, u32> = BTreeMap::new();
     for p in &processors {
@@ -310,7 +317,7 @@ fn parse_cpuinfo(path: &Path, mut reader: impl BufRead) -> Result<Vec<Processor>
 
 /// Reads the online CPU list; `None` if the file does not exist.
 fn read_online(path: &Path) -> Result<Option<BTreeSet<u32>>, TopologyError> {
-    let text = match std::fs::read_to_string(path) {
+    let text = match files::read_text(path, files::TEXT_CAP) {
         Ok(text) => text,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(source) => {
@@ -325,7 +332,7 @@ fn read_online(path: &Path) -> Result<Option<BTreeSet<u32>>, TopologyError> {
 
 /// Reads one decimal number from a sysfs file; `None` if the file (or its directory) is gone.
 fn read_sysfs_u32(path: &Path) -> Result<Option<u32>, TopologyError> {
-    let text = match std::fs::read_to_string(path) {
+    let text = match files::read_text(path, files::TEXT_CAP) {
         Ok(text) => text,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(source) => {
@@ -610,38 +617,66 @@ mod tests {
         assert_eq!((topo.cpu_family, topo.cpu_model), (26, 17));
     }
 
-    /// cpuinfo is parsed as it is read, not read whole first: a reader that is still being
-    /// written gets its malformed line reported before the writer has finished. Read whole,
+    /// cpuinfo is parsed as it is read, not read whole first: a malformed line early in a file
+    /// longer than the cap is reported as such, before the read reaches the cap. Read whole,
     /// cpuinfo would be the broker's largest allocation (over a megabyte on 2 × 192 cores).
     #[test]
     fn cpuinfo_is_parsed_as_it_streams_not_read_whole() {
         let dir = tempfile::tempdir().unwrap();
-        fs::create_dir_all(dir.path().join("proc")).unwrap();
-        let fifo = dir.path().join("proc/cpuinfo");
-        let status = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
-        assert!(status.success(), "mkfifo failed");
-        let (finish, finished) = std::sync::mpsc::channel::<()>();
-        let writer = std::thread::spawn(move || {
-            use std::io::Write;
-            let mut w = fs::OpenOptions::new().write(true).open(&fifo).unwrap();
-            w.write_all(b"processor\t: 0\ncpu family\t: 26\nmodel\t\t: 17\napicid\t\t: 0\n")
-                .unwrap();
-            w.write_all(b"processor\t: 1\napicid\t\t: one\n").unwrap();
-            w.flush().unwrap();
-            // Hold the pipe open (more of the file to come) until discovery has answered.
-            let _ = finished.recv_timeout(Duration::from_secs(60));
-        });
-        let (procfs, sysfs) = (dir.path().join("proc"), dir.path().join("sys"));
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || tx.send(discover(&procfs, &sysfs)).unwrap());
-        let result = rx.recv_timeout(Duration::from_secs(20));
-        finish.send(()).unwrap();
-        writer.join().unwrap();
-        let err = result.expect("discovery waited for the end of cpuinfo").unwrap_err();
+        let mut text =
+            String::from("processor\t: 0\ncpu family\t: 26\nmodel\t\t: 17\napicid\t\t: 0\n");
+        text.push_str("processor\t: 1\napicid\t\t: one\n");
+        let flags = "flags\t\t: fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov\n";
+        while (text.len() as u64) <= files::CPUINFO_CAP {
+            text.push_str(flags);
+        }
+        write_cpuinfo(&dir, &text);
+        let err = run(&dir).unwrap_err();
         assert!(
             matches!(err, TopologyError::CpuinfoValue { line: 6, field: "apicid", .. }),
             "{err:?}"
         );
+    }
+
+    /// A cpuinfo beyond the cap is refused, naming the file and the cap.
+    #[test]
+    fn an_oversized_cpuinfo_is_refused_naming_the_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut text = String::new();
+        let flags = "flags\t\t: fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov\n";
+        while (text.len() as u64) <= files::CPUINFO_CAP {
+            text.push_str(flags);
+        }
+        write_cpuinfo(&dir, &text);
+        let err = run(&dir).unwrap_err();
+        let chain = amd_hsmp_cli::ErrorChain(&err).to_string();
+        assert!(chain.ends_with("proc/cpuinfo: larger than the 16 MiB limit"), "{chain}");
+    }
+
+    /// Regression (P6): a FIFO in place of cpuinfo or of a sysfs topology file held the open (or
+    /// the read) for ever. Now it is refused at once, naming the file and what it is.
+    #[test]
+    fn a_fifo_as_cpuinfo_or_as_core_id_is_refused_at_once() {
+        let fifo = |path: &Path| {
+            let _ = fs::remove_file(path);
+            let mode = rustix::fs::Mode::from_raw_mode(0o600);
+            rustix::fs::mknodat(rustix::fs::CWD, path, rustix::fs::FileType::Fifo, mode, 0)
+                .unwrap();
+        };
+        let discover_soon = |dir: &tempfile::TempDir| {
+            let (procfs, sysfs) = (dir.path().join("proc"), dir.path().join("sys"));
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || tx.send(discover(&procfs, &sysfs)).unwrap());
+            rx.recv_timeout(Duration::from_secs(20)).expect("discovery blocked").unwrap_err()
+        };
+        let dir = tree(&two_socket_smt());
+        fifo(&dir.path().join("proc/cpuinfo"));
+        let chain = amd_hsmp_cli::ErrorChain(&discover_soon(&dir)).to_string();
+        assert!(chain.ends_with("proc/cpuinfo: not a regular file but a FIFO"), "{chain}");
+        let dir = tree(&two_socket_smt());
+        fifo(&dir.path().join("sys/devices/system/cpu/cpu0/topology/core_id"));
+        let chain = amd_hsmp_cli::ErrorChain(&discover_soon(&dir)).to_string();
+        assert!(chain.ends_with("cpu0/topology/core_id: not a regular file but a FIFO"), "{chain}");
     }
 
     #[test]

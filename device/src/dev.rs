@@ -1,7 +1,7 @@
 //! The real transports: `/dev/hsmp` opened read-only, messages sent with `sys::hsmp_ioctl`;
 //! `/dev/cpu/<N>/msr` opened read-only, registers read with `pread`.
 
-use crate::{Errno, HsmpMessage, HsmpOpener, HsmpTransport, MsrOpener, MsrTransport, sys};
+use crate::{Errno, HsmpMessage, HsmpOpener, HsmpTransport, MsrOpener, MsrTransport, files, sys};
 use std::fs::File;
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
@@ -23,10 +23,10 @@ pub struct DevHsmp {
 
 impl DevHsmp {
     /// Opens `path` read-only (`O_RDONLY | O_CLOEXEC`): GET messages need no more, and a
-    /// read-only descriptor cannot send a SET message.
+    /// read-only descriptor cannot send a SET message. The open cannot block, and a node that
+    /// is not a device (a FIFO, a directory, a socket) is `ENODEV`: see [`open_node`].
     pub fn open(path: &Path) -> Result<DevHsmp, Errno> {
-        let file = File::open(path).map_err(|e| errno_of(&e))?;
-        Ok(DevHsmp { file })
+        Ok(DevHsmp { file: open_node(path)? })
     }
 }
 
@@ -59,8 +59,7 @@ pub struct MsrDeviceOpener {
 impl MsrOpener for MsrDeviceOpener {
     fn open(&self, cpu: u32) -> Result<Box<dyn MsrTransport>, Errno> {
         let path = self.root.join(cpu.to_string()).join("msr");
-        let file = File::open(path).map_err(|e| errno_of(&e))?;
-        Ok(Box::new(DevMsr { file }))
+        Ok(Box::new(DevMsr { file: open_node(&path)? }))
     }
 }
 
@@ -79,6 +78,16 @@ impl MsrTransport for DevMsr {
             Err(e) => Err(errno_of(&e)),
         }
     }
+}
+
+/// Opens a device node with [`files::open_device`]: without blocking, and only if it is a
+/// character device (or a regular file, as the test suite's fake device is). Anything else is
+/// no device: `ENODEV`.
+fn open_node(path: &Path) -> Result<File, Errno> {
+    files::open_device(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::InvalidInput => libc::ENODEV,
+        _ => errno_of(&e),
+    })
 }
 
 /// The errno behind an I/O error; `EIO` for an error that carries none.
@@ -110,6 +119,24 @@ mod tests {
             messages::proto_version(dev.as_ref(), 0),
             Err(ItemError::Io { errno: libc::ENOTTY })
         );
+    }
+
+    /// Regression (P6): `/dev/hsmp` was opened with a blocking `open`, which a FIFO holds until
+    /// a writer comes: `--check` and the broker's start-up hung for ever.
+    #[test]
+    fn a_fifo_in_place_of_the_node_is_no_device_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hsmp");
+        let mode = rustix::fs::Mode::from_raw_mode(0o600);
+        rustix::fs::mknodat(rustix::fs::CWD, &path, rustix::fs::FileType::Fifo, mode, 0).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let opener = HsmpDeviceOpener { path };
+        std::thread::spawn(move || tx.send(opener.open().map(drop)).unwrap());
+        let opened = rx.recv_timeout(std::time::Duration::from_secs(5)).expect("open blocked");
+        assert_eq!(opened.unwrap_err(), libc::ENODEV);
+        let msr = MsrDeviceOpener { root: dir.path().to_owned() };
+        std::fs::create_dir_all(dir.path().join("0/msr")).unwrap();
+        assert_eq!(msr.open(0).map(drop).unwrap_err(), libc::ENODEV);
     }
 
     #[test]

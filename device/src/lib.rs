@@ -5,6 +5,8 @@
 //! - [`messages`]: the messages the broker sends, with typed calls over a transport;
 //! - [`errno`]: what the driver's errno values mean;
 //! - [`msr`]: the RAPL model-specific registers;
+//! - [`files`]: the broker's inputs opened without blocking, as the kind of file each must be,
+//!   and read up to a size cap;
 //! - the transport traits ([`HsmpTransport`], [`MsrTransport`] and their openers) that let the
 //!   same code talk to the kernel ([`DevHsmp`], [`DevMsr`]) or to a simulator;
 //! - `sys`: the only `unsafe` code of the project, the `ioctl` call.
@@ -18,6 +20,7 @@
 pub mod abi;
 mod dev;
 pub mod errno;
+pub mod files;
 pub mod messages;
 pub mod msr;
 #[allow(unsafe_code)] // The one place the kernel interface needs it; see its SAFETY comment.

@@ -3,8 +3,9 @@
 //! re-established (Hello, then Topology) on the next request.
 
 use amd_hsmp_proto::{
-    FrameError, Message, PROTOCOL_VERSION, Reply, Request, RequestError, Sample, Topology,
+    FrameError, Message, PROTOCOL_VERSION, Refusal, Reply, Request, RequestError, Sample, Topology,
 };
+use amd_hsmp_web::ratelimit::RateLimit;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -23,6 +24,14 @@ pub(crate) const MAX_CONNECTIONS: usize = 2;
 /// with what it has read, so a reply later than this means the connection is stuck: only then
 /// is it given up.
 pub(crate) const REPLY_GRACE: Duration = Duration::from_secs(2);
+
+/// How long a connection the broker turned away ([`Reply::Refused`]) waits before its one
+/// retry: longer than the broker takes to notice that a peer's earlier connection hung up and
+/// free its slot (50 ms), so an exporter restarted with requests in flight gets in.
+const REFUSED_PAUSE: Duration = Duration::from_millis(250);
+
+/// At most one "turned away" warning per this interval; the others are counted in the next.
+const REFUSED_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Why a request to the broker failed.
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +75,14 @@ pub(crate) enum BrokerError {
     /// Every connection was busy until the sample's deadline; nothing was sent.
     #[error("no broker connection became free before the deadline")]
     Busy,
+    /// The broker turned the connection away before the handshake ([`Reply::Refused`]), and
+    /// again on the one retry: it is up, but this uid holds its share of connections or no slot
+    /// is free.
+    #[error("the broker turned the connection away: {reason}")]
+    TurnedAway {
+        /// The broker's reason.
+        reason: Refusal,
+    },
     /// No reply arrived by the deadline plus [`REPLY_GRACE`]; the connection was dropped.
     #[error("no reply to {request} within {grace:?} after its deadline")]
     NoReply {
@@ -148,6 +165,8 @@ pub(crate) struct BrokerClient {
     /// Connections not in use, ready for the next request.
     idle: Mutex<Vec<Connection>>,
     last_instance: Mutex<Option<u64>>,
+    /// Connections turned away even on their retry, logged at a bounded rate.
+    refused_log: RateLimit,
 }
 
 /// The next step when connecting to the broker's socket fails with `source`.
@@ -171,6 +190,7 @@ impl BrokerClient {
             permits: Semaphore::new(MAX_CONNECTIONS),
             idle: Mutex::new(Vec::new()),
             last_instance: Mutex::new(None),
+            refused_log: RateLimit::new(REFUSED_LOG_INTERVAL),
         }
     }
 
@@ -203,13 +223,13 @@ impl BrokerClient {
         let pooled = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let (mut conn, reused) = match pooled {
             Some(conn) => (conn, true),
-            None => (self.connect_by(reply_by).await?, false),
+            None => (self.connect_by(deadline, reply_by).await?, false),
         };
         let mut sent = Instant::now();
         let result = match conn.sample(what, deadline, reply_by).await {
             Err(e) if reused && e.is_connection_lost() => {
                 tracing::debug!(error = %amd_hsmp_cli::chain(&e), "broker connection lost, reconnecting");
-                conn = self.connect_by(reply_by).await?;
+                conn = self.connect_by(deadline, reply_by).await?;
                 sent = Instant::now();
                 conn.sample(what, deadline, reply_by).await
             }
@@ -228,11 +248,36 @@ impl BrokerClient {
         Ok(snapshot)
     }
 
-    /// Connects and handshakes, giving up at `by`.
-    async fn connect_by(&self, by: Instant) -> Result<Connection, BrokerError> {
-        timeout_at(by, self.connect())
-            .await
-            .unwrap_or(Err(BrokerError::NoReply { request: "Hello", grace: REPLY_GRACE }))
+    /// Connects and handshakes, giving up at `by`. A connection the broker turns away is
+    /// tried once more after [`REFUSED_PAUSE`] if that still leaves time before `deadline`
+    /// (the sample's): the slot it lacked is usually one of this exporter's own connections
+    /// that has just ended. A refusal that persists is logged at a bounded rate.
+    async fn connect_by(&self, deadline: Instant, by: Instant) -> Result<Connection, BrokerError> {
+        let attempt = || async {
+            timeout_at(by, self.connect())
+                .await
+                .unwrap_or(Err(BrokerError::NoReply { request: "Hello", grace: REPLY_GRACE }))
+        };
+        let result = match attempt().await {
+            Err(BrokerError::TurnedAway { reason })
+                if Instant::now() + REFUSED_PAUSE < deadline =>
+            {
+                tracing::debug!(%reason, "the broker turned the connection away; retrying once");
+                tokio::time::sleep(REFUSED_PAUSE).await;
+                attempt().await
+            }
+            other => other,
+        };
+        if let Err(BrokerError::TurnedAway { reason }) = &result
+            && let Some(suppressed) = self.refused_log.check()
+        {
+            tracing::warn!(
+                %reason,
+                suppressed,
+                "the broker is up but turned this exporter's connection away; telemetry left out"
+            );
+        }
+        result
     }
 
     async fn connect(&self) -> Result<Connection, BrokerError> {
@@ -240,10 +285,22 @@ impl BrokerClient {
             .await
             .map_err(|source| BrokerError::Connect { path: self.path.clone(), source })?;
         let hello = Request::Hello { protocol_version: PROTOCOL_VERSION };
-        let info = match exchange(&mut stream, &hello, "Hello").await? {
+        let reply = match exchange(&mut stream, &hello, "Hello").await {
+            // A broker that turns the connection away writes why and closes without reading,
+            // so the Hello may meet a closed socket: the reason is still there to read.
+            Err(e @ BrokerError::Send { .. }) if e.is_connection_lost() => {
+                match Reply::read_async(&mut stream).await {
+                    Ok(refused @ Reply::Refused { .. }) => refused,
+                    _ => return Err(e),
+                }
+            }
+            other => other?,
+        };
+        let info = match reply {
             Reply::Hello { broker_version, instance, simulated, .. } => {
                 Arc::new(BrokerInfo { broker_version, instance, simulated })
             }
+            Reply::Refused { reason } => return Err(BrokerError::TurnedAway { reason }),
             Reply::Error(source) => return Err(BrokerError::Refused { request: "Hello", source }),
             other => return Err(BrokerError::Unexpected { request: "Hello", reply: kind(&other) }),
         };
@@ -317,6 +374,7 @@ fn kind(reply: &Reply) -> &'static str {
         Reply::Topology(_) => "Topology",
         Reply::Sample(_) => "Sample",
         Reply::Error(_) => "Error",
+        Reply::Refused { .. } => "Refused",
     }
 }
 #[cfg(test)]

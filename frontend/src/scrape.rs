@@ -423,6 +423,13 @@ impl Exporter {
             }
             // Every connection was busy with other flights until the deadline.
             Err(BrokerError::Busy) => Outcome::TimedOut,
+            // The broker is up and said why it turned the connection away (logged by the
+            // client at a bounded rate): a failed request, not an outage, so broker_up keeps
+            // its last value.
+            Err(BrokerError::TurnedAway { .. }) => {
+                self.errors.add(ErrorSource::Broker, 1);
+                Outcome::TimedOut
+            }
             Err(e) => {
                 self.errors.add(ErrorSource::Broker, 1);
                 if self.broker_reachable.swap(false, Ordering::Relaxed) {

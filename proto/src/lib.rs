@@ -18,8 +18,9 @@
 //!
 //! Variants are only ever appended; [`Request::Hello`] and [`Reply::Hello`] stay first so their
 //! discriminant never moves and a peer of any version can always read the handshake. A change
-//! that an older peer cannot decode bumps [`PROTOCOL_VERSION`]. Each variant says which
-//! version introduced it by linking a constant of [`version`].
+//! that an older peer cannot decode bumps [`PROTOCOL_VERSION`], except [`Reply::Refused`], which
+//! is sent in place of the handshake's answer, before any version is agreed. Each variant says
+//! which version introduced it by linking a constant of [`version`].
 #![forbid(unsafe_code)]
 
 mod frame;
@@ -119,6 +120,35 @@ pub enum Reply {
     /// Since [`version::V1`]. The request was refused; the connection stays usable unless the error
     /// says otherwise.
     Error(RequestError),
+    /// Since [`version::V2`]. The broker turned the connection away before any request: the
+    /// peer is allowed, but holds its share of connections or no slot is free. Sent once, in
+    /// place of the answer to [`Request::Hello`], then the connection is closed. A peer that is
+    /// not allowed is closed with nothing said.
+    ///
+    /// Added within [`version::V2`] without a bump: it comes before the handshake, where no
+    /// version has been agreed, and a peer that cannot decode it is no worse off than with the
+    /// bare close it had before. Appended, so no other variant's encoding moves.
+    Refused {
+        /// Why the connection was turned away.
+        reason: Refusal,
+    },
+}
+
+/// Why the broker turned an allowed peer's connection away ([`Reply::Refused`]). Both are
+/// temporary: the peer may connect again once one of its connections (or someone's) ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum Refusal {
+    /// Since [`version::V2`]. The peer's uid already holds `limit` connections
+    /// (`--connections.per-uid`); root has the limit too.
+    #[error("this uid already holds its {limit} connections (--connections.per-uid)")]
+    PerUidLimit {
+        /// The broker's per-uid limit.
+        limit: u32,
+    },
+    /// Since [`version::V2`]. Every slot this peer may take (its reserve and the shared pool,
+    /// `--connections.shared`) is held by other connections.
+    #[error("no connection slot is free (--connections.shared)")]
+    NoSlot,
 }
 
 /// Why the broker refused a request.

@@ -118,6 +118,8 @@ fn reply() -> impl Strategy<Value = Reply> {
             RequestError::VersionMismatch { broker, peer }
         )),
         Just(Reply::Error(RequestError::HelloRequired)),
+        any::<u32>().prop_map(|limit| Reply::Refused { reason: Refusal::PerUidLimit { limit } }),
+        Just(Reply::Refused { reason: Refusal::NoSlot }),
     ]
 }
 
@@ -226,6 +228,18 @@ fn hello_wire_format_is_stable() {
     };
     let frame = reply.to_frame().unwrap();
     assert_eq!(&frame[4..], [0, 1, 3, b'0', b'.', b'1', 5, 0]);
+}
+
+/// `Refused` was appended: the older replies keep their discriminants (0 to 3) and it takes the
+/// next one.
+#[test]
+fn refused_is_appended_after_every_older_reply() {
+    let frame = Reply::Refused { reason: Refusal::PerUidLimit { limit: 2 } }.to_frame().unwrap();
+    assert_eq!(&frame[4..], [4, 0, 2]);
+    let frame = Reply::Refused { reason: Refusal::NoSlot }.to_frame().unwrap();
+    assert_eq!(&frame[4..], [4, 1]);
+    let frame = Reply::Error(RequestError::HelloRequired).to_frame().unwrap();
+    assert_eq!(&frame[4..], [3, 1]);
 }
 
 #[test]

@@ -17,6 +17,16 @@ fn run_simulated(
     msr: bool,
     wait: &mut dyn FnMut() -> Duration,
 ) -> Vec<Line> {
+    run_simulated_streaming(machine, msr, wait, &mut |_| {})
+}
+
+/// [`run_simulated`], handing each line to `emit` as it is decided.
+fn run_simulated_streaming(
+    machine: &Arc<Machine>,
+    msr: bool,
+    wait: &mut dyn FnMut() -> Duration,
+    emit: &mut dyn FnMut(&Line),
+) -> Vec<Line> {
     let dir = tempfile::tempdir().unwrap();
     let hsmp = machine.hsmp_opener();
     let msr_opener = machine.msr_opener();
@@ -36,7 +46,7 @@ fn run_simulated(
         energy_wait: wait,
         simulated: Some(machine.topology().clone()),
     };
-    run(&mut inputs)
+    run_streaming(&mut inputs, emit)
 }
 
 fn line<'a>(lines: &'a [Line], name: &str) -> &'a Line {
@@ -281,6 +291,18 @@ fn implausible_power_fails() {
     assert!(l.found.contains("core index 1: 500.0 W"), "{l}");
 }
 
+/// The check and the MSR fallback's restart rule share one bound on a core's power: a rate the
+/// broker would count as energy is plausible here, one it would take for a restart is not.
+#[test]
+fn implausible_means_beyond_the_most_a_core_can_draw() {
+    let just_under = [Ok(crate::msr::MAX_CORE_WATTS - 1.0)];
+    let l = energy_rates("MSR", &[Ok(0.0)], &just_under, Duration::from_secs(1));
+    assert_eq!(l.verdict, Verdict::Pass, "{l}");
+    let just_over = [Ok(crate::msr::MAX_CORE_WATTS + 1.0)];
+    let l = energy_rates("MSR", &[Ok(0.0)], &just_over, Duration::from_secs(1));
+    assert_eq!(l.verdict, Verdict::Fail, "{l}");
+}
+
 #[test]
 fn a_part_without_rapl_messages_only_warns_about_energy() {
     let machine = static_machine(Profile::Milan1p);
@@ -364,4 +386,66 @@ fn a_fixture_machine_is_read_like_the_real_one() {
     assert!(shown[2].starts_with("FAIL  device"), "{shown:#?}");
     assert!(shown[3].starts_with("ok    selinux   disabled"), "{shown:#?}");
     assert_eq!(line(&lines, "cores").verdict, Verdict::Pass, "{shown:#?}");
+}
+
+/// Regression (I2): with one socket silent, the energy line said "no source: HSMP without the
+/// RAPL messages (protocol below 7, or no device)", though the other socket has RAPL. It names
+/// the socket now.
+#[test]
+fn with_one_socket_silent_the_energy_line_names_it() {
+    let machine = static_machine(Profile::Turin2p);
+    machine.update_faults(|f| {
+        f.wedged_sockets.insert(1);
+    });
+    let lines = run_simulated(&machine, false, &mut two_watts(&machine));
+    let protocol = line(&lines, "protocol");
+    assert!(protocol.found.starts_with("socket 1 does not answer GET_PROTO_VER"), "{protocol}");
+    let energy = line(&lines, "energy");
+    assert_eq!(energy.verdict, Verdict::Skip, "{energy}");
+    assert!(energy.found.contains("socket 1 does not answer"), "{energy}");
+    assert!(!energy.found.contains("no source"), "{energy}");
+}
+
+/// Regression (P6): the `cores` line sent one message per core whatever the mailbox's pace: on
+/// a mailbox answering in 3 s, minutes of nothing. Now a first core slower than
+/// [`SLOW_MESSAGE`] ends it, and energy is not read through the mailbox either.
+#[test]
+fn a_slow_mailbox_costs_the_cores_line_one_message_not_one_per_core() {
+    let mut spec = Profile::Turin2p.spec();
+    spec.core_ids.truncate(4);
+    let machine = Machine::new(spec, FirmwareConfig::new(Mode::Static));
+    machine.update_faults(|f| {
+        f.latency = SLOW_MESSAGE + Duration::from_millis(100);
+        f.driver_timeout = Duration::from_secs(10);
+    });
+    let sent = || machine.mailbox(0).entered + machine.mailbox(1).entered;
+    let before = sent();
+    let lines = run_simulated(&machine, false, &mut two_watts(&machine));
+    let cores = line(&lines, "cores");
+    assert_eq!(cores.verdict, Verdict::Fail, "{cores}");
+    assert!(cores.found.contains("the other 7 cores were not asked"), "{cores}");
+    assert!(fix(cores).contains("SMU mailbox answers slowly"), "{cores}");
+    let energy = line(&lines, "energy");
+    assert_eq!(energy.verdict, Verdict::Skip, "{energy}");
+    // GET_PROTO_VER of both sockets, the three family probes of the first, one boost limit.
+    assert_eq!(sent() - before, 2 + 3 + 1, "{lines:#?}");
+}
+
+/// Each line reaches the caller as soon as it is decided: while the mailbox holds the first
+/// message, the lines before it have been handed out.
+#[test]
+fn lines_are_handed_out_as_they_are_decided() {
+    let machine = static_machine(Profile::Turin2p);
+    machine.hold_socket(0);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let m = Arc::clone(&machine);
+    let run = std::thread::spawn(move || {
+        run_simulated_streaming(&m, false, &mut two_watts(&m), &mut |l| tx.send(l.name).unwrap())
+    });
+    machine.wait_mailbox(0, Duration::from_secs(20), |b| b.pending == 1).unwrap();
+    let early: Vec<&str> = rx.try_iter().collect();
+    assert_eq!(early, ["cpu", "driver"]);
+    machine.release_socket(0);
+    let lines = run.join().unwrap();
+    assert_eq!(rx.try_iter().count() + early.len(), lines.len());
 }

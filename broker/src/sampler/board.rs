@@ -271,9 +271,26 @@ impl Board {
     }
 
     /// Takes `waiter` off the board; what it still wanted is read only if another request
-    /// wants it too.
+    /// still waiting wants it too: each such item's want is made again from the requests left,
+    /// so a request that ends early (its peer hung up) holds no read after it.
     pub(super) fn deregister(&self, waiter: &Arc<Waiter>) {
-        lock(&self.state).waiters.retain(|e| !Arc::ptr_eq(&e.waiter, waiter));
+        let mut state = lock(&self.state);
+        let state = &mut *state;
+        let Some(at) = state.waiters.iter().position(|e| Arc::ptr_eq(&e.waiter, waiter)) else {
+            return;
+        };
+        let gone = state.waiters.remove(at);
+        for (position, _) in gone.needs.iter().enumerate().filter(|(_, need)| **need) {
+            let Some(cell) = state.cells.get_mut(position) else { continue };
+            let left = state.waiters.iter().filter(|e| e.needs.get(position) == Some(&true));
+            cell.want = left.fold(None, |want: Option<Want>, e| {
+                let (until, newest) = (e.waiter.deadline, e.waiter.arrived);
+                Some(want.map_or(Want { until, newest }, |w| Want {
+                    until: w.until.max(until),
+                    newest: w.newest.max(newest),
+                }))
+            });
+        }
     }
 
     /// Waits for the next wanted item whose deadline has not passed, in order from where the
@@ -339,6 +356,10 @@ impl Board {
         !state.reading && state.cells.iter().all(|c| c.want.is_none_or(|w| w.until <= now))
     }
 }
+
+/// How often a waiting request asks whether its requester is still there: the longest a
+/// request whose peer hung up keeps its connection slot and its wants.
+pub(super) const GONE_CHECK: Duration = Duration::from_millis(50);
 
 /// One request: what it asks for, from when its values must be, and what it has been given.
 #[derive(Debug)]
@@ -421,19 +442,25 @@ impl Waiter {
         }
     }
 
-    /// Waits until the request has every item it waits for or its deadline has passed, and
-    /// returns its items with how long before its arrival the oldest of them was read.
-    pub(super) fn wait(&self) -> (Items, Duration) {
+    /// Waits until the request has every item it waits for, its deadline has passed or
+    /// `gone` says nobody waits for the answer any more (asked every [`GONE_CHECK`] while
+    /// waiting), and returns its items with how long before its arrival the oldest of them was
+    /// read.
+    pub(super) fn wait(&self, gone: &dyn Fn() -> bool) -> (Items, Duration) {
         let mut state = lock(&self.state);
         while state.remaining > 0 {
             let left = self.deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
             }
-            state = self
+            let (guard, waited) = self
                 .complete
-                .wait_timeout(state, left)
-                .map_or_else(|e| e.into_inner().0, |(guard, _)| guard);
+                .wait_timeout(state, left.min(GONE_CHECK))
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            state = guard;
+            if waited.timed_out() && state.remaining > 0 && gone() {
+                break;
+            }
         }
         let oldest =
             state.oldest.map_or(Duration::ZERO, |o| self.arrived.saturating_duration_since(o));

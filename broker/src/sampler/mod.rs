@@ -357,12 +357,25 @@ impl Sampler {
     /// earlier than the freshness bound before this call; nothing is sent for this request
     /// after `deadline`.
     pub fn sample(&self, what: Families, deadline: Instant) -> Sample {
+        self.sample_while(what, deadline, &|| false)
+    }
+
+    /// [`Sampler::sample`] for a requester that may go away: while it waits, `gone` is asked
+    /// every 50 ms whether anyone still waits for the answer (the connection's peer has hung
+    /// up). Once it says so, the request stops waiting and wants nothing more: the items only
+    /// it wanted are not read for it, and it answers at once with what it has.
+    pub fn sample_while(
+        &self,
+        what: Families,
+        deadline: Instant,
+        gone: &dyn Fn() -> bool,
+    ) -> Sample {
         let arrived = Instant::now();
         let plan = Arc::new(self.shared.plan(what, deadline));
         let topology = &self.shared.topology;
         let waiter = Arc::new(Waiter::new(what, plan, arrived, self.max_age, deadline, topology));
         self.workers.register(&waiter);
-        let (items, oldest) = waiter.wait();
+        let (items, oldest) = waiter.wait(gone);
         self.workers.deregister(&waiter);
         self.shared.settle(&waiter.plan);
         let mut sample = self.shared.answer(&waiter.plan, what, items);
@@ -619,8 +632,8 @@ impl crate::server::Backend for Sampler {
         Sampler::topology(self)
     }
 
-    fn sample(&self, what: Families, deadline: Instant) -> Sample {
-        Sampler::sample(self, what, deadline)
+    fn sample(&self, what: Families, deadline: Instant, gone: &dyn Fn() -> bool) -> Sample {
+        Sampler::sample_while(self, what, deadline, gone)
     }
 }
 

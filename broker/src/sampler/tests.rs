@@ -571,6 +571,39 @@ fn a_wedged_socket_holds_one_message_and_queues_no_work() {
     });
 }
 
+/// Regression (P4): a request whose peer had hung up waited in the sampler until its deadline,
+/// keeping its connection slot, and its wants kept the worker reading for nobody. Now it stops
+/// waiting once `gone` says so, and what only it wanted is not read.
+#[test]
+fn a_request_whose_requester_is_gone_stops_waiting_and_wants_nothing_more() {
+    let machine = turin(3);
+    let (opener, sampler) = sampler(&machine);
+    let sampler = Arc::new(sampler);
+    let before = machine.mailbox(1);
+    machine.hold_socket(1);
+    let gone = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (s, g) = (Arc::clone(&sampler), Arc::clone(&gone));
+    let (tx, rx) = mpsc::channel();
+    let request = spawn(move || {
+        tx.send(s.sample_while(Families::ALL, soon(), &|| g.load(Ordering::SeqCst))).unwrap()
+    });
+    machine.wait_mailbox(1, GATE, |b| b.pending == 1).unwrap();
+    let early = rx.recv_timeout(Duration::from_millis(100));
+    assert!(early.is_err(), "answered while its requester was there: {early:?}");
+    gone.store(true, Ordering::SeqCst);
+    // Its deadline is 30 s away; it answers within the next check of `gone`.
+    let sample = rx.recv_timeout(GATE).expect("still waiting after its requester left");
+    assert!(all_deadline(&on_socket(&machine, &sample.energy, 1)));
+    request.join().unwrap();
+    let sent_to_1 = || opener.sent().iter().filter(|m| m.sock_ind == 1).count();
+    let sent = sent_to_1();
+    machine.release_socket(1);
+    sampler.wait_idle();
+    // The message in flight finishes; nothing more is sent for the request that left.
+    assert_eq!(sent_to_1(), sent);
+    assert_eq!(machine.mailbox(1).entered, before.entered + 1);
+}
+
 /// Regression (N2): a request that found a socket's worker busy, even for a moment, skipped
 /// that socket for its whole deadline. Now it waits for the worker, which reads its items as
 /// soon as the message in flight is done.

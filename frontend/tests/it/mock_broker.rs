@@ -245,6 +245,46 @@ async fn energy_source_info_follows_the_energy_family() {
     assert_eq!(broker.samples(), 1);
 }
 
+/// Regression (P4): a broker that turned the exporter away (its uid at the per-uid limit while
+/// its old connections were still held) closed without a word, and the scrape exported
+/// `amd_hsmp_broker_up 0`. Now it says why, and the exporter tries once more.
+#[tokio::test]
+async fn a_connection_turned_away_once_is_retried_and_the_scrape_is_complete() {
+    let dir = socket_dir();
+    let behaviour = Behaviour::healthy();
+    behaviour.turn_away.store(1, std::sync::atomic::Ordering::SeqCst);
+    let broker = MockBroker::start(&dir.path, behaviour);
+    let m = scrape(&router(config(&dir.path))).await;
+    assert_eq!(m.value("amd_hsmp_broker_up"), Some(1.0), "{}", m.text);
+    assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 8);
+    assert_eq!((m.errors("broker"), m.errors("scrape")), (0.0, 0.0));
+    assert_eq!((broker.connections(), broker.hellos()), (2, 1));
+}
+
+/// A broker that keeps turning the exporter away is up: the scrape has no telemetry and counts
+/// the failed request, but `amd_hsmp_broker_up` keeps its last value rather than reading as an
+/// outage.
+#[tokio::test]
+async fn a_broker_that_keeps_turning_the_exporter_away_is_not_an_outage() {
+    let dir = socket_dir();
+    let first = MockBroker::start(&dir.path, Behaviour::healthy());
+    let router = router(config(&dir.path));
+    let m = scrape(&router).await;
+    assert_eq!(m.value("amd_hsmp_broker_up"), Some(1.0));
+    // The broker closes the pooled connection, and turns every new one away.
+    drop(first);
+    std::fs::remove_file(&dir.path).unwrap();
+    let behaviour = Behaviour::healthy();
+    behaviour.turn_away.store(usize::MAX, std::sync::atomic::Ordering::SeqCst);
+    let broker = MockBroker::start(&dir.path, behaviour);
+    let m = scrape(&router).await;
+    assert_eq!(m.value("amd_hsmp_broker_up"), Some(1.0), "{}", m.text);
+    assert!(!m.mentions("amd_hsmp_core_energy"), "{}", m.text);
+    assert_eq!(m.errors("broker"), 1.0);
+    assert_eq!(broker.connections(), 2, "turned away, then once more after the pause");
+    assert_eq!(broker.hellos(), 0);
+}
+
 #[tokio::test]
 async fn refused_handshake_counts_as_broker_down() {
     let dir = socket_dir();

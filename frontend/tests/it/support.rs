@@ -40,6 +40,9 @@ pub struct Behaviour {
     /// When set, each Sample reply waits for one permit of this gate so a
     /// test decides when a request in flight lands.
     pub hold: Option<Arc<Semaphore>>,
+    /// Connections still to turn away as the broker does a peer over its limits: the reason
+    /// written at once, nothing read, then the close.
+    pub turn_away: Arc<AtomicUsize>,
 }
 
 /// What the mock saw.
@@ -72,6 +75,16 @@ impl MockBroker {
             loop {
                 let Ok((stream, _)) = listener.accept().await else { return };
                 task_seen.connections.fetch_add(1, Ordering::SeqCst);
+                let left = &behaviour.turn_away;
+                if left
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok()
+                {
+                    let mut stream = stream;
+                    let limit = amd_hsmp_proto::Refusal::PerUidLimit { limit: 2 };
+                    let _ = Reply::Refused { reason: limit }.write_async(&mut stream).await;
+                    continue;
+                }
                 connections.spawn(serve(stream, behaviour.clone(), task_seen.clone()));
             }
         });
@@ -168,6 +181,7 @@ impl Behaviour {
             respond: Arc::new(healthy),
             refuse_hello: None,
             hold: None,
+            turn_away: Arc::new(AtomicUsize::new(0)),
         }
     }
 

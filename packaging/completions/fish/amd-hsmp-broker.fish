@@ -1,6 +1,6 @@
 complete -c amd-hsmp-broker -l listen -d 'Create and listen on this Unix socket (mode --listen.mode). Without it, the socket passed by systemd socket activation (LISTEN_FDS) is used' -r -F
 complete -c amd-hsmp-broker -l listen.mode -d 'Mode of the --listen socket, octal, 0600 to 0666: connecting needs write permission. Created by the broker\'s user and group; 0666 lets any local user reach the allow-list (the exporter by hand as `nobody`), which then alone decides who is served' -r
-complete -c amd-hsmp-broker -l allow-uid -d 'Serve peers with this uid (repeatable). Root is always served' -r
+complete -c amd-hsmp-broker -l allow-uid -d 'Serve peers with this uid (repeatable). Root is always allowed, within the same --connections.per-uid limit as any uid' -r
 complete -c amd-hsmp-broker -l allow-gid -d 'Serve peers whose effective gid is this (repeatable)' -r
 complete -c amd-hsmp-broker -l allow-user -d 'Serve peers running as this user (repeatable); resolved once at start-up' -r
 complete -c amd-hsmp-broker -l allow-group -d 'Serve peers whose effective group is this (repeatable); resolved once at start-up' -r
@@ -8,11 +8,12 @@ complete -c amd-hsmp-broker -l hsmp.device -d 'The HSMP device node' -r -F
 complete -c amd-hsmp-broker -l msr.device-root -d 'Directory holding <cpu>/msr device nodes' -r -F
 complete -c amd-hsmp-broker -l msr.poll-interval -d 'How often the 32-bit MSR energy counters are read to extend them to 64 bits. Shortened to a quarter of the shortest wrap at 100 W a core (164 s at the usual ESU of 16); a core not read for a whole wrap period restarts its count and the reset is counted' -r
 complete -c amd-hsmp-broker -l sample.max-age -d 'Freshness bound: every value the broker returns was read no earlier than this before the request arrived. Requests within it share reads, and it caps the mailbox load any peer can cause at one read of each item per this interval. 0 shares only reads that begin after a request arrived' -r
-complete -c amd-hsmp-broker -l connections.per-uid -d 'Connection slots each peer uid may hold at once. Each --allow-uid/--allow-user/ --allow-gid/--allow-group identity has this many slots kept for it alone, so the exporter (which holds at most 2) always connects, whoever else squats' -r
+complete -c amd-hsmp-broker -l connections.per-uid -d 'Connection slots each peer uid may hold at once, root included. Each --allow-uid/--allow-user/--allow-gid/--allow-group identity has this many slots kept for it alone, so the exporter (which holds at most 2) always connects, whoever else squats. A slot is free again as soon as its peer hangs up, even while its request waits; an allowed peer turned away is told why before the close' -r
 complete -c amd-hsmp-broker -l connections.shared -d 'Connection slots shared by every allowed peer (root included), beyond the reserved ones' -r
 complete -c amd-hsmp-broker -l connections.idle-timeout -d 'A connection with no request for this long is closed (the exporter reconnects)' -r
 complete -c amd-hsmp-broker -l path.procfs -d 'procfs mount point (for cpuinfo)' -r -F
 complete -c amd-hsmp-broker -l path.sysfs -d 'sysfs mount point (for CPU topology)' -r -F
+complete -c amd-hsmp-broker -l check.timeout -d 'How long --check may take in all. Past it a `deadline` line names the check that did not finish (a device or a file that does not answer) and --check exits 1' -r
 complete -c amd-hsmp-broker -l log.level -d 'Only log messages with the given severity or above' -r -f -a "debug\t'Everything, including each reconnect attempt and each refused peer'
 info\t'Start-up, listening, peers and broker lost and found again'
 warn\t'Problems that cost telemetry'

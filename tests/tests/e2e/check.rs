@@ -1,8 +1,17 @@
 //! The broker's `--check` mode and its permission-denied log lines, on the real binary.
 
-use amd_hsmp_e2e::harness;
+use amd_hsmp_e2e::fake::{self, FakeDevice};
 use amd_hsmp_e2e::scenario::{self, Rig};
-use std::process::Command;
+use amd_hsmp_e2e::{fixtures, harness};
+use std::io::BufRead as _;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// How long a `--check` that should end at once may take before the test calls it hung.
+const PATIENCE: Duration = Duration::from_secs(20);
 
 #[test]
 fn the_check_prints_one_line_per_precondition_and_fails_without_the_socket() {
@@ -52,4 +61,179 @@ fn a_refused_device_is_logged_with_the_udev_rule_and_the_audit_log() {
     assert!(line.contains("ausearch -m avc -c amd-hsmp-broker"), "{line}");
     assert!(line.contains("udevadm trigger"), "{line}");
     assert!(line.contains("amd-hsmp-broker --check"), "{line}");
+}
+
+/// A Milan 1P's procfs and sysfs under `root` (`proc/`, `sys/`), as the fixtures are written.
+fn milan_tree(root: &Path) {
+    fixtures::machine("milan-1p").unwrap().write_fixture(root).unwrap();
+}
+
+/// Replaces `path` with a FIFO nobody writes to.
+fn fifo(path: &Path) {
+    let _ = std::fs::remove_file(path);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let mode = rustix::fs::Mode::from_raw_mode(0o600);
+    rustix::fs::mknodat(rustix::fs::CWD, path, rustix::fs::FileType::Fifo, mode, 0).unwrap();
+}
+
+/// A running `amd-hsmp-broker --check`, its stdout read line by line as it comes.
+struct Check {
+    child: std::process::Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Check {
+    /// `amd-hsmp-broker --check` on the tree at `root`, with the device at `device` and `extra`
+    /// flags; nothing listens on its socket.
+    fn start(root: &Path, device: &Path, extra: &[&str]) -> Check {
+        let bins = harness::binaries().unwrap();
+        let mut child = Command::new(&bins.broker)
+            .arg("--check")
+            .arg("--path.procfs")
+            .arg(root.join("proc"))
+            .arg("--path.sysfs")
+            .arg(root.join("sys"))
+            .arg("--hsmp.device")
+            .arg(device)
+            .arg("--msr.device-root")
+            .arg(root.join("dev/cpu"))
+            .arg("--listen")
+            .arg(root.join("broker.sock"))
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Check { child, lines }
+    }
+
+    /// Waits up to `limit` for the exit; the exit code and everything printed. A check still
+    /// running then is killed and the test fails.
+    fn finish(mut self, limit: Duration) -> (i32, String) {
+        let until = Instant::now() + limit;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > until {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                let text: Vec<String> = self.lines.try_iter().collect();
+                panic!("--check still running after {limit:?}; printed:\n{}", text.join("\n"));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let mut text = Vec::new();
+        while let Ok(line) = self.lines.recv_timeout(PATIENCE) {
+            text.push(line);
+        }
+        (status.code().unwrap_or(-1), text.join("\n"))
+    }
+}
+
+/// The line of check `name` in `text`.
+fn line_of<'a>(text: &'a str, name: &str) -> &'a str {
+    text.lines()
+        .find(|l| l.get(6..).and_then(|r| r.split_whitespace().next()) == Some(name))
+        .unwrap_or_else(|| panic!("no {name} line in\n{text}"))
+}
+
+/// Regression (P6): `--check` hung for ever, printing nothing, when one of its inputs was a FIFO
+/// (cpuinfo, a sysfs `core_id`, the device, `kernel/security/lockdown`, `fs/selinux/enforce`):
+/// it opened them with a blocking `open`. Each is now refused at once, on a line naming the file.
+#[test]
+fn a_fifo_in_place_of_any_input_of_the_check_is_named_at_once() {
+    let cases: [(&str, &str, &[&str], &str, &str); 5] = [
+        ("proc/cpuinfo", "dev/hsmp", &[], "cpu", "proc/cpuinfo: not a regular file but a FIFO"),
+        (
+            "sys/devices/system/cpu/cpu0/topology/core_id",
+            "dev/hsmp",
+            &[],
+            "cpu",
+            "core_id: not a regular file but a FIFO",
+        ),
+        ("dev/hsmp", "dev/hsmp", &[], "device", "dev/hsmp is not a character device"),
+        (
+            "sys/kernel/security/lockdown",
+            "dev/hsmp",
+            &["--collector.core-energy.msr-fallback"],
+            "msr",
+            "lockdown: not a regular file but a FIFO",
+        ),
+        (
+            "sys/fs/selinux/enforce",
+            "dev/hsmp",
+            &[],
+            "selinux",
+            "fs/selinux/enforce: not a regular file but a FIFO",
+        ),
+    ];
+    for (file, device, flags, name, says) in cases {
+        let root = tempfile::tempdir().unwrap();
+        milan_tree(root.path());
+        fifo(&root.path().join(file));
+        let check = Check::start(root.path(), &root.path().join(device), flags);
+        let (code, text) = check.finish(PATIENCE);
+        assert_eq!(code, 1, "{file}:\n{text}");
+        let line = line_of(&text, name);
+        assert!(line.contains(says), "{file}: {line}\n{text}");
+    }
+}
+
+/// The Turin 2P of the fixtures behind the FUSE fake device, and its tree.
+fn fake_turin() -> (Arc<amd_hsmp_sim::Machine>, FakeDevice, tempfile::TempDir) {
+    let spec = fixtures::machine("turin-2p").unwrap();
+    let root = tempfile::tempdir().unwrap();
+    spec.write_fixture(root.path()).unwrap();
+    let (machine, device) = fake::mount_static(spec).unwrap();
+    (machine, device, root)
+}
+
+/// Regression (P6): `--check` printed nothing until every check was done, and had no overall
+/// deadline: a mailbox that took seconds a message kept it silent for minutes. Now each line
+/// is printed as it is decided, and past `--check.timeout` a `deadline` line names the step
+/// after the last line printed, while that step still waits.
+#[test]
+#[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
+fn the_check_streams_its_lines_and_names_the_step_a_slow_mailbox_holds_at_its_deadline() {
+    let _alone = harness::one_at_a_time();
+    let (machine, device, root) = fake_turin();
+    // Longer than the deadline, and unlike a held mailbox it ends, so the process can exit (a
+    // process inside a FUSE request the fake has taken cannot die until it is answered).
+    machine.update_faults(|f| {
+        f.latency = Duration::from_secs(6);
+        f.driver_timeout = Duration::from_secs(60);
+    });
+    let check = Check::start(root.path(), &device.hsmp_path(), &["--check.timeout", "2s"]);
+    let mut printed = Vec::new();
+    let deadline = loop {
+        let line = check.lines.recv_timeout(PATIENCE).expect("no deadline line");
+        if line.get(6..).is_some_and(|l| l.starts_with("deadline")) {
+            break line;
+        }
+        printed.push(line);
+    };
+    // The deadline came while the first message was still in the mailbox, and the lines before
+    // it had been printed as they were decided.
+    assert_eq!(machine.mailbox(0).pending, 1, "the message had returned");
+    assert!(printed.first().is_some_and(|l| l.starts_with("ok    cpu ")), "{printed:#?}");
+    assert!(
+        deadline.starts_with("FAIL  deadline  --check did not finish within 2 s"),
+        "{deadline}"
+    );
+    assert!(deadline.contains("the check after `labels` is still waiting"), "{deadline}");
+    let (code, rest) = check.finish(PATIENCE);
+    assert_eq!(code, 1, "{printed:#?}\n{deadline}\n{rest}");
+    assert!(rest.ends_with("a scrape cannot work as it should; see FAIL above"), "{rest}");
+    drop(device);
 }

@@ -592,3 +592,102 @@ fn a_flood_of_short_deadlines_costs_a_slower_normal_scrape_no_socket() {
     let answered: u32 = flood.into_iter().map(|f| f.join().unwrap()).sum();
     assert!(answered >= 10, "the flood ran ({answered} answers)");
 }
+
+/// The broker's connection threads (named `conn`) that wait in the sampler for a request: a
+/// futex wait, where an idle connection waits in a socket read.
+fn requests_waiting(broker: u32) -> usize {
+    let tasks = std::fs::read_dir(format!("/proc/{broker}/task")).unwrap();
+    let read = |task: &std::path::Path, file| std::fs::read_to_string(task.join(file));
+    tasks
+        .filter_map(Result::ok)
+        .filter(|t| read(&t.path(), "comm").is_ok_and(|c| c.trim() == "conn"))
+        .filter(|t| read(&t.path(), "wchan").is_ok_and(|w| w.contains("futex")))
+        .count()
+}
+
+/// Whether process `pid` has exited (a zombie not reaped yet, or gone): its descriptors, the
+/// broker connections among them, are closed.
+fn exited(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        stat.rsplit(')').next().is_some_and(|s| s.trim_start().starts_with('Z'))
+    })
+}
+
+/// Sends a scrape to `addr` and leaves it waiting for its answer.
+fn scrape_in_flight(addr: SocketAddr, timeout: &str) -> std::net::TcpStream {
+    use std::io::Write as _;
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    let head = format!(
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nX-Prometheus-Scrape-Timeout-Seconds: {timeout}\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    stream
+}
+
+/// Regression (P4): an exporter killed with two requests in flight and restarted at once was
+/// refused by its own per-uid limit (2) until the old requests' deadlines passed, since the
+/// broker freed a slot only when its request ended; its scrapes read `amd_hsmp_broker_up 0`
+/// with no data. Now the broker frees the slot when the peer hangs up, and the exporter tries
+/// a refused connection once more.
+fn an_exporter_restarted_with_requests_in_flight(signal: i32) {
+    let _alone = harness::one_at_a_time();
+    let mut rig = rig("turin-2p", "");
+    let broker = rig.broker_pid().unwrap();
+    let machine = Arc::clone(rig.machine());
+    let first = scrape(&mut rig, &one_second());
+    let cores = first.count("amd_hsmp_core_energy_joules_total");
+    assert!(cores > 0 && first.value("amd_hsmp_broker_up") == Some(1.0), "{}", rig.logs());
+
+    // Two scrapes whose broker requests wait on the held socket: different deadlines, so
+    // neither joins the other's flight and each has a connection of its own.
+    let held = Held::new(&machine, 1);
+    let in_flight = [scrape_in_flight(rig.addr(), "10"), scrape_in_flight(rig.addr(), "5")];
+    let until = Instant::now() + PATIENCE;
+    while requests_waiting(broker) < 2 {
+        assert!(Instant::now() < until, "two requests never waited\n{}", rig.logs());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let exporter = rig.exporter_pid();
+    let pid = rustix::process::Pid::from_raw(exporter as i32).unwrap();
+    let sig = rustix::process::Signal::from_named_raw(signal).unwrap();
+    rustix::process::kill_process(pid, sig).unwrap();
+    // Prometheus gives up on the scrapes of an exporter that is going away.
+    drop(in_flight);
+    let until = Instant::now() + PATIENCE;
+    while !exited(exporter) {
+        assert!(Instant::now() < until, "the exporter did not exit\n{}", rig.logs());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let (mut restarted, addr) =
+        harness::start_exporter(&rig.broker_socket(), &[], None, dir.path()).unwrap();
+    let scrape = std::thread::spawn(move || scrape_at(addr, "10"));
+    // The socket stays held until the new exporter is through the handshake (or its scrape
+    // has come back without it), so the old requests cannot end on their own first.
+    let until = Instant::now() + PATIENCE;
+    while !scrape.is_finished() && !restarted.log().contains("connected to the broker") {
+        assert!(Instant::now() < until, "the new exporter never connected\n{}", rig.logs());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(held);
+    let m = scrape.join().unwrap();
+    let log = format!("{}\n--- restarted exporter ---\n{}", rig.logs(), restarted.log());
+    assert_eq!(m.value("amd_hsmp_broker_up"), Some(1.0), "{log}");
+    assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), cores, "{log}");
+    assert_eq!(m.count("amd_hsmp_core_boost_limit_hertz"), cores, "{log}");
+    assert_eq!(m.count("amd_hsmp_prochot_active"), first.count("amd_hsmp_prochot_active"));
+    restarted.kill();
+}
+
+#[test]
+#[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
+fn an_exporter_killed_with_requests_in_flight_and_restarted_at_once_scrapes_in_full() {
+    an_exporter_restarted_with_requests_in_flight(libc::SIGKILL);
+}
+
+#[test]
+#[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
+fn an_exporter_stopped_with_requests_in_flight_and_restarted_at_once_scrapes_in_full() {
+    an_exporter_restarted_with_requests_in_flight(libc::SIGTERM);
+}
