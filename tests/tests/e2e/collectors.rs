@@ -297,7 +297,10 @@ fn case_blocking_source(row: Row) {
         match row.source {
             Source::Broker { series, .. } => {
                 assert_eq!(m.count(row.metric), series / 2, "socket 0 kept: {}", m.text);
-                assert_eq!(m.errors("scrape"), f64::from(n), "{}", m.text);
+                // Each scrape counts what the wedged socket left unread: items past the
+                // deadline (`scrape`), or its message timing out in the driver (the row's own).
+                let counted = m.errors("scrape") + m.errors(row.collector);
+                assert!(counted >= f64::from(n), "scrape {n}: {counted} counted: {}", m.text);
             }
             Source::Cgroups => {
                 assert_eq!(m.count(row.metric), 0, "{}", m.text);
@@ -493,8 +496,12 @@ fn exited_or_zombie(pid: u32) -> bool {
 fn case_restart_with_requests_in_flight(row: Row) {
     let _alone = harness::one_at_a_time();
     let mut node = match row.source {
-        // 5 ms a message: a Turin 2P sample takes about 2 s.
-        Source::Broker { .. } => Node::start(row, true, "latency-ms = 5", None),
+        // A sample of the row's family takes about 2 s: its messages per socket in series.
+        Source::Broker { series, .. } => {
+            let latency = 2000 / (series / 2);
+            let faults = format!("latency-ms = {latency}\ndriver-timeout-ms = 5000");
+            Node::start(row, true, &faults, None)
+        }
         Source::Cgroups => Node::start(row, true, "", None),
     };
     for signal in [libc::SIGKILL, libc::SIGTERM] {
@@ -512,7 +519,7 @@ fn case_restart_with_requests_in_flight(row: Row) {
             })
             .collect();
         let started = Instant::now() + Duration::from_secs(20);
-        while node.rig.device().message_count() <= before + 10
+        while node.rig.device().message_count() <= before
             || node.cgroupfs.as_ref().is_some_and(|fs| fs.held() == 0)
         {
             assert!(Instant::now() < started, "the requests never reached their sources");
