@@ -2,13 +2,14 @@ complete -c amd-hsmp-exporter -l web.listen-address -d 'Address to listen on for
 complete -c amd-hsmp-exporter -l web.config.file -d 'exporter-toolkit web configuration file (YAML): TLS, basic auth, response headers. Re-read on SIGHUP and when a certificate or key file changes' -r -F
 complete -c amd-hsmp-exporter -l web.telemetry-path -d 'Path under which the metrics are served' -r
 complete -c amd-hsmp-exporter -l web.max-scrape-timeout -d 'Upper bound of the time spent answering one scrape, whatever `X-Prometheus-Scrape-Timeout-Seconds` asks for (e.g. `10s`, `2500ms`, `1m`)' -r
-complete -c amd-hsmp-exporter -l web.max-requests -d 'Most scrapes handled at once; more are answered 503 at once. 0 means no limit' -r
+complete -c amd-hsmp-exporter -l web.max-requests -d 'Most scrapes and landing-page views handled at once, each counted until the last piece of work it started has ended (its broker request, its walk of the cgroup hierarchy), also when its client hung up; more are answered 503 at once. 0 means no limit' -r
 complete -c amd-hsmp-exporter -l web.max-connections -d 'Most HTTP connections open at once; more are closed at once [default: 512, lowered to what RLIMIT_NOFILE leaves room for]' -r
 complete -c amd-hsmp-exporter -l web.max-connections-per-client -d 'Most HTTP connections open at once from one client address (IPv6: one /64) [default: 32, at most --web.max-connections]' -r
 complete -c amd-hsmp-exporter -l web.header-read-timeout -d 'Time a client has from the first byte of a request to the end of its headers' -r
 complete -c amd-hsmp-exporter -l web.idle-timeout -d 'A connection that handles no request and moves no byte for this long is closed (idle keep-alive, a client that does not read its answer)' -r
 complete -c amd-hsmp-exporter -l broker.socket -d 'Unix socket of amd-hsmp-broker' -r -F
 complete -c amd-hsmp-exporter -l path.cgroupfs -d 'Mount point of the cgroup v2 hierarchy the core-owner collector reads' -r -F
+complete -c amd-hsmp-exporter -l collector.core-owner.max-age -d 'How long one walk of the cgroup hierarchy serves the scrapes that arrive after it began (at most one walk runs at a time); 0 walks again for every scrape that arrives after a walk began (e.g. `1s`, `0`, at most 1m)' -r
 complete -c amd-hsmp-exporter -l log.level -d 'Only log messages with the given severity or above' -r -f -a "debug\t'Everything, including each reconnect attempt and each refused peer'
 info\t'Start-up, listening, peers and broker lost and found again'
 warn\t'Problems that cost telemetry'
