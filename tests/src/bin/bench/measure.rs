@@ -147,10 +147,15 @@ impl Rig {
             let hierarchy = cgroups::generated(&topology, pods);
             hierarchy
                 .write(&root, &topology.cores.iter().flat_map(|c| c.threads.clone()).collect())?;
+            // Every measured scrape walks the hierarchy afresh, as each of Prometheus' scrapes
+            // does at its interval: the bench's back-to-back scrapes would otherwise share
+            // walks (the default --collector.core-owner.max-age is 1 s) and hide their cost.
             let flags = [
                 "--collector.core-owner".to_owned(),
                 "--path.cgroupfs".to_owned(),
                 root.display().to_string(),
+                "--collector.core-owner.max-age".to_owned(),
+                "0".to_owned(),
             ];
             let started = harness::start_exporter_from(
                 exe,
