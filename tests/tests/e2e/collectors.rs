@@ -141,6 +141,21 @@ impl Node {
         Node { rig, cgroupfs, _tree: tree }
     }
 
+    /// The row's collector on a source that never answers: socket 1's mailbox wedged (each
+    /// message answered only by the driver's 2 s timeout), or every cpuset read held.
+    fn stuck(row: Row) -> Node {
+        match row.source {
+            Source::Broker { .. } => {
+                Node::start(row, true, "wedged-sockets = [1]\ndriver-timeout-ms = 2000", None)
+            }
+            Source::Cgroups => {
+                let node = Node::start(row, true, "", None);
+                node.fs().block("cpuset.cpus.effective");
+                node
+            }
+        }
+    }
+
     fn fs(&self) -> &BlockingCgroupfs {
         self.cgroupfs.as_ref().expect("the core-owner row mounts a cgroupfs")
     }
@@ -275,16 +290,7 @@ fn case_hang_up_flood(row: Row) {
 
 fn case_blocking_source(row: Row) {
     let _alone = harness::one_at_a_time();
-    let node = match row.source {
-        Source::Broker { .. } => {
-            Node::start(row, true, "wedged-sockets = [1]\ndriver-timeout-ms = 2000", None)
-        }
-        Source::Cgroups => {
-            let node = Node::start(row, true, "", None);
-            node.fs().block("cpuset.cpus.effective");
-            node
-        }
-    };
+    let node = Node::stuck(row);
     let pid = node.rig.exporter_pid();
     let mut after_first = 0;
     for n in 1..=5u32 {
@@ -431,16 +437,7 @@ fn case_oversized_source(row: Row) {
 
 fn case_sigterm_during_stuck_io(row: Row) {
     let _alone = harness::one_at_a_time();
-    let mut node = match row.source {
-        Source::Broker { .. } => {
-            Node::start(row, true, "wedged-sockets = [1]\ndriver-timeout-ms = 2000", None)
-        }
-        Source::Cgroups => {
-            let node = Node::start(row, true, "", None);
-            node.fs().block("cpuset.cpus.effective");
-            node
-        }
-    };
+    let mut node = Node::stuck(row);
     let addr = node.rig.addr();
     let before = node.rig.device().message_count();
     let scraping = std::thread::spawn(move || {
