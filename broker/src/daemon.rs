@@ -288,14 +288,14 @@ fn run(cli: Args, simulation: Option<&dyn Simulation>) -> Result<()> {
             Ok(energy) => Some(Arc::new(energy)),
             Err(e @ msr::MsrOpenError::Unreadable { errno: libc::EACCES, .. }) => {
                 tracing::error!(
-                    error = %format!("{e:#}"),
+                    error = %amd_hsmp_cli::chain(&e),
                     next_step = "under SELinux: setsebool -P amd_hsmp_broker_use_msr on (ausearch -m avc -c amd-hsmp-broker shows the denial); run amd-hsmp-broker --check --collector.core-energy.msr-fallback",
                     "MSR fallback unavailable (permission denied); core energy will come from HSMP only"
                 );
                 None
             }
             Err(e) => {
-                tracing::error!(error = %format!("{e:#}"), "MSR fallback unavailable; core energy will come from HSMP only");
+                tracing::error!(error = %amd_hsmp_cli::chain(&e), "MSR fallback unavailable; core energy will come from HSMP only");
                 None
             }
         }

@@ -899,3 +899,18 @@ fn a_broker_whose_start_up_waits_on_the_mailbox_stops_on_sigterm() {
     assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}\n{}", broker.log());
     assert!(!broker.log().contains("listening"), "start-up went on:\n{}", broker.log());
 }
+
+/// The broker's log of an MSR fallback it cannot open names the OS error under the broker's
+/// own words, as every error chain it logs does.
+#[test]
+#[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
+fn an_msr_fallback_that_cannot_open_is_logged_with_its_os_error() {
+    let scenario = amd_hsmp_e2e::scenario::load("genoa-2p-msr-absent").unwrap();
+    let rig = amd_hsmp_e2e::scenario::Rig::start(&scenario).unwrap();
+    let log = rig.broker_log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("MSR fallback unavailable"))
+        .unwrap_or_else(|| panic!("no MSR fallback line in\n{log}"));
+    assert!(line.contains("(os error "), "the OS error is dropped: {line}");
+}
