@@ -83,12 +83,12 @@ pub struct Args {
     /// it alone, so the exporter (which holds at most 2) always connects, whoever else squats.
     /// A slot is free again as soon as its peer hangs up, even while its request waits; an
     /// allowed peer turned away is told why before the close.
-    #[arg(long = "connections.per-uid", value_name = "N", default_value_t = 2,
+    #[arg(long = "connections.per-uid", value_name = "N", default_value_t = crate::server::DEFAULT_PER_UID,
           value_parser = clap::value_parser!(u16).range(2..=64))]
     pub connections_per_uid: u16,
 
     /// Connection slots shared by every allowed peer (root included), beyond the reserved ones.
-    #[arg(long = "connections.shared", value_name = "N", default_value_t = 4,
+    #[arg(long = "connections.shared", value_name = "N", default_value_t = crate::server::DEFAULT_SHARED,
           value_parser = clap::value_parser!(u16).range(1..=256))]
     pub connections_shared: u16,
 
@@ -174,6 +174,17 @@ mod tests {
     fn parse(args: &[&str]) -> Result<Args, clap::Error> {
         Cli::try_parse_from(std::iter::once("amd-hsmp-broker").chain(args.iter().copied()))
             .map(|cli| cli.args)
+    }
+
+    /// Each default is said once, as a constant the code uses; the flag's text is tied to it.
+    #[test]
+    fn flag_defaults_are_the_constants_the_code_uses() {
+        let args = parse(&[]).unwrap();
+        assert_eq!(args.sample_max_age, crate::sampler::DEFAULT_MAX_AGE);
+        assert_eq!(args.msr_poll_interval, crate::msr::DEFAULT_POLL_INTERVAL);
+        assert_eq!(args.idle_timeout, crate::server::DEFAULT_IDLE_TIMEOUT);
+        assert_eq!(args.connections_per_uid, crate::server::DEFAULT_PER_UID);
+        assert_eq!(args.connections_shared, crate::server::DEFAULT_SHARED);
     }
 
     #[test]

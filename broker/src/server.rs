@@ -66,14 +66,23 @@ pub struct ServerConfig {
     pub log_interval: Duration,
 }
 
+/// Default of `--connections.per-uid` and of [`ServerConfig::per_uid`].
+pub const DEFAULT_PER_UID: u16 = 2;
+
+/// Default of `--connections.shared` and of [`ServerConfig::shared`].
+pub const DEFAULT_SHARED: u16 = 4;
+
+/// Default of `--connections.idle-timeout` and of [`ServerConfig::idle_timeout`].
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             allow_uids: Vec::new(),
             allow_gids: Vec::new(),
-            per_uid: 2,
-            shared: 4,
-            idle_timeout: Duration::from_secs(60),
+            per_uid: usize::from(DEFAULT_PER_UID),
+            shared: usize::from(DEFAULT_SHARED),
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
             frame_timeout: Duration::from_secs(2),
             max_deadline: Duration::from_secs(60),
             log_interval: Duration::from_secs(10),
