@@ -13,7 +13,7 @@ use axum::routing::get;
 use std::sync::Arc;
 
 /// Header in which Prometheus sends its scrape timeout, in seconds.
-pub(crate) const SCRAPE_TIMEOUT_HEADER: &str = "x-prometheus-scrape-timeout-seconds";
+pub const SCRAPE_TIMEOUT_HEADER: &str = "x-prometheus-scrape-timeout-seconds";
 
 /// The router, with `exporter` as shared state. Tests call it with
 /// `tower::ServiceExt::oneshot`, without a socket.

@@ -552,7 +552,8 @@ impl Rig {
     pub fn scrape(&mut self, scrape: &Scrape) -> Result<Response> {
         let timeout = scrape.timeout_header.as_deref().unwrap_or(DEFAULT_SCRAPE_TIMEOUT);
         let accept = scrape.accept.as_deref().unwrap_or(PROMETHEUS_ACCEPT);
-        let headers = [("Accept", accept), ("X-Prometheus-Scrape-Timeout-Seconds", timeout)];
+        let headers =
+            [("Accept", accept), (amd_hsmp_exporter::http::SCRAPE_TIMEOUT_HEADER, timeout)];
         let response = harness::http_get(self.addr, "/metrics", &headers, Duration::from_secs(30))?;
         self.exporter.check_running()?;
         if let Some(broker) = self.broker.as_mut() {

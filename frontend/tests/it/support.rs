@@ -296,7 +296,7 @@ pub async fn get(
         request = request.header(header::ACCEPT, accept);
     }
     if let Some(timeout) = timeout {
-        request = request.header("X-Prometheus-Scrape-Timeout-Seconds", timeout);
+        request = request.header(amd_hsmp_exporter::http::SCRAPE_TIMEOUT_HEADER, timeout);
     }
     let response = router.clone().oneshot(request.body(Body::empty()).unwrap()).await.unwrap();
     let status = response.status();

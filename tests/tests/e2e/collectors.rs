@@ -18,6 +18,7 @@ use amd_hsmp_e2e::cgroupfs::BlockingCgroupfs;
 use amd_hsmp_e2e::harness::{self, Exposition, Response};
 use amd_hsmp_e2e::scenario::{self, Rig};
 use amd_hsmp_e2e::{cgroups, fixtures};
+use amd_hsmp_exporter::http::SCRAPE_TIMEOUT_HEADER;
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -170,7 +171,7 @@ fn online(topology: &amd_hsmp_proto::Topology) -> std::collections::BTreeSet<u32
 }
 
 fn scrape(addr: SocketAddr, timeout: &str) -> (Response, Exposition) {
-    let headers = [("X-Prometheus-Scrape-Timeout-Seconds", timeout)];
+    let headers = [(SCRAPE_TIMEOUT_HEADER, timeout)];
     let response = harness::http_get(addr, "/metrics", &headers, Duration::from_secs(30)).unwrap();
     assert_eq!(response.status, 200, "{}", response.body);
     let exposition = Exposition::parse(&response.body).unwrap();
@@ -441,7 +442,7 @@ fn case_sigterm_during_stuck_io(row: Row) {
     let addr = node.rig.addr();
     let before = node.rig.device().message_count();
     let scraping = std::thread::spawn(move || {
-        let headers = [("X-Prometheus-Scrape-Timeout-Seconds", "2")];
+        let headers = [(SCRAPE_TIMEOUT_HEADER, "2")];
         harness::http_get(addr, "/metrics", &headers, Duration::from_secs(30))
     });
     // The read is stuck: the wedged socket has its message, or the cgroupfs holds a read.
@@ -510,7 +511,7 @@ fn case_restart_with_requests_in_flight(row: Row) {
         let in_flight: Vec<_> = (0..2)
             .map(|_| {
                 std::thread::spawn(move || {
-                    let headers = [("X-Prometheus-Scrape-Timeout-Seconds", "10")];
+                    let headers = [(SCRAPE_TIMEOUT_HEADER, "10")];
                     harness::http_get(addr, "/metrics", &headers, Duration::from_secs(30))
                 })
             })

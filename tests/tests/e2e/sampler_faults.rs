@@ -82,7 +82,7 @@ const TURIN_SOCKET: u64 = 1 + 2 * 192;
 
 /// A scrape of the exporter at `addr` with the scrape timeout header `timeout`.
 fn scrape_at(addr: SocketAddr, timeout: &str) -> Exposition {
-    let headers = [("X-Prometheus-Scrape-Timeout-Seconds", timeout)];
+    let headers = [(amd_hsmp_exporter::http::SCRAPE_TIMEOUT_HEADER, timeout)];
     let response = harness::http_get(addr, "/metrics", &headers, PATIENCE).unwrap();
     assert_eq!(response.status, 200, "{}", response.body);
     Exposition::parse(&response.body).unwrap()

@@ -229,7 +229,7 @@ struct Scraped {
 fn scrape(addr: SocketAddr) -> Result<Scraped> {
     let headers = [
         ("Accept", PROMETHEUS_ACCEPT),
-        ("X-Prometheus-Scrape-Timeout-Seconds", DEFAULT_SCRAPE_TIMEOUT),
+        (amd_hsmp_exporter::http::SCRAPE_TIMEOUT_HEADER, DEFAULT_SCRAPE_TIMEOUT),
     ];
     let response = harness::http_get(addr, "/metrics", &headers, Duration::from_secs(30))?;
     if response.status != 200 {
