@@ -599,22 +599,13 @@ pub fn open_failure(path: &Path, errno: device::Errno) -> (String, String) {
         ),
         libc::EACCES | libc::EPERM => (
             format!("cannot open {p}: {}", std::io::Error::from_raw_os_error(errno)),
-            denied_hint().into(),
+            crate::hints::DEVICE_DENIED.into(),
         ),
         other => (
             format!("cannot open {p}: {}", std::io::Error::from_raw_os_error(other)),
             "reload the driver (modprobe -r amd_hsmp; modprobe amd_hsmp) and look at dmesg".into(),
         ),
     }
-}
-
-/// What to do when the broker is refused `/dev/hsmp` (`EACCES`/`EPERM`): the udev rule, and
-/// under SELinux the audit log and the device's label. Logged by the broker too.
-pub fn denied_hint() -> &'static str {
-    "ls -l /dev/hsmp must show group amd-hsmp-broker readable (udevadm trigger \
-     --action=change --subsystem-match=misc --sysname-match=hsmp_cdev); under SELinux: ausearch \
-     -m avc -c amd-hsmp-broker, and ls -Z /dev/hsmp must show amd_hsmp_device_t (restorecon -v \
-     /dev/hsmp); run amd-hsmp-broker --check"
 }
 
 /// What the protocol check found out for the checks after it.

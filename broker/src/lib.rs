@@ -20,6 +20,7 @@
 pub mod check;
 pub mod cli;
 pub mod daemon;
+mod hints;
 pub mod lockdown;
 pub mod msr;
 pub mod sampler;

@@ -663,7 +663,7 @@ fn log_device(before: Option<&Device>, now: &Device, msr_fallback: bool) {
         },
         Device::Closed(DeviceStatus::PermissionDenied) => tracing::warn!(
             msr_fallback,
-            next_step = crate::check::denied_hint(),
+            next_step = crate::hints::DEVICE_DENIED,
             "HSMP device refused (permission denied: the udev rule or SELinux); opening it is retried on each sample",
         ),
         Device::Closed(status) => tracing::warn!(
