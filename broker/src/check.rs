@@ -22,22 +22,22 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// The group the packaged udev rule gives `/dev/hsmp` (the broker's user's group).
-pub const BROKER_GROUP: &str = "amd-hsmp-broker";
+pub(crate) const BROKER_GROUP: &str = "amd-hsmp-broker";
 /// The exporter's user, which must reach the broker's socket.
-pub const EXPORTER_USER: &str = "amd-hsmp-exporter";
+pub(crate) const EXPORTER_USER: &str = "amd-hsmp-exporter";
 /// The group the packaged socket unit gives the socket (`SocketGroup=`).
-pub const EXPORTER_GROUP: &str = "amd-hsmp-exporter";
+pub(crate) const EXPORTER_GROUP: &str = "amd-hsmp-exporter";
 /// Where the packaged socket unit puts the broker's socket.
-pub const DEFAULT_SOCKET: &str = "/run/amd-hsmp/broker.sock";
+pub(crate) const DEFAULT_SOCKET: &str = "/run/amd-hsmp/broker.sock";
 /// The SELinux boolean of the MSR fallback; its file under selinuxfs exists only while the
 /// `amd_hsmp` policy module is loaded.
-pub const MSR_BOOLEAN: &str = "amd_hsmp_broker_use_msr";
+pub(crate) const MSR_BOOLEAN: &str = "amd_hsmp_broker_use_msr";
 /// How long per-core energy is watched.
-pub const ENERGY_WINDOW: Duration = Duration::from_secs(2);
+pub(crate) const ENERGY_WINDOW: Duration = Duration::from_secs(2);
 /// A mailbox message that takes longer than this is slow: the `cores` line then asks the first
 /// core only, instead of one message per core (a firmware answers in about a millisecond, and
 /// the driver gives up after 100 to 500 ms, by kernel version).
-pub const SLOW_MESSAGE: Duration = Duration::from_millis(500);
+pub(crate) const SLOW_MESSAGE: Duration = Duration::from_millis(500);
 /// Boost limits outside this range (MHz) are not a setting any EPYC part accepts; the upper
 /// bound is the part's own `cpuinfo_max_freq` where cpufreq reports it.
 const BOOST_FLOOR_MHZ: u32 = 400;
@@ -45,7 +45,7 @@ const BOOST_CEILING_MHZ: u32 = 6000;
 
 /// A check's outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Holds.
     Pass,
     /// Worth knowing; costs a scrape nothing.
@@ -69,7 +69,7 @@ impl fmt::Display for Verdict {
 
 /// One precondition: its name, verdict, what was found, and the fix when it does not hold.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Line {
+pub(crate) struct Line {
     /// Short name, e.g. `driver`.
     pub name: &'static str,
     /// The outcome.
@@ -110,7 +110,7 @@ impl fmt::Display for Line {
 
 /// The line `--check` ends with when it has not finished within `timeout`, `after` being the
 /// name of the last line it printed.
-pub fn deadline(timeout: Duration, after: Option<&str>) -> Line {
+pub(crate) fn deadline(timeout: Duration, after: Option<&str>) -> Line {
     let step = match after {
         Some(name) => format!("the check after `{name}`"),
         None => "the first check (the CPU topology)".into(),
@@ -129,13 +129,13 @@ pub fn deadline(timeout: Duration, after: Option<&str>) -> Line {
 }
 
 /// Whether a scrape can work: no line failed.
-pub fn passed(lines: &[Line]) -> bool {
+pub(crate) fn passed(lines: &[Line]) -> bool {
     lines.iter().all(|l| l.verdict != Verdict::Fail)
 }
 
 /// A local account as the checks need it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Account {
+pub(crate) struct Account {
     /// The uid.
     pub uid: u32,
     /// Every gid the account's processes hold (primary and supplementary).
@@ -144,7 +144,7 @@ pub struct Account {
 
 /// The accounts the package creates, as resolved on this machine (`None`: no such account).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Accounts {
+pub(crate) struct Accounts {
     /// The gid of [`BROKER_GROUP`].
     pub broker_gid: Option<u32>,
     /// [`EXPORTER_USER`].
@@ -153,7 +153,7 @@ pub struct Accounts {
 
 /// Owner, group, mode and type of a file, as `stat` reports them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Node {
+pub(crate) struct Node {
     /// Whether it is a character device.
     pub char_device: bool,
     /// Whether it is a socket.
@@ -168,7 +168,7 @@ pub struct Node {
 
 impl Node {
     /// `stat` of `path`, following symlinks; `None` when it does not exist.
-    pub fn of(path: &Path) -> Option<Node> {
+    pub(crate) fn of(path: &Path) -> Option<Node> {
         let meta = std::fs::metadata(path).ok()?;
         Some(Node {
             char_device: meta.file_type().is_char_device(),
@@ -195,7 +195,7 @@ impl Node {
 
 /// SELinux as selinuxfs shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Selinux {
+pub(crate) enum Selinux {
     /// No selinuxfs: SELinux is not enabled.
     Disabled,
     /// selinuxfs's `enforce` exists but cannot be read as the file it must be (a FIFO, a
@@ -216,7 +216,7 @@ pub enum Selinux {
 
 impl Selinux {
     /// Reads `sysfs/fs/selinux`, each file without blocking and only as a regular file.
-    pub fn read(sysfs: &Path) -> Selinux {
+    pub(crate) fn read(sysfs: &Path) -> Selinux {
         let fs = sysfs.join("fs/selinux");
         let path = fs.join("enforce");
         let enforce = match files::read_text(&path, files::TEXT_CAP) {
@@ -233,7 +233,7 @@ impl Selinux {
 }
 
 /// The SELinux label of `path` (`security.selinux`), if it has one.
-pub fn selinux_label(path: &Path) -> Option<String> {
+pub(crate) fn selinux_label(path: &Path) -> Option<String> {
     let mut buf = [0u8; 256];
     let n = rustix::fs::getxattr(path, "security.selinux", &mut buf).ok()?;
     let label = buf.get(..n)?;
@@ -248,7 +248,7 @@ fn label_type(label: &str) -> &str {
 
 /// What the checks look at.
 #[allow(missing_debug_implementations)] // Holds closures.
-pub struct Inputs<'a> {
+pub(crate) struct Inputs<'a> {
     /// `--path.procfs`.
     pub procfs: &'a Path,
     /// `--path.sysfs`.
@@ -277,7 +277,8 @@ pub struct Inputs<'a> {
 }
 
 /// Runs every check in order; later ones are skipped where an earlier failure decides them.
-pub fn run(inputs: &mut Inputs<'_>) -> Vec<Line> {
+#[cfg(test)]
+pub(crate) fn run(inputs: &mut Inputs<'_>) -> Vec<Line> {
     run_streaming(inputs, &mut |_| {})
 }
 
@@ -300,7 +301,7 @@ impl Report<'_> {
 
 /// [`run`], handing each line to `emit` as soon as it is decided, so that an operator sees the
 /// checks done so far even if a later one takes long (a slow mailbox, the energy window).
-pub fn run_streaming(inputs: &mut Inputs<'_>, emit: &mut dyn FnMut(&Line)) -> Vec<Line> {
+pub(crate) fn run_streaming(inputs: &mut Inputs<'_>, emit: &mut dyn FnMut(&Line)) -> Vec<Line> {
     let mut report = Report { lines: Vec::new(), emit };
     checks(inputs, &mut report);
     report.lines
@@ -412,7 +413,7 @@ fn vendor(procfs: &Path) -> String {
 }
 
 /// The CPU: HSMP exists on AMD families 0x19 (Zen 3, Zen 4) and 0x1A (Zen 5) only.
-pub fn cpu(vendor: &str, family: u32, model: u32) -> Line {
+pub(crate) fn cpu(vendor: &str, family: u32, model: u32) -> Line {
     let part = format!("{vendor} family {family:#x} model {model:#x}");
     if vendor != "AuthenticAMD" {
         return Line::fail(
@@ -442,7 +443,7 @@ pub fn cpu(vendor: &str, family: u32, model: u32) -> Line {
 }
 
 /// The driver: `amd_hsmp` (platform device) or `hsmp_acpi` (ACPI-described) loaded.
-pub fn driver(sysfs: &Path, zen2: bool, node_exists: bool) -> Line {
+pub(crate) fn driver(sysfs: &Path, zen2: bool, node_exists: bool) -> Line {
     if zen2 {
         return Line::skip("driver", "no HSMP driver for family 0x17");
     }
@@ -465,7 +466,12 @@ pub fn driver(sysfs: &Path, zen2: bool, node_exists: bool) -> Line {
 
 /// `/dev/hsmp`: a character device the broker's group may read (the packaged udev rule makes it
 /// `root:amd-hsmp-broker 0640`).
-pub fn device_node(path: &Path, node: Option<Node>, accounts: &Accounts, zen2: bool) -> Line {
+pub(crate) fn device_node(
+    path: &Path,
+    node: Option<Node>,
+    accounts: &Accounts,
+    zen2: bool,
+) -> Line {
     let p = path.display();
     let Some(node) = node else {
         if zen2 {
@@ -510,7 +516,7 @@ pub fn device_node(path: &Path, node: Option<Node>, accounts: &Accounts, zen2: b
 }
 
 /// SELinux mode, the policy module and the MSR boolean.
-pub fn selinux_state(selinux: &Selinux, msr_fallback: bool) -> Line {
+pub(crate) fn selinux_state(selinux: &Selinux, msr_fallback: bool) -> Line {
     let (enforcing, msr_boolean) = match selinux {
         Selinux::Disabled => return Line::pass("selinux", "disabled: nothing to check"),
         Selinux::Unreadable { why } => {
@@ -563,7 +569,7 @@ fn labels(selinux: &Selinux, inputs: &Inputs<'_>) -> Line {
 }
 
 /// `labels` over `(path, wanted type)`; paths that do not exist are left to the other checks.
-pub fn label_line(
+pub(crate) fn label_line(
     wanted: &[(PathBuf, &'static str)],
     labels: &dyn Fn(&Path) -> Option<String>,
 ) -> Line {
@@ -590,7 +596,7 @@ pub fn label_line(
 }
 
 /// Why opening the device failed, and the fix.
-pub fn open_failure(path: &Path, errno: device::Errno) -> (String, String) {
+pub(crate) fn open_failure(path: &Path, errno: device::Errno) -> (String, String) {
     let p = path.display();
     match errno {
         libc::ENOENT | libc::ENODEV | libc::ENXIO => (
@@ -747,7 +753,7 @@ fn max_boost_mhz(sysfs: &Path) -> Option<u32> {
 }
 
 /// Every boost limit within [`BOOST_FLOOR_MHZ`] and the part's maximum.
-pub fn boost_range(limits: &[(usize, u32)], part_max_mhz: Option<u32>) -> Line {
+pub(crate) fn boost_range(limits: &[(usize, u32)], part_max_mhz: Option<u32>) -> Line {
     if limits.is_empty() {
         return Line::skip("boost", "no core answered");
     }
@@ -779,7 +785,7 @@ pub fn boost_range(limits: &[(usize, u32)], part_max_mhz: Option<u32>) -> Line {
 
 /// Judges per-core energy over `waited`: every core must advance, at no more than the most a
 /// core can draw ([`MAX_CORE_WATTS`], the bound the MSR fallback's restart rule uses too).
-pub fn energy_rates(
+pub(crate) fn energy_rates(
     source: &str,
     before: &[Result<f64, ItemError>],
     after: &[Result<f64, ItemError>],
@@ -881,7 +887,7 @@ fn energy_msr(topo: &Topology, opener: &dyn MsrOpener, wait: &mut dyn FnMut() ->
 }
 
 /// The MSR fallback's setup: the `msr` driver, kernel lockdown, the systemd drop-in.
-pub fn msr_setup(sysfs: &Path, msr_root: &Path, etc: &Path) -> Line {
+pub(crate) fn msr_setup(sysfs: &Path, msr_root: &Path, etc: &Path) -> Line {
     let mut problems = Vec::new();
     let mut fixes = Vec::new();
     let loaded = sysfs.join("module/msr").is_dir() || msr_root.join("0/msr").exists();
@@ -926,7 +932,7 @@ pub fn msr_setup(sysfs: &Path, msr_root: &Path, etc: &Path) -> Line {
 }
 
 /// The broker's socket: the exporter's user may connect, and the broker answers.
-pub fn socket(path: &Path, node: Option<Node>, accounts: &Accounts) -> Line {
+pub(crate) fn socket(path: &Path, node: Option<Node>, accounts: &Accounts) -> Line {
     let p = path.display();
     let Some(node) = node.filter(|n| n.socket) else {
         return Line::fail(

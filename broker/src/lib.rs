@@ -9,6 +9,9 @@
 //! **Invariant:** the broker never listens on an IP socket and never parses text from a peer.
 //! **Invariant:** no `unsafe` here; the one `ioctl` lives in `amd_hsmp_device`.
 #![forbid(unsafe_code)]
+// What the binaries, the simulator's broker, xtask, fuzz and the e2e crate use is `pub`;
+// everything else is `pub(crate)`.
+#![warn(unreachable_pub)]
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 // An index out of bounds is a panic the lints above cannot see: use `get` and iterators.
 #![deny(clippy::indexing_slicing)]
@@ -17,13 +20,13 @@
     allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)
 )]
 
-pub mod check;
+mod check;
 pub mod cli;
 pub mod daemon;
 mod hints;
 pub mod lockdown;
-pub mod msr;
+mod msr;
 pub mod sampler;
-pub mod server;
-pub mod sleep;
+mod server;
+mod sleep;
 pub mod topology;

@@ -22,19 +22,23 @@ use std::time::Duration;
 
 /// Default period of the background poll. At ESU 16 the counter wraps every 65,536 J, over
 /// half an hour for a core drawing 30 W, so two wraps can never fit in one period.
-pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(30);
+#[cfg_attr(
+    not(test),
+    expect(dead_code, reason = "the flag's default is its text; a test ties the two")
+)]
+pub(crate) const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(30);
 
 /// The most power one core can draw, in watts: the broker's one bound on a core's power. It
 /// bounds how fast a core's counter can wrap ([`wrap_window`]), what a reading may add before it
 /// is taken for a restarted counter, and, in `--check`, which energy rates are implausible. No
 /// EPYC core comes near it: the largest parts' package power (500 W) spread over their fewest
 /// cores (16) is 31 W a core, and a single core at full boost draws well under 20 W.
-pub const MAX_CORE_WATTS: f64 = 100.0;
+pub(crate) const MAX_CORE_WATTS: f64 = 100.0;
 
 /// The shortest time in which a core's 32-bit counter of `2^-esu` J units can wrap:
 /// `2^32 × 2^-esu J / MAX_CORE_WATTS` (655 s at ESU 16). Two readings closer together than this
 /// are at most one wrap apart.
-pub fn wrap_window(esu: u8) -> Duration {
+pub(crate) fn wrap_window(esu: u8) -> Duration {
     let joules = f64::from(u32::MAX) * 0.5f64.powi(i32::from(esu));
     Duration::from_secs_f64(joules / MAX_CORE_WATTS)
 }
@@ -43,7 +47,7 @@ pub fn wrap_window(esu: u8) -> Duration {
 /// before it is taken for a restart: 1 s (100 J), at most an eighth of the wrap window (coarse
 /// units, where a wrap takes about a second). A counter that advances in steps, readings a few
 /// microseconds apart, and a simulated machine that adds a few joules at once are not restarts.
-pub const RESTART_TOLERANCE: Duration = Duration::from_secs(1);
+pub(crate) const RESTART_TOLERANCE: Duration = Duration::from_secs(1);
 
 /// A clock for the wrap window: the time since some fixed start, counting the time the machine
 /// was suspended, so a suspend longer than a wrap cannot hide one. The broker's is [`BootTime`];
@@ -57,7 +61,7 @@ pub trait Clock: Debug + Send + Sync {
 /// while the machine is suspended (S3 or s2idle). Served by the vDSO; the seccomp filter admits
 /// `clock_gettime` for any clock all the same.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct BootTime;
+pub(crate) struct BootTime;
 
 impl Clock for BootTime {
     fn now(&self) -> Result<Duration, Errno> {
@@ -70,19 +74,19 @@ impl Clock for BootTime {
 /// Extends a wrapping 32-bit counter to a monotonic 64-bit count that starts at 0 on the first
 /// reading. Correct as long as the counter wraps at most once between two readings.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WrapCounter {
+pub(crate) struct WrapCounter {
     last: Option<u32>,
     total: u64,
 }
 
 impl WrapCounter {
     /// A counter that has seen no reading yet.
-    pub fn new() -> WrapCounter {
+    pub(crate) fn new() -> WrapCounter {
         WrapCounter::default()
     }
 
     /// Takes a raw reading and returns the extended count.
-    pub fn update(&mut self, raw: u32) -> u64 {
+    pub(crate) fn update(&mut self, raw: u32) -> u64 {
         if let Some(last) = self.last {
             self.total = self.total.wrapping_add(u64::from(raw.wrapping_sub(last)));
         }
@@ -92,17 +96,18 @@ impl WrapCounter {
 
     /// The units `raw` would add to the count, a drop taken as a wrap; `None` before the first
     /// reading.
-    pub fn step(&self, raw: u32) -> Option<u32> {
+    pub(crate) fn step(&self, raw: u32) -> Option<u32> {
         self.last.map(|last| raw.wrapping_sub(last))
     }
 
     /// The extended count after the last reading.
-    pub fn total(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn total(&self) -> u64 {
         self.total
     }
 
     /// Starts over at `raw`: the count is 0 from this reading on (a counter reset).
-    pub fn restart(&mut self, raw: u32) -> u64 {
+    pub(crate) fn restart(&mut self, raw: u32) -> u64 {
         *self = WrapCounter { last: Some(raw), total: 0 };
         0
     }
@@ -383,7 +388,10 @@ fn open_core(opener: &dyn MsrOpener, cpu: u32, clock: &dyn Clock) -> Result<MsrC
 /// [`MsrEnergy::poll_interval`]) for the life of the process. The thread supervises itself: a
 /// poll that panics or a sleep that fails is counted ([`MsrEnergy::poller_failures`]), logged
 /// the first time, and the polling starts again.
-pub fn spawn_poller(energy: Arc<MsrEnergy>, interval: Duration) -> std::io::Result<JoinHandle<()>> {
+pub(crate) fn spawn_poller(
+    energy: Arc<MsrEnergy>,
+    interval: Duration,
+) -> std::io::Result<JoinHandle<()>> {
     let interval = energy.poll_interval(interval);
     std::thread::Builder::new().name("msr-poll".into()).spawn(move || supervise(&energy, interval))
 }

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// What answers the requests: the sampler in production, a fake in tests.
-pub trait Backend: Send + Sync {
+pub(crate) trait Backend: Send + Sync {
     /// The discovered machine.
     fn topology(&self) -> &proto::Topology;
     /// One reading of `what`, with no message sent after `deadline`. While it waits it asks
@@ -37,7 +37,7 @@ pub trait Backend: Send + Sync {
 
 /// Fixed facts sent in the handshake.
 #[derive(Debug, Clone)]
-pub struct Identity {
+pub(crate) struct Identity {
     /// Random per broker start.
     pub instance: u64,
     /// Simulator profile, when simulating.
@@ -46,7 +46,7 @@ pub struct Identity {
 
 /// Who may connect, and the bounds on each connection.
 #[derive(Debug, Clone)]
-pub struct ServerConfig {
+pub(crate) struct ServerConfig {
     /// Peer uids served besides root.
     pub allow_uids: Vec<u32>,
     /// Peer gids (the peer's effective gid, as `SO_PEERCRED` reports it) served.
@@ -67,13 +67,13 @@ pub struct ServerConfig {
 }
 
 /// Default of `--connections.per-uid` and of [`ServerConfig::per_uid`].
-pub const DEFAULT_PER_UID: u16 = 2;
+pub(crate) const DEFAULT_PER_UID: u16 = 2;
 
 /// Default of `--connections.shared` and of [`ServerConfig::shared`].
-pub const DEFAULT_SHARED: u16 = 4;
+pub(crate) const DEFAULT_SHARED: u16 = 4;
 
 /// Default of `--connections.idle-timeout` and of [`ServerConfig::idle_timeout`].
-pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -92,7 +92,7 @@ impl Default for ServerConfig {
 
 /// Credentials of a connected peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Peer {
+pub(crate) struct Peer {
     /// Process id at connect time, as seen from the broker's PID namespace: 0 for a peer in a
     /// namespace the broker cannot see (a container, a `PrivatePIDs=yes` unit).
     pub pid: i32,
@@ -104,7 +104,7 @@ pub struct Peer {
 
 impl ServerConfig {
     /// Whether `peer` may use the broker: root, or a listed uid or gid.
-    pub fn allows(&self, peer: &Peer) -> bool {
+    pub(crate) fn allows(&self, peer: &Peer) -> bool {
         peer.uid == 0 || self.allow_uids.contains(&peer.uid) || self.allow_gids.contains(&peer.gid)
     }
 }
@@ -302,7 +302,7 @@ impl PeerLog {
 }
 
 /// Serves `listener` until it fails. Each accepted connection runs on its own thread.
-pub fn serve(
+pub(crate) fn serve(
     listener: UnixListener,
     backend: Arc<dyn Backend>,
     identity: Identity,
@@ -423,7 +423,7 @@ fn is_transient_accept_error(e: &io::Error) -> bool {
 
 /// Why a connection ended abnormally.
 #[derive(Debug, thiserror::Error)]
-pub enum ConnectionError {
+pub(crate) enum ConnectionError {
     /// Reading or decoding a request failed.
     #[error("bad request frame")]
     Frame(#[source] FrameError),
@@ -504,7 +504,7 @@ fn send(stream: &mut UnixStream, reply: &Reply) -> Result<(), ConnectionError> {
 }
 
 /// Serves one connection until the peer closes it, it idles out, or it misbehaves.
-pub fn handle(
+pub(crate) fn handle(
     stream: &mut UnixStream,
     backend: &dyn Backend,
     identity: &Identity,
@@ -564,7 +564,7 @@ pub fn handle(
 }
 
 /// A random instance id, from the standard library's OS-seeded hasher keys.
-pub fn random_instance() -> u64 {
+pub(crate) fn random_instance() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u128(std::time::SystemTime::UNIX_EPOCH.elapsed().map(|d| d.as_nanos()).unwrap_or(0));

@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 
 /// Sleeps for `duration` of monotonic time (time stopped or frozen counts), resuming after every
 /// interruption. Fails only if the kernel refuses to sleep at all.
-pub fn sleep(duration: Duration) -> io::Result<()> {
+pub(crate) fn sleep(duration: Duration) -> io::Result<()> {
     sleep_until(Instant::now() + duration)
 }
 
 /// Sleeps until `deadline`, resuming after every interruption.
-pub fn sleep_until(deadline: Instant) -> io::Result<()> {
+pub(crate) fn sleep_until(deadline: Instant) -> io::Result<()> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
