@@ -497,46 +497,54 @@ mod tests {
         }
     }
 
+    /// The cases of `web/testdata/`, one file each as exporter-toolkit's `web/testdata/`.
+    fn testdata() -> Vec<(String, String)> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata");
+        let mut cases: Vec<(String, String)> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|entry| {
+                let path = entry.unwrap().path();
+                let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                (name, std::fs::read_to_string(&path).unwrap())
+            })
+            .collect();
+        cases.sort();
+        cases
+    }
+
+    /// A `*.good.yml` loads; a `*.bad.yml` is refused with the error its first line names
+    /// (`# error: ...`): unknown keys named, refused settings saying why, the header allow-list,
+    /// duplicate users and headers.
     #[test]
-    fn unknown_keys_are_errors_naming_the_key() {
-        assert!(err("tls_server_config:\n  cert_fil: x\n").contains("unknown field `cert_fil`"));
-        assert!(err("basic_auth: {}\n").contains("unknown field `basic_auth`"));
-        assert!(err("http_server_config:\n  header: {}\n").contains("unknown field `header`"));
+    fn every_testdata_case_loads_or_is_refused_as_it_says() {
+        let (mut good, mut bad) = (0, 0);
+        for (name, text) in testdata() {
+            if name.ends_with(".good.yml") {
+                if let Err(e) = parse(&text, Path::new(".")) {
+                    panic!("{name} refused: {e:?}");
+                }
+                good += 1;
+            } else if name.ends_with(".bad.yml") {
+                let Some(expected) = text.lines().next().and_then(|l| l.strip_prefix("# error: "))
+                else {
+                    panic!("{name}: its first line must be `# error: <what the error says>`");
+                };
+                let e = err(&text);
+                assert!(e.contains(expected), "{name}: {e:?} does not say {expected:?}");
+                bad += 1;
+            } else {
+                panic!("{name}: a case is a .good.yml or a .bad.yml");
+            }
+        }
+        assert!(good >= 5 && bad >= 9, "{good} good and {bad} bad cases");
     }
 
     #[test]
-    fn refused_settings_say_why() {
-        assert!(err("rate_limit:\n  interval: 1s\n  burst: 1\n").starts_with("rate_limit:"));
-        let e = err("http_server_config:\n  http2: true\n");
-        assert!(e.starts_with("http_server_config.http2:") && e.contains("HTTP/1.1"), "{e}");
-        assert!(parse("http_server_config:\n  http2: false\n", Path::new(".")).is_ok());
-    }
-
-    #[test]
-    fn headers_follow_the_exporter_toolkit_allow_list() {
-        let web = parse(
-            "http_server_config:\n  headers:\n    X-Frame-Options: deny\n    \
-             Content-Security-Policy: \"default-src 'self'\"\n    X-XSS-Protection: \"\"\n",
-            Path::new("."),
-        )
-        .unwrap();
+    fn headers_follow_the_exporter_toolkit_allow_list_in_its_order() {
+        let (_, text) = testdata().into_iter().find(|(n, _)| n == "headers.good.yml").unwrap();
+        let web = parse(&text, Path::new(".")).unwrap();
         let names: Vec<&str> = web.headers.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["content-security-policy", "x-frame-options"]);
-        let e = err("http_server_config:\n  headers:\n    X-Frame-Options: allow\n");
-        assert!(e.starts_with("http_server_config.headers.X-Frame-Options:"), "{e}");
-        let e = err("http_server_config:\n  headers:\n    Server: x\n");
-        assert!(e.contains("cannot be configured"), "{e}");
-        let e = err(
-            "http_server_config:\n  headers:\n    X-Frame-Options: deny\n    X-Frame-Options: deny\n",
-        );
-        assert!(e.contains("duplicate"), "{e}");
-    }
-
-    #[test]
-    fn a_user_listed_twice_is_an_error() {
-        let hash = "$2y$05$mUlr9Rj5lpHs8pxnnpAnGuuaQXHWg7/VtlpBBYXSqAkxZL1UMDDcm";
-        let e = err(&format!("basic_auth_users:\n  a: '{hash}'\n  a: '{hash}'\n"));
-        assert!(e.contains("duplicate key \"a\""), "{e}");
     }
 
     #[test]
