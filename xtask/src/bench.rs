@@ -11,7 +11,7 @@ pub fn run(args: &[String]) -> Result<()> {
     if !rustix::process::geteuid().is_root() {
         bail!("the benchmark mounts a FUSE fake device: run it as root (with /dev/fuse)");
     }
-    crate::cargo(&[
+    crate::workspace::cargo(&[
         "build",
         "--quiet",
         "--release",
@@ -23,6 +23,6 @@ pub fn run(args: &[String]) -> Result<()> {
         "amd-hsmp-e2e",
         "--bins",
     ])?;
-    let bin = crate::target_dir(&crate::root()).join("release");
-    crate::run_cmd(Command::new(bin.join("bench")).args(args).arg("--bin-dir").arg(&bin))
+    let bin = crate::workspace::target_dir(&crate::workspace::root()).join("release");
+    crate::workspace::run_cmd(Command::new(bin.join("bench")).args(args).arg("--bin-dir").arg(&bin))
 }

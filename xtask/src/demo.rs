@@ -52,7 +52,7 @@ pub fn run(args: &[String]) -> Result<()> {
 
 /// Builds the simulating broker and the exporter (debug); returns the directory that holds them.
 pub fn build() -> Result<PathBuf> {
-    crate::cargo(&[
+    crate::workspace::cargo(&[
         "build",
         "--quiet",
         "-p",
@@ -61,7 +61,7 @@ pub fn build() -> Result<PathBuf> {
         "amd-hsmp-exporter",
         "--bins",
     ])?;
-    Ok(crate::root().join("target/debug"))
+    Ok(crate::workspace::root().join("target/debug"))
 }
 
 fn serve(bin: &Path, dir: &Path, scenario: Option<&str>) -> Result<()> {

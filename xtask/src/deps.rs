@@ -96,21 +96,21 @@ fn install_rpmlint() -> Result<()> {
     if dir.exists() {
         std::fs::remove_dir_all(&dir)?;
     }
-    crate::run_cmd(
+    crate::workspace::run_cmd(
         Command::new("python3").args(["-m", "venv", "--system-site-packages"]).arg(&dir),
     )?;
     let pip = dir.join("bin/pip");
     let sdist = dir.join("sdist");
     let pinned = format!("rpmlint=={RPMLINT_VERSION}");
-    crate::run_cmd(
+    crate::workspace::run_cmd(
         Command::new(&pip)
             .args(["download", "-q", "--no-deps", "--no-binary", ":all:", &pinned, "-d"])
             .arg(&sdist),
     )?;
     let tarball = sdist.join(format!("rpmlint-{RPMLINT_VERSION}.tar.gz"));
-    crate::run_cmd(Command::new(&pip).args(["install", "-q"]).arg(&tarball))?;
-    crate::run_cmd(Command::new(&pip).args(["install", "-q", PYENCHANT]))?;
-    crate::run_cmd(
+    crate::workspace::run_cmd(Command::new(&pip).args(["install", "-q"]).arg(&tarball))?;
+    crate::workspace::run_cmd(Command::new(&pip).args(["install", "-q", PYENCHANT]))?;
+    crate::workspace::run_cmd(
         Command::new("tar")
             .arg("-xzf")
             .arg(&tarball)
@@ -162,11 +162,12 @@ fn install_kube_venv() -> Result<()> {
     }
     eprintln!("xtask: installing {} in {}", missing.join(" "), venv.display());
     if !pip.is_file() {
-        crate::run_cmd(Command::new("python3").args(["-m", "venv"]).arg(&venv)).map_err(|e| {
-            e.context("cannot make the kube-test venv (Debian's python3 needs python3-venv)")
-        })?;
+        crate::workspace::run_cmd(Command::new("python3").args(["-m", "venv"]).arg(&venv))
+            .map_err(|e| {
+                e.context("cannot make the kube-test venv (Debian's python3 needs python3-venv)")
+            })?;
     }
-    crate::run_cmd(
+    crate::workspace::run_cmd(
         Command::new(&pip)
             .args(["install", "--quiet", "--disable-pip-version-check"])
             .args(&missing),
@@ -178,7 +179,14 @@ pub fn install_cargo_tools() -> Result<()> {
     for (krate, version, cmd) in CARGO_TOOLS {
         if !tool_at_version(krate, cmd, version) {
             eprintln!("xtask: installing {krate} {version}");
-            crate::cargo(&["install", "--locked", "--force", krate, "--version", version])?;
+            crate::workspace::cargo(&[
+                "install",
+                "--locked",
+                "--force",
+                krate,
+                "--version",
+                version,
+            ])?;
         }
     }
     Ok(())
@@ -207,8 +215,8 @@ fn install_packages() -> Result<()> {
         bail!("missing Debian packages: {} (install them, or run as root)", missing.join(" "));
     }
     eprintln!("xtask: installing {}", missing.join(" "));
-    crate::run_cmd(Command::new("apt-get").args(["update", "-qq"]))?;
-    crate::run_cmd(
+    crate::workspace::run_cmd(Command::new("apt-get").args(["update", "-qq"]))?;
+    crate::workspace::run_cmd(
         Command::new("apt-get")
             .args(["install", "-y", "-qq", "--no-install-recommends"])
             .args(&missing)

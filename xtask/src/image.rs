@@ -80,9 +80,9 @@ pub fn run(args: &[String]) -> Result<()> {
         [flag] if flag == "--reproducible" => true,
         _ => bail!("usage: cargo xtask image [--reproducible]"),
     };
-    let archive = build(&crate::root())?;
+    let archive = build(&crate::workspace::root())?;
     if reproducible {
-        check_reproducible(&crate::root(), &archive)?;
+        check_reproducible(&crate::workspace::root(), &archive)?;
     }
     Ok(())
 }
@@ -90,7 +90,7 @@ pub fn run(args: &[String]) -> Result<()> {
 /// Where the image's cargo build puts its output: apart from `target/release`, since the flags
 /// differ (a static target build, the dependency list embedded).
 pub fn cargo_target_dir(root: &Path) -> PathBuf {
-    crate::target_dir(root).join("image/cargo")
+    crate::workspace::target_dir(root).join("image/cargo")
 }
 
 /// The static [`SIM_BROKER`] of the last [`build`] of the sources at `root`.
@@ -100,7 +100,7 @@ pub fn sim_broker(root: &Path) -> PathBuf {
 
 /// The archive's path for the sources at `root`.
 pub fn archive_path(root: &Path) -> PathBuf {
-    crate::target_dir(root).join("image").join(format!("{NAME}.oci.tar"))
+    crate::workspace::target_dir(root).join("image").join(format!("{NAME}.oci.tar"))
 }
 
 /// Builds the binaries and the archive from the sources at `root`; prints the digest.
@@ -216,7 +216,7 @@ fn build_from(
         None => short.to_owned(),
     };
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    crate::run_cmd(
+    crate::workspace::run_cmd(
         Command::new(cargo)
             .args(["auditable", "build", "--release", "--locked", "--target", TARGET])
             .args(BINARIES.iter().chain(&[SIM_BROKER]).flat_map(|b| ["--package", b]))
@@ -634,7 +634,7 @@ mod tests {
 
     #[test]
     fn the_labels_name_the_workspace_license_and_repository() {
-        let manifest = fs::read_to_string(crate::root().join("Cargo.toml")).unwrap();
+        let manifest = fs::read_to_string(crate::workspace::root().join("Cargo.toml")).unwrap();
         assert!(manifest.contains(&format!("license = \"{LICENSES}\"")));
         assert!(manifest.contains(&format!("repository = \"{SOURCE}\"")));
     }

@@ -23,10 +23,12 @@ mod mixin;
 mod packaging;
 mod tidy;
 mod vm;
+mod workspace;
 
-use anyhow::{Context, Result, bail};
-use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
+use anyhow::{Result, bail};
+use std::path::Path;
+use std::process::ExitCode;
+use workspace::{cargo, root};
 
 const USAGE: &str = "usage: cargo xtask <demo [--scenario NAME]|test|deps|packaging|man OUTDIR|\
                      mixin [--live]|vm-test|bench [--help]|image [--reproducible]|kube-test [--no-pods]>";
@@ -73,47 +75,4 @@ fn run() -> Result<()> {
         Some(other) => bail!("unknown task {other:?}\n{USAGE}"),
         None => bail!("{USAGE}"),
     }
-}
-
-/// The workspace root.
-pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
-}
-
-/// Where cargo puts its output: `CARGO_TARGET_DIR` if set, else `target/` in the workspace.
-pub fn target_dir(root: &Path) -> PathBuf {
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) => root.join(dir),
-        None => root.join("target"),
-    }
-}
-
-/// Runs cargo with `args` in the workspace root; fails if it fails.
-pub fn cargo(args: &[&str]) -> Result<()> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    run_cmd(Command::new(cargo).args(args).current_dir(root()))
-}
-
-/// Builds the release binaries of the two daemons, as the packages ship them: what the
-/// packaging check and the VM test's `.deb` are made from.
-pub fn build_release_daemons() -> Result<()> {
-    cargo(&[
-        "build",
-        "--release",
-        "--locked",
-        "--package",
-        "amd-hsmp-broker",
-        "--package",
-        "amd-hsmp-exporter",
-        "--bins",
-    ])
-}
-
-/// Runs a command to completion; a non-zero exit is an error naming the command.
-pub fn run_cmd(cmd: &mut Command) -> Result<()> {
-    let status = cmd.status().with_context(|| format!("cannot run {cmd:?}"))?;
-    if !status.success() {
-        bail!("{cmd:?} failed: {status}");
-    }
-    Ok(())
 }

@@ -107,7 +107,7 @@ pub fn run(outdir: &Path) -> Result<()> {
 mod tests {
     use super::*;
     use crate::golden::{expect_file, expect_files};
-    use crate::root;
+    use crate::workspace::root;
 
     /// The `--help` text of a binary, as `NAME --help` prints it (no colour off a terminal).
     fn long_help(mut command: clap::Command) -> String {

@@ -684,7 +684,7 @@ mod tests {
 
     #[test]
     fn every_family_of_the_metrics_doc_is_found() {
-        let doc = read(&crate::root().join("docs/metrics.md")).unwrap();
+        let doc = read(&crate::workspace::root().join("docs/metrics.md")).unwrap();
         let names = documented_metrics(&doc).unwrap();
         for family in
             ["amd_hsmp_core_energy_joules_total", "amd_hsmp_prochot_active", "process_open_fds"]
@@ -823,7 +823,7 @@ mod tests {
     /// healthy golden scrape plus the 5 Prometheus adds per target.
     #[test]
     fn the_cardinality_table_matches_the_golden_scrapes() {
-        let root = crate::root();
+        let root = crate::workspace::root();
         let doc = read(&root.join("docs/install.md")).unwrap();
         let mut checked = 0;
         for row in doc

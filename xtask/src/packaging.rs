@@ -47,7 +47,9 @@ pub fn check(root: &Path) -> Result<()> {
     step("systemd units", || units(root, &work.join("units")))?;
     step("install-tree files", || install_tree(root))?;
     step("SELinux module", || selinux(root, &work.join("selinux")))?;
-    step("release binaries", || crate::build_release_daemons().map(|()| "built".to_string()))?;
+    step("release binaries", || {
+        crate::workspace::build_release_daemons().map(|()| "built".to_string())
+    })?;
     let licenses = dependency_licenses(root)?;
     let rpm_files =
         step_value("RPM", || rpm(root, &work.join("rpm"), &target.join("release"), &licenses))?;

@@ -31,7 +31,7 @@ mod tests {
     /// The RPM is built with EL9's rust-toolset (rustc 1.88); no dependency may need more.
     #[test]
     fn no_package_needs_a_newer_rustc_than_the_workspace() {
-        let root = crate::root();
+        let root = crate::workspace::root();
         let floor = workspace_rust_version(&root);
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let out = Command::new(cargo)
@@ -63,7 +63,7 @@ mod tests {
     /// release is not a diff; `UPDATE_GOLDEN=1` rewrites the file.
     #[test]
     fn the_brokers_dependencies_are_the_reviewed_list() {
-        let root = crate::root();
+        let root = crate::workspace::root();
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let out = Command::new(cargo)
             .args(["tree", "--locked", "-e", "normal", "-p", "amd-hsmp-broker", "--prefix", "none"])
@@ -109,7 +109,7 @@ mod tests {
     #[test]
     fn architecture_crate_graph_is_the_workspace_graph() {
         use std::collections::BTreeMap;
-        let root = crate::root();
+        let root = crate::workspace::root();
         let meta = metadata(&root);
         let folder_of = |manifest: &str| -> String {
             let dir = Path::new(manifest).parent().unwrap();
@@ -154,7 +154,7 @@ mod tests {
     /// or type named before a file, `name (path.rs)`, is a word of that file.
     #[test]
     fn architecture_names_files_that_exist_and_symbols_they_define() {
-        let root = crate::root();
+        let root = crate::workspace::root();
         let text = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
         let mut missing = Vec::new();
         for word in text.split(|c: char| c == '`' || c == '(' || c == ')' || c.is_whitespace()) {
@@ -230,7 +230,7 @@ mod tests {
     /// Every Rust source file says what it is for in its first line.
     #[test]
     fn every_rust_file_starts_with_a_module_doc() {
-        let root = crate::root();
+        let root = crate::workspace::root();
         let mut missing = Vec::new();
         for path in rust_files(&root) {
             let text = std::fs::read_to_string(&path).unwrap();
@@ -272,7 +272,7 @@ mod tests {
     #[test]
     fn no_two_tests_share_a_name() {
         use std::collections::BTreeMap;
-        let root = crate::root();
+        let root = crate::workspace::root();
         let mut files: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for path in rust_files(&root) {
             let text = std::fs::read_to_string(&path).unwrap();

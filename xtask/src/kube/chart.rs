@@ -532,7 +532,7 @@ mod tests {
 
     #[test]
     fn the_documented_fields_outside_restricted_are_the_brokers_and_its_volumes_only() {
-        let rows = documented_outside(&crate::root()).unwrap();
+        let rows = documented_outside(&crate::workspace::root()).unwrap();
         for row in &rows {
             assert!(
                 row.field.starts_with("spec.containers[broker].")
@@ -555,6 +555,6 @@ mod tests {
 
     #[test]
     fn the_charts_copies_of_the_mixin_are_current() {
-        check_mixin_copies(&crate::root()).unwrap();
+        check_mixin_copies(&crate::workspace::root()).unwrap();
     }
 }

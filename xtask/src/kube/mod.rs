@@ -37,7 +37,7 @@ pub fn run(args: &[String]) -> Result<()> {
         _ => bail!("usage: cargo xtask kube-test [--no-pods]"),
     };
     crate::deps::install()?;
-    let root = crate::root();
+    let root = crate::workspace::root();
     let python = venv_python()?;
     let started = Instant::now();
     step("mixin copies", || chart::check_mixin_copies(&root))?;

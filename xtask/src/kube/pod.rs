@@ -105,8 +105,15 @@ struct Fake {
 
 impl Fake {
     fn start(root: &Path) -> Result<Fake> {
-        crate::cargo(&["build", "--quiet", "-p", "amd-hsmp-e2e", "--bin", "fake-device"])?;
-        let bin = crate::target_dir(root).join("debug/fake-device");
+        crate::workspace::cargo(&[
+            "build",
+            "--quiet",
+            "-p",
+            "amd-hsmp-e2e",
+            "--bin",
+            "fake-device",
+        ])?;
+        let bin = crate::workspace::target_dir(root).join("debug/fake-device");
         let mut child = Command::new(bin)
             .arg(PROFILE)
             .stdin(Stdio::piped())

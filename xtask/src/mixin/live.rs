@@ -341,7 +341,7 @@ mod tests {
 
     #[test]
     fn the_panels_that_may_be_empty_exist() {
-        let dir = crate::root().join("mixin");
+        let dir = crate::workspace::root().join("mixin");
         let titles: Vec<String> = load_dashboards(&dir)
             .unwrap()
             .iter()

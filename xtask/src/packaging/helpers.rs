@@ -54,7 +54,7 @@ pub(super) fn set_mode(path: &Path, mode: u32) -> Result<()> {
 /// Builds the project's `.deb` from the release binaries already built, into `out`.
 pub(crate) fn cargo_deb(out: &Path) -> Result<()> {
     let out = out.to_str().context("the .deb output path is not UTF-8")?;
-    crate::cargo(&[
+    crate::workspace::cargo(&[
         "deb",
         "--package",
         "amd-hsmp-exporter",

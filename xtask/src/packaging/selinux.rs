@@ -359,8 +359,9 @@ mod tests {
 
     #[test]
     fn the_shared_install_script_relabels_every_path_of_the_file_contexts() {
-        let fc = fs::read_to_string(crate::root().join("selinux/amd_hsmp.fc")).unwrap();
-        let script = fs::read_to_string(crate::root().join("selinux/install.sh")).unwrap();
+        let fc = fs::read_to_string(crate::workspace::root().join("selinux/amd_hsmp.fc")).unwrap();
+        let script =
+            fs::read_to_string(crate::workspace::root().join("selinux/install.sh")).unwrap();
         let start = script.find("for path in ").unwrap() + "for path in ".len();
         let end = start + script[start..].find("; do").unwrap();
         let relabelled: Vec<&str> =
@@ -378,16 +379,17 @@ mod tests {
 
     #[test]
     fn the_spec_runs_the_shared_install_script_as_its_post() {
-        let spec = fs::read_to_string(crate::root().join(SPEC)).unwrap();
+        let spec = fs::read_to_string(crate::workspace::root().join(SPEC)).unwrap();
         assert!(spec.lines().any(|l| l == "%post selinux -f selinux/install.sh"));
         // RPM expands macros in the file it appends: a percent sign would change the script.
-        let script = fs::read_to_string(crate::root().join("selinux/install.sh")).unwrap();
+        let script =
+            fs::read_to_string(crate::workspace::root().join("selinux/install.sh")).unwrap();
         assert!(!script.contains('%'), "selinux/install.sh holds a percent sign");
     }
 
     #[test]
     fn the_shipped_module_comments_every_rule() {
-        let te = fs::read_to_string(crate::root().join("selinux/amd_hsmp.te")).unwrap();
+        let te = fs::read_to_string(crate::workspace::root().join("selinux/amd_hsmp.te")).unwrap();
         te_rules_are_commented(&te).unwrap();
     }
 }

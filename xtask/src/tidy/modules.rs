@@ -431,7 +431,7 @@ fn cycles(edges: &Edges, root: &Path) -> Vec<String> {
 /// pipeline, the web layer and the broker are layered, and a cycle is where they stop being.
 #[test]
 fn no_module_imports_one_that_imports_it_back() {
-    let root = crate::root();
+    let root = crate::workspace::root();
     let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
     let members = manifest.split("members = [").nth(1).unwrap().split(']').next().unwrap();
     let members: Vec<&str> = members.split(',').map(|m| m.trim().trim_matches('"')).collect();

@@ -1366,7 +1366,8 @@ mod tests {
     /// (`1.` or `**S.**` at the start of a line).
     #[test]
     fn the_check_table_has_unique_ids_in_the_documented_order() {
-        let doc = std::fs::read_to_string(crate::root().join("docs/testing.md")).unwrap();
+        let doc =
+            std::fs::read_to_string(crate::workspace::root().join("docs/testing.md")).unwrap();
         let section = doc.split("\n### The checks\n").nth(1).unwrap();
         let section = section.split("\n#").next().unwrap();
         let mut documented: Vec<&str> = Vec::new();

@@ -31,7 +31,7 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(240);
 
 /// A file of the checkout, as text.
 pub fn repo_file(rel: &str) -> Result<String> {
-    let path = crate::root().join(rel);
+    let path = crate::workspace::root().join(rel);
     fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))
 }
 

@@ -200,7 +200,7 @@ pub fn host_tools(cache: &Cache) -> Result<String> {
     let mut installed = Vec::new();
     for tool in crate::deps::missing_cargo_tools() {
         let Some((krate, version)) = tool.split_once(' ') else { continue };
-        crate::cargo(&["install", "--locked", "--force", krate, "--version", version])?;
+        crate::workspace::cargo(&["install", "--locked", "--force", krate, "--version", version])?;
         installed.push(tool);
     }
     let missing: Vec<&str> = HOST_TOOLS
@@ -465,7 +465,7 @@ pub fn kernel(cache: &Cache, root: &Path, choice: &KernelChoice) -> Result<(Kern
 /// Builds the project's `.deb` from the checkout, as the packaging check does: release
 /// binaries, then `cargo deb --no-build`. Returns its path.
 pub fn deb(cache: &Cache) -> Result<PathBuf> {
-    crate::build_release_daemons()?;
+    crate::workspace::build_release_daemons()?;
     let out = cache.dir.join("run/deb");
     if out.exists() {
         fs::remove_dir_all(&out)?;
@@ -623,15 +623,17 @@ pub fn selinux_files(cache: &Cache, run: &Path) -> Result<SelinuxFiles> {
     let log = cache.log("selinux");
     let build = run.join("selinux");
     fs::create_dir_all(&build)?;
-    let module =
-        crate::packaging::selinux::build_selinux_module(&crate::root().join("selinux"), &build)?;
+    let module = crate::packaging::selinux::build_selinux_module(
+        &crate::workspace::root().join("selinux"),
+        &build,
+    )?;
     run_logged(Command::new("bzip2").args(["-9", "-f"]).arg(&module), &log)?;
     let probe = run.join("confine-probe");
     run_logged(
         Command::new("cc")
             .args(["-static", "-O2", "-Wall", "-Werror", "-o"])
             .arg(&probe)
-            .arg(crate::root().join("tests/vm/confine-probe.c")),
+            .arg(crate::workspace::root().join("tests/vm/confine-probe.c")),
         &log,
     )?;
     Ok(SelinuxFiles { module: module.with_extension("pp.bz2"), probe })
