@@ -1007,5 +1007,7 @@ fn hello(path: &Path) -> Result<String, String> {
     Ok(format!("broker {version} answers, {cores} cores"))
 }
 
+pub(crate) mod command;
+
 #[cfg(test)]
 mod tests;

@@ -45,7 +45,12 @@ pub fn main(program: &str, args: Args, simulation: Option<&dyn Simulation>) -> E
         return ExitCode::FAILURE;
     }
     if args.check {
-        return check(program, &args, simulation);
+        // The serving path below holds no --check code: it is all in `check::command`.
+        let (simulated, (hsmp, msr)) = match simulation.map(Simulation::check) {
+            Some(Machine { topology, hsmp, msr }) => (Some(topology), (hsmp, msr)),
+            None => (None, devices(&args)),
+        };
+        return crate::check::command::run(program, &args, simulated, hsmp, msr);
     }
     match run(args, simulation) {
         Ok(()) => ExitCode::SUCCESS,
@@ -83,93 +88,6 @@ fn devices(cli: &Args) -> (Box<dyn HsmpOpener>, Box<dyn MsrOpener>) {
         Box::new(HsmpDeviceOpener { path: cli.hsmp_device.clone() }),
         Box::new(MsrDeviceOpener { root: cli.msr_device_root.clone() }),
     )
-}
-
-/// `--check`: runs the checks of [`crate::check`] and prints one line each.
-fn check(program: &str, cli: &Args, simulation: Option<&dyn Simulation>) -> ExitCode {
-    use crate::check::{self, Account, Accounts};
-    let (simulated, (hsmp, msr)) = match simulation.map(Simulation::check) {
-        Some(Machine { topology, hsmp, msr }) => (Some(topology), (hsmp, msr)),
-        None => (None, devices(cli)),
-    };
-    let msr = cli.msr_fallback.then_some(msr);
-    let group = |name: &str| nix::unistd::Group::from_name(name).ok().flatten();
-    let exporter = nix::unistd::User::from_name(check::EXPORTER_USER).ok().flatten().map(|u| {
-        let mut gids = vec![u.gid.as_raw()];
-        if let Ok(name) = std::ffi::CString::new(u.name.clone())
-            && let Ok(all) = nix::unistd::getgrouplist(&name, u.gid)
-        {
-            gids.extend(all.iter().map(|g| g.as_raw()));
-        }
-        Account { uid: u.uid.as_raw(), gids }
-    });
-    let accounts =
-        Accounts { broker_gid: group(check::BROKER_GROUP).map(|g| g.gid.as_raw()), exporter };
-    let socket = cli.listen.clone().unwrap_or_else(|| check::DEFAULT_SOCKET.into());
-    let mut wait = || {
-        let started = std::time::Instant::now();
-        std::thread::sleep(check::ENERGY_WINDOW);
-        started.elapsed()
-    };
-    let mut inputs = check::Inputs {
-        procfs: &cli.procfs,
-        sysfs: &cli.sysfs,
-        hsmp_device: &cli.hsmp_device,
-        hsmp: hsmp.as_ref(),
-        msr: msr.as_deref(),
-        msr_root: &cli.msr_device_root,
-        etc: Path::new("/etc"),
-        socket: &socket,
-        accounts: &accounts,
-        labels: &check::selinux_label,
-        energy_wait: &mut wait,
-        simulated,
-    };
-    // Each line is printed as soon as it is decided. A watchdog ends the run at
-    // --check.timeout with a line naming the check that did not finish: a blocking ioctl or
-    // read cannot be interrupted, so the deadline is kept from another thread.
-    let printed = Arc::new(std::sync::Mutex::new(Printed::default()));
-    let watched = Arc::clone(&printed);
-    let timeout = cli.check_timeout;
-    let verdict = |passed: bool| {
-        if passed {
-            format!("{program} --check: every check a scrape needs passed")
-        } else {
-            format!("{program} --check: a scrape cannot work as it should; see FAIL above")
-        }
-    };
-    let failed = verdict(false);
-    let watchdog = std::thread::Builder::new().name("check-deadline".into()).spawn(move || {
-        std::thread::sleep(timeout);
-        let printed = watched.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !printed.finished {
-            println!("{}", check::deadline(timeout, printed.last));
-            println!("{failed}");
-            std::process::exit(1);
-        }
-    });
-    if let Err(e) = watchdog {
-        eprintln!("{program}: cannot start the --check deadline: {e}; running without it");
-    }
-    let lock = || printed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let lines = check::run_streaming(&mut inputs, &mut |line| {
-        let mut printed = lock();
-        println!("{line}");
-        printed.last = Some(line.name);
-    });
-    let mut printed = lock();
-    printed.finished = true;
-    let passed = check::passed(&lines);
-    println!("{}", verdict(passed));
-    if passed { ExitCode::SUCCESS } else { ExitCode::FAILURE }
-}
-
-/// What `--check` has printed, shared with its deadline's watchdog: the last line's name, and
-/// whether the verdict is being printed (then the watchdog says nothing).
-#[derive(Debug, Default)]
-struct Printed {
-    last: Option<&'static str>,
-    finished: bool,
 }
 
 /// The numeric allow-lists: ids as given, plus names resolved through NSS now, while the broker
