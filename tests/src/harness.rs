@@ -360,6 +360,20 @@ pub fn start_exporter_from(
     Err(last.unwrap_or_else(|| anyhow::anyhow!("exporter did not start")))
 }
 
+/// Threads of process `pid` now (0 once it is gone), from `/proc/PID/task`.
+pub fn threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count())
+}
+
+/// User and system CPU time of process `pid` so far, from `/proc/PID/stat` (in USER_HZ, 100 a
+/// second on Linux).
+pub fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10)
+}
+
 /// Held by a test whose claim is a wall-clock bound (a scrape answered in time, a counter read
 /// within its wrap window) or that loads the machine (connect loops, floods, many scrapers),
 /// so that such tests of one test binary run one at a time: on a loaded 2-core machine they

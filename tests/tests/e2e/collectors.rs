@@ -186,19 +186,6 @@ fn healthy(row: Row) -> usize {
     }
 }
 
-/// Threads of `pid` now.
-fn threads(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count())
-}
-
-/// User and system CPU time of `pid` so far (USER_HZ is 100 on Linux).
-fn cpu_time(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    Duration::from_millis(ticks * 10)
-}
-
 /// What one flood cost the exporter.
 #[derive(Debug)]
 struct FloodCost {
@@ -212,7 +199,7 @@ struct FloodCost {
 fn hang_up_flood(addr: SocketAddr, pid: u32) -> FloodCost {
     let stop = Arc::new(AtomicBool::new(false));
     let hang_ups = Arc::new(AtomicUsize::new(0));
-    let cpu_before = cpu_time(pid);
+    let cpu_before = harness::cpu_time(pid);
     let clients: Vec<_> = (0..4)
         .map(|_| {
             let (stop, hang_ups) = (stop.clone(), hang_ups.clone());
@@ -229,10 +216,10 @@ fn hang_up_flood(addr: SocketAddr, pid: u32) -> FloodCost {
             })
         })
         .collect();
-    let mut max_threads = threads(pid);
+    let mut max_threads = harness::threads(pid);
     let until = Instant::now() + Duration::from_secs(2);
     while Instant::now() < until {
-        max_threads = max_threads.max(threads(pid));
+        max_threads = max_threads.max(harness::threads(pid));
         std::thread::sleep(Duration::from_millis(20));
     }
     stop.store(true, Ordering::SeqCst);
@@ -241,12 +228,12 @@ fn hang_up_flood(addr: SocketAddr, pid: u32) -> FloodCost {
     }
     let settle = Instant::now() + Duration::from_secs(2);
     while Instant::now() < settle {
-        max_threads = max_threads.max(threads(pid));
+        max_threads = max_threads.max(harness::threads(pid));
         std::thread::sleep(Duration::from_millis(20));
     }
     FloodCost {
         hang_ups: hang_ups.load(Ordering::SeqCst),
-        cpu: cpu_time(pid) - cpu_before,
+        cpu: harness::cpu_time(pid) - cpu_before,
         max_threads,
     }
 }
@@ -317,10 +304,10 @@ fn case_blocking_source(row: Row) {
             }
         }
         if n == 1 {
-            after_first = threads(pid);
+            after_first = harness::threads(pid);
         }
     }
-    let after = threads(pid);
+    let after = harness::threads(pid);
     assert!(after <= after_first + 1, "threads grew with scrapes: {after_first} → {after}");
     if let Some(fs) = &node.cgroupfs {
         fs.release();

@@ -343,20 +343,6 @@ fn basic(user: &str, password: &str) -> String {
     format!("Basic {encoded}")
 }
 
-/// User and system CPU time of `pid` so far, from `/proc/PID/stat` (in USER_HZ, 100 a second
-/// on Linux).
-fn cpu_time(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    Duration::from_millis(ticks * 10)
-}
-
-/// Threads of `pid` now.
-fn threads(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count())
-}
-
 /// The exporter behind `--web.config.file` with `yaml`, no broker.
 fn with_web_config(dir: &Path, yaml: &str, nofile: Option<u64>) -> (Proc, SocketAddr) {
     let config = dir.join("web.yml");
@@ -415,16 +401,16 @@ fn a_flood_of_wrong_passwords_that_hang_up_keeps_bcrypt_to_one_core() {
             })
         })
         .collect();
-    let threads_before = threads(exporter.pid());
+    let threads_before = harness::threads(exporter.pid());
     std::thread::sleep(Duration::from_millis(500));
-    let (cpu_before, at) = (cpu_time(exporter.pid()), Instant::now());
+    let (cpu_before, at) = (harness::cpu_time(exporter.pid()), Instant::now());
     let sent_before = sent.load(Ordering::SeqCst);
     let mut most_threads = 0;
     while at.elapsed() < Duration::from_secs(4) {
-        most_threads = most_threads.max(threads(exporter.pid()));
+        most_threads = most_threads.max(harness::threads(exporter.pid()));
         std::thread::sleep(Duration::from_millis(50));
     }
-    let cpu = cpu_time(exporter.pid()) - cpu_before;
+    let cpu = harness::cpu_time(exporter.pid()) - cpu_before;
     let elapsed = at.elapsed();
     let rate = (sent.load(Ordering::SeqCst) - sent_before) as f64 / elapsed.as_secs_f64();
     stop.store(true, Ordering::SeqCst);
