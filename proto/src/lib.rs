@@ -96,6 +96,129 @@ pub struct Families {
 impl Families {
     /// Every family.
     pub const ALL: Families = Families { core_energy: true, boost_limit: true, prochot: true };
+
+    /// The families in `list`.
+    pub fn of(list: &[Family]) -> Families {
+        let mut families = Families::default();
+        for &family in list {
+            families.set(family, true);
+        }
+        families
+    }
+
+    /// Whether `family` is asked for.
+    pub fn contains(&self, family: Family) -> bool {
+        match family {
+            Family::CoreEnergy => self.core_energy,
+            Family::BoostLimit => self.boost_limit,
+            Family::Prochot => self.prochot,
+        }
+    }
+
+    /// Asks for `family`, or not.
+    pub fn set(&mut self, family: Family, on: bool) {
+        let flag = match family {
+            Family::CoreEnergy => &mut self.core_energy,
+            Family::BoostLimit => &mut self.boost_limit,
+            Family::Prochot => &mut self.prochot,
+        };
+        *flag = on;
+    }
+
+    /// The families asked for, in [`Family::ALL`] order.
+    pub fn iter(&self) -> impl Iterator<Item = Family> + '_ {
+        Family::ALL.into_iter().filter(|&family| self.contains(family))
+    }
+}
+
+/// One telemetry family: what a [`Request::Sample`] can ask for ([`Families`]), and on the
+/// exporter's side one collector (`--collector.NAME`). Both processes keep what they know of a
+/// family in a [`PerFamily`] table indexed by it, so that a new family is one variant here and one
+/// row in each table, which the compiler asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    /// Per-core energy counters ([`Sample::energy`]).
+    CoreEnergy,
+    /// Per-core boost limit ([`Sample::boost_limit`]).
+    BoostLimit,
+    /// Per-socket PROCHOT status ([`Sample::prochot`]).
+    Prochot,
+}
+
+/// What one value of a family belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// One value per physical core, aligned with [`Topology::cores`].
+    Core,
+    /// One value per socket, aligned with [`Topology::sockets`].
+    Socket,
+}
+
+impl Family {
+    /// Every family, in the order of their variants.
+    pub const ALL: [Family; 3] = [Family::CoreEnergy, Family::BoostLimit, Family::Prochot];
+
+    /// The number of families.
+    pub const COUNT: usize = Family::ALL.len();
+
+    /// The collector name: `--collector.NAME`, the `collector` label of the exporter's error
+    /// counters, the field of log lines.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Family::CoreEnergy => "core-energy",
+            Family::BoostLimit => "boost-limit",
+            Family::Prochot => "prochot",
+        }
+    }
+
+    /// What one value belongs to.
+    pub const fn scope(self) -> Scope {
+        match self {
+            Family::CoreEnergy | Family::BoostLimit => Scope::Core,
+            Family::Prochot => Scope::Socket,
+        }
+    }
+
+    /// The family named `name` ([`Family::name`]).
+    pub fn from_name(name: &str) -> Option<Family> {
+        Family::ALL.into_iter().find(|family| family.name() == name)
+    }
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One `T` per [`Family`], indexed by it: the table a process keeps its per-family state in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PerFamily<T>([T; Family::COUNT]);
+
+impl<T> PerFamily<T> {
+    /// The table whose entry for each family is `entry(family)`.
+    pub fn from_fn(mut entry: impl FnMut(Family) -> T) -> PerFamily<T> {
+        PerFamily(Family::ALL.map(&mut entry))
+    }
+
+    /// Each family with its entry, in [`Family::ALL`] order.
+    pub fn iter(&self) -> impl Iterator<Item = (Family, &T)> {
+        Family::ALL.into_iter().zip(self.0.iter())
+    }
+}
+
+impl<T> std::ops::Index<Family> for PerFamily<T> {
+    type Output = T;
+    fn index(&self, family: Family) -> &T {
+        // `Family as usize` is below `COUNT` for every variant: the array cannot be too short.
+        &self.0[family as usize]
+    }
+}
+
+impl<T> std::ops::IndexMut<Family> for PerFamily<T> {
+    fn index_mut(&mut self, family: Family) -> &mut T {
+        &mut self.0[family as usize]
+    }
 }
 
 /// What the broker answers.

@@ -269,3 +269,61 @@ async fn async_helpers_match_the_blocking_ones() {
     assert!(matches!(Request::read_async(&mut &short[..]).await, Err(FrameError::Truncated)));
     assert!(matches!(Request::read_async(&mut &[][..]).await, Err(FrameError::Closed)));
 }
+
+#[test]
+fn every_family_is_listed_once_in_all_in_variant_order() {
+    // The match is exhaustive: a new variant does not compile until it has a position here,
+    // and then this test fails until `Family::ALL` lists it at that position.
+    let position = |family: Family| match family {
+        Family::CoreEnergy => 0,
+        Family::BoostLimit => 1,
+        Family::Prochot => 2,
+    };
+    let positions: Vec<usize> = Family::ALL.iter().map(|&family| position(family)).collect();
+    assert_eq!(positions, (0..Family::COUNT).collect::<Vec<_>>());
+    for family in Family::ALL {
+        assert_eq!(family as usize, position(family), "{family}: ALL is not in variant order");
+    }
+}
+
+#[test]
+fn a_family_is_found_by_its_collector_name_and_names_are_unique() {
+    for family in Family::ALL {
+        assert_eq!(Family::from_name(family.name()), Some(family));
+    }
+    assert_eq!(Family::from_name("core_energy"), None);
+    let mut names: Vec<&str> = Family::ALL.iter().map(|family| family.name()).collect();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), Family::COUNT);
+}
+
+#[test]
+fn families_ask_for_exactly_the_families_set_in_them() {
+    assert_eq!(Families::of(&Family::ALL), Families::ALL);
+    assert_eq!(Families::of(&[]), Families::default());
+    for family in Family::ALL {
+        let one = Families::of(&[family]);
+        assert_eq!(one.iter().collect::<Vec<_>>(), vec![family]);
+        let mut all_but = Families::ALL;
+        all_but.set(family, false);
+        assert!(!all_but.contains(family));
+        assert_eq!(all_but.iter().count(), Family::COUNT - 1);
+    }
+}
+
+#[test]
+fn a_per_family_table_is_indexed_by_family() {
+    let mut table = PerFamily::from_fn(Family::name);
+    assert_eq!(table[Family::BoostLimit], "boost-limit");
+    table[Family::Prochot] = "changed";
+    let entries: Vec<(Family, &str)> = table.iter().map(|(family, &name)| (family, name)).collect();
+    assert_eq!(
+        entries,
+        vec![
+            (Family::CoreEnergy, "core-energy"),
+            (Family::BoostLimit, "boost-limit"),
+            (Family::Prochot, "changed")
+        ]
+    );
+}
