@@ -348,7 +348,7 @@ impl Connection {
         reply_by: Instant,
     ) -> Result<Reply, BrokerError> {
         let left = deadline.saturating_duration_since(Instant::now());
-        let request = Request::Sample { what, deadline_ms: crate::budget::deadline_ms(left) };
+        let request = Request::sample(what, left);
         timeout_at(reply_by, exchange(&mut self.stream, &request, "Sample"))
             .await
             .unwrap_or(Err(BrokerError::NoReply { request: "Sample", grace: REPLY_GRACE }))

@@ -15,7 +15,7 @@ const MAX_MARGIN: Duration = Duration::from_millis(250);
 /// How long one scrape may take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budget {
-    /// Given to the broker as `deadline_ms`: past it, it reads nothing more.
+    /// Given to the broker as its deadline ([`amd_hsmp_proto::Request::sample`]): past it, it reads nothing more.
     pub broker_deadline: Duration,
     /// How long the scrape waits for the broker's reply before answering without it.
     pub wait: Duration,
@@ -36,16 +36,6 @@ impl Budget {
         let margin = (total / 10).min(MAX_MARGIN);
         Budget { broker_deadline: total - margin, wait: total - margin / 2 }
     }
-
-    /// The broker deadline in whole milliseconds, at least 1.
-    pub fn deadline_ms(&self) -> u32 {
-        deadline_ms(self.broker_deadline)
-    }
-}
-
-/// A duration in whole milliseconds for the broker's `deadline_ms`: at least 1, saturating.
-pub(crate) fn deadline_ms(d: Duration) -> u32 {
-    u32::try_from(d.as_millis()).unwrap_or(u32::MAX).max(1)
 }
 
 /// The scrape timeout a header asks for, within `MIN_SCRAPE_TIMEOUT ..= max`:
@@ -92,7 +82,6 @@ mod tests {
         let b = Budget::new(Some(b"5.5"), MAX);
         assert_eq!(b.broker_deadline, Duration::from_millis(5250));
         assert_eq!(b.wait, Duration::from_millis(5375));
-        assert_eq!(b.deadline_ms(), 5250);
         assert_eq!(Budget::new(Some(b" 2 "), MAX).broker_deadline, Duration::from_millis(1800));
     }
 
@@ -147,19 +136,11 @@ mod tests {
         let b = Budget::new(Some(b"0.000000001"), MAX);
         assert_eq!(b.broker_deadline, Duration::from_millis(90));
         assert_eq!(b.wait, Duration::from_millis(95));
-        assert_eq!(b.deadline_ms(), 90);
     }
 
     #[test]
     fn a_cap_below_the_minimum_is_raised_to_it() {
         assert_eq!(requested_timeout(None, Duration::from_millis(1)), MIN_SCRAPE_TIMEOUT);
         assert_eq!(requested_timeout(Some(b"5"), Duration::ZERO), MIN_SCRAPE_TIMEOUT);
-    }
-
-    #[test]
-    fn deadline_ms_saturates_and_is_never_zero() {
-        assert_eq!(deadline_ms(Duration::ZERO), 1);
-        assert_eq!(deadline_ms(Duration::from_micros(999)), 1);
-        assert_eq!(deadline_ms(Duration::MAX), u32::MAX);
     }
 }

@@ -1,6 +1,7 @@
 //! Command-line flags, following the node_exporter conventions (`--web.*`, `--collector.NAME`,
 //! `--no-collector.NAME`, `--log.*`).
 
+use crate::collectors::{Collector, Collectors};
 use amd_hsmp_cli::CommonArgs;
 use amd_hsmp_proto::Families;
 use amd_hsmp_web::server::{Limits, RESERVED_FDS, connection_room};
@@ -76,34 +77,9 @@ pub struct Args {
     )]
     pub broker_socket: PathBuf,
 
-    /// Export per-core energy (on by default).
-    #[arg(long = "collector.core-energy", overrides_with = "no_core_energy")]
-    core_energy: bool,
-    /// Do not export per-core energy; the broker is not asked for it.
-    #[arg(long = "no-collector.core-energy", overrides_with = "core_energy")]
-    no_core_energy: bool,
-
-    /// Export per-core boost limits (on by default).
-    #[arg(long = "collector.boost-limit", overrides_with = "no_boost_limit")]
-    boost_limit: bool,
-    /// Do not export per-core boost limits; the broker is not asked for them.
-    #[arg(long = "no-collector.boost-limit", overrides_with = "boost_limit")]
-    no_boost_limit: bool,
-
-    /// Export per-socket PROCHOT status (on by default).
-    #[arg(long = "collector.prochot", overrides_with = "no_prochot")]
-    prochot: bool,
-    /// Do not export PROCHOT status; the broker is not asked for it.
-    #[arg(long = "no-collector.prochot", overrides_with = "prochot")]
-    no_prochot: bool,
-
-    /// Export which workload each physical core is assigned to, from the cgroup v2 cpusets
-    /// under --path.cgroupfs (off by default).
-    #[arg(long = "collector.core-owner", overrides_with = "no_core_owner")]
-    core_owner: bool,
-    /// Do not export core owners; the cgroup hierarchy is not read (the default).
-    #[arg(long = "no-collector.core-owner", overrides_with = "core_owner")]
-    no_core_owner: bool,
+    /// `--collector.NAME` and `--no-collector.NAME`, one pair per row of the collector table.
+    #[command(flatten)]
+    pub collectors: Collectors,
 
     /// Mount point of the cgroup v2 hierarchy the core-owner collector reads.
     #[arg(long = "path.cgroupfs", value_name = "PATH", default_value = "/sys/fs/cgroup")]
@@ -186,16 +162,12 @@ impl Args {
 
     /// The cgroup hierarchy the core-owner collector reads; `None` while it is off.
     pub fn core_owner(&self) -> Option<PathBuf> {
-        (self.core_owner && !self.no_core_owner).then(|| self.cgroupfs.clone())
+        self.collectors.is_on(Collector::CoreOwner).then(|| self.cgroupfs.clone())
     }
 
     /// The families the enabled collectors ask the broker for.
     pub fn families(&self) -> Families {
-        Families {
-            core_energy: !self.no_core_energy,
-            boost_limit: !self.no_boost_limit,
-            prochot: !self.no_prochot,
-        }
+        self.collectors.families()
     }
 }
 

@@ -420,6 +420,7 @@ mod tests {
     use super::*;
     use crate::process::ProcessStats;
     use crate::translate::ErrorSource;
+    use amd_hsmp_proto::Family;
 
     fn label(socket: u32, core: u32) -> CoreLabel {
         CoreLabel { socket, core }
@@ -446,7 +447,9 @@ mod tests {
         ScrapeReport {
             telemetry: Some(t),
             broker_up: true,
-            errors: ErrorSource::ALL.map(|s| (s, u64::from(s == ErrorSource::Prochot))).to_vec(),
+            errors: ErrorSource::all()
+                .map(|s| (s, u64::from(s == ErrorSource::Family(Family::Prochot))))
+                .collect(),
             core_owners: Vec::new(),
             core_owner_skipped: None,
             duration: Duration::from_millis(42),

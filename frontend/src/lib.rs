@@ -10,6 +10,7 @@
 
 pub mod budget;
 pub mod cli;
+pub mod collectors;
 pub mod http;
 pub mod metrics;
 pub mod scrape;

@@ -278,7 +278,7 @@ mod tests {
         Arc::new(ScrapeReport {
             broker_up: telemetry.is_some(),
             telemetry: telemetry.map(Arc::new),
-            errors: ErrorSource::ALL.map(|s| (s, 0)).to_vec(),
+            errors: ErrorSource::all().map(|s| (s, 0)).collect(),
             core_owners: Vec::new(),
             core_owner_skipped: None,
             duration: Duration::from_millis(12),

@@ -408,7 +408,7 @@ impl Exporter {
                     walker.note_topology(&snapshot.topology);
                 }
                 let sample = &snapshot.sample;
-                let oldest = Duration::from_micros(sample.oldest_read_us.into());
+                let oldest = sample.oldest_read();
                 for observer in self.observers.lock().unwrap_or_else(PoisonError::into_inner).iter()
                 {
                     observer.answered(&telemetry, oldest);
@@ -418,7 +418,7 @@ impl Exporter {
                     topology: Arc::clone(&snapshot.topology),
                     sent: snapshot.sent,
                     oldest,
-                    max_age: Duration::from_millis(sample.max_age_ms.into()),
+                    max_age: sample.max_age(),
                 })
             }
             // Every connection was busy with other flights until the deadline.

@@ -2,11 +2,15 @@
 //! and the cumulative error counters, counted once per broker request.
 
 use crate::broker::BrokerInfo;
-use amd_hsmp_proto::{Core, DeviceStatus, EnergySource, ItemError, Readings, Sample, Topology};
+use crate::collectors::Collector;
+use amd_hsmp_proto::{
+    Core, DeviceStatus, EnergySource, Family, ItemError, PerFamily, Readings, Sample, Topology,
+};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The `collector` label values of `amd_hsmp_scrape_errors_total`: those of [`ErrorSource::ALL`]
-/// present from the first scrape, [`ErrorSource::CoreOwner`] only while its collector is on.
+/// The `collector` label values of `amd_hsmp_scrape_errors_total`: those of
+/// [`ErrorSource::all`] present from the first scrape, [`ErrorSource::CoreOwner`] only while its
+/// collector is on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ErrorSource {
     /// `/dev/hsmp` exists but cannot be used: opening it was refused
@@ -14,12 +18,9 @@ pub(crate) enum ErrorSource {
     /// (`DeviceStatus::Failed`). A device that is absent is no error: the machine may simply
     /// not have one.
     Hsmp,
-    /// One core's energy read failed.
-    CoreEnergy,
-    /// One core's boost-limit read failed.
-    BoostLimit,
-    /// One socket's PROCHOT read failed.
-    Prochot,
+    /// One item (core or socket) of the family failed to read; for core energy also each
+    /// counter reset the broker reports.
+    Family(Family),
     /// The cgroup hierarchy could not be read for the core owners (`--collector.core-owner`,
     /// off by default): one per scrape.
     CoreOwner,
@@ -31,36 +32,29 @@ pub(crate) enum ErrorSource {
 
 impl ErrorSource {
     /// Every value but [`ErrorSource::CoreOwner`], in exposition order.
-    pub(crate) const ALL: [ErrorSource; 6] = [
-        ErrorSource::Hsmp,
-        ErrorSource::CoreEnergy,
-        ErrorSource::BoostLimit,
-        ErrorSource::Prochot,
-        ErrorSource::Scrape,
-        ErrorSource::Broker,
-    ];
+    pub(crate) fn all() -> impl Iterator<Item = ErrorSource> {
+        std::iter::once(ErrorSource::Hsmp)
+            .chain(Family::ALL.map(ErrorSource::Family))
+            .chain([ErrorSource::Scrape, ErrorSource::Broker])
+    }
 
     /// The label value.
     pub(crate) fn label(self) -> &'static str {
         match self {
             ErrorSource::Hsmp => "hsmp",
-            ErrorSource::CoreEnergy => "core-energy",
-            ErrorSource::BoostLimit => "boost-limit",
-            ErrorSource::Prochot => "prochot",
-            ErrorSource::CoreOwner => "core-owner",
+            ErrorSource::Family(family) => family.name(),
+            ErrorSource::CoreOwner => Collector::CoreOwner.name(),
             ErrorSource::Scrape => "scrape",
             ErrorSource::Broker => "broker",
         }
     }
 }
 
-/// Error counts since the process started, one field per [`ErrorSource`].
+/// Error counts since the process started, one per [`ErrorSource`].
 #[derive(Debug, Default)]
 pub(crate) struct ErrorCounters {
     hsmp: AtomicU64,
-    core_energy: AtomicU64,
-    boost_limit: AtomicU64,
-    prochot: AtomicU64,
+    families: PerFamily<AtomicU64>,
     core_owner: AtomicU64,
     scrape: AtomicU64,
     broker: AtomicU64,
@@ -72,9 +66,7 @@ impl ErrorCounters {
     fn counter(&self, source: ErrorSource) -> &AtomicU64 {
         match source {
             ErrorSource::Hsmp => &self.hsmp,
-            ErrorSource::CoreEnergy => &self.core_energy,
-            ErrorSource::BoostLimit => &self.boost_limit,
-            ErrorSource::Prochot => &self.prochot,
+            ErrorSource::Family(family) => &self.families[family],
             ErrorSource::CoreOwner => &self.core_owner,
             ErrorSource::Scrape => &self.scrape,
             ErrorSource::Broker => &self.broker,
@@ -96,7 +88,7 @@ impl ErrorCounters {
             Some((last_instance, last)) if last_instance == instance => total.saturating_sub(last),
             _ => total,
         };
-        self.add(ErrorSource::CoreEnergy, new);
+        self.add(ErrorSource::Family(Family::CoreEnergy), new);
         // An older reply that arrives late never lowers the mark.
         let last = seen.filter(|&(i, _)| i == instance).map_or(0, |(_, last)| last);
         *seen = Some((instance, total.max(last)));
@@ -107,15 +99,16 @@ impl ErrorCounters {
         self.counter(source).load(Ordering::Relaxed)
     }
 
-    /// The current counts, in the order of [`ErrorSource::ALL`], with
-    /// [`ErrorSource::CoreOwner`]'s after PROCHOT's when `core_owner` (its collector is on).
+    /// The current counts, in the order of [`ErrorSource::all`], with
+    /// [`ErrorSource::CoreOwner`]'s after the last family's when `core_owner` (its collector is
+    /// on).
     pub(crate) fn snapshot(&self, core_owner: bool) -> Vec<(ErrorSource, u64)> {
-        let mut out = Vec::with_capacity(ErrorSource::ALL.len() + 1);
-        for source in ErrorSource::ALL {
-            out.push((source, self.get(source)));
-            if core_owner && source == ErrorSource::Prochot {
+        let mut out = Vec::with_capacity(Family::COUNT + 5);
+        for source in ErrorSource::all() {
+            if core_owner && source == ErrorSource::Scrape {
                 out.push((ErrorSource::CoreOwner, self.get(ErrorSource::CoreOwner)));
             }
+            out.push((source, self.get(source)));
         }
         out
     }
@@ -180,34 +173,31 @@ pub(crate) fn translate(
     errors.add_energy_resets(info.instance, sample.energy_resets);
 
     let cores: Vec<CoreLabel> = topology.cores.iter().map(CoreLabel::from).collect();
-    let mut read = Collector { errors, deadline_exceeded: false };
-    out.energy_joules =
-        read.collect(ErrorSource::CoreEnergy, &sample.energy, &cores, |e| e.joules());
+    let mut read = Reader { errors, deadline_exceeded: false };
+    out.energy_joules = read.collect(Family::CoreEnergy, &sample.energy, &cores, |e| e.joules());
     out.energy_source = if out.energy_joules.is_empty() { None } else { sample.energy_source };
     out.boost_limit_hertz =
-        read.collect(ErrorSource::BoostLimit, &sample.boost_limit, &cores, |mhz| {
-            f64::from(mhz) * 1e6
-        });
-    out.prochot = read.collect(ErrorSource::Prochot, &sample.prochot, &topology.sockets, |a| a);
+        read.collect(Family::BoostLimit, &sample.boost_limit, &cores, |mhz| f64::from(mhz) * 1e6);
+    out.prochot = read.collect(Family::Prochot, &sample.prochot, &topology.sockets, |a| a);
     out.deadline_exceeded = read.deadline_exceeded;
     out
 }
 
 /// Collects the families of one sample, counting their failed items.
-struct Collector<'a> {
+struct Reader<'a> {
     errors: &'a ErrorCounters,
     /// Some item was left unread by the broker's deadline.
     deadline_exceeded: bool,
 }
 
-impl Collector<'_> {
+impl Reader<'_> {
     /// The values of one family that were read, paired with their labels. A failed item is left
-    /// out and counted under `source`; an item the deadline left unread is left out and flags
+    /// out and counted under `family`; an item the deadline left unread is left out and flags
     /// the deadline. A reading not aligned with the topology is a broker fault: the whole
     /// family is left out and counted under `broker`.
     fn collect<T: Copy, L: Copy, V>(
         &mut self,
-        source: ErrorSource,
+        family: Family,
         readings: &Readings<T>,
         labels: &[L],
         convert: impl Fn(T) -> V,
@@ -218,7 +208,7 @@ impl Collector<'_> {
         };
         if values.len() != labels.len() {
             tracing::warn!(
-                family = source.label(),
+                %family,
                 values = values.len(),
                 items = labels.len(),
                 "broker reply not aligned with its topology; family left out"
@@ -234,11 +224,11 @@ impl Collector<'_> {
                 Err(ItemError::DeadlineExceeded) => self.deadline_exceeded = true,
                 Err(e) => {
                     failed += 1;
-                    tracing::debug!(family = source.label(), error = %e, "read failed");
+                    tracing::debug!(%family, error = %e, "read failed");
                 }
             }
         }
-        self.errors.add(source, failed);
+        self.errors.add(ErrorSource::Family(family), failed);
         out
     }
 }
@@ -327,7 +317,7 @@ mod tests {
             t.energy_joules,
             vec![(CoreLabel { socket: 0, core: 0 }, 3.0), (CoreLabel { socket: 1, core: 0 }, 0.5)]
         );
-        assert_eq!(count(&errors, ErrorSource::CoreEnergy), 1);
+        assert_eq!(count(&errors, ErrorSource::Family(Family::CoreEnergy)), 1);
         assert_eq!(t.energy_source, Some(EnergySource::Hsmp));
         assert_eq!(t.hsmp_protocol_version, Some(7));
     }
@@ -339,7 +329,7 @@ mod tests {
             let info = BrokerInfo { instance, ..info() };
             let s = Sample { energy_resets, energy: Readings::NotRequested, ..sample() };
             translate(&info, &topology(), &s, &errors);
-            count(&errors, ErrorSource::CoreEnergy)
+            count(&errors, ErrorSource::Family(Family::CoreEnergy))
         };
         assert_eq!(at(7, 0), 0);
         assert_eq!(at(7, 3), 3, "three resets since the broker started");
@@ -362,7 +352,7 @@ mod tests {
             ]
         );
         assert!(t.deadline_exceeded);
-        assert_eq!(count(&errors, ErrorSource::BoostLimit), 0);
+        assert_eq!(count(&errors, ErrorSource::Family(Family::BoostLimit)), 0);
     }
 
     #[test]
@@ -370,7 +360,7 @@ mod tests {
         let errors = ErrorCounters::default();
         let t = translate(&info(), &topology(), &sample(), &errors);
         assert!(t.prochot.is_empty());
-        assert_eq!(count(&errors, ErrorSource::Prochot), 0);
+        assert_eq!(count(&errors, ErrorSource::Family(Family::Prochot)), 0);
     }
 
     #[test]

@@ -102,7 +102,8 @@ pub fn timeout_header(data: &[u8], _alloc: &Alloc) {
         }
         let budget = Budget::new(Some(data), max);
         assert!(budget.broker_deadline <= budget.wait && budget.wait <= timeout, "{budget:?}");
-        assert!(budget.deadline_ms() >= 1);
+        let request = Request::sample(amd_hsmp_proto::Families::ALL, budget.broker_deadline);
+        assert!(request.deadline() >= Some(Duration::from_millis(1)), "{request:?}");
     }
 }
 

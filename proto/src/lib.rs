@@ -29,6 +29,7 @@ pub mod testing;
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::time::Duration;
 
 pub use frame::{FrameError, Message};
 
@@ -80,6 +81,25 @@ pub enum Request {
         /// rest marked [`ItemError::DeadlineExceeded`].
         deadline_ms: u32,
     },
+}
+
+impl Request {
+    /// [`Request::Sample`] for `what` within `deadline`, in the wire's whole milliseconds: at
+    /// least 1 (a deadline of 0 would read nothing), saturating.
+    pub fn sample(what: Families, deadline: Duration) -> Request {
+        let deadline_ms = u32::try_from(deadline.as_millis()).unwrap_or(u32::MAX).max(1);
+        Request::Sample { what, deadline_ms }
+    }
+
+    /// The time budget of a [`Request::Sample`]; `None` for other requests.
+    pub fn deadline(&self) -> Option<Duration> {
+        match self {
+            Request::Sample { deadline_ms, .. } => {
+                Some(Duration::from_millis(u64::from(*deadline_ms)))
+            }
+            Request::Hello { .. } | Request::Topology => None,
+        }
+    }
 }
 
 /// The telemetry families a [`Request::Sample`] can ask for.
@@ -348,6 +368,28 @@ pub struct Sample {
     /// (or nothing was read). Never above `max_age_ms` × 1000. A client that hands this reply
     /// to a request which arrived later can tell whether it is still within the bound.
     pub oldest_read_us: u32,
+}
+
+impl Sample {
+    /// The broker's freshness bound ([`Sample::max_age_ms`]).
+    pub fn max_age(&self) -> Duration {
+        Duration::from_millis(u64::from(self.max_age_ms))
+    }
+
+    /// How long before the broker received the request the oldest value was read
+    /// ([`Sample::oldest_read_us`]).
+    pub fn oldest_read(&self) -> Duration {
+        Duration::from_micros(u64::from(self.oldest_read_us))
+    }
+
+    /// Sets [`Sample::max_age_ms`] and [`Sample::oldest_read_us`] in the wire's units: the
+    /// bound rounded down to whole milliseconds, the age rounded up to whole microseconds (so
+    /// that it never reads younger than it is), both saturating.
+    pub fn set_freshness(&mut self, max_age: Duration, oldest_read: Duration) {
+        self.max_age_ms = u32::try_from(max_age.as_millis()).unwrap_or(u32::MAX);
+        self.oldest_read_us =
+            u32::try_from(oldest_read.as_nanos().div_ceil(1000)).unwrap_or(u32::MAX);
+    }
 }
 
 /// State of the HSMP device.

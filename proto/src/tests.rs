@@ -4,6 +4,7 @@ use super::*;
 use frame::encode_frame;
 use proptest::prelude::*;
 use std::io::Cursor;
+use std::time::Duration;
 
 fn item_error() -> impl Strategy<Value = ItemError> {
     prop_oneof![
@@ -326,4 +327,24 @@ fn a_per_family_table_is_indexed_by_family() {
             (Family::Prochot, "changed")
         ]
     );
+}
+
+#[test]
+fn wire_units_convert_to_durations_and_back() {
+    let request = Request::sample(Families::ALL, Duration::from_micros(2_500_999));
+    assert_eq!(request, Request::Sample { what: Families::ALL, deadline_ms: 2500 });
+    assert_eq!(request.deadline(), Some(Duration::from_millis(2500)));
+    let zero = Request::sample(Families::ALL, Duration::ZERO);
+    assert_eq!(zero.deadline(), Some(Duration::from_millis(1)), "a deadline of 0 reads nothing");
+    let most = Request::Sample { what: Families::ALL, deadline_ms: u32::MAX };
+    assert_eq!(Request::sample(Families::ALL, Duration::MAX), most, "saturating");
+    assert_eq!(Request::Topology.deadline(), None);
+
+    let mut sample = Sample::healthy(&testing::topology(1, 1), Families::ALL);
+    sample.set_freshness(Duration::from_micros(500_900), Duration::from_nanos(1_001));
+    assert_eq!((sample.max_age_ms, sample.oldest_read_us), (500, 2), "the age rounds up");
+    assert_eq!(sample.max_age(), Duration::from_millis(500));
+    assert_eq!(sample.oldest_read(), Duration::from_micros(2));
+    sample.set_freshness(Duration::MAX, Duration::MAX);
+    assert_eq!((sample.max_age_ms, sample.oldest_read_us), (u32::MAX, u32::MAX));
 }
