@@ -11,6 +11,7 @@
 //! `--path.sysfs`, `--hsmp.device`, `--msr.device-root`), so they are tested on fixture trees and
 //! the simulator; what needs the operating system (accounts, SELinux labels) is passed in.
 
+use crate::hints::{self, MSR_BOOLEAN};
 use crate::msr::{MAX_CORE_WATTS, MsrEnergy};
 use crate::topology;
 use amd_hsmp_device::{self as device, HsmpOpener, HsmpTransport, MsrOpener, files, messages};
@@ -29,9 +30,6 @@ pub(crate) const EXPORTER_USER: &str = "amd-hsmp-exporter";
 pub(crate) const EXPORTER_GROUP: &str = "amd-hsmp-exporter";
 /// Where the packaged socket unit puts the broker's socket.
 pub(crate) const DEFAULT_SOCKET: &str = "/run/amd-hsmp/broker.sock";
-/// The SELinux boolean of the MSR fallback; its file under selinuxfs exists only while the
-/// `amd_hsmp` policy module is loaded.
-pub(crate) const MSR_BOOLEAN: &str = "amd_hsmp_broker_use_msr";
 /// How long per-core energy is watched.
 pub(crate) const ENERGY_WINDOW: Duration = Duration::from_secs(2);
 /// A mailbox message that takes longer than this is slow: the `cores` line then asks the first
@@ -605,7 +603,7 @@ pub(crate) fn open_failure(path: &Path, errno: device::Errno) -> (String, String
         ),
         libc::EACCES | libc::EPERM => (
             format!("cannot open {p}: {}", std::io::Error::from_raw_os_error(errno)),
-            crate::hints::DEVICE_DENIED.into(),
+            hints::DEVICE_DENIED.into(),
         ),
         other => (
             format!("cannot open {p}: {}", std::io::Error::from_raw_os_error(other)),
@@ -869,12 +867,7 @@ fn energy_msr(topo: &Topology, opener: &dyn MsrOpener, wait: &mut dyn FnMut() ->
     let energy = match MsrEnergy::open(topo, opener) {
         Ok(e) => e,
         Err(e) => {
-            return Line::fail(
-                "energy",
-                format!("MSR fallback: {e}"),
-                "modprobe msr; the broker needs CAP_SYS_RAWIO when it opens the devices (the MSR \
-                 drop-in); under SELinux setsebool -P amd_hsmp_broker_use_msr on",
-            );
+            return Line::fail("energy", format!("MSR fallback: {e}"), hints::MSR_UNOPENED);
         }
     };
     let read = || -> Vec<Result<f64, ItemError>> {

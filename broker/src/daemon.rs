@@ -11,7 +11,7 @@
 
 use crate::cli::Args;
 use crate::server::{self, Backend, Identity, ServerConfig};
-use crate::{lockdown, msr, sampler::Sampler, topology};
+use crate::{hints, lockdown, msr, sampler::Sampler, topology};
 use amd_hsmp_device::{HsmpDeviceOpener, HsmpOpener, MsrDeviceOpener, MsrOpener};
 use anyhow::{Context, Result, bail};
 use nix::sys::signal::{SigSet, Signal};
@@ -207,7 +207,7 @@ fn run(cli: Args, simulation: Option<&dyn Simulation>) -> Result<()> {
             Err(e @ msr::MsrOpenError::Unreadable { errno: libc::EACCES, .. }) => {
                 tracing::error!(
                     error = %amd_hsmp_cli::chain(&e),
-                    next_step = "under SELinux: setsebool -P amd_hsmp_broker_use_msr on (ausearch -m avc -c amd-hsmp-broker shows the denial); run amd-hsmp-broker --check --collector.core-energy.msr-fallback",
+                    next_step = hints::MSR_DENIED,
                     "MSR fallback unavailable (permission denied); core energy will come from HSMP only"
                 );
                 None

@@ -7,3 +7,30 @@ pub(crate) const DEVICE_DENIED: &str = "ls -l /dev/hsmp must show group amd-hsmp
      (udevadm trigger --action=change --subsystem-match=misc --sysname-match=hsmp_cdev); under \
      SELinux: ausearch -m avc -c amd-hsmp-broker, and ls -Z /dev/hsmp must show \
      amd_hsmp_device_t (restorecon -v /dev/hsmp); run amd-hsmp-broker --check";
+
+/// The SELinux boolean that lets the broker's domain read `/dev/cpu/N/msr` (the MSR fallback);
+/// its file under selinuxfs exists only while the `amd_hsmp` policy module is loaded.
+pub(crate) const MSR_BOOLEAN: &str = "amd_hsmp_broker_use_msr";
+
+/// What to do when the MSR devices are refused (`EACCES`) although the MSR fallback is on.
+pub(crate) const MSR_DENIED: &str = "under SELinux: setsebool -P amd_hsmp_broker_use_msr on \
+     (ausearch -m avc -c amd-hsmp-broker shows the denial); run amd-hsmp-broker --check \
+     --collector.core-energy.msr-fallback";
+
+/// What to do when the MSR fallback cannot open its devices.
+pub(crate) const MSR_UNOPENED: &str = "modprobe msr; the broker needs CAP_SYS_RAWIO when it opens \
+     the devices (the MSR drop-in); under SELinux setsebool -P amd_hsmp_broker_use_msr on";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_msr_hints_name_the_boolean_the_policy_defines() {
+        for hint in [MSR_DENIED, MSR_UNOPENED] {
+            assert!(hint.contains(&format!("setsebool -P {MSR_BOOLEAN} on")), "{hint}");
+        }
+        let policy = include_str!("../../selinux/amd_hsmp.te");
+        assert!(policy.contains(&format!("gen_tunable({MSR_BOOLEAN}")), "the policy lost it");
+    }
+}

@@ -315,14 +315,19 @@ fn parse_cpuinfo(path: &Path, mut reader: impl BufRead) -> Result<Vec<Processor>
     Ok(done)
 }
 
+/// Reads a small sysfs or procfs file; `None` if it (or its directory) does not exist.
+fn read_optional(path: &Path) -> Result<Option<String>, TopologyError> {
+    match files::read_text(path, files::TEXT_CAP) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(TopologyError::Read { path: path.to_path_buf(), source }),
+    }
+}
+
 /// Reads the online CPU list; `None` if the file does not exist.
 fn read_online(path: &Path) -> Result<Option<BTreeSet<u32>>, TopologyError> {
-    let text = match files::read_text(path, files::TEXT_CAP) {
-        Ok(text) => text,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => {
-            return Err(TopologyError::Read { path: path.to_path_buf(), source });
-        }
+    let Some(text) = read_optional(path)? else {
+        return Ok(None);
     };
     let content = text.trim();
     parse_cpu_list(content).map(|cpus| Some(cpus.into_iter().collect())).map_err(|source| {
@@ -332,12 +337,8 @@ fn read_online(path: &Path) -> Result<Option<BTreeSet<u32>>, TopologyError> {
 
 /// Reads one decimal number from a sysfs file; `None` if the file (or its directory) is gone.
 fn read_sysfs_u32(path: &Path) -> Result<Option<u32>, TopologyError> {
-    let text = match files::read_text(path, files::TEXT_CAP) {
-        Ok(text) => text,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => {
-            return Err(TopologyError::Read { path: path.to_path_buf(), source });
-        }
+    let Some(text) = read_optional(path)? else {
+        return Ok(None);
     };
     let content = text.trim();
     content.parse::<u32>().map(Some).map_err(|source| TopologyError::SysfsValue {
