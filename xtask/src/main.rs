@@ -5,9 +5,9 @@
 //! packaging checks alone), `man OUTDIR` (man pages and shell completions, see `man.rs`), `mixin [--live]` (the monitoring mixin's checks alone; `--live` adds
 //! a real Prometheus scraping the simulated machine, which `test` always runs), `vm-test` (the
 //! real driver and the package under systemd in a QEMU guest whose SMU is the simulator; see
-//! `vm/mod.rs`), `bench` (the benchmark of a scrape's cost; not part of `test`), `image [--reproducible]`
+//! `vm.rs`), `bench` (the benchmark of a scrape's cost; not part of `test`), `image [--reproducible]`
 //! (the OCI image, see `image.rs`), `kube-test [--no-pods]` (the Helm chart, and its pod in podman:
-//! `kube/mod.rs`).
+//! `kube.rs`).
 
 #![forbid(unsafe_code)]
 

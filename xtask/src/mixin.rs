@@ -13,6 +13,7 @@
 
 mod live;
 
+use crate::workspace::stdout_of;
 use anyhow::{Context, Result, bail, ensure};
 use promql_parser::label::{METRIC_NAME, MatchOp};
 use promql_parser::parser::Expr;
@@ -121,7 +122,7 @@ pub fn check(root: &Path, live: bool) -> Result<()> {
             for (n, snippet) in config_snippets(&read(&root.join(doc))?).into_iter().enumerate() {
                 let file = work.join(format!("{}-{n}.yml", doc.replace('/', "-")));
                 fs::write(&file, snippet)?;
-                run(Command::new("promtool").arg("check").arg("config").arg(&file))
+                stdout_of(Command::new("promtool").arg("check").arg("config").arg(&file))
                     .with_context(|| format!("a Prometheus configuration in {doc}"))?;
                 checked += 1;
             }
@@ -186,7 +187,7 @@ fn generated_files(dir: &Path, work: &Path) -> Result<String> {
 
 /// Evaluates a jsonnet expression in `dir` and parses the JSON it prints.
 fn eval_json(dir: &Path, expr: &str) -> Result<Value> {
-    let out = run(Command::new("jsonnet").arg("-e").arg(expr).current_dir(dir))?;
+    let out = stdout_of(Command::new("jsonnet").arg("-e").arg(expr).current_dir(dir))?;
     serde_json::from_str(&out).with_context(|| format!("jsonnet output of {expr} is not JSON"))
 }
 
@@ -582,17 +583,7 @@ fn substitute(expr: &str, defined: &BTreeSet<&str>, values: Values<'_>) -> Resul
 
 /// `promtool check rules FILES` or `promtool test rules FILES` in `dir`.
 fn promtool(dir: &Path, verb: &str, files: &[&str]) -> Result<String> {
-    run(Command::new("promtool").args([verb, "rules"]).args(files).current_dir(dir))
-}
-
-/// Runs a command and returns its standard output; a failure shows everything it printed.
-fn run(cmd: &mut Command) -> Result<String> {
-    let out = cmd.output().with_context(|| format!("cannot run {:?}", cmd.get_program()))?;
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    if !out.status.success() {
-        bail!("{cmd:?} failed ({}):\n{stdout}{}", out.status, String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(stdout)
+    stdout_of(Command::new("promtool").args([verb, "rules"]).args(files).current_dir(dir))
 }
 
 /// Starts every command, then waits for each; returns each tag with the command's standard output.

@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 
 /// The workspace root.
 pub fn root() -> PathBuf {
@@ -46,4 +46,61 @@ pub fn run_cmd(cmd: &mut Command) -> Result<()> {
         bail!("{cmd:?} failed: {status}");
     }
     Ok(())
+}
+
+/// How many of its last lines of each stream a failed command's error shows.
+const SAID: usize = 40;
+
+/// Runs a command to completion, capturing its output; a failure to start or a non-zero exit is
+/// an error that shows what the command said.
+pub fn output(cmd: &mut Command) -> Result<Output> {
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    let out = cmd.output().with_context(|| format!("cannot run {program}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed ({}):\n{}{}",
+            out.status,
+            tail(&stdout(&out), SAID),
+            tail(&String::from_utf8_lossy(&out.stderr), SAID)
+        );
+    }
+    Ok(out)
+}
+
+/// A captured standard output as text.
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The last `n` lines of `text`.
+pub fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut s = lines[lines.len().saturating_sub(n)..].join("\n");
+    if !s.is_empty() {
+        s.push('\n');
+    }
+    s
+}
+
+/// Runs a command to completion and returns its standard output: [`output`], as text.
+pub fn stdout_of(cmd: &mut Command) -> Result<String> {
+    output(cmd).map(|out| stdout(&out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failed command's error names it and shows the end of what it printed on each stream,
+    /// not all of it; a command that succeeds hands its standard output back.
+    #[test]
+    fn a_failed_command_shows_the_last_lines_it_printed() {
+        let err = stdout_of(Command::new("sh").args(["-c", "seq 100; echo oops >&2; exit 3"]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("\"sh\"") && err.contains("exit status: 3"), "{err}");
+        assert!(err.contains("\n61\n") && err.contains("\n100\noops\n"), "{err}");
+        assert!(!err.contains("\n60\n"), "{err}");
+        assert_eq!(stdout_of(Command::new("echo").arg("fine")).unwrap(), "fine\n");
+    }
 }

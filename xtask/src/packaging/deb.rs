@@ -1,11 +1,12 @@
 //! The Debian package: built with cargo-deb, its contents compared with the expected list, its
 //! maintainer scripts and copyright checked, lintian run.
 
-use super::helpers::{cargo_deb, output, read, stdout};
+use super::helpers::{cargo_deb, read};
 use super::licenses::{license_ids, license_terms, same_licenses};
 use super::rpm::workspace_version;
 use super::{RPM_NAME, UNITS};
 use crate::golden::expect_file;
+use crate::workspace::{output, stdout};
 use anyhow::{Context, Result, bail, ensure};
 use std::collections::BTreeSet;
 use std::fs;

@@ -1,39 +1,8 @@
-//! What the packaging checks share: running commands, file copies.
+//! What the packaging checks share: file reads and copies, the `.deb` build.
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use std::fs;
 use std::path::Path;
-use std::process::{Command, Output};
-
-/// Runs a command to completion, capturing its output; a failure to start or a non-zero exit is
-/// an error that shows what the command said.
-pub(super) fn output(cmd: &mut Command) -> Result<Output> {
-    let program = cmd.get_program().to_string_lossy().into_owned();
-    let out = cmd.output().with_context(|| format!("cannot run {program}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed ({}):\n{}{}",
-            out.status,
-            tail(&stdout(&out), 20),
-            tail(&String::from_utf8_lossy(&out.stderr), 20)
-        );
-    }
-    Ok(out)
-}
-
-pub(super) fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// The last `n` lines of `text`.
-pub(super) fn tail(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    let mut s = lines[lines.len().saturating_sub(n)..].join("\n");
-    if !s.is_empty() {
-        s.push('\n');
-    }
-    s
-}
 
 pub(super) fn read(path: &Path) -> Result<String> {
     fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))

@@ -1,6 +1,6 @@
 //! The licenses of the linked crates, as SPDX terms, against what the packages declare.
 
-use super::helpers::{output, stdout};
+use crate::workspace::{output, stdout};
 use anyhow::{Context, Result, bail, ensure};
 use spdx::expression::{ExprNode, Operator};
 use std::collections::BTreeSet;

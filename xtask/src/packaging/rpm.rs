@@ -2,9 +2,10 @@
 //! with the expected lists, rpmlint run.
 
 use super::RPM_NAME;
-use super::helpers::{copy, output, read, stdout, tail};
+use super::helpers::{copy, read};
 use super::licenses::{license_terms, same_licenses};
 use crate::golden::expect_file;
+use crate::workspace::{output, stdout, tail};
 use anyhow::{Context, Result, bail, ensure};
 use std::collections::BTreeSet;
 use std::fs;

@@ -1,6 +1,7 @@
 //! The SELinux module: compiled, its rules commented, policy analysis of a full policy with it.
 
-use super::helpers::{copy, output, read, stdout};
+use super::helpers::{copy, read};
+use crate::workspace::{output, stdout};
 use anyhow::{Context, Result, ensure};
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -2,7 +2,8 @@
 //! split depends on.
 
 use super::UNITS;
-use super::helpers::{copy, output, read, set_mode, stdout};
+use super::helpers::{copy, read, set_mode};
+use crate::workspace::{output, stdout};
 use anyhow::{Context, Result, ensure};
 use std::fs;
 use std::path::Path;

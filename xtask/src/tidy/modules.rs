@@ -1,14 +1,18 @@
 //! The module graph of each workspace crate, from its `crate::`, `super::` and `self::` paths,
 //! and the check that it has no cycle: no module imports another that imports it back.
 //!
-//! A plain text scan of `src/**/*.rs` (comments and string literals blanked first), not a
-//! parser: it reads `use` trees and paths in expressions alike, and follows inline `mod x { }`
-//! blocks (tests included) so that `super::` resolves as the compiler resolves it. Only
+//! Each file of `src/**/*.rs` is parsed with `syn`: its `use` trees (in functions and inline
+//! modules too) and its paths in expressions, types and patterns count alike, as do the paths in
+//! macro arguments; comments and string literals are not code. Inline `mod x { }` blocks (tests
+//! included) are followed so that `super::` resolves as the compiler resolves it. Only
 //! siblings are compared: an edge from `a::b` to `a::c::d` is the edge `b → c` among the
 //! children of `a`, and a module naming its own parent or child is no edge.
 
+use proc_macro2::{Delimiter, Spacing, TokenStream, TokenTree};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use syn::visit::{self, Visit};
+use syn::{ItemMod, ItemUse, UseTree};
 
 /// A module path inside one crate, `[]` for the crate root.
 type ModPath = Vec<String>;
@@ -76,274 +80,190 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// `text` with comments, string literals and character literals replaced by spaces (newlines
-/// kept), so that what is left is code.
-fn code_only(text: &str) -> String {
-    let chars: Vec<char> = text.chars().collect();
-    let mut out = String::with_capacity(text.len());
-    let blank = |out: &mut String, c: char| out.push(if c == '\n' { '\n' } else { ' ' });
-    let ident = |c: char| c.is_alphanumeric() || c == '_';
-    let mut i = 0;
-    while i < chars.len() {
-        let c = chars[i];
-        let next = chars.get(i + 1).copied();
-        if c == '/' && next == Some('/') {
-            while i < chars.len() && chars[i] != '\n' {
-                blank(&mut out, chars[i]);
-                i += 1;
-            }
-        } else if c == '/' && next == Some('*') {
-            let mut depth = 0;
-            while i < chars.len() {
-                if chars[i] == '/' && chars.get(i + 1) == Some(&'*') {
-                    depth += 1;
-                    out.push_str("  ");
-                    i += 2;
-                } else if chars[i] == '*' && chars.get(i + 1) == Some(&'/') {
-                    depth -= 1;
-                    out.push_str("  ");
-                    i += 2;
-                    if depth == 0 {
-                        break;
-                    }
-                } else {
-                    blank(&mut out, chars[i]);
-                    i += 1;
+/// What one file names: each `crate::`, `super::` or `self::` path, resolved to segments from the
+/// crate root, and the inline modules (`mod x { }`) it declares.
+#[derive(Debug, Default)]
+struct Named {
+    paths: Vec<Vec<String>>,
+    inline_modules: Vec<ModPath>,
+}
+
+/// Walks one file's syntax tree from the module it is, collecting what it names into [`Named`].
+struct PathVisitor {
+    /// The module the visitor is in: the file's, then each inline module it entered.
+    here: ModPath,
+    named: Named,
+}
+
+impl PathVisitor {
+    /// The module a path's leading `crate`, `super`s or `self` stand for, and how many segments
+    /// they take; `None` for a path that starts elsewhere (an external crate, a local name).
+    fn base<'a>(&self, mut segments: impl Iterator<Item = &'a str>) -> Option<(ModPath, usize)> {
+        match segments.next()? {
+            "crate" => Some((Vec::new(), 1)),
+            "self" => Some((self.here.clone(), 1)),
+            "super" => {
+                let mut base = self.here.clone();
+                base.pop();
+                let mut taken = 1;
+                while segments.next() == Some("super") {
+                    base.pop();
+                    taken += 1;
                 }
+                Some((base, taken))
             }
-        } else if c == 'r'
-            && (i == 0
-                || !ident(chars[i - 1])
-                || (chars[i - 1] == 'b' && (i < 2 || !ident(chars[i - 2]))))
-            && matches!(next, Some('"' | '#'))
+            _ => None,
+        }
+    }
+
+    /// A `use` tree from its root: counted if it starts with `crate`, `super` or `self`.
+    fn use_root(&mut self, tree: &UseTree) {
+        let mut leading = Vec::new();
+        let mut rest = tree;
+        while let UseTree::Path(p) = rest
+            && matches!(p.ident.to_string().as_str(), "crate" | "super" | "self")
+            && (leading.is_empty() || p.ident == "super")
         {
-            // A raw string r"..." or r#"..."#, if that is what follows.
-            let hashes = chars[i + 1..].iter().take_while(|&&h| h == '#').count();
-            if chars.get(i + 1 + hashes) != Some(&'"') {
-                out.push(c);
-                i += 1;
-                continue;
+            leading.push(p.ident.to_string());
+            rest = &p.tree;
+        }
+        match rest {
+            UseTree::Group(group) if leading.is_empty() => {
+                group.items.iter().for_each(|item| self.use_root(item));
             }
-            let close: String =
-                std::iter::once('"').chain(std::iter::repeat_n('#', hashes)).collect();
-            let start = i + 2 + hashes;
-            let rest: String = chars[start..].iter().collect();
-            let end = rest
-                .find(&close)
-                .map_or(chars.len(), |at| start + rest[..at].chars().count() + close.len());
-            for &c in &chars[i..end] {
-                blank(&mut out, c);
-            }
-            i = end;
-        } else if c == '"' {
-            blank(&mut out, c);
-            i += 1;
-            while i < chars.len() && chars[i] != '"' {
-                let step = if chars[i] == '\\' { 2 } else { 1 };
-                for &c in chars.iter().skip(i).take(step) {
-                    blank(&mut out, c);
-                }
-                i += step;
-            }
-            if i < chars.len() {
-                blank(&mut out, chars[i]);
-                i += 1;
-            }
-        } else if c == '\'' {
-            // A character literal ('x', '\n', '\u{..}'); otherwise a lifetime or a label.
-            let end = match (next, chars.get(i + 2)) {
-                (Some('\\'), _) => {
-                    chars[i + 2..].iter().position(|&q| q == '\'').map(|p| i + 3 + p)
-                }
-                (Some(_), Some('\'')) => Some(i + 3),
-                _ => None,
-            };
-            match end {
-                Some(end) => {
-                    for &c in &chars[i..end.min(chars.len())] {
-                        blank(&mut out, c);
-                    }
-                    i = end;
-                }
-                None => {
-                    out.push(c);
-                    i += 1;
+            _ => {
+                if let Some((base, _)) = self.base(leading.iter().map(String::as_str)) {
+                    self.use_tree(rest, base);
                 }
             }
-        } else {
-            out.push(c);
-            i += 1;
         }
     }
-    out
-}
 
-/// One token of code: an identifier (or keyword), `::`, or another character.
-#[derive(Debug, Clone, PartialEq)]
-enum Token {
-    Ident(String),
-    Path,
-    Punct(char),
-}
-
-fn tokens(code: &str) -> Vec<Token> {
-    let chars: Vec<char> = code.chars().collect();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < chars.len() {
-        let c = chars[i];
-        if c.is_alphanumeric() || c == '_' {
-            let start = i;
-            while i < chars.len() && (chars[i].is_alphanumeric() || chars[i] == '_') {
-                i += 1;
+    /// The paths of a `use` tree below `prefix`: `{a::{self, B}, c as d}` names `a`, `a::B`, `c`.
+    fn use_tree(&mut self, tree: &UseTree, mut prefix: Vec<String>) {
+        match tree {
+            UseTree::Path(p) => {
+                prefix.push(p.ident.to_string());
+                self.use_tree(&p.tree, prefix);
             }
-            out.push(Token::Ident(chars[start..i].iter().collect()));
-        } else if c == ':' && chars.get(i + 1) == Some(&':') {
-            out.push(Token::Path);
-            i += 2;
-        } else {
-            if !c.is_whitespace() {
-                out.push(Token::Punct(c));
-            }
-            i += 1;
-        }
-    }
-    out
-}
-
-/// The paths of one `use` tree or expression path starting at `tokens[at]`, each as its
-/// segments after `prefix`; returns them with the index after the tree.
-fn path_tree(
-    tokens: &[Token],
-    mut at: usize,
-    prefix: &[String],
-    out: &mut Vec<Vec<String>>,
-) -> usize {
-    let mut path = prefix.to_vec();
-    loop {
-        match tokens.get(at) {
-            Some(Token::Ident(name)) => {
-                if name != "self" {
-                    path.push(name.clone());
+            UseTree::Name(name) => {
+                if name.ident != "self" {
+                    prefix.push(name.ident.to_string());
                 }
-                at += 1;
+                self.named.paths.push(prefix);
             }
-            Some(Token::Punct('{')) => {
-                at += 1;
-                loop {
-                    match tokens.get(at) {
-                        Some(Token::Punct('}')) | None => return at + 1,
-                        Some(Token::Punct(',')) => at += 1,
-                        Some(_) => {
-                            let next = path_tree(tokens, at, &path, out);
-                            at = if next == at { at + 1 } else { next };
-                        }
-                    }
+            UseTree::Rename(rename) => {
+                if rename.ident != "self" {
+                    prefix.push(rename.ident.to_string());
                 }
+                self.named.paths.push(prefix);
             }
-            _ => break,
-        }
-        if tokens.get(at) == Some(&Token::Path) {
-            at += 1;
-        } else {
-            break;
+            UseTree::Glob(_) => self.named.paths.push(prefix),
+            UseTree::Group(group) => {
+                group.items.iter().for_each(|item| self.use_tree(item, prefix.clone()));
+            }
         }
     }
-    if tokens.get(at) == Some(&Token::Ident("as".into())) {
-        at += 2;
-    }
-    out.push(path);
-    at
-}
 
-/// The module paths one file's code names: each `crate::`, `super::` or `self::` path,
-/// resolved from the (possibly inline) module it is written in.
-fn named_paths(code: &str, module: &ModPath) -> Vec<Vec<String>> {
-    let tokens = tokens(code);
-    let mut paths = Vec::new();
-    // Inline modules open here, with the brace depth their block opened at.
-    let mut inline: Vec<(String, usize)> = Vec::new();
-    let mut depth = 0usize;
-    let mut i = 0;
-    while i < tokens.len() {
-        let here = || -> ModPath {
-            let mut m = module.clone();
-            m.extend(inline.iter().map(|(name, _)| name.clone()));
-            m
+    /// A macro's tokens are not parsed: each `crate::`, `super::` or `self::` path in them (a
+    /// macro's own `$crate::` included) is read as a `use` tree, from its first segment to the
+    /// first token that cannot continue it.
+    fn macro_tokens(&mut self, tokens: TokenStream) {
+        let tokens: Vec<TokenTree> = tokens.into_iter().collect();
+        let is_colons = |at: usize| {
+            matches!((tokens.get(at), tokens.get(at + 1)),
+                (Some(TokenTree::Punct(a)), Some(TokenTree::Punct(b)))
+                    if a.as_char() == ':' && a.spacing() == Spacing::Joint && b.as_char() == ':')
         };
-        match &tokens[i] {
-            Token::Punct('{') => depth += 1,
-            Token::Punct('}') => {
-                depth = depth.saturating_sub(1);
-                if inline.last().is_some_and(|(_, d)| *d == depth) {
-                    inline.pop();
-                }
-            }
-            Token::Ident(word) if word == "mod" => {
-                if let (Some(Token::Ident(name)), Some(Token::Punct('{'))) =
-                    (tokens.get(i + 1), tokens.get(i + 2))
+        let mut at = 0;
+        while let Some(token) = tokens.get(at) {
+            match token {
+                TokenTree::Group(group) => self.macro_tokens(group.stream()),
+                TokenTree::Ident(ident)
+                    if matches!(ident.to_string().as_str(), "crate" | "super" | "self")
+                        && is_colons(at + 1)
+                        && (at < 2 || !is_colons(at - 2)) =>
                 {
-                    inline.push((name.clone(), depth));
-                }
-            }
-            Token::Ident(word)
-                if matches!(word.as_str(), "crate" | "super" | "self")
-                    && tokens.get(i + 1) == Some(&Token::Path)
-                    // Not the tail of a longer path (`$crate` has no `$` here: a macro's
-                    // `$crate::` names the crate it is defined in, which is this one).
-                    && (i == 0 || tokens[i - 1] != Token::Path) =>
-            {
-                let mut base = here();
-                let mut at = i;
-                match word.as_str() {
-                    "crate" => {
-                        base.clear();
-                        at += 2;
-                    }
-                    "self" => at += 2,
-                    _ => {
-                        while tokens.get(at) == Some(&Token::Ident("super".into()))
-                            && tokens.get(at + 1) == Some(&Token::Path)
-                        {
-                            base.pop();
-                            at += 2;
+                    let start = at;
+                    at += 1;
+                    while is_colons(at) {
+                        match tokens.get(at + 2) {
+                            Some(TokenTree::Ident(_)) => at += 3,
+                            Some(TokenTree::Group(g)) if g.delimiter() == Delimiter::Brace => {
+                                at += 3;
+                                break;
+                            }
+                            _ => break,
                         }
                     }
+                    let path: TokenStream = tokens[start..at].iter().cloned().collect();
+                    if let Ok(tree) = syn::parse2::<UseTree>(path) {
+                        self.use_root(&tree);
+                    }
+                    continue;
                 }
-                i = path_tree(&tokens, at, &base, &mut paths).max(i + 1);
-                continue;
+                _ => {}
             }
-            _ => {}
+            at += 1;
         }
-        i += 1;
     }
-    paths
+}
+
+impl<'ast> Visit<'ast> for PathVisitor {
+    fn visit_item_mod(&mut self, module: &'ast ItemMod) {
+        if module.content.is_some() {
+            self.here.push(module.ident.to_string());
+            self.named.inline_modules.push(self.here.clone());
+            visit::visit_item_mod(self, module);
+            self.here.pop();
+        }
+    }
+
+    fn visit_item_use(&mut self, item: &'ast ItemUse) {
+        if item.leading_colon.is_none() {
+            self.use_root(&item.tree);
+        }
+    }
+
+    fn visit_path(&mut self, path: &'ast syn::Path) {
+        let segments: Vec<String> = path.segments.iter().map(|s| s.ident.to_string()).collect();
+        if path.leading_colon.is_none()
+            && segments.len() > 1
+            && let Some((mut base, taken)) = self.base(segments.iter().map(String::as_str))
+        {
+            base.extend(segments.into_iter().skip(taken));
+            self.named.paths.push(base);
+        }
+        visit::visit_path(self, path);
+    }
+
+    fn visit_macro(&mut self, mac: &'ast syn::Macro) {
+        visit::visit_macro(self, mac);
+        self.macro_tokens(mac.tokens.clone());
+    }
+}
+
+/// What the source of module `module` names. Comments and string literals are not code, so
+/// what they say is no path; `mod tests { }` blocks are followed so that `super::` resolves
+/// as the compiler resolves it.
+fn named(source: &str, module: &ModPath) -> syn::Result<Named> {
+    let file = syn::parse_file(source)?;
+    let mut visitor = PathVisitor { here: module.clone(), named: Named::default() };
+    visitor.visit_file(&file);
+    Ok(visitor.named)
 }
 
 /// Edges among siblings: (parent, from child, to child) → the first file that makes it.
 type Edges = BTreeMap<(ModPath, String, String), PathBuf>;
 
-fn sibling_edges(krate: &CrateSources) -> Edges {
-    let mut modules: BTreeSet<ModPath> = krate.files.iter().map(|(_, m)| m.clone()).collect();
-    let mut per_file = Vec::new();
-    for (file, module) in &krate.files {
-        let code = code_only(&std::fs::read_to_string(file).unwrap());
-        // Inline modules are modules too (`mod tests { }`), so paths into them resolve.
-        let tokens = tokens(&code);
-        for pair in tokens.windows(3) {
-            if let [Token::Ident(m), Token::Ident(name), Token::Punct('{')] = pair
-                && m == "mod"
-            {
-                let mut inner = module.clone();
-                inner.push(name.clone());
-                modules.insert(inner);
-            }
-        }
-        per_file.push((file, module, named_paths(&code, module)));
-    }
+/// The sibling edges of files already read: each file's path, its module and what it names.
+fn edges_of(files: &[(PathBuf, ModPath, Named)]) -> Edges {
+    let mut modules: BTreeSet<ModPath> = files.iter().map(|(_, m, _)| m.clone()).collect();
+    // Inline modules are modules too (`mod tests { }`), so paths into them resolve.
+    modules.extend(files.iter().flat_map(|(_, _, n)| n.inline_modules.iter().cloned()));
     let mut edges = Edges::new();
-    for (file, module, paths) in per_file {
-        for path in paths {
+    for (file, module, named) in files {
+        for path in &named.paths {
             // The module a path names: its longest prefix that is a module.
             let Some(target) =
                 (0..=path.len()).rev().map(|n| path[..n].to_vec()).find(|p| modules.contains(p))
@@ -360,6 +280,20 @@ fn sibling_edges(krate: &CrateSources) -> Edges {
         }
     }
     edges
+}
+
+fn sibling_edges(krate: &CrateSources) -> Edges {
+    let files: Vec<(PathBuf, ModPath, Named)> = krate
+        .files
+        .iter()
+        .map(|(file, module)| {
+            let source = std::fs::read_to_string(file).unwrap();
+            let named = named(&source, module)
+                .unwrap_or_else(|e| panic!("{}: cannot parse: {e}", file.display()));
+            (file.clone(), module.clone(), named)
+        })
+        .collect();
+    edges_of(&files)
 }
 
 /// Each cycle among siblings, as `a → b → a` with the file of each edge.
@@ -427,19 +361,31 @@ fn cycles(edges: &Edges, root: &Path) -> Vec<String> {
     found
 }
 
+/// The workspace's members, read from its `Cargo.toml`.
+fn members(root: &Path) -> Vec<String> {
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let members = manifest.split("members = [").nth(1).unwrap().split(']').next().unwrap();
+    let members: Vec<String> = members
+        .split(',')
+        .map(|m| m.trim().trim_matches('"').to_owned())
+        .filter(|m| !m.is_empty())
+        .collect();
+    assert!(
+        members.iter().any(|m| m == "frontend"),
+        "read the members from Cargo.toml: {members:?}"
+    );
+    members
+}
+
 /// No module imports another that imports it back, in any crate of the workspace: the
 /// pipeline, the web layer and the broker are layered, and a cycle is where they stop being.
 #[test]
 fn no_module_imports_one_that_imports_it_back() {
     let root = crate::workspace::root();
-    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
-    let members = manifest.split("members = [").nth(1).unwrap().split(']').next().unwrap();
-    let members: Vec<&str> = members.split(',').map(|m| m.trim().trim_matches('"')).collect();
-    assert!(members.contains(&"frontend"), "read the members from Cargo.toml: {members:?}");
     let mut found = Vec::new();
     let mut edge_count = 0;
-    for member in members.iter().filter(|m| !m.is_empty()) {
-        for krate in crates_of(&root.join(member), member) {
+    for member in members(&root) {
+        for krate in crates_of(&root.join(&member), &member) {
             let edges = sibling_edges(&krate);
             edge_count += edges.len();
             found.extend(cycles(&edges, &root).into_iter().map(|c| format!("{}: {c}", krate.name)));
@@ -449,20 +395,103 @@ fn no_module_imports_one_that_imports_it_back() {
     assert!(found.is_empty(), "module cycles:\n{}", found.join("\n"));
 }
 
+/// Where ARCHITECTURE.md lists a library's module edges: from the line
+/// `<!-- module-graph: FOLDER -->`...
+const GRAPH_OPEN: &str = "<!-- module-graph: ";
+/// ...to this line.
+const GRAPH_CLOSE: &str = "<!-- /module-graph -->";
+
+/// The edge list ARCHITECTURE.md quotes: per module, the siblings it imports, as a fenced block.
+fn edge_list(edges: &Edges) -> String {
+    let mut by_module: BTreeMap<(&ModPath, &str), Vec<&str>> = BTreeMap::new();
+    for (parent, from, to) in edges.keys() {
+        by_module.entry((parent, from)).or_default().push(to);
+    }
+    let mut text = String::from("```text\n");
+    for ((parent, from), to) in by_module {
+        let prefix: String = parent.iter().map(|p| format!("{p}::")).collect();
+        text.push_str(&format!("{prefix}{from} → {}\n", to.join(", ")));
+    }
+    text.push_str("```\n");
+    text
+}
+
+/// `text` with each module-graph block filled from the code: `(new text, [(folder, block)])`.
+fn fill_module_graphs(root: &Path, text: &str) -> (String, Vec<(String, String)>) {
+    let mut out = String::new();
+    let mut blocks = Vec::new();
+    let mut rest = text;
+    while let Some(open) = rest.find(GRAPH_OPEN) {
+        let (before, marker) = rest.split_at(open);
+        let header_end = marker.find('\n').expect("a line after the module-graph marker") + 1;
+        let folder = marker[GRAPH_OPEN.len()..header_end].trim().trim_end_matches("-->").trim();
+        let close = marker.find(GRAPH_CLOSE).expect("a <!-- /module-graph --> after the block");
+        let krate = crates_of(&root.join(folder), folder)
+            .into_iter()
+            .find(|k| k.name == format!("{folder}/src/lib.rs"))
+            .unwrap_or_else(|| panic!("ARCHITECTURE.md: {folder} is no library of the workspace"));
+        let block = edge_list(&sibling_edges(&krate));
+        out.push_str(before);
+        out.push_str(&marker[..header_end]);
+        out.push_str(&block);
+        blocks.push((folder.to_owned(), block));
+        rest = &marker[close..];
+    }
+    out.push_str(rest);
+    (out, blocks)
+}
+
+/// ARCHITECTURE.md's lists of which module imports which, in the broker, the web layer and the
+/// frontend, are the code's: each block between the module-graph markers is the edge list this
+/// scan derives, rewritten with `UPDATE_GOLDEN=1 cargo test -p xtask tidy`.
 #[test]
-fn the_scan_reads_use_trees_paths_and_inline_modules() {
-    let code = code_only(
+fn architecture_module_edges_are_the_codes() {
+    let root = crate::workspace::root();
+    let path = root.join("ARCHITECTURE.md");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let (filled, blocks) = fill_module_graphs(&root, &text);
+    let folders: Vec<&str> = blocks.iter().map(|(f, _)| f.as_str()).collect();
+    for layered in ["broker", "frontend", "web"] {
+        assert!(folders.contains(&layered), "ARCHITECTURE.md lists no module edges of {layered}");
+    }
+    if crate::golden::updating() {
+        std::fs::write(&path, &filled).unwrap();
+        return;
+    }
+    let marked = |(folder, block): &(String, String)| format!("{GRAPH_OPEN}{folder} -->\n{block}");
+    let mut stale: Vec<&(String, String)> =
+        blocks.iter().filter(|b| !text.contains(&(marked(b) + GRAPH_CLOSE))).collect();
+    if stale.is_empty() && filled != text {
+        stale = blocks.iter().collect();
+    }
+    let stale: Vec<String> =
+        stale.into_iter().map(|(folder, block)| format!("{folder}:\n{block}")).collect();
+    assert!(
+        stale.is_empty(),
+        "ARCHITECTURE.md's module edges differ from the code; the blocks are now\n{}\
+         rewrite them with UPDATE_GOLDEN=1 cargo test -p xtask tidy and review the diff",
+        stale.join("\n")
+    );
+}
+
+/// `s(&["a", "b"])`: a path or module as the scan writes it.
+#[cfg(test)]
+fn s(path: &[&str]) -> Vec<String> {
+    path.iter().map(|s| (*s).to_owned()).collect()
+}
+
+#[test]
+fn the_scan_reads_use_trees_paths_macros_and_inline_modules() {
+    let named = named(
         "use crate::{a::{self, B}, b::c as d};\n\
-         // crate::commented::Out\n\
-         const S: &str = \"crate::quoted\"; const R: &str = r#\"crate::raw\"#;\n\
          fn f<'a>(x: &'a u8) -> char { let _ = crate::e::F::new(); '{' }\n\
          mod tests { use super::*; use super::super::g; fn t() { self::h(); } }\n\
-         fn z() { crate::last(); }",
-    );
-    let paths = named_paths(&code, &vec!["m".to_owned(), "n".to_owned()]);
-    let s = |p: &[&str]| p.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+         fn z() { crate::last(); assert_eq!(crate::i::J, super::k::L); }",
+        &s(&["m", "n"]),
+    )
+    .unwrap();
     assert_eq!(
-        paths,
+        named.paths,
         vec![
             s(&["a"]),
             s(&["a", "B"]),
@@ -472,6 +501,62 @@ fn the_scan_reads_use_trees_paths_and_inline_modules() {
             s(&["m", "g"]),
             s(&["m", "n", "tests", "h"]),
             s(&["last"]),
+            s(&["i", "J"]),
+            s(&["m", "k", "L"]),
         ]
     );
+    assert_eq!(named.inline_modules, vec![s(&["m", "n", "tests"])]);
+}
+
+/// The edges a crate of in-memory files makes: each `(module, source)`.
+#[cfg(test)]
+fn edges_of_sources(files: &[(&[&str], &str)]) -> Vec<String> {
+    let files: Vec<(PathBuf, ModPath, Named)> = files
+        .iter()
+        .map(|(module, source)| {
+            let module = s(module);
+            (PathBuf::from(module.join("/")), module.clone(), named(source, &module).unwrap())
+        })
+        .collect();
+    edges_of(&files)
+        .into_keys()
+        .map(|(parent, from, to)| {
+            let prefix: String = parent.iter().map(|p| format!("{p}::")).collect();
+            format!("{prefix}{from} → {prefix}{to}")
+        })
+        .collect()
+}
+
+/// A nested `use` tree names each of its leaves (a rename by its original name), and `super::`
+/// resolves from the module it is written in.
+#[test]
+fn a_nested_use_tree_and_super_make_an_edge_to_each_module_they_name() {
+    let edges = edges_of_sources(&[
+        (&["a"], ""),
+        (&["a", "b"], ""),
+        (&["a", "c"], "use super::b::Thing;"),
+        (&["d"], ""),
+        (&["e"], ""),
+        (&["m"], "use crate::{a::{b, c}, d as e};"),
+        (&["m", "n"], "use super::x;"),
+        (&["m", "x"], ""),
+    ]);
+    assert_eq!(edges, ["m → a", "m → d", "a::c → a::b", "m::n → m::x"]);
+}
+
+/// `use crate::x` in a comment, a doc comment, a string or a raw string is not code.
+#[test]
+fn a_use_in_a_string_or_a_comment_is_no_edge() {
+    let edges = edges_of_sources(&[
+        (&["a"], ""),
+        (&["b"], ""),
+        (
+            &["m"],
+            "// use crate::a;\n/* use crate::a; /* nested */ crate::a::f() */\n\
+             /// [`crate::a::f`]\nconst S: &str = \"use crate::a;\";\n\
+             const R: &str = r#\"crate::a::f()\"#;\nfn f() { println!(\"{}\", \"crate::a::x\"); }\n\
+             use crate::b;",
+        ),
+    ]);
+    assert_eq!(edges, ["m → b"]);
 }

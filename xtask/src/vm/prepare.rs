@@ -8,6 +8,7 @@
 //! resolved from the archive on every run, through a private APT configuration
 //! (`APT_CONFIG`), so the host's own APT setup is never touched.
 
+use crate::workspace::stdout_of;
 use anyhow::{Context, Result, bail, ensure};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -120,18 +121,6 @@ pub fn run_logged(cmd: &mut Command, log: &Path) -> Result<()> {
         bail!("{cmd:?} failed ({status}); last lines of {}:\n{}", log.display(), tail.join("\n"));
     }
     Ok(())
-}
-
-/// Runs `cmd` and returns its standard output; a failure shows its standard error.
-pub fn output(cmd: &mut Command) -> Result<String> {
-    let out = cmd.output().with_context(|| format!("cannot run {cmd:?}"))?;
-    ensure!(
-        out.status.success(),
-        "{cmd:?} failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// Whether `dir/stamp` holds `key`.
@@ -264,7 +253,7 @@ pub fn choose_kernel(cache: &Cache) -> Result<KernelChoice> {
         }
     }
     let show = |pkg: &str| {
-        output(Command::new("apt-cache").env("APT_CONFIG", &conf).args([
+        stdout_of(Command::new("apt-cache").env("APT_CONFIG", &conf).args([
             "show",
             "--no-all-versions",
             &format!("{pkg}/{KERNEL_SUITE}"),
@@ -316,7 +305,7 @@ struct ProcMount(PathBuf);
 impl ProcMount {
     fn new(root: &Path) -> Result<ProcMount> {
         let proc = root.join("proc");
-        output(Command::new("mount").args(["-t", "proc", "proc"]).arg(&proc))?;
+        stdout_of(Command::new("mount").args(["-t", "proc", "proc"]).arg(&proc))?;
         Ok(ProcMount(proc))
     }
 }
@@ -482,7 +471,7 @@ pub fn deb(cache: &Cache) -> Result<PathBuf> {
 
 /// The package names of the `.deb`'s `Depends` (first alternative of each).
 pub fn deb_depends(deb: &Path) -> Result<Vec<String>> {
-    let field = output(Command::new("dpkg-deb").arg("--field").arg(deb).arg("Depends"))?;
+    let field = stdout_of(Command::new("dpkg-deb").arg("--field").arg(deb).arg("Depends"))?;
     Ok(field
         .split(',')
         .filter_map(|d| d.split('|').next())
@@ -579,7 +568,7 @@ const FILE_CONTEXTS: &str = "etc/selinux/default/contexts/files/file_contexts";
 /// `setfattr --restore` file with paths relative to `root` (`setfiles -n -v`, which works on a
 /// host without SELinux). Paths that need escaping in that format are left out.
 pub fn selinux_labels(root: &Path, contexts: &Path) -> Result<String> {
-    let out = output(
+    let out = stdout_of(
         Command::new("setfiles").args(["-n", "-v", "-r"]).arg(root).arg(contexts).arg(root),
     )?;
     let prefix = root.to_string_lossy().into_owned();
