@@ -15,13 +15,15 @@
 //! neither binary opens spans.
 
 use std::fmt;
+use std::io::Write as _;
 use std::time::SystemTime;
 use tracing::field::{Field, Visit};
-use tracing::{Event, Level, Subscriber};
-use tracing_subscriber::fmt::format::Writer;
-use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, MakeWriter};
-use tracing_subscriber::registry::LookupSpan;
-use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing::span::{Attributes, Id, Record as SpanRecord};
+use tracing::subscriber::{Interest, SetGlobalDefaultError};
+use tracing::{Event, Level, Metadata, Subscriber};
+
+mod json;
+mod time;
 
 /// `--log.level`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -60,52 +62,31 @@ pub enum LogFormat {
 
 /// Installs the process-wide subscriber: records at `level` and above, in `format`, on standard
 /// error. Fails only when a subscriber is already installed.
-pub fn init(
-    level: LogLevel,
-    format: LogFormat,
-) -> Result<(), tracing_subscriber::util::TryInitError> {
-    subscriber(level, format, std::io::stderr).try_init()
+pub fn init(level: LogLevel, format: LogFormat) -> Result<(), SetGlobalDefaultError> {
+    tracing::subscriber::set_global_default(subscriber(level, format, std::io::stderr()))
 }
 
-/// The subscriber [`init`] installs, writing to `writer` (tests pass a buffer).
-pub fn subscriber<W>(
-    level: LogLevel,
+/// The subscriber [`init`] installs, writing each record with one write to `writer` (tests pass
+/// a buffer).
+pub fn subscriber<W>(level: LogLevel, format: LogFormat, writer: W) -> Promslog<W>
+where
+    W: Send + Sync + 'static,
+    for<'w> &'w W: std::io::Write,
+{
+    Promslog { level: level.as_tracing(), format, writer }
+}
+
+/// The subscriber: one promslog-shaped line per event at its level or above. Spans are not
+/// recorded (neither binary opens any; a library's span gets an id and nothing else).
+#[derive(Debug)]
+pub struct Promslog<W> {
+    level: Level,
     format: LogFormat,
     writer: W,
-) -> tracing_subscriber::FmtSubscriber<
-    tracing_subscriber::fmt::format::DefaultFields,
-    Promslog,
-    tracing_subscriber::filter::LevelFilter,
-    W,
->
-where
-    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
-{
-    tracing_subscriber::fmt()
-        .with_max_level(level.as_tracing())
-        .with_ansi(false)
-        .with_writer(writer)
-        .event_format(Promslog { format })
-        .finish()
 }
 
-/// The event formatter: one promslog-shaped line per event.
-#[derive(Debug, Clone, Copy)]
-pub struct Promslog {
-    format: LogFormat,
-}
-
-impl<S, N> FormatEvent<S, N> for Promslog
-where
-    S: Subscriber + for<'a> LookupSpan<'a>,
-    N: for<'a> FormatFields<'a> + 'static,
-{
-    fn format_event(
-        &self,
-        _ctx: &FmtContext<'_, S, N>,
-        mut writer: Writer<'_>,
-        event: &Event<'_>,
-    ) -> fmt::Result {
+impl<W> Promslog<W> {
+    fn line(&self, event: &Event<'_>) -> String {
         let meta = event.metadata();
         let mut fields = Fields::default();
         event.record(&mut fields);
@@ -118,13 +99,48 @@ where
             _ => meta.target().to_owned(),
         };
         let record = Record { time: SystemTime::now(), level: *meta.level(), source, fields };
-        let line = match self.format {
+        let mut line = match self.format {
             LogFormat::Logfmt => record.logfmt(),
             LogFormat::Json => record.json(),
         };
-        writer.write_str(&line)?;
-        writer.write_str("\n")
+        line.push('\n');
+        line
     }
+}
+
+impl<W> Subscriber for Promslog<W>
+where
+    W: Send + Sync + 'static,
+    for<'w> &'w W: std::io::Write,
+{
+    fn register_callsite(&self, meta: &'static Metadata<'static>) -> Interest {
+        if self.enabled(meta) { Interest::always() } else { Interest::never() }
+    }
+
+    fn enabled(&self, meta: &Metadata<'_>) -> bool {
+        *meta.level() <= self.level
+    }
+
+    fn max_level_hint(&self) -> Option<tracing::level_filters::LevelFilter> {
+        Some(self.level.into())
+    }
+
+    fn new_span(&self, _span: &Attributes<'_>) -> Id {
+        Id::from_u64(1)
+    }
+
+    fn record(&self, _span: &Id, _values: &SpanRecord<'_>) {}
+
+    fn record_follows_from(&self, _span: &Id, _follows: &Id) {}
+
+    fn event(&self, event: &Event<'_>) {
+        // A record that cannot be written is lost, as with any logger writing to stderr.
+        let _ = (&self.writer).write_all(self.line(event).as_bytes());
+    }
+
+    fn enter(&self, _span: &Id) {}
+
+    fn exit(&self, _span: &Id) {}
 }
 
 /// One value of an event field.
@@ -148,15 +164,15 @@ impl Value {
         }
     }
 
-    fn json(&self) -> serde_json::Value {
+    fn json(&self, out: &mut String) {
         match self {
-            Value::Str(s) => s.clone().into(),
-            Value::I64(n) => (*n).into(),
-            Value::U64(n) => (*n).into(),
+            Value::Str(s) => json::string(s, out),
+            Value::I64(n) => out.push_str(&n.to_string()),
+            Value::U64(n) => out.push_str(&n.to_string()),
             // NaN and infinities have no JSON number; slog writes an error there, this the text.
-            Value::F64(n) => serde_json::Number::from_f64(*n)
-                .map_or_else(|| n.to_string().into(), serde_json::Value::Number),
-            Value::Bool(b) => (*b).into(),
+            Value::F64(n) if n.is_finite() => json::number(*n, out),
+            Value::F64(n) => json::string(&n.to_string(), out),
+            Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
         }
     }
 }
@@ -218,7 +234,7 @@ impl Record {
     fn logfmt(&self) -> String {
         let mut out = String::with_capacity(128);
         out.push_str("time=");
-        out.push_str(&humantime::format_rfc3339_millis(self.time).to_string());
+        out.push_str(&time::rfc3339_millis(self.time));
         out.push_str(" level=");
         out.push_str(level_name(self.level));
         out.push_str(" source=");
@@ -234,21 +250,26 @@ impl Record {
         out
     }
 
-    /// Written pair by pair: a `serde_json::Map` would sort the keys.
+    /// Written pair by pair, in the order promslog writes them.
     fn json(&self) -> String {
-        let head = [
-            ("time", serde_json::Value::from(json_time(self.time))),
-            ("level", level_name(self.level).into()),
-            ("source", self.source.as_str().into()),
-            ("msg", self.fields.message.as_str().into()),
-        ];
-        let tail = self.fields.pairs.iter().map(|(key, value)| (*key, value.json()));
         let mut out = String::with_capacity(160);
-        for (key, value) in head.into_iter().chain(tail) {
+        let head = [
+            ("time", json_time(self.time)),
+            ("level", level_name(self.level).to_owned()),
+            ("source", self.source.clone()),
+            ("msg", self.fields.message.clone()),
+        ];
+        for (key, value) in head {
             out.push(if out.is_empty() { '{' } else { ',' });
-            out.push_str(&serde_json::Value::from(key).to_string());
+            json::string(key, &mut out);
             out.push(':');
-            out.push_str(&value.to_string());
+            json::string(&value, &mut out);
+        }
+        for (key, value) in &self.fields.pairs {
+            out.push(',');
+            json::string(key, &mut out);
+            out.push(':');
+            value.json(&mut out);
         }
         out.push('}');
         out
@@ -268,7 +289,7 @@ fn level_name(level: Level) -> &'static str {
 
 /// RFC 3339 with nanoseconds, trailing zeros dropped (Go's `time.RFC3339Nano`).
 fn json_time(time: SystemTime) -> String {
-    let nanos = humantime::format_rfc3339_nanos(time).to_string();
+    let nanos = time::rfc3339_nanos(time);
     let Some((head, fraction)) = nanos.trim_end_matches('Z').split_once('.') else {
         return nanos;
     };
@@ -281,7 +302,7 @@ fn quote_if_needed(value: &str, out: &mut String) {
     let needs = value.is_empty()
         || value.chars().any(|c| c == '=' || c == '"' || c.is_whitespace() || c.is_control());
     if needs {
-        out.push_str(&serde_json::Value::from(value).to_string());
+        json::string(value, out);
     } else {
         out.push_str(value);
     }
@@ -297,20 +318,13 @@ pub fn capture(level: LogLevel, format: LogFormat, emit: impl FnOnce()) -> Vec<S
     #[derive(Clone, Default)]
     struct Buffer(Arc<Mutex<Vec<u8>>>);
 
-    impl std::io::Write for Buffer {
+    impl std::io::Write for &Buffer {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
             self.0.lock().unwrap_or_else(PoisonError::into_inner).extend_from_slice(buf);
             Ok(buf.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
-        }
-    }
-
-    impl<'w> MakeWriter<'w> for Buffer {
-        type Writer = Buffer;
-        fn make_writer(&'w self) -> Buffer {
-            self.clone()
         }
     }
 

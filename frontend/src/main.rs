@@ -13,15 +13,13 @@ use amd_hsmp_exporter::scrape::{Config, Exporter};
 use amd_hsmp_web::config::WebState;
 use amd_hsmp_web::server::{self, Admission};
 use anyhow::Context as _;
-use clap::Parser as _;
 use std::process::ExitCode;
 use std::sync::Arc;
-use tokio::net::TcpListener;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::watch;
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = Args::from_env();
     if args.common.version {
         print!("{}", amd_hsmp_cli::version::report("amd-hsmp-exporter"));
         return ExitCode::SUCCESS;
@@ -64,7 +62,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let signals = Signals::install()?;
     let families = args.families();
     let fd_limit = server::fd_limit();
-    let (limits, lowered) = args.limits(fd_limit).map_err(anyhow::Error::msg)?;
+    let (limits, lowered) = args.server.limits(fd_limit).map_err(anyhow::Error::msg)?;
     if let Some(lowered) = lowered {
         tracing::info!("{lowered}");
     }
@@ -78,21 +76,13 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         core_owner: args.core_owner(),
         core_owner_max_age: args.core_owner_max_age,
     });
-    let web = match &args.web_config_file {
+    let web = match &args.web.web_config_file {
         Some(path) => WebState::load(path)?,
         None => WebState::open(),
     };
     let router = amd_hsmp_exporter::http::service(exporter, Arc::clone(&web));
 
-    let listeners = if args.systemd_socket {
-        systemd_listeners()?
-    } else {
-        let mut listeners = Vec::new();
-        for address in &args.listen_addresses {
-            listeners.push(bind(*address).await?);
-        }
-        listeners
-    };
+    let listeners = amd_hsmp_web::listen::listen(&args.web).await?;
     let config = web.current();
     tracing::info!(
         version = %amd_hsmp_cli::version::summary(),
@@ -136,58 +126,6 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         result.context("server task failed")?;
     }
     Ok(())
-}
-
-/// Binds one `--web.listen-address`, trying its candidates in order.
-async fn bind(address: amd_hsmp_exporter::cli::ListenAddress) -> anyhow::Result<TcpListener> {
-    let mut last = None;
-    for candidate in address.candidates() {
-        match listen(candidate) {
-            Ok(listener) => return Ok(listener),
-            Err(e) => last = Some(e),
-        }
-    }
-    let error = last.unwrap_or_else(|| std::io::Error::other("no address to bind"));
-    Err(error).with_context(|| format!("cannot listen on {address}"))
-}
-
-/// A listening socket on `addr` with a backlog of [`BACKLOG`] (capped by the kernel's
-/// `net.core.somaxconn`), so a burst of connections waits in the kernel for the accept loop
-/// instead of losing SYNs (and their clients a second to retransmission).
-fn listen(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
-    let socket = if addr.is_ipv4() {
-        tokio::net::TcpSocket::new_v4()?
-    } else {
-        tokio::net::TcpSocket::new_v6()?
-    };
-    socket.set_reuseaddr(true)?;
-    socket.bind(addr)?;
-    socket.listen(BACKLOG)
-}
-
-/// The listen backlog of the sockets the exporter binds itself.
-const BACKLOG: u32 = 1024;
-
-/// `--web.systemd-socket`: every socket systemd passed (`LISTEN_FDS`, for this process's
-/// `LISTEN_PID`), each a listening TCP socket.
-fn systemd_listeners() -> anyhow::Result<Vec<TcpListener>> {
-    let mut fds = listenfd::ListenFd::from_env();
-    if fds.len() == 0 {
-        anyhow::bail!(
-            "--web.systemd-socket: systemd passed no socket (LISTEN_FDS unset or 0, or \
-             LISTEN_PID is another process)"
-        );
-    }
-    let mut listeners = Vec::new();
-    for index in 0..fds.len() {
-        let listener = fds
-            .take_tcp_listener(index)
-            .with_context(|| format!("--web.systemd-socket: socket {index} is not a TCP listener"))?
-            .with_context(|| format!("--web.systemd-socket: socket {index} was already taken"))?;
-        listener.set_nonblocking(true).context("--web.systemd-socket: cannot set O_NONBLOCK")?;
-        listeners.push(TcpListener::from_std(listener).context("--web.systemd-socket")?);
-    }
-    Ok(listeners)
 }
 
 /// The signals the exporter handles. SIGTERM and SIGINT shut it down; SIGHUP re-reads the web

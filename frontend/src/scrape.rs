@@ -35,6 +35,11 @@ const MAX_FLIGHTS_PER_SCRAPE: usize = 3;
 /// At most one "timed out" warning per this interval; the others are counted in the next.
 const TIMEOUT_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
+/// Default of `--web.max-scrape-timeout`, [`Config::max_scrape_timeout`].
+pub const DEFAULT_MAX_SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default of `--web.max-requests`, [`Config::max_requests`].
+pub const DEFAULT_MAX_REQUESTS: usize = 40;
+
 /// Static configuration of the scrape path.
 #[derive(Debug, Clone)]
 pub struct Config {
