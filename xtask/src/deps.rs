@@ -1,7 +1,7 @@
 //! Installs the Debian packages and cargo tools the test suite needs (the packages when root), or
 //! says which are missing.
 
-use anyhow::{Result, bail};
+use anyhow::{Result, bail, ensure};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -176,7 +176,17 @@ fn install_kube_venv() -> Result<()> {
 
 /// Installs the cargo tools that are missing or at another version.
 pub fn install_cargo_tools() -> Result<()> {
-    for (krate, version, cmd) in CARGO_TOOLS {
+    install_cargo_tools_of(|_| true)
+}
+
+/// Installs cargo tool `krate` of [`CARGO_TOOLS`] alone, when missing or at another version.
+pub fn install_cargo_tool(krate: &str) -> Result<()> {
+    ensure!(CARGO_TOOLS.iter().any(|(k, _, _)| *k == krate), "{krate} is not in CARGO_TOOLS");
+    install_cargo_tools_of(|k| k == krate)
+}
+
+fn install_cargo_tools_of(wanted: impl Fn(&str) -> bool) -> Result<()> {
+    for (krate, version, cmd) in CARGO_TOOLS.iter().filter(|(k, _, _)| wanted(k)) {
         if !tool_at_version(krate, cmd, version) {
             eprintln!("xtask: installing {krate} {version}");
             crate::workspace::cargo(&[

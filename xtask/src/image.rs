@@ -44,6 +44,14 @@ const TARGET: &str = "x86_64-unknown-linux-gnu";
 const SOURCE: &str = "https://github.com/amd-hsmp-exporter/amd-hsmp-exporter";
 /// `org.opencontainers.image.licenses`: the workspace's `license`.
 const LICENSES: &str = "Apache-2.0";
+/// `org.opencontainers.image.url`: where to read about the image (the project's home).
+const URL: &str = SOURCE;
+/// `org.opencontainers.image.documentation`: how to run the image, in Kubernetes or podman.
+const DOCUMENTATION: &str =
+    "https://github.com/amd-hsmp-exporter/amd-hsmp-exporter/blob/main/docs/kubernetes.md";
+/// The cargo tool the image's build needs (of `deps::CARGO_TOOLS`): the image installs it
+/// alone, not the packaging and licence checks' tools.
+const CARGO_TOOL: &str = "cargo-auditable";
 
 /// What the archive is made of: nothing else goes into it.
 #[derive(Debug, Clone)]
@@ -199,7 +207,7 @@ fn build_from(
     out: &Path,
     private: &[&Path],
 ) -> Result<Archive> {
-    crate::deps::install_cargo_tools()?;
+    crate::deps::install_cargo_tool(CARGO_TOOL)?;
     let cargo_home = cargo_home()?;
     // Workspace sources are compiled by relative path; the registry's and the build scripts'
     // output would carry cargo's home and the target directory. Identical flags in every
@@ -416,11 +424,13 @@ pub fn write_archive(inputs: &Inputs, out: &Path) -> Result<Archive> {
     let created = rfc3339(inputs.epoch);
     let labels = json!({
         "org.opencontainers.image.created": created,
+        "org.opencontainers.image.documentation": DOCUMENTATION,
         "org.opencontainers.image.description": "AMD EPYC per-core energy, boost limit and PROCHOT for Prometheus: amd-hsmp-broker and amd-hsmp-exporter",
         "org.opencontainers.image.licenses": LICENSES,
         "org.opencontainers.image.revision": inputs.revision,
         "org.opencontainers.image.source": SOURCE,
         "org.opencontainers.image.title": NAME,
+        "org.opencontainers.image.url": URL,
         "org.opencontainers.image.version": inputs.version,
     });
     let config = json!({
@@ -625,6 +635,8 @@ mod tests {
         assert_eq!(labels["org.opencontainers.image.revision"], "0123456789abcdef");
         assert_eq!(labels["org.opencontainers.image.licenses"], LICENSES);
         assert_eq!(labels["org.opencontainers.image.source"], SOURCE);
+        assert_eq!(labels["org.opencontainers.image.url"], URL);
+        assert_eq!(labels["org.opencontainers.image.documentation"], DOCUMENTATION);
         assert_eq!(config["created"], "1970-01-01T00:20:34Z");
         // Every blob is stored under its own digest.
         for (name, bytes) in &blobs {
@@ -634,8 +646,12 @@ mod tests {
 
     #[test]
     fn the_labels_name_the_workspace_license_and_repository() {
-        let manifest = fs::read_to_string(crate::workspace::root().join("Cargo.toml")).unwrap();
+        let root = crate::workspace::root();
+        let manifest = fs::read_to_string(root.join("Cargo.toml")).unwrap();
         assert!(manifest.contains(&format!("license = \"{LICENSES}\"")));
         assert!(manifest.contains(&format!("repository = \"{SOURCE}\"")));
+        // The documentation label names a page of this tree, on the repository's main branch.
+        let page = DOCUMENTATION.strip_prefix(&format!("{SOURCE}/blob/main/")).unwrap();
+        assert!(root.join(page).is_file(), "{page}");
     }
 }

@@ -1,7 +1,8 @@
 //! `cargo xtask kube-test [--no-pods]`: the Helm chart (`deploy/helm/amd-hsmp-exporter/`) and the
 //! image, checked as Kubernetes would take them, then the DaemonSet's pod run for real in podman.
 //!
-//! 1. The chart's copies of the mixin's rules and dashboards equal `mixin/`'s generated files.
+//! 1. The chart's copies of the mixin's rules and dashboards equal `mixin/`'s generated files;
+//!    the chart's README lists every value as values.yaml documents it.
 //! 2. `values.schema.json` rejects unknown keys.
 //! 3. For the default values and every `ci/*-values.yaml`: Helm's lint (strict), the render, every
 //!    object valid against the Kubernetes API schemas of 1.25 and 1.37 (strict: unknown fields
@@ -41,13 +42,21 @@ pub fn run(args: &[String]) -> Result<()> {
     let python = venv_python()?;
     let started = Instant::now();
     step("mixin copies", || chart::check_mixin_copies(&root))?;
+    step("chart README", || chart::check_readme(&root))?;
     step("values schema", || {
         for (values, key) in [
             (json!({"brokr": {}}), "brokr"),
             (json!({"broker": {"deviceAcess": "privileged"}}), "deviceAcess"),
             (json!({"broker": {"deviceAccess": "hostPath"}}), "deviceAccess"),
             (json!({"serviceMonitor": {"enabled": true, "intervall": "1m"}}), "intervall"),
-        ] {
+            (json!({"namespaceOveride": "x"}), "namespaceOveride"),
+            (json!({"serviceMonitor": {"metricRelabeling": []}}), "metricRelabeling"),
+            (json!({"serviceMonitor": {"instanceLabel": "hostname"}}), "instanceLabel"),
+            (json!({"podMonitor": {"targetLabels": ["a"]}}), "targetLabels"),
+        ]
+        .into_iter()
+        .chain(chart::NODE_EXPORTER_ONLY.map(|key| (json!({key: {}}), key)))
+        {
             let answer = chart::helm(
                 &python,
                 &root,
@@ -71,7 +80,11 @@ pub fn run(args: &[String]) -> Result<()> {
             answer["invalid"].as_array().is_some_and(|a| a.len() == chart::KUBE_VERSIONS.len()),
             "kubernetes-validate accepted an unknown field: {answer}"
         );
-        Ok("unknown keys refused, by name; the API schemas refuse unknown fields".to_owned())
+        Ok(format!(
+            "unknown keys refused, by name (and node-exporter's {}); the API schemas refuse \
+             unknown fields",
+            chart::NODE_EXPORTER_ONLY.join(", ")
+        ))
     })?;
     step("refused combinations", || {
         for (values, why) in chart::REFUSED {

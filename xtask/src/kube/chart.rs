@@ -19,8 +19,9 @@ pub const KUBE_VERSIONS: [&str; 2] = ["1.25.0", "1.37.0"];
 /// Release name and namespace of every render.
 pub const RELEASE: &str = "amd-hsmp-exporter";
 pub const NAMESPACE: &str = "monitoring";
-/// The kinds the Prometheus Operator defines: not in the Kubernetes schemas.
-const OPERATOR_KINDS: [&str; 3] = ["PodMonitor", "PrometheusRule", "ServiceMonitor"];
+/// The kinds of custom resources (the Prometheus Operator's, Node Feature Discovery's): not in the
+/// Kubernetes schemas.
+const CRD_KINDS: [&str; 4] = ["NodeFeatureRule", "PodMonitor", "PrometheusRule", "ServiceMonitor"];
 /// The Pod Security table in docs/kubernetes.md sits between these lines.
 const TABLE_BEGIN: &str = "<!-- outside-restricted:begin -->";
 const TABLE_END: &str = "<!-- outside-restricted:end -->";
@@ -104,6 +105,10 @@ pub struct Variant {
     pub msr: bool,
     /// `--collector.core-owner`: the host's cgroup hierarchy mounted into the exporter.
     pub core_owner: bool,
+    /// `hostNetwork`: the pod in the node's network namespace.
+    pub host_network: bool,
+    /// The values merged with the chart's defaults.
+    pub merged: Value,
 }
 
 /// The default values and every `ci/*-values.yaml`, each read through the helper as YAML.
@@ -125,6 +130,8 @@ pub fn variants(python: &Path, root: &Path) -> Result<Vec<Variant>> {
             privileged: merged["broker"]["deviceAccess"] == "privileged",
             msr: merged["broker"]["msrFallback"] == true,
             core_owner: merged["exporter"]["collectors"]["coreOwner"]["enabled"] == true,
+            host_network: merged["hostNetwork"] == true,
+            merged: merged.clone(),
         });
     }
     ensure!(defaults["merged"]["broker"]["deviceAccess"] == "privileged", "default mode");
@@ -132,12 +139,29 @@ pub fn variants(python: &Path, root: &Path) -> Result<Vec<Variant>> {
 }
 
 /// Values the chart must refuse when rendering, with a part of the message each gives.
-pub const REFUSED: [(&str, &str); 2] = [
+pub const REFUSED: [(&str, &str); 3] = [
     (
         r#"{"service": {"enabled": false}, "serviceMonitor": {"enabled": true}}"#,
         "needs service.enabled",
     ),
     (r#"{"serviceMonitor": {"enabled": true}, "podMonitor": {"enabled": true}}"#, "choose one"),
+    (
+        r#"{"hostNetwork": true, "networkPolicy": {"enabled": true}}"#,
+        "does not apply to a pod in the node's network",
+    ),
+];
+
+/// Keys of prometheus-node-exporter's chart that have no meaning here: the schema refuses each,
+/// naming it, so that a values file carried over fails where it would silently do nothing.
+pub const NODE_EXPORTER_ONLY: [&str; 8] = [
+    "hostPID",
+    "hostRootFsMount",
+    "prometheus",
+    "rbac",
+    "serviceAccount",
+    "kubeRBACProxy",
+    "sidecars",
+    "extraHostVolumeMounts",
 ];
 
 /// Renders `values`, which must be refused with a message containing `why`.
@@ -210,14 +234,19 @@ pub fn check_variant(
         .collect();
     for kind in answer["unknown_kinds"].as_array().context("unknown_kinds")? {
         let kind = kind.as_str().unwrap_or("");
-        ensure!(OPERATOR_KINDS.contains(&kind), "no Kubernetes schema for kind {kind}");
+        ensure!(CRD_KINDS.contains(&kind), "no Kubernetes schema for kind {kind}");
     }
-    operator_objects(&objects)?;
+    operator_objects(&objects, &variant.merged)?;
+    carried_over(&objects, &variant.merged)?;
     let rendered = Rendered { objects };
     let template = &rendered.daemonset()?["spec"]["template"];
     let found: BTreeSet<String> = outside_restricted(template).into_iter().collect();
     let exporter: Vec<&String> = found.iter().filter(|f| f.contains("[exporter]")).collect();
     ensure!(exporter.is_empty(), "the exporter container is outside \"restricted\": {exporter:?}");
+    for pod in rendered.objects.iter().filter(|o| o["kind"] == "Pod") {
+        let outside = outside_restricted(pod);
+        ensure!(outside.is_empty(), "the helm test pod is outside \"restricted\": {outside:?}");
+    }
     let expected: BTreeSet<String> =
         documented.iter().filter(|o| o.applies(variant)).map(|o| o.field.clone()).collect();
     ensure!(
@@ -232,7 +261,7 @@ pub fn check_variant(
     Ok((
         rendered,
         format!(
-            "{}: lint clean; {} (the operator's kinds by their references, the rest by the API \
+            "{}: lint clean; {} (the custom resources by their references, the rest by the API \
              schemas of Kubernetes {}); exporter \"restricted\"; outside it: {}",
             variant.name,
             kinds.join(", "),
@@ -246,34 +275,150 @@ pub fn check_variant(
     ))
 }
 
-/// The Prometheus Operator's objects, which no schema here covers: their references hold (the
-/// monitors select the pods' labels and name their port; the rules are the mixin's groups).
-fn operator_objects(objects: &[Value]) -> Result<()> {
+/// The custom resources, which no schema here covers, and the NetworkPolicy: their references
+/// hold (the monitors select the pods' labels in the pods' namespace, name their port, set `job`
+/// for the mixin and `instance` as `instanceLabel` says; the rules are the mixin's groups; the
+/// NodeFeatureRule's label is in the nodeSelector; the NetworkPolicy selects the pods and opens
+/// their port).
+fn operator_objects(objects: &[Value], merged: &Value) -> Result<()> {
     let ds = objects.iter().find(|o| o["kind"] == "DaemonSet").context("no DaemonSet")?;
-    let pod_labels = &ds["spec"]["template"]["metadata"]["labels"];
+    let namespace = &ds["metadata"]["namespace"];
+    let pod = &ds["spec"]["template"];
+    let pod_labels = &pod["metadata"]["labels"];
+    let selects_pods = |kind: &str, selector: &Value| -> Result<()> {
+        let selector = selector.as_object().with_context(|| format!("{kind} selector"))?;
+        for (k, v) in selector {
+            ensure!(&pod_labels[k] == v, "{kind} selects {k}={v}, not on the pods");
+        }
+        Ok(())
+    };
     for o in objects {
         let kind = o["kind"].as_str().unwrap_or("");
-        let endpoints = match kind {
-            "ServiceMonitor" => &o["spec"]["endpoints"],
-            "PodMonitor" => &o["spec"]["podMetricsEndpoints"],
+        let (endpoints, monitor) = match kind {
+            "ServiceMonitor" => (&o["spec"]["endpoints"], &merged["serviceMonitor"]),
+            "PodMonitor" => (&o["spec"]["podMetricsEndpoints"], &merged["podMonitor"]),
             "PrometheusRule" => {
                 let groups = o["spec"]["groups"].as_array().context("PrometheusRule groups")?;
                 ensure!(groups.len() >= 2, "PrometheusRule: {} groups", groups.len());
                 continue;
             }
+            "NodeFeatureRule" => {
+                let label = merged["nodeFeatureRule"]["label"].as_str().context("label")?;
+                ensure!(
+                    o["spec"]["rules"][0]["labels"][label] == "true",
+                    "the NodeFeatureRule does not set {label}"
+                );
+                ensure!(
+                    pod["spec"]["nodeSelector"][label] == "true",
+                    "the nodeSelector does not select the NodeFeatureRule's {label}"
+                );
+                continue;
+            }
+            "NetworkPolicy" => {
+                selects_pods(kind, &o["spec"]["podSelector"]["matchLabels"])?;
+                let ports = &o["spec"]["ingress"][0]["ports"];
+                ensure!(ports[0]["port"] == "http", "the NetworkPolicy opens {ports}, not http");
+                continue;
+            }
             _ => continue,
         };
         ensure!(o["apiVersion"] == "monitoring.coreos.com/v1", "{kind} apiVersion");
-        let selector = o["spec"]["selector"]["matchLabels"].as_object().context("selector")?;
-        for (k, v) in selector {
-            ensure!(&pod_labels[k] == v, "{kind} selects {k}={v}, not on the pods");
-        }
+        selects_pods(kind, &o["spec"]["selector"]["matchLabels"])?;
+        ensure!(
+            o["spec"]["namespaceSelector"]["matchNames"] == json!([namespace]),
+            "{kind} does not look in the pods' namespace {namespace}"
+        );
         let endpoint = &endpoints[0];
         ensure!(endpoint["port"] == "http" && endpoint["path"] == "/metrics", "{kind} endpoint");
-        let job = endpoint["relabelings"].as_array().is_some_and(|r| {
-            r.iter().any(|r| r["targetLabel"] == "job" && r["replacement"] == "amd_hsmp")
-        });
-        ensure!(job, "{kind} does not set job=amd_hsmp, which the mixin selects");
+        let relabelings = endpoint["relabelings"].as_array().context("relabelings")?;
+        let job =
+            relabelings.iter().any(|r| r["targetLabel"] == "job" && r["replacement"] == "amd_hsmp");
+        if monitor["jobLabel"] == "" {
+            ensure!(job, "{kind} does not set job=amd_hsmp, which the mixin selects");
+        } else {
+            ensure!(!job, "{kind} overrides the job its jobLabel gives");
+        }
+        let source = match monitor["instanceLabel"].as_str() {
+            Some("nodeName") => "__meta_kubernetes_pod_node_name",
+            Some("nodeIP") => "__meta_kubernetes_pod_host_ip",
+            other => bail!("instanceLabel {other:?}"),
+        };
+        ensure!(
+            relabelings
+                .iter()
+                .any(|r| r["targetLabel"] == "instance" && r["sourceLabels"] == json!([source])),
+            "{kind} does not set instance from {source}"
+        );
+    }
+    Ok(())
+}
+
+/// The knobs carried over from node-exporter's chart took effect: every object in the namespace
+/// of `namespaceOverride` (a monitor in its own `namespace` if set), named `fullnameOverride`,
+/// labelled `commonLabels` (the pods too), and the DaemonSet carries `env`, `extraVolumes`,
+/// `extraVolumeMounts`, `revisionHistoryLimit`, `terminationGracePeriodSeconds`, `hostNetwork`.
+fn carried_over(objects: &[Value], merged: &Value) -> Result<()> {
+    let namespace = merged["namespaceOverride"].as_str().filter(|n| !n.is_empty());
+    let namespace = namespace.unwrap_or(NAMESPACE);
+    let fullname = merged["fullnameOverride"].as_str().filter(|n| !n.is_empty());
+    for o in objects {
+        let kind = o["kind"].as_str().unwrap_or("?");
+        let meta = &o["metadata"];
+        let own = match kind {
+            "ServiceMonitor" => merged["serviceMonitor"]["namespace"].as_str(),
+            "PodMonitor" => merged["podMonitor"]["namespace"].as_str(),
+            _ => None,
+        };
+        let want = own.filter(|n| !n.is_empty()).unwrap_or(namespace);
+        if kind != "NodeFeatureRule" {
+            ensure!(
+                meta["namespace"] == want,
+                "{kind} in namespace {}, not {want}",
+                meta["namespace"]
+            );
+        }
+        if let Some(fullname) = fullname {
+            let name = meta["name"].as_str().unwrap_or("");
+            ensure!(name.starts_with(fullname), "{kind} {name} is not named {fullname}");
+        }
+        for (k, v) in merged["commonLabels"].as_object().into_iter().flatten() {
+            ensure!(&meta["labels"][k] == v, "{kind} lacks the common label {k}={v}");
+        }
+    }
+    let ds = objects.iter().find(|o| o["kind"] == "DaemonSet").context("no DaemonSet")?;
+    let spec = &ds["spec"]["template"]["spec"];
+    for (k, v) in merged["commonLabels"].as_object().into_iter().flatten() {
+        ensure!(&ds["spec"]["template"]["metadata"]["labels"][k] == v, "the pods lack {k}={v}");
+    }
+    ensure!(
+        ds["spec"]["revisionHistoryLimit"] == merged["revisionHistoryLimit"],
+        "revisionHistoryLimit"
+    );
+    ensure!(
+        spec["terminationGracePeriodSeconds"] == merged["terminationGracePeriodSeconds"],
+        "terminationGracePeriodSeconds"
+    );
+    ensure!((spec["hostNetwork"] == true) == (merged["hostNetwork"] == true), "hostNetwork");
+    let names = |list: &Value| -> Vec<Value> {
+        list.as_array().into_iter().flatten().map(|v| v["name"].clone()).collect()
+    };
+    let volumes = names(&spec["volumes"]);
+    for v in names(&merged["extraVolumes"]) {
+        ensure!(volumes.contains(&v), "extraVolumes: no volume {v}");
+    }
+    let env: Vec<Value> = match &merged["env"] {
+        Value::Object(map) => map.keys().map(|k| json!(k)).collect(),
+        list => names(list),
+    };
+    for c in spec["containers"].as_array().context("containers")? {
+        let has = names(&c["env"]);
+        ensure!(env.iter().all(|e| has.contains(e)), "{} lacks env {env:?}", c["name"]);
+        if c["name"] == "exporter" {
+            let mounts = names(&c["volumeMounts"]);
+            for m in names(&merged["extraVolumeMounts"]) {
+                ensure!(mounts.contains(&m), "extraVolumeMounts: the exporter lacks {m}");
+            }
+        }
     }
     Ok(())
 }
@@ -295,6 +440,7 @@ impl Outside {
             "devicePlugin" => !v.privileged,
             "msrFallback" => v.msr,
             "coreOwner" => v.core_owner,
+            "hostNetwork" => v.host_network,
             _ => false,
         })
     }
@@ -312,7 +458,8 @@ pub fn documented_outside(root: &Path) -> Result<Vec<Outside>> {
         let (Some(field), Some(when)) = (field, cells.get(1)) else { bail!("bad row {line}") };
         for c in when.split('+').map(str::trim) {
             ensure!(
-                ["always", "privileged", "devicePlugin", "msrFallback", "coreOwner"].contains(&c),
+                ["always", "privileged", "devicePlugin", "msrFallback", "coreOwner", "hostNetwork"]
+                    .contains(&c),
                 "unknown condition {c:?} in {line}"
             );
         }
@@ -321,6 +468,123 @@ pub fn documented_outside(root: &Path) -> Result<Vec<Outside>> {
     }
     ensure!(!rows.is_empty(), "the outside-restricted table is empty");
     Ok(rows)
+}
+
+/// The chart's README: its values table is generated from values.yaml.
+pub const README: &str = "README.md";
+/// The generated table sits between these lines of the README.
+const VALUES_BEGIN: &str = "<!-- values:begin: generated from values.yaml; UPDATE_GOLDEN=1 cargo test -p xtask chart_readme -->";
+const VALUES_END: &str = "<!-- values:end -->";
+
+/// One value of values.yaml, as its `# --` comment documents it (helm-docs' convention).
+#[derive(Debug, PartialEq, Eq)]
+pub struct ValueDoc {
+    /// The dotted path, e.g. `serviceMonitor.instanceLabel`.
+    pub key: String,
+    /// The default as written (flow style for maps and lists).
+    pub default: String,
+    pub description: String,
+}
+
+/// Every value of `yaml` (values.yaml), in order. A key with a value on its line must have a
+/// `# -- text` comment above it (continued by the `#` lines after it); a key without one opens a
+/// section of keys. Maps and lists are written in flow style (`{a: 1}`, `[x]`), so that each
+/// value is one line.
+pub fn documented_values(yaml: &str) -> Result<Vec<ValueDoc>> {
+    let mut out = Vec::new();
+    let mut path: Vec<(usize, String)> = Vec::new();
+    let mut doc: Option<String> = None;
+    for (n, line) in yaml.lines().enumerate() {
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        if let Some(text) = trimmed.strip_prefix("# --") {
+            doc = Some(text.trim().to_owned());
+            continue;
+        }
+        if let Some(text) = trimmed.strip_prefix('#') {
+            if let Some(d) = doc.as_mut() {
+                d.push(' ');
+                d.push_str(text.trim());
+            }
+            continue;
+        }
+        if trimmed.is_empty() {
+            ensure!(doc.is_none(), "line {}: a `# --` comment followed by a blank line", n + 1);
+            continue;
+        }
+        let (key, rest) = trimmed
+            .split_once(':')
+            .filter(|(k, _)| k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+            .with_context(|| format!("line {}: not `key: value` in flow style: {line}", n + 1))?;
+        while path.last().is_some_and(|(i, _)| *i >= indent) {
+            path.pop();
+        }
+        let rest = rest.trim();
+        let dotted: Vec<&str> =
+            path.iter().map(|(_, k)| k.as_str()).chain(std::iter::once(key)).collect();
+        let dotted = dotted.join(".");
+        match (rest.is_empty(), doc.take()) {
+            (true, None) => path.push((indent, key.to_owned())),
+            (true, Some(_)) => bail!("line {}: {dotted} has a `# --` comment but no value", n + 1),
+            (false, None) => bail!("line {}: {dotted} has no `# --` comment", n + 1),
+            (false, Some(description)) => {
+                out.push(ValueDoc { key: dotted, default: rest.to_owned(), description })
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Whether `schema` (values.schema.json) has a property at `key`'s dotted path.
+fn in_schema(schema: &Value, key: &str) -> bool {
+    let mut at = schema;
+    for part in key.split('.') {
+        at = &at["properties"][part];
+        if at.is_null() {
+            return false;
+        }
+    }
+    true
+}
+
+/// The README's values table: one row per value of values.yaml, each checked against the schema.
+pub fn values_table(root: &Path) -> Result<String> {
+    let chart = root.join(CHART);
+    let values = documented_values(&fs::read_to_string(chart.join("values.yaml"))?)?;
+    let schema: Value =
+        serde_json::from_str(&fs::read_to_string(chart.join("values.schema.json"))?)?;
+    let cell = |s: &str| s.replace('|', "\\|");
+    let mut table = String::from("| key | default | description |\n|---|---|---|\n");
+    for v in &values {
+        ensure!(in_schema(&schema, &v.key), "{} is not in values.schema.json", v.key);
+        table.push_str(&format!(
+            "| `{}` | `{}` | {} |\n",
+            v.key,
+            cell(&v.default),
+            cell(&v.description)
+        ));
+    }
+    Ok(table)
+}
+
+/// The README with its values table regenerated; with `UPDATE_GOLDEN=1` it is written, otherwise
+/// it must equal the file.
+pub fn check_readme(root: &Path) -> Result<String> {
+    let path = root.join(CHART).join(README);
+    let readme = fs::read_to_string(&path)?;
+    let (head, rest) = readme.split_once(VALUES_BEGIN).context("no values:begin line")?;
+    let (_, tail) = rest.split_once(VALUES_END).context("no values:end line")?;
+    let table = values_table(root)?;
+    let want = format!("{head}{VALUES_BEGIN}\n\n{table}\n{VALUES_END}{tail}");
+    if want != readme {
+        ensure!(
+            std::env::var_os("UPDATE_GOLDEN").is_some(),
+            "{} is stale: UPDATE_GOLDEN=1 cargo test -p xtask chart_readme",
+            path.display()
+        );
+        fs::write(&path, want)?;
+    }
+    Ok(format!("{} values documented", table.lines().count() - 2))
 }
 
 /// Capabilities "baseline" allows to add; "restricted" allows only NET_BIND_SERVICE.
@@ -531,12 +795,13 @@ mod tests {
     }
 
     #[test]
-    fn the_documented_fields_outside_restricted_are_the_brokers_and_its_volumes_only() {
+    fn the_documented_fields_outside_restricted_are_the_brokers_its_volumes_and_host_network() {
         let rows = documented_outside(&crate::workspace::root()).unwrap();
         for row in &rows {
             assert!(
                 row.field.starts_with("spec.containers[broker].")
-                    || row.field.starts_with("spec.volumes["),
+                    || row.field.starts_with("spec.volumes[")
+                    || (row.field == "spec.hostNetwork: true" && row.when == "hostNetwork"),
                 "{row:?}"
             );
         }
@@ -546,11 +811,42 @@ mod tests {
             privileged: true,
             msr: false,
             core_owner: false,
+            host_network: false,
+            merged: json!({}),
         };
         let plugin = Variant { privileged: false, ..default.clone() };
         let applying = |v: &Variant| rows.iter().filter(|r| r.applies(v)).count();
         assert_eq!(applying(&default), 5);
         assert_eq!(applying(&plugin), 2);
+    }
+
+    #[test]
+    fn chart_readme_lists_every_value_as_values_yaml_documents_it() {
+        check_readme(&crate::workspace::root()).unwrap();
+    }
+
+    #[test]
+    fn a_value_without_its_description_or_in_block_style_is_refused() {
+        let ok =
+            "# -- The a.\n# More.\na: 1\ns:\n  # -- The b.\n  b: {x: 1}\nc:\n  # -- d\n  d: []\n";
+        let docs = documented_values(ok).unwrap();
+        let got: Vec<(&str, &str, &str)> = docs
+            .iter()
+            .map(|v| (v.key.as_str(), v.default.as_str(), v.description.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [("a", "1", "The a. More."), ("s.b", "{x: 1}", "The b."), ("c.d", "[]", "d")]
+        );
+        for (bad, why) in [
+            ("a: 1\n", "a has no `# --` comment"),
+            ("# -- A.\na:\n  b: 1\n", "a has a `# --` comment but no value"),
+            ("s:\n  - 1\n", "not `key: value`"),
+            ("# -- A.\n\na: 1\n", "followed by a blank line"),
+        ] {
+            let e = documented_values(bad).unwrap_err().to_string();
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
     }
 
     #[test]
