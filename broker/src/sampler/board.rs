@@ -9,49 +9,41 @@
 //! marks are the one pending reading, merged), and no item is read more often than the
 //! freshness bound lets a request reuse it.
 
-use super::{Family, Plan, lock};
-use amd_hsmp_proto::{Energy, Families, ItemError, Topology};
+use super::family::Value;
+use super::{Plan, lock};
+use amd_hsmp_proto::{Families, Family, ItemError, PerFamily, Scope, Topology};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// One item as a socket worker delivers it; the index is into [`Topology::cores`] (energy,
-/// boost limit) or [`Topology::sockets`] (PROCHOT).
+/// One item as a socket worker delivers it.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) enum Item {
-    Prochot(usize, Result<bool, ItemError>),
-    Energy(usize, Result<Energy, ItemError>),
-    BoostLimit(usize, Result<u32, ItemError>),
+pub(super) struct Item {
+    pub(super) family: Family,
+    /// The index into [`Topology::cores`] or [`Topology::sockets`] ([`Family::scope`]).
+    pub(super) index: usize,
+    pub(super) value: Result<Value, ItemError>,
 }
 
-/// Every item of a request, aligned with the topology; an item not read (yet) is
+/// Every item of a request, per family aligned with the topology; an item not read (yet) is
 /// [`ItemError::DeadlineExceeded`].
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct Items {
-    pub(super) energy: Vec<Result<Energy, ItemError>>,
-    pub(super) boost_limit: Vec<Result<u32, ItemError>>,
-    pub(super) prochot: Vec<Result<bool, ItemError>>,
-}
+pub(super) struct Items(pub(super) PerFamily<Vec<Result<Value, ItemError>>>);
 
 impl Items {
     fn unread(topology: &Topology) -> Items {
         const UNREAD: ItemError = ItemError::DeadlineExceeded;
-        Items {
-            energy: vec![Err(UNREAD); topology.cores.len()],
-            boost_limit: vec![Err(UNREAD); topology.cores.len()],
-            prochot: vec![Err(UNREAD); topology.sockets.len()],
-        }
+        Items(PerFamily::from_fn(|family| {
+            let items = match family.scope() {
+                Scope::Core => topology.cores.len(),
+                Scope::Socket => topology.sockets.len(),
+            };
+            vec![Err(UNREAD); items]
+        }))
     }
 
     fn put(&mut self, item: Item) {
-        fn set<T>(items: &mut [T], index: usize, value: T) {
-            if let Some(slot) = items.get_mut(index) {
-                *slot = value;
-            }
-        }
-        match item {
-            Item::Prochot(i, r) => set(&mut self.prochot, i, r),
-            Item::Energy(i, r) => set(&mut self.energy, i, r),
-            Item::BoostLimit(i, r) => set(&mut self.boost_limit, i, r),
+        if let Some(slot) = self.0[item.family].get_mut(item.index) {
+            *slot = item.value;
         }
     }
 }
@@ -66,31 +58,23 @@ pub(super) enum Source {
     Msr,
 }
 
-/// What an item of a socket is, by its position on the board: PROCHOT first, then every
-/// core's energy, then every core's boost limit (the order the worker reads them in).
+/// What an item of a socket is, by its position on the board: the families read per socket
+/// first, then for each family read per core every core's item, in [`Family::ALL`] order (the
+/// order the worker reads them in: PROCHOT, every core's energy, every core's boost limit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Kind {
-    Prochot,
-    /// The position of the core among the socket's cores.
-    Energy(usize),
-    BoostLimit(usize),
-}
-
-impl Kind {
-    pub(super) fn family(self) -> Family {
-        match self {
-            Kind::Prochot => Family::Prochot,
-            Kind::Energy(_) => Family::Energy,
-            Kind::BoostLimit(_) => Family::BoostLimit,
-        }
-    }
+pub(super) struct Kind {
+    pub(super) family: Family,
+    /// The position of the core among the socket's cores; 0 for a family read per socket.
+    pub(super) position: usize,
 }
 
 /// The position of every item of a socket with `cores` cores.
 fn kinds(cores: usize) -> impl Iterator<Item = Kind> {
-    let energy = (0..cores).map(Kind::Energy);
-    let boost = (0..cores).map(Kind::BoostLimit);
-    std::iter::once(Kind::Prochot).chain(energy).chain(boost)
+    let of = |scope: Scope| Family::ALL.into_iter().filter(move |f| f.scope() == scope);
+    let socket = of(Scope::Socket).map(|family| Kind { family, position: 0 });
+    let core = of(Scope::Core)
+        .flat_map(move |family| (0..cores).map(move |position| Kind { family, position }));
+    socket.chain(core)
 }
 
 /// A read of one item.
@@ -132,7 +116,7 @@ struct State {
     waiters: Vec<Entry>,
     /// Per family, the plan of the latest request that wanted it read: what the worker reads
     /// that family's items with.
-    plans: Plans,
+    plans: PerFamily<Option<Arc<Plan>>>,
     /// Where the worker looks for the next wanted item: it goes round the items in order, so
     /// a socket slower than the requests still reads every item in turn.
     cursor: usize,
@@ -151,8 +135,9 @@ impl State {
             let position = (self.cursor + step) % len;
             let Some(cell) = self.cells.get_mut(position) else { continue };
             let Some(want) = cell.want else { continue };
-            let plan = self.plans.of(cell.kind.family()).clone();
-            let Some(plan) = plan.filter(|p| p.source(cell.kind.family()).is_some()) else {
+            let family = cell.kind.family;
+            let plan = self.plans[family].clone();
+            let Some(plan) = plan.filter(|p| p.source(family).is_some()) else {
                 cell.want = None;
                 continue;
             };
@@ -168,24 +153,6 @@ impl State {
             return Some(Task { position, kind, plan, new_round });
         }
         None
-    }
-}
-
-/// One plan per family.
-#[derive(Debug, Default)]
-struct Plans {
-    prochot: Option<Arc<Plan>>,
-    energy: Option<Arc<Plan>>,
-    boost_limit: Option<Arc<Plan>>,
-}
-
-impl Plans {
-    fn of(&mut self, family: Family) -> &mut Option<Arc<Plan>> {
-        match family {
-            Family::Prochot => &mut self.prochot,
-            Family::Energy => &mut self.energy,
-            Family::BoostLimit => &mut self.boost_limit,
-        }
     }
 }
 
@@ -215,7 +182,7 @@ impl Board {
             state: Mutex::new(State {
                 cells,
                 waiters: Vec::new(),
-                plans: Plans::default(),
+                plans: PerFamily::default(),
                 cursor: 0,
                 last: None,
                 reading: false,
@@ -235,7 +202,7 @@ impl Board {
         let mut needed = 0;
         let wants = waiter.deadline > Instant::now();
         for cell in &mut state.cells {
-            let Some(source) = waiter.source(cell.kind.family()) else {
+            let Some(source) = waiter.source(cell.kind.family) else {
                 needs.push(false);
                 continue;
             };
@@ -260,9 +227,9 @@ impl Board {
             return false;
         }
         waiter.expect(needed);
-        for family in [Family::Prochot, Family::Energy, Family::BoostLimit] {
+        for family in Family::ALL {
             if waiter.source(family).is_some() {
-                *state.plans.of(family) = Some(Arc::clone(&waiter.plan));
+                state.plans[family] = Some(Arc::clone(&waiter.plan));
             }
         }
         state.waiters.push(Entry { waiter: Arc::clone(waiter), needs });
@@ -414,12 +381,7 @@ impl Waiter {
     /// The source the request takes `family` from; `None` when it does not have it read (not
     /// asked for, or answered without a read).
     fn source(&self, family: Family) -> Option<Source> {
-        let asked = match family {
-            Family::Energy => self.what.core_energy,
-            Family::BoostLimit => self.what.boost_limit,
-            Family::Prochot => self.what.prochot,
-        };
-        if asked { self.plan.source(family) } else { None }
+        if self.what.contains(family) { self.plan.source(family) } else { None }
     }
 
     fn accepts(&self, read: &Read, source: Source) -> bool {

@@ -34,8 +34,25 @@
 //!
 //! No lock is held across mailbox I/O: a `/dev/hsmp` opened after start-up is probed by the
 //! socket workers, under the deadline, so a wedged socket never blocks a healthy one.
+//!
+//! To add a family, on the broker's side (after its `Family` variant and `Sample` field in
+//! `proto`, and its message in `device`):
+//!
+//! - `family.rs`, the family table: a `Value` variant for its values, its arm of
+//!   `reading` (the message that reads one item and how its reply becomes the
+//!   value; per core or per socket is [`Family::scope`]), and its field in `sample`.
+//!   The compiler asks for the arm (an exhaustive `match` on `Family`) and for the field
+//!   (the `Sample` literal).
+//! - `tests.rs`: a test of the family like the PROCHOT ones, and the message counts of
+//!   `a_full_sample_costs_two_messages_per_core_and_one_per_socket` (and the cost above).
+//!
+//! The plan (`Shared::plan`), the unsupported flags, the boards (`board.rs`) and the workers
+//! (`workers.rs`) hold one entry per family in a `PerFamily` table and name no family; only
+//! the core energy counters, read through RAPL with each socket's unit or from the MSRs, have
+//! code of their own (`Reading::Energy`).
 
 mod board;
+mod family;
 mod workers;
 
 #[cfg(test)]
@@ -45,10 +62,11 @@ use crate::msr::MsrEnergy;
 use amd_hsmp_device::errno::means_device_gone;
 use amd_hsmp_device::{self as device, HsmpOpener, HsmpTransport, messages};
 use amd_hsmp_proto::{
-    DeviceStatus, Energy, EnergySource, Families, ItemError, Readings, Sample, Topology,
+    DeviceStatus, EnergySource, Families, Family, ItemError, PerFamily, Readings, Sample, Topology,
     Unavailable,
 };
 use board::{Items, Source, Waiter};
+use family::{Reading, Value};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
@@ -59,45 +77,9 @@ use workers::Workers;
 /// landing page to share readings.
 pub const DEFAULT_MAX_AGE: Duration = Duration::from_millis(500);
 
-/// A message family that can be remembered unsupported.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Family {
-    /// `GET_RAPL_UNITS` / `GET_RAPL_CORE_COUNTER`.
-    Energy,
-    /// `GET_BOOST_LIMIT`.
-    BoostLimit,
-    /// `GET_PROC_HOT`.
-    Prochot,
-}
-
-impl Family {
-    /// The collector name the frontend uses for the family.
-    fn name(self) -> &'static str {
-        match self {
-            Family::Energy => "core-energy",
-            Family::BoostLimit => "boost-limit",
-            Family::Prochot => "prochot",
-        }
-    }
-}
-
 /// The families found unsupported (`ENOMSG` on every item), one flag each.
 #[derive(Debug, Default)]
-struct Unsupported {
-    energy: AtomicBool,
-    boost_limit: AtomicBool,
-    prochot: AtomicBool,
-}
-
-impl Unsupported {
-    fn flag(&self, family: Family) -> &AtomicBool {
-        match family {
-            Family::Energy => &self.energy,
-            Family::BoostLimit => &self.boost_limit,
-            Family::Prochot => &self.prochot,
-        }
-    }
-}
+struct Unsupported(PerFamily<AtomicBool>);
 
 /// An open HSMP device and what its probes found so far.
 #[derive(Debug)]
@@ -239,10 +221,11 @@ enum Device {
     Open(Arc<OpenDevice>),
 }
 
-/// Where energy is read from for one request.
+/// Where one request reads a family from.
 #[derive(Debug, Clone)]
-enum EnergyReader {
+enum Reader {
     Hsmp(Arc<OpenDevice>),
+    /// Energy only: the MSR fallback.
     Msr(Arc<MsrEnergy>),
 }
 
@@ -254,25 +237,16 @@ struct Plan {
     device: Result<Arc<OpenDevice>, DeviceStatus>,
     /// Whether the workers ask `GET_RAPL_UNITS` of a socket whose unit is not known yet.
     probe_esu: bool,
-    prochot: Result<Arc<OpenDevice>, Readings<bool>>,
-    energy: Result<EnergyReader, Readings<Energy>>,
-    boost_limit: Result<Arc<OpenDevice>, Readings<u32>>,
+    reads: PerFamily<Result<Reader, Readings<Value>>>,
 }
 
 impl Plan {
     /// Where the plan reads `family` from; `None` when it does not read it.
     fn source(&self, family: Family) -> Option<Source> {
-        fn hsmp<T>(device: &Result<Arc<OpenDevice>, T>) -> Option<Source> {
-            device.as_ref().ok().map(|d| Source::Hsmp(d.id))
-        }
-        match family {
-            Family::Prochot => hsmp(&self.prochot),
-            Family::BoostLimit => hsmp(&self.boost_limit),
-            Family::Energy => match &self.energy {
-                Ok(EnergyReader::Hsmp(d)) => Some(Source::Hsmp(d.id)),
-                Ok(EnergyReader::Msr(_)) => Some(Source::Msr),
-                Err(_) => None,
-            },
+        match &self.reads[family] {
+            Ok(Reader::Hsmp(d)) => Some(Source::Hsmp(d.id)),
+            Ok(Reader::Msr(_)) => Some(Source::Msr),
+            Err(_) => None,
         }
     }
 }
@@ -452,22 +426,23 @@ impl Shared {
     fn plan(&self, what: Families, deadline: Instant) -> Plan {
         let device = self.device(deadline);
         let open = device.as_ref().ok();
-        Plan {
-            probe_esu: !self.is_unsupported(Family::Energy),
-            prochot: self.decide(what.prochot, Family::Prochot, open),
-            energy: self.energy_reader(what.core_energy, open),
-            boost_limit: self.decide(what.boost_limit, Family::BoostLimit, open),
-            device,
-        }
+        let reads = PerFamily::from_fn(|family| {
+            let asked = what.contains(family);
+            match family::reading(family) {
+                Reading::Message(_) => self.decide(asked, family, open).map(Reader::Hsmp),
+                Reading::Energy => self.energy_reader(asked, open),
+            }
+        });
+        Plan { probe_esu: !self.is_unsupported(Family::CoreEnergy), reads, device }
     }
 
     /// How an HSMP family is read, or its reply when it is not.
-    fn decide<T>(
+    fn decide(
         &self,
         asked: bool,
         family: Family,
         device: Option<&Arc<OpenDevice>>,
-    ) -> Result<Arc<OpenDevice>, Readings<T>> {
+    ) -> Result<Arc<OpenDevice>, Readings<Value>> {
         match device {
             _ if !asked => Err(Readings::NotRequested),
             None => Err(Readings::Unavailable(Unavailable::NoDevice)),
@@ -484,16 +459,16 @@ impl Shared {
         &self,
         asked: bool,
         device: Option<&Arc<OpenDevice>>,
-    ) -> Result<EnergyReader, Readings<Energy>> {
+    ) -> Result<Reader, Readings<Value>> {
         if device.is_some_and(|d| d.rapl_unsupported()) {
-            self.remember_unsupported(Family::Energy);
+            self.remember_unsupported(Family::CoreEnergy);
         }
-        let hsmp = self.decide(asked, Family::Energy, device);
+        let hsmp = self.decide(asked, Family::CoreEnergy, device);
         match (hsmp, &self.msr) {
             (Err(Readings::NotRequested), _) => Err(Readings::NotRequested),
-            (Ok(device), None) => Ok(EnergyReader::Hsmp(device)),
-            (Ok(device), Some(_)) if !device.esu_unknown() => Ok(EnergyReader::Hsmp(device)),
-            (_, Some(msr)) => Ok(EnergyReader::Msr(Arc::clone(msr))),
+            (Ok(device), None) => Ok(Reader::Hsmp(device)),
+            (Ok(device), Some(_)) if !device.esu_unknown() => Ok(Reader::Hsmp(device)),
+            (_, Some(msr)) => Ok(Reader::Msr(Arc::clone(msr))),
             (Err(why), None) => Err(why),
         }
     }
@@ -517,7 +492,7 @@ impl Shared {
     }
 
     /// The reply to one requester: its families, from what it had by its deadline.
-    fn answer(&self, plan: &Plan, what: Families, items: Items) -> Sample {
+    fn answer(&self, plan: &Plan, what: Families, mut items: Items) -> Sample {
         let hsmp = match &plan.device {
             Err(status) => *status,
             Ok(open) => open.status().unwrap_or_else(|| {
@@ -526,57 +501,27 @@ impl Shared {
         };
         // A device that failed its probes on every socket answers nothing.
         let failed = matches!(hsmp, DeviceStatus::Failed(e) if e != ItemError::DeadlineExceeded);
-        let (energy_source, energy) = match (&plan.energy, what.core_energy) {
-            (_, false) => (None, Readings::NotRequested),
-            (Err(why), true) => (None, why.clone()),
-            (Ok(EnergyReader::Hsmp(_)), true) if failed => (None, no_device()),
-            (Ok(EnergyReader::Hsmp(_)), true) => match self.finish(Family::Energy, items.energy) {
-                values @ Readings::Values(_) => (Some(EnergySource::Hsmp), values),
-                other => (None, other),
-            },
-            (Ok(EnergyReader::Msr(_)), true) => {
-                self.log_failures("core-energy (msr)", &items.energy);
-                (Some(EnergySource::Msr), Readings::Values(items.energy))
+        let readings = PerFamily::from_fn(|family| {
+            let values = std::mem::take(&mut items.0[family]);
+            match &plan.reads[family] {
+                _ if !what.contains(family) => Readings::NotRequested,
+                Err(why) => why.clone(),
+                Ok(Reader::Hsmp(_)) if failed => no_device(),
+                Ok(Reader::Hsmp(_)) => self.finish(family, values),
+                Ok(Reader::Msr(_)) => {
+                    self.log_failures("core-energy (msr)", &values);
+                    Readings::Values(values)
+                }
             }
+        });
+        let energy = Family::CoreEnergy;
+        let energy_source = match (&plan.reads[energy], &readings[energy]) {
+            (Ok(Reader::Hsmp(_)), Readings::Values(_)) => Some(EnergySource::Hsmp),
+            (Ok(Reader::Msr(_)), Readings::Values(_)) => Some(EnergySource::Msr),
+            _ => None,
         };
-        Sample {
-            hsmp,
-            energy_source,
-            energy,
-            boost_limit: self.readings(
-                what.boost_limit,
-                &plan.boost_limit,
-                failed,
-                Family::BoostLimit,
-                items.boost_limit,
-            ),
-            prochot: self.readings(
-                what.prochot,
-                &plan.prochot,
-                failed,
-                Family::Prochot,
-                items.prochot,
-            ),
-            energy_resets: self.msr.as_ref().map_or(0, |msr| msr.resets()),
-            max_age_ms: 0,
-            oldest_read_us: 0,
-        }
-    }
-
-    fn readings<T: Clone>(
-        &self,
-        asked: bool,
-        decided: &Result<Arc<OpenDevice>, Readings<T>>,
-        failed: bool,
-        family: Family,
-        values: Vec<Result<T, ItemError>>,
-    ) -> Readings<T> {
-        match decided {
-            _ if !asked => Readings::NotRequested,
-            Err(why) => why.clone(),
-            Ok(_) if failed => no_device(),
-            Ok(_) => self.finish(family, values),
-        }
+        let resets = self.msr.as_ref().map_or(0, |msr| msr.resets());
+        family::sample(hsmp, energy_source, &readings, resets)
     }
 
     /// Turns one HSMP family's results into its readings: a family every item of which
@@ -592,11 +537,11 @@ impl Shared {
     }
 
     fn is_unsupported(&self, family: Family) -> bool {
-        self.unsupported.flag(family).load(Ordering::Relaxed)
+        self.unsupported.0[family].load(Ordering::Relaxed)
     }
 
     fn remember_unsupported(&self, family: Family) {
-        if !self.unsupported.flag(family).swap(true, Ordering::Relaxed) {
+        if !self.unsupported.0[family].swap(true, Ordering::Relaxed) {
             tracing::info!(
                 collector = family.name(),
                 "the firmware does not implement these messages; they will not be sent again",

@@ -3,6 +3,7 @@
 
 use super::*;
 use amd_hsmp_device::{Errno, HsmpMessage, Message};
+use amd_hsmp_proto::Energy;
 use amd_hsmp_sim::{
     AccessMode, Driver, Family as Fault, FirmwareConfig, Machine, Mode, Profile, Target,
 };
