@@ -10,7 +10,7 @@
 //! freshness bound lets a request reuse it.
 
 use super::family::Value;
-use super::{Plan, lock};
+use super::{Clock, Plan, lock};
 use amd_hsmp_proto::{Families, Family, ItemError, PerFamily, Scope, Topology};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -91,9 +91,8 @@ pub(super) struct Read {
 struct Want {
     /// The latest deadline of the requests that want it: nothing is sent for it after this.
     until: Instant,
-    /// When the latest of them arrived: a read begun at `at` serves them all if
-    /// `newest <= at + max_age`.
-    newest: Instant,
+    /// The latest [`Waiter::not_before`] of them: a read begun no earlier serves them all.
+    not_before: Instant,
 }
 
 #[derive(Debug)]
@@ -162,7 +161,7 @@ pub(super) struct Board {
     state: Mutex<State>,
     /// Wakes the worker when an item is wanted (or the sampler is dropped).
     work: Condvar,
-    max_age: Duration,
+    clock: Arc<dyn Clock>,
 }
 
 /// What the worker is to read next.
@@ -176,7 +175,7 @@ pub(super) struct Task {
 }
 
 impl Board {
-    pub(super) fn new(cores: usize, max_age: Duration) -> Board {
+    pub(super) fn new(cores: usize, clock: Arc<dyn Clock>) -> Board {
         let cells = kinds(cores).map(|kind| Cell { kind, last: None, want: None }).collect();
         Board {
             state: Mutex::new(State {
@@ -189,8 +188,13 @@ impl Board {
                 stopped: false,
             }),
             work: Condvar::new(),
-            max_age,
+            clock,
         }
+    }
+
+    /// Now, on the sampler's clock.
+    pub(super) fn now(&self) -> Instant {
+        self.clock.now()
     }
 
     /// Gives `waiter` every item of this socket it asks for whose latest read is recent
@@ -200,7 +204,7 @@ impl Board {
         let mut state = lock(&self.state);
         let mut needs = Vec::with_capacity(state.cells.len());
         let mut needed = 0;
-        let wants = waiter.deadline > Instant::now();
+        let wants = waiter.deadline > self.now();
         for cell in &mut state.cells {
             let Some(source) = waiter.source(cell.kind.family) else {
                 needs.push(false);
@@ -213,11 +217,10 @@ impl Board {
                 }
                 _ if !wants => needs.push(false),
                 _ => {
-                    let want = cell
-                        .want
-                        .get_or_insert(Want { until: waiter.deadline, newest: waiter.arrived });
-                    want.until = want.until.max(waiter.deadline);
-                    want.newest = want.newest.max(waiter.arrived);
+                    let (until, not_before) = (waiter.deadline, waiter.not_before);
+                    let want = cell.want.get_or_insert(Want { until, not_before });
+                    want.until = want.until.max(until);
+                    want.not_before = want.not_before.max(not_before);
                     needs.push(true);
                     needed += 1;
                 }
@@ -251,10 +254,10 @@ impl Board {
             let Some(cell) = state.cells.get_mut(position) else { continue };
             let left = state.waiters.iter().filter(|e| e.needs.get(position) == Some(&true));
             cell.want = left.fold(None, |want: Option<Want>, e| {
-                let (until, newest) = (e.waiter.deadline, e.waiter.arrived);
-                Some(want.map_or(Want { until, newest }, |w| Want {
+                let (until, not_before) = (e.waiter.deadline, e.waiter.not_before);
+                Some(want.map_or(Want { until, not_before }, |w| Want {
                     until: w.until.max(until),
-                    newest: w.newest.max(newest),
+                    not_before: w.not_before.max(not_before),
                 }))
             });
         }
@@ -270,7 +273,7 @@ impl Board {
             if state.stopped {
                 return None;
             }
-            if let Some(task) = state.take_next(Instant::now()) {
+            if let Some(task) = state.take_next(self.now()) {
                 return Some(task);
             }
             state.last = None;
@@ -287,7 +290,7 @@ impl Board {
         let state = &mut *state;
         let Some(cell) = state.cells.get_mut(position) else { return };
         cell.last = Some(read);
-        if cell.want.is_some_and(|w| w.newest <= read.at + self.max_age) {
+        if cell.want.is_some_and(|w| w.not_before <= read.at) {
             cell.want = None;
         }
         state.cursor = position + 1;
@@ -315,10 +318,16 @@ impl Board {
         self.work.notify_all();
     }
 
+    /// How many requests wait on this board.
+    #[cfg(test)]
+    pub(super) fn waiting(&self) -> usize {
+        lock(&self.state).waiters.len()
+    }
+
     /// Nothing is wanted and the worker is not reading.
     #[cfg(test)]
     pub(super) fn is_idle(&self) -> bool {
-        let now = Instant::now();
+        let now = self.now();
         let state = lock(&self.state);
         !state.reading && state.cells.iter().all(|c| c.want.is_none_or(|w| w.until <= now))
     }
@@ -408,10 +417,10 @@ impl Waiter {
     /// `gone` says nobody waits for the answer any more (asked every [`GONE_CHECK`] while
     /// waiting), and returns its items with how long before its arrival the oldest of them was
     /// read.
-    pub(super) fn wait(&self, gone: &dyn Fn() -> bool) -> (Items, Duration) {
+    pub(super) fn wait(&self, clock: &dyn Clock, gone: &dyn Fn() -> bool) -> (Items, Duration) {
         let mut state = lock(&self.state);
         while state.remaining > 0 {
-            let left = self.deadline.saturating_duration_since(Instant::now());
+            let left = self.deadline.saturating_duration_since(clock.now());
             if left.is_zero() {
                 break;
             }

@@ -77,6 +77,24 @@ use workers::Workers;
 /// landing page to share readings.
 pub const DEFAULT_MAX_AGE: Duration = Duration::from_millis(500);
 
+/// The sampler's clock: when a request arrives, when a read begins, whether a deadline has
+/// passed. The broker's is [`Monotonic`]; a test injects one it moves by hand, so that
+/// deadlines and the freshness bound are gates rather than waits, as the MSR fallback takes
+/// its clock ([`MsrEnergy::open_with_clock`]).
+trait Clock: std::fmt::Debug + Send + Sync {
+    fn now(&self) -> Instant;
+}
+
+/// `Instant::now`: the clock the deadlines of the requests are on.
+#[derive(Debug, Clone, Copy, Default)]
+struct Monotonic;
+
+impl Clock for Monotonic {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+}
+
 /// The families found unsupported (`ENOMSG` on every item), one flag each.
 #[derive(Debug, Default)]
 struct Unsupported(PerFamily<AtomicBool>);
@@ -257,6 +275,9 @@ struct Shared {
     topology: Topology,
     opener: Box<dyn HsmpOpener>,
     msr: Option<Arc<MsrEnergy>>,
+    /// The freshness bound (`--sample.max-age`): the one place it is kept.
+    max_age: Duration,
+    clock: Arc<dyn Clock>,
     device: Mutex<Device>,
     /// The energy units of the last device closed, taken over when it is opened again, so a
     /// reopened device reads energy from where it did before without waiting for its probes.
@@ -280,7 +301,6 @@ struct Shared {
 pub struct Sampler {
     shared: Shared,
     workers: Workers,
-    max_age: Duration,
 }
 
 impl Sampler {
@@ -304,11 +324,24 @@ impl Sampler {
         msr: Option<Arc<MsrEnergy>>,
         max_age: Duration,
     ) -> Sampler {
-        let workers = Workers::new(&topology, max_age);
+        Sampler::with_clock(topology, hsmp, msr, max_age, Arc::new(Monotonic))
+    }
+
+    /// [`Sampler::with_max_age`] on `clock`.
+    fn with_clock(
+        topology: Topology,
+        hsmp: Box<dyn HsmpOpener>,
+        msr: Option<Arc<MsrEnergy>>,
+        max_age: Duration,
+        clock: Arc<dyn Clock>,
+    ) -> Sampler {
+        let workers = Workers::new(&topology, Arc::clone(&clock));
         let shared = Shared {
             topology,
             opener: hsmp,
             msr,
+            max_age,
+            clock,
             device: Mutex::new(Device::Closed(DeviceStatus::Absent)),
             units: Mutex::new(Vec::new()),
             unsupported: Unsupported::default(),
@@ -318,7 +351,7 @@ impl Sampler {
         let device = shared.open_and_probe();
         log_device(None, &device, shared.msr.is_some());
         *lock(&shared.device) = device;
-        Sampler { shared, workers, max_age }
+        Sampler { shared, workers }
     }
 
     /// The machine this sampler reads.
@@ -344,16 +377,17 @@ impl Sampler {
         deadline: Instant,
         gone: &dyn Fn() -> bool,
     ) -> Sample {
-        let arrived = Instant::now();
-        let plan = Arc::new(self.shared.plan(what, deadline));
-        let topology = &self.shared.topology;
-        let waiter = Arc::new(Waiter::new(what, plan, arrived, self.max_age, deadline, topology));
+        let shared = &self.shared;
+        let arrived = shared.clock.now();
+        let plan = Arc::new(shared.plan(what, deadline));
+        let topology = &shared.topology;
+        let waiter = Arc::new(Waiter::new(what, plan, arrived, shared.max_age, deadline, topology));
         self.workers.register(&waiter);
-        let (items, oldest) = waiter.wait(gone);
+        let (items, oldest) = waiter.wait(shared.clock.as_ref(), gone);
         self.workers.deregister(&waiter);
-        self.shared.settle(&waiter.plan);
-        let mut sample = self.shared.answer(&waiter.plan, what, items);
-        sample.max_age_ms = u32::try_from(self.max_age.as_millis()).unwrap_or(u32::MAX);
+        shared.settle(&waiter.plan);
+        let mut sample = shared.answer(&waiter.plan, what, items);
+        sample.max_age_ms = u32::try_from(shared.max_age.as_millis()).unwrap_or(u32::MAX);
         sample.oldest_read_us = u32::try_from(oldest.as_nanos().div_ceil(1000)).unwrap_or(u32::MAX);
         sample
     }
@@ -400,7 +434,7 @@ impl Shared {
     /// it was closed and `deadline` has not passed.
     fn device(&self, deadline: Instant) -> Result<Arc<OpenDevice>, DeviceStatus> {
         let mut device = lock(&self.device);
-        if matches!(*device, Device::Closed(_)) && Instant::now() < deadline {
+        if matches!(*device, Device::Closed(_)) && self.clock.now() < deadline {
             let next = match self.opener.open() {
                 Ok(transport) => {
                     let open =

@@ -5,12 +5,11 @@
 
 use super::board::{Board, Item, Read, Source, Task, Waiter};
 use super::family::{self, Reading, Value};
-use super::{OpenDevice, Reader, lock};
+use super::{Clock, OpenDevice, Reader, lock};
 use amd_hsmp_device::messages;
 use amd_hsmp_proto::{Energy, ItemError, Scope, Topology};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
 /// One socket's place in the topology: its position and id, and its cores as (index into the
 /// topology, APIC id).
@@ -38,7 +37,7 @@ pub(super) struct Workers {
 
 impl Workers {
     /// The workers of `topology`'s sockets; their threads start with their first request.
-    pub(super) fn new(topology: &Topology, max_age: Duration) -> Workers {
+    pub(super) fn new(topology: &Topology, clock: Arc<dyn Clock>) -> Workers {
         let slots = topology
             .sockets
             .iter()
@@ -48,7 +47,7 @@ impl Workers {
                 let cores = cores.filter(|(_, c)| c.socket == socket).map(|(i, c)| (i, c.apic_id));
                 let cores: Vec<_> = cores.collect();
                 Slot {
-                    board: Arc::new(Board::new(cores.len(), max_age)),
+                    board: Arc::new(Board::new(cores.len(), Arc::clone(&clock))),
                     job: Arc::new(SocketJob { index, socket, cores }),
                     thread: Mutex::new(None),
                 }
@@ -77,12 +76,18 @@ impl Workers {
     /// Waits until no socket has anything wanted or a read in progress; panics after
     /// `timeout`.
     #[cfg(test)]
-    pub(super) fn wait_idle(&self, timeout: Duration) {
-        let end = Instant::now() + timeout;
+    pub(super) fn wait_idle(&self, timeout: std::time::Duration) {
+        let end = std::time::Instant::now() + timeout;
         while self.slots.iter().any(|s| !s.board.is_idle()) {
-            assert!(Instant::now() < end, "a socket worker stayed busy");
-            std::thread::sleep(Duration::from_millis(1));
+            assert!(std::time::Instant::now() < end, "a socket worker stayed busy");
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
+    }
+
+    /// How many requests wait on each socket's board.
+    #[cfg(test)]
+    pub(super) fn waiting(&self) -> Vec<usize> {
+        self.slots.iter().map(|s| s.board.waiting()).collect()
     }
 
     /// Each socket's worker thread, if started.
@@ -149,7 +154,7 @@ fn work(job: &SocketJob, board: &Board) {
         if task.new_round {
             round = Round::default();
         }
-        let at = Instant::now();
+        let at = board.now();
         match step(job, &task, &mut round) {
             Step::Probed => {}
             Step::Read(item, source) => board.store(task.position, Read { item, at, source }),
