@@ -108,16 +108,22 @@ struct OpenDevice {
     transport: Arc<dyn HsmpTransport>,
     /// The protocol version, once a socket has answered `GET_PROTO_VER`.
     version: OnceLock<u32>,
-    /// Per socket (aligned with [`Topology::sockets`]): whether its mailbox has answered
-    /// `GET_PROTO_VER` (at start-up the first socket's answer stands for all of them).
-    confirmed: Vec<AtomicBool>,
-    /// Per socket: the RAPL energy status unit, `None` until probed. A failure other than
-    /// `Unsupported` is asked again when energy is next read.
-    esu: Vec<Mutex<Option<Result<u8, ItemError>>>>,
-    /// Per socket: the error of its last `GET_PROTO_VER` probe, until it answers one.
-    version_failed: Vec<Mutex<Option<ItemError>>>,
-    /// Per socket: how its last message ended.
-    heard: Vec<Mutex<Heard>>,
+    /// Per socket (aligned with [`Topology::sockets`]), one lock each: no code holds two.
+    sockets: Vec<Mutex<SocketState>>,
+}
+
+/// What the probes found of one socket, and how its last message ended.
+#[derive(Debug, Default)]
+struct SocketState {
+    /// Its mailbox has answered `GET_PROTO_VER` (at start-up the first socket's answer stands
+    /// for all of them).
+    confirmed: bool,
+    /// The RAPL energy status unit, `None` until probed. A failure other than `Unsupported` is
+    /// asked again when energy is next read.
+    esu: Option<Result<u8, ItemError>>,
+    /// The error of its last `GET_PROTO_VER` probe, until it answers one.
+    version_failed: Option<ItemError>,
+    heard: Heard,
 }
 
 /// How the last message to a socket ended.
@@ -138,41 +144,49 @@ impl OpenDevice {
             id,
             transport,
             version: OnceLock::new(),
-            confirmed: (0..sockets).map(|_| AtomicBool::new(false)).collect(),
-            esu: (0..sockets).map(|_| Mutex::new(None)).collect(),
-            version_failed: (0..sockets).map(|_| Mutex::new(None)).collect(),
-            heard: (0..sockets).map(|_| Mutex::new(Heard::Nothing)).collect(),
+            sockets: (0..sockets).map(|_| Mutex::default()).collect(),
         }
+    }
+
+    /// Runs `f` on the state of socket `socket` (an index into [`Topology::sockets`]), under
+    /// its lock; `None` for a socket the device does not have.
+    fn socket<T>(&self, socket: usize, f: impl FnOnce(&mut SocketState) -> T) -> Option<T> {
+        self.sockets.get(socket).map(|state| f(&mut lock(state)))
+    }
+
+    /// `f` of each socket's state, in order, each under its own lock, taken one at a time.
+    fn each<'a, T: 'a>(
+        &'a self,
+        f: impl Fn(&SocketState) -> T + 'a,
+    ) -> impl Iterator<Item = T> + 'a {
+        self.sockets.iter().map(move |state| f(&lock(state)))
     }
 
     /// Socket `socket` failed its version probe with `error`.
     fn version_failed(&self, socket: usize, error: ItemError) {
-        if let Some(slot) = self.version_failed.get(socket) {
-            *lock(slot) = Some(error);
-        }
+        self.socket(socket, |s| s.version_failed = Some(error));
     }
 
     /// The error of the version probe if the last one failed on every socket.
     fn version_failure(&self) -> Option<ItemError> {
-        let mut errors = self.version_failed.iter().map(|e| *lock(e));
+        let mut errors = self.each(|s| s.version_failed);
         let first = errors.next().flatten()?;
         errors.all(|e| e.is_some()).then_some(first)
     }
 
     /// Notes how a message to socket `socket` ended.
     fn heard<T>(&self, socket: usize, result: &Result<T, ItemError>) {
-        if let Some(slot) = self.heard.get(socket) {
-            *lock(slot) = match result {
-                Err(e) if means_device_gone(*e) => Heard::Gone(*e),
-                _ => Heard::Alive,
-            };
-        }
+        let heard = match result {
+            Err(e) if means_device_gone(*e) => Heard::Gone(*e),
+            _ => Heard::Alive,
+        };
+        self.socket(socket, |s| s.heard = heard);
     }
 
     /// If the last message to every socket failed as if the device were gone, one of those
     /// errors.
     fn device_gone(&self) -> Option<ItemError> {
-        let mut gone = self.heard.iter().map(|h| match *lock(h) {
+        let mut gone = self.each(|s| match s.heard {
             Heard::Gone(e) => Some(e),
             Heard::Nothing | Heard::Alive => None,
         });
@@ -181,50 +195,48 @@ impl OpenDevice {
     }
 
     fn is_confirmed(&self, socket: usize) -> bool {
-        self.confirmed.get(socket).is_some_and(|c| c.load(Ordering::Acquire))
+        self.socket(socket, |s| s.confirmed).unwrap_or(false)
     }
 
     fn confirm(&self, socket: usize, version: u32) {
         if self.version.set(version).is_ok() {
             tracing::info!(protocol_version = version, "HSMP device ready");
         }
-        if let Some(c) = self.confirmed.get(socket) {
-            c.store(true, Ordering::Release);
-        }
-        if let Some(slot) = self.version_failed.get(socket) {
-            *lock(slot) = None;
-        }
+        self.socket(socket, |s| {
+            s.confirmed = true;
+            s.version_failed = None;
+        });
     }
 
     fn esu(&self, socket: usize) -> Option<Result<u8, ItemError>> {
-        self.esu.get(socket).and_then(|e| *lock(e))
+        self.socket(socket, |s| s.esu).flatten()
     }
 
     fn set_esu(&self, socket: usize, esu: Result<u8, ItemError>) {
-        if let Some(slot) = self.esu.get(socket) {
-            *lock(slot) = Some(esu);
-        }
+        self.socket(socket, |s| s.esu = Some(esu));
     }
 
     /// Every socket answered `GET_RAPL_UNITS` with "unsupported".
     fn rapl_unsupported(&self) -> bool {
-        !self.esu.is_empty()
-            && self.esu.iter().all(|e| *lock(e) == Some(Err(ItemError::Unsupported)))
+        !self.sockets.is_empty()
+            && self
+                .each(|s| s.esu == Some(Err(ItemError::Unsupported)))
+                .all(|unsupported| unsupported)
     }
 
     /// The energy units a later descriptor of the same machine can take over: the answers, and
     /// "unsupported", not the failures.
     fn lasting_units(&self) -> Vec<Option<Result<u8, ItemError>>> {
-        let lasting = |e: &Mutex<_>| match *lock(e) {
+        self.each(|s| match s.esu {
             esu @ Some(Ok(_) | Err(ItemError::Unsupported)) => esu,
             _ => None,
-        };
-        self.esu.iter().map(lasting).collect()
+        })
+        .collect()
     }
 
     /// Some socket's energy unit has not been asked yet (the device has just opened).
     fn esu_unknown(&self) -> bool {
-        self.esu.iter().any(|e| lock(e).is_none())
+        self.each(|s| s.esu.is_none()).any(|unknown| unknown)
     }
 
     fn status(&self) -> Option<DeviceStatus> {
@@ -418,8 +430,8 @@ impl Shared {
         match messages::proto_version(t, first_socket) {
             Ok(version) => {
                 let _ = device.version.set(version);
-                for c in &device.confirmed {
-                    c.store(true, Ordering::Release);
+                for socket in 0..device.sockets.len() {
+                    device.socket(socket, |s| s.confirmed = true);
                 }
             }
             Err(error) => return Device::Closed(DeviceStatus::Failed(error)),
@@ -635,7 +647,7 @@ fn log_device(before: Option<&Device>, now: &Device, msr_fallback: bool) {
         Device::Open(open) => match open.version.get() {
             Some(version) => tracing::info!(
                 protocol_version = version,
-                rapl = open.esu.iter().any(|e| matches!(*lock(e), Some(Ok(_)))),
+                rapl = open.each(|s| matches!(s.esu, Some(Ok(_)))).any(|rapl| rapl),
                 "HSMP device ready",
             ),
             None => tracing::info!("HSMP device opened; the socket workers probe it"),
