@@ -438,3 +438,23 @@ impl Waiter {
         (state.items.clone(), oldest)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The worker reads a socket's items in board order: what is read per socket first, then
+    /// each family read per core, core by core (the message order the mailbox sees).
+    #[test]
+    fn a_board_holds_prochot_then_every_core_energy_then_every_core_boost_limit() {
+        let kind = |family, position| Kind { family, position };
+        let want = [
+            kind(Family::Prochot, 0),
+            kind(Family::CoreEnergy, 0),
+            kind(Family::CoreEnergy, 1),
+            kind(Family::BoostLimit, 0),
+            kind(Family::BoostLimit, 1),
+        ];
+        assert_eq!(kinds(2).collect::<Vec<_>>(), want);
+    }
+}

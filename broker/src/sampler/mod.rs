@@ -267,6 +267,7 @@ struct Plan {
     device: Result<Arc<OpenDevice>, DeviceStatus>,
     /// Whether the workers ask `GET_RAPL_UNITS` of a socket whose unit is not known yet.
     probe_esu: bool,
+    /// Per family: where it is read from, or (`Err`) its reply, decided without a message.
     reads: PerFamily<Result<Reader, Readings<Value>>>,
 }
 
