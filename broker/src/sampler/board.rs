@@ -9,49 +9,41 @@
 //! marks are the one pending reading, merged), and no item is read more often than the
 //! freshness bound lets a request reuse it.
 
-use super::{Family, Plan, lock};
-use amd_hsmp_proto::{Energy, Families, ItemError, Topology};
+use super::family::Value;
+use super::{Clock, Plan, lock};
+use amd_hsmp_proto::{Families, Family, ItemError, PerFamily, Scope, Topology};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// One item as a socket worker delivers it; the index is into [`Topology::cores`] (energy,
-/// boost limit) or [`Topology::sockets`] (PROCHOT).
+/// One item as a socket worker delivers it.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) enum Item {
-    Prochot(usize, Result<bool, ItemError>),
-    Energy(usize, Result<Energy, ItemError>),
-    BoostLimit(usize, Result<u32, ItemError>),
+pub(super) struct Item {
+    pub(super) family: Family,
+    /// The index into [`Topology::cores`] or [`Topology::sockets`] ([`Family::scope`]).
+    pub(super) index: usize,
+    pub(super) value: Result<Value, ItemError>,
 }
 
-/// Every item of a request, aligned with the topology; an item not read (yet) is
+/// Every item of a request, per family aligned with the topology; an item not read (yet) is
 /// [`ItemError::DeadlineExceeded`].
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct Items {
-    pub(super) energy: Vec<Result<Energy, ItemError>>,
-    pub(super) boost_limit: Vec<Result<u32, ItemError>>,
-    pub(super) prochot: Vec<Result<bool, ItemError>>,
-}
+pub(super) struct Items(pub(super) PerFamily<Vec<Result<Value, ItemError>>>);
 
 impl Items {
     fn unread(topology: &Topology) -> Items {
         const UNREAD: ItemError = ItemError::DeadlineExceeded;
-        Items {
-            energy: vec![Err(UNREAD); topology.cores.len()],
-            boost_limit: vec![Err(UNREAD); topology.cores.len()],
-            prochot: vec![Err(UNREAD); topology.sockets.len()],
-        }
+        Items(PerFamily::from_fn(|family| {
+            let items = match family.scope() {
+                Scope::Core => topology.cores.len(),
+                Scope::Socket => topology.sockets.len(),
+            };
+            vec![Err(UNREAD); items]
+        }))
     }
 
     fn put(&mut self, item: Item) {
-        fn set<T>(items: &mut [T], index: usize, value: T) {
-            if let Some(slot) = items.get_mut(index) {
-                *slot = value;
-            }
-        }
-        match item {
-            Item::Prochot(i, r) => set(&mut self.prochot, i, r),
-            Item::Energy(i, r) => set(&mut self.energy, i, r),
-            Item::BoostLimit(i, r) => set(&mut self.boost_limit, i, r),
+        if let Some(slot) = self.0[item.family].get_mut(item.index) {
+            *slot = item.value;
         }
     }
 }
@@ -66,31 +58,23 @@ pub(super) enum Source {
     Msr,
 }
 
-/// What an item of a socket is, by its position on the board: PROCHOT first, then every
-/// core's energy, then every core's boost limit (the order the worker reads them in).
+/// What an item of a socket is, by its position on the board: the families read per socket
+/// first, then for each family read per core every core's item, in [`Family::ALL`] order (the
+/// order the worker reads them in: PROCHOT, every core's energy, every core's boost limit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Kind {
-    Prochot,
-    /// The position of the core among the socket's cores.
-    Energy(usize),
-    BoostLimit(usize),
-}
-
-impl Kind {
-    pub(super) fn family(self) -> Family {
-        match self {
-            Kind::Prochot => Family::Prochot,
-            Kind::Energy(_) => Family::Energy,
-            Kind::BoostLimit(_) => Family::BoostLimit,
-        }
-    }
+pub(super) struct Kind {
+    pub(super) family: Family,
+    /// The position of the core among the socket's cores; 0 for a family read per socket.
+    pub(super) position: usize,
 }
 
 /// The position of every item of a socket with `cores` cores.
 fn kinds(cores: usize) -> impl Iterator<Item = Kind> {
-    let energy = (0..cores).map(Kind::Energy);
-    let boost = (0..cores).map(Kind::BoostLimit);
-    std::iter::once(Kind::Prochot).chain(energy).chain(boost)
+    let of = |scope: Scope| Family::ALL.into_iter().filter(move |f| f.scope() == scope);
+    let socket = of(Scope::Socket).map(|family| Kind { family, position: 0 });
+    let core = of(Scope::Core)
+        .flat_map(move |family| (0..cores).map(move |position| Kind { family, position }));
+    socket.chain(core)
 }
 
 /// A read of one item.
@@ -107,9 +91,8 @@ pub(super) struct Read {
 struct Want {
     /// The latest deadline of the requests that want it: nothing is sent for it after this.
     until: Instant,
-    /// When the latest of them arrived: a read begun at `at` serves them all if
-    /// `newest <= at + max_age`.
-    newest: Instant,
+    /// The latest [`Waiter::not_before`] of them: a read begun no earlier serves them all.
+    not_before: Instant,
 }
 
 #[derive(Debug)]
@@ -132,7 +115,7 @@ struct State {
     waiters: Vec<Entry>,
     /// Per family, the plan of the latest request that wanted it read: what the worker reads
     /// that family's items with.
-    plans: Plans,
+    plans: PerFamily<Option<Arc<Plan>>>,
     /// Where the worker looks for the next wanted item: it goes round the items in order, so
     /// a socket slower than the requests still reads every item in turn.
     cursor: usize,
@@ -151,8 +134,9 @@ impl State {
             let position = (self.cursor + step) % len;
             let Some(cell) = self.cells.get_mut(position) else { continue };
             let Some(want) = cell.want else { continue };
-            let plan = self.plans.of(cell.kind.family()).clone();
-            let Some(plan) = plan.filter(|p| p.source(cell.kind.family()).is_some()) else {
+            let family = cell.kind.family;
+            let plan = self.plans[family].clone();
+            let Some(plan) = plan.filter(|p| p.source(family).is_some()) else {
                 cell.want = None;
                 continue;
             };
@@ -171,31 +155,13 @@ impl State {
     }
 }
 
-/// One plan per family.
-#[derive(Debug, Default)]
-struct Plans {
-    prochot: Option<Arc<Plan>>,
-    energy: Option<Arc<Plan>>,
-    boost_limit: Option<Arc<Plan>>,
-}
-
-impl Plans {
-    fn of(&mut self, family: Family) -> &mut Option<Arc<Plan>> {
-        match family {
-            Family::Prochot => &mut self.prochot,
-            Family::Energy => &mut self.energy,
-            Family::BoostLimit => &mut self.boost_limit,
-        }
-    }
-}
-
 /// One socket's board, shared by the requests and the socket's worker.
 #[derive(Debug)]
 pub(super) struct Board {
     state: Mutex<State>,
     /// Wakes the worker when an item is wanted (or the sampler is dropped).
     work: Condvar,
-    max_age: Duration,
+    clock: Arc<dyn Clock>,
 }
 
 /// What the worker is to read next.
@@ -209,21 +175,26 @@ pub(super) struct Task {
 }
 
 impl Board {
-    pub(super) fn new(cores: usize, max_age: Duration) -> Board {
+    pub(super) fn new(cores: usize, clock: Arc<dyn Clock>) -> Board {
         let cells = kinds(cores).map(|kind| Cell { kind, last: None, want: None }).collect();
         Board {
             state: Mutex::new(State {
                 cells,
                 waiters: Vec::new(),
-                plans: Plans::default(),
+                plans: PerFamily::default(),
                 cursor: 0,
                 last: None,
                 reading: false,
                 stopped: false,
             }),
             work: Condvar::new(),
-            max_age,
+            clock,
         }
+    }
+
+    /// Now, on the sampler's clock.
+    pub(super) fn now(&self) -> Instant {
+        self.clock.now()
     }
 
     /// Gives `waiter` every item of this socket it asks for whose latest read is recent
@@ -233,9 +204,9 @@ impl Board {
         let mut state = lock(&self.state);
         let mut needs = Vec::with_capacity(state.cells.len());
         let mut needed = 0;
-        let wants = waiter.deadline > Instant::now();
+        let wants = waiter.deadline > self.now();
         for cell in &mut state.cells {
-            let Some(source) = waiter.source(cell.kind.family()) else {
+            let Some(source) = waiter.source(cell.kind.family) else {
                 needs.push(false);
                 continue;
             };
@@ -246,11 +217,10 @@ impl Board {
                 }
                 _ if !wants => needs.push(false),
                 _ => {
-                    let want = cell
-                        .want
-                        .get_or_insert(Want { until: waiter.deadline, newest: waiter.arrived });
-                    want.until = want.until.max(waiter.deadline);
-                    want.newest = want.newest.max(waiter.arrived);
+                    let (until, not_before) = (waiter.deadline, waiter.not_before);
+                    let want = cell.want.get_or_insert(Want { until, not_before });
+                    want.until = want.until.max(until);
+                    want.not_before = want.not_before.max(not_before);
                     needs.push(true);
                     needed += 1;
                 }
@@ -260,9 +230,9 @@ impl Board {
             return false;
         }
         waiter.expect(needed);
-        for family in [Family::Prochot, Family::Energy, Family::BoostLimit] {
+        for family in Family::ALL {
             if waiter.source(family).is_some() {
-                *state.plans.of(family) = Some(Arc::clone(&waiter.plan));
+                state.plans[family] = Some(Arc::clone(&waiter.plan));
             }
         }
         state.waiters.push(Entry { waiter: Arc::clone(waiter), needs });
@@ -284,10 +254,10 @@ impl Board {
             let Some(cell) = state.cells.get_mut(position) else { continue };
             let left = state.waiters.iter().filter(|e| e.needs.get(position) == Some(&true));
             cell.want = left.fold(None, |want: Option<Want>, e| {
-                let (until, newest) = (e.waiter.deadline, e.waiter.arrived);
-                Some(want.map_or(Want { until, newest }, |w| Want {
+                let (until, not_before) = (e.waiter.deadline, e.waiter.not_before);
+                Some(want.map_or(Want { until, not_before }, |w| Want {
                     until: w.until.max(until),
-                    newest: w.newest.max(newest),
+                    not_before: w.not_before.max(not_before),
                 }))
             });
         }
@@ -303,7 +273,7 @@ impl Board {
             if state.stopped {
                 return None;
             }
-            if let Some(task) = state.take_next(Instant::now()) {
+            if let Some(task) = state.take_next(self.now()) {
                 return Some(task);
             }
             state.last = None;
@@ -320,7 +290,7 @@ impl Board {
         let state = &mut *state;
         let Some(cell) = state.cells.get_mut(position) else { return };
         cell.last = Some(read);
-        if cell.want.is_some_and(|w| w.newest <= read.at + self.max_age) {
+        if cell.want.is_some_and(|w| w.not_before <= read.at) {
             cell.want = None;
         }
         state.cursor = position + 1;
@@ -348,10 +318,16 @@ impl Board {
         self.work.notify_all();
     }
 
+    /// How many requests wait on this board.
+    #[cfg(test)]
+    pub(super) fn waiting(&self) -> usize {
+        lock(&self.state).waiters.len()
+    }
+
     /// Nothing is wanted and the worker is not reading.
     #[cfg(test)]
     pub(super) fn is_idle(&self) -> bool {
-        let now = Instant::now();
+        let now = self.now();
         let state = lock(&self.state);
         !state.reading && state.cells.iter().all(|c| c.want.is_none_or(|w| w.until <= now))
     }
@@ -414,12 +390,7 @@ impl Waiter {
     /// The source the request takes `family` from; `None` when it does not have it read (not
     /// asked for, or answered without a read).
     fn source(&self, family: Family) -> Option<Source> {
-        let asked = match family {
-            Family::Energy => self.what.core_energy,
-            Family::BoostLimit => self.what.boost_limit,
-            Family::Prochot => self.what.prochot,
-        };
-        if asked { self.plan.source(family) } else { None }
+        if self.what.contains(family) { self.plan.source(family) } else { None }
     }
 
     fn accepts(&self, read: &Read, source: Source) -> bool {
@@ -446,10 +417,10 @@ impl Waiter {
     /// `gone` says nobody waits for the answer any more (asked every [`GONE_CHECK`] while
     /// waiting), and returns its items with how long before its arrival the oldest of them was
     /// read.
-    pub(super) fn wait(&self, gone: &dyn Fn() -> bool) -> (Items, Duration) {
+    pub(super) fn wait(&self, clock: &dyn Clock, gone: &dyn Fn() -> bool) -> (Items, Duration) {
         let mut state = lock(&self.state);
         while state.remaining > 0 {
-            let left = self.deadline.saturating_duration_since(Instant::now());
+            let left = self.deadline.saturating_duration_since(clock.now());
             if left.is_zero() {
                 break;
             }
@@ -465,5 +436,25 @@ impl Waiter {
         let oldest =
             state.oldest.map_or(Duration::ZERO, |o| self.arrived.saturating_duration_since(o));
         (state.items.clone(), oldest)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The worker reads a socket's items in board order: what is read per socket first, then
+    /// each family read per core, core by core (the message order the mailbox sees).
+    #[test]
+    fn a_board_holds_prochot_then_every_core_energy_then_every_core_boost_limit() {
+        let kind = |family, position| Kind { family, position };
+        let want = [
+            kind(Family::Prochot, 0),
+            kind(Family::CoreEnergy, 0),
+            kind(Family::CoreEnergy, 1),
+            kind(Family::BoostLimit, 0),
+            kind(Family::BoostLimit, 1),
+        ];
+        assert_eq!(kinds(2).collect::<Vec<_>>(), want);
     }
 }

@@ -34,8 +34,25 @@
 //!
 //! No lock is held across mailbox I/O: a `/dev/hsmp` opened after start-up is probed by the
 //! socket workers, under the deadline, so a wedged socket never blocks a healthy one.
+//!
+//! To add a family, on the broker's side (after its `Family` variant and `Sample` field in
+//! `proto`, and its message in `device`):
+//!
+//! - `family.rs`, the family table: a `Value` variant for its values, its arm of
+//!   `reading` (the message that reads one item and how its reply becomes the
+//!   value; per core or per socket is [`Family::scope`]), and its field in `sample`.
+//!   The compiler asks for the arm (an exhaustive `match` on `Family`) and for the field
+//!   (the `Sample` literal).
+//! - `tests.rs`: a test of the family like the PROCHOT ones, and the message counts of
+//!   `a_full_sample_costs_two_messages_per_core_and_one_per_socket` (and the cost above).
+//!
+//! The plan (`Shared::plan`), the unsupported flags, the boards (`board.rs`) and the workers
+//! (`workers.rs`) hold one entry per family in a `PerFamily` table and name no family; only
+//! the core energy counters, read through RAPL with each socket's unit or from the MSRs, have
+//! code of their own (`Reading::Energy`).
 
 mod board;
+mod family;
 mod workers;
 
 #[cfg(test)]
@@ -45,10 +62,11 @@ use crate::msr::MsrEnergy;
 use amd_hsmp_device::errno::means_device_gone;
 use amd_hsmp_device::{self as device, HsmpOpener, HsmpTransport, messages};
 use amd_hsmp_proto::{
-    DeviceStatus, Energy, EnergySource, Families, ItemError, Readings, Sample, Topology,
+    DeviceStatus, EnergySource, Families, Family, ItemError, PerFamily, Readings, Sample, Topology,
     Unavailable,
 };
 use board::{Items, Source, Waiter};
+use family::{Reading, Value};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
@@ -59,45 +77,27 @@ use workers::Workers;
 /// landing page to share readings.
 pub const DEFAULT_MAX_AGE: Duration = Duration::from_millis(500);
 
-/// A message family that can be remembered unsupported.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Family {
-    /// `GET_RAPL_UNITS` / `GET_RAPL_CORE_COUNTER`.
-    Energy,
-    /// `GET_BOOST_LIMIT`.
-    BoostLimit,
-    /// `GET_PROC_HOT`.
-    Prochot,
+/// The sampler's clock: when a request arrives, when a read begins, whether a deadline has
+/// passed. The broker's is [`Monotonic`]; a test injects one it moves by hand, so that
+/// deadlines and the freshness bound are gates rather than waits, as the MSR fallback takes
+/// its clock ([`MsrEnergy::open_with_clock`]).
+trait Clock: std::fmt::Debug + Send + Sync {
+    fn now(&self) -> Instant;
 }
 
-impl Family {
-    /// The collector name the frontend uses for the family.
-    fn name(self) -> &'static str {
-        match self {
-            Family::Energy => "core-energy",
-            Family::BoostLimit => "boost-limit",
-            Family::Prochot => "prochot",
-        }
+/// `Instant::now`: the clock the deadlines of the requests are on.
+#[derive(Debug, Clone, Copy, Default)]
+struct Monotonic;
+
+impl Clock for Monotonic {
+    fn now(&self) -> Instant {
+        Instant::now()
     }
 }
 
 /// The families found unsupported (`ENOMSG` on every item), one flag each.
 #[derive(Debug, Default)]
-struct Unsupported {
-    energy: AtomicBool,
-    boost_limit: AtomicBool,
-    prochot: AtomicBool,
-}
-
-impl Unsupported {
-    fn flag(&self, family: Family) -> &AtomicBool {
-        match family {
-            Family::Energy => &self.energy,
-            Family::BoostLimit => &self.boost_limit,
-            Family::Prochot => &self.prochot,
-        }
-    }
-}
+struct Unsupported(PerFamily<AtomicBool>);
 
 /// An open HSMP device and what its probes found so far.
 #[derive(Debug)]
@@ -108,16 +108,22 @@ struct OpenDevice {
     transport: Arc<dyn HsmpTransport>,
     /// The protocol version, once a socket has answered `GET_PROTO_VER`.
     version: OnceLock<u32>,
-    /// Per socket (aligned with [`Topology::sockets`]): whether its mailbox has answered
-    /// `GET_PROTO_VER` (at start-up the first socket's answer stands for all of them).
-    confirmed: Vec<AtomicBool>,
-    /// Per socket: the RAPL energy status unit, `None` until probed. A failure other than
-    /// `Unsupported` is asked again when energy is next read.
-    esu: Vec<Mutex<Option<Result<u8, ItemError>>>>,
-    /// Per socket: the error of its last `GET_PROTO_VER` probe, until it answers one.
-    version_failed: Vec<Mutex<Option<ItemError>>>,
-    /// Per socket: how its last message ended.
-    heard: Vec<Mutex<Heard>>,
+    /// Per socket (aligned with [`Topology::sockets`]), one lock each: no code holds two.
+    sockets: Vec<Mutex<SocketState>>,
+}
+
+/// What the probes found of one socket, and how its last message ended.
+#[derive(Debug, Default)]
+struct SocketState {
+    /// Its mailbox has answered `GET_PROTO_VER` (at start-up the first socket's answer stands
+    /// for all of them).
+    confirmed: bool,
+    /// The RAPL energy status unit, `None` until probed. A failure other than `Unsupported` is
+    /// asked again when energy is next read.
+    esu: Option<Result<u8, ItemError>>,
+    /// The error of its last `GET_PROTO_VER` probe, until it answers one.
+    version_failed: Option<ItemError>,
+    heard: Heard,
 }
 
 /// How the last message to a socket ended.
@@ -138,41 +144,49 @@ impl OpenDevice {
             id,
             transport,
             version: OnceLock::new(),
-            confirmed: (0..sockets).map(|_| AtomicBool::new(false)).collect(),
-            esu: (0..sockets).map(|_| Mutex::new(None)).collect(),
-            version_failed: (0..sockets).map(|_| Mutex::new(None)).collect(),
-            heard: (0..sockets).map(|_| Mutex::new(Heard::Nothing)).collect(),
+            sockets: (0..sockets).map(|_| Mutex::default()).collect(),
         }
+    }
+
+    /// Runs `f` on the state of socket `socket` (an index into [`Topology::sockets`]), under
+    /// its lock; `None` for a socket the device does not have.
+    fn socket<T>(&self, socket: usize, f: impl FnOnce(&mut SocketState) -> T) -> Option<T> {
+        self.sockets.get(socket).map(|state| f(&mut lock(state)))
+    }
+
+    /// `f` of each socket's state, in order, each under its own lock, taken one at a time.
+    fn each<'a, T: 'a>(
+        &'a self,
+        f: impl Fn(&SocketState) -> T + 'a,
+    ) -> impl Iterator<Item = T> + 'a {
+        self.sockets.iter().map(move |state| f(&lock(state)))
     }
 
     /// Socket `socket` failed its version probe with `error`.
     fn version_failed(&self, socket: usize, error: ItemError) {
-        if let Some(slot) = self.version_failed.get(socket) {
-            *lock(slot) = Some(error);
-        }
+        self.socket(socket, |s| s.version_failed = Some(error));
     }
 
     /// The error of the version probe if the last one failed on every socket.
     fn version_failure(&self) -> Option<ItemError> {
-        let mut errors = self.version_failed.iter().map(|e| *lock(e));
+        let mut errors = self.each(|s| s.version_failed);
         let first = errors.next().flatten()?;
         errors.all(|e| e.is_some()).then_some(first)
     }
 
     /// Notes how a message to socket `socket` ended.
     fn heard<T>(&self, socket: usize, result: &Result<T, ItemError>) {
-        if let Some(slot) = self.heard.get(socket) {
-            *lock(slot) = match result {
-                Err(e) if means_device_gone(*e) => Heard::Gone(*e),
-                _ => Heard::Alive,
-            };
-        }
+        let heard = match result {
+            Err(e) if means_device_gone(*e) => Heard::Gone(*e),
+            _ => Heard::Alive,
+        };
+        self.socket(socket, |s| s.heard = heard);
     }
 
     /// If the last message to every socket failed as if the device were gone, one of those
     /// errors.
     fn device_gone(&self) -> Option<ItemError> {
-        let mut gone = self.heard.iter().map(|h| match *lock(h) {
+        let mut gone = self.each(|s| match s.heard {
             Heard::Gone(e) => Some(e),
             Heard::Nothing | Heard::Alive => None,
         });
@@ -181,50 +195,48 @@ impl OpenDevice {
     }
 
     fn is_confirmed(&self, socket: usize) -> bool {
-        self.confirmed.get(socket).is_some_and(|c| c.load(Ordering::Acquire))
+        self.socket(socket, |s| s.confirmed).unwrap_or(false)
     }
 
     fn confirm(&self, socket: usize, version: u32) {
         if self.version.set(version).is_ok() {
             tracing::info!(protocol_version = version, "HSMP device ready");
         }
-        if let Some(c) = self.confirmed.get(socket) {
-            c.store(true, Ordering::Release);
-        }
-        if let Some(slot) = self.version_failed.get(socket) {
-            *lock(slot) = None;
-        }
+        self.socket(socket, |s| {
+            s.confirmed = true;
+            s.version_failed = None;
+        });
     }
 
     fn esu(&self, socket: usize) -> Option<Result<u8, ItemError>> {
-        self.esu.get(socket).and_then(|e| *lock(e))
+        self.socket(socket, |s| s.esu).flatten()
     }
 
     fn set_esu(&self, socket: usize, esu: Result<u8, ItemError>) {
-        if let Some(slot) = self.esu.get(socket) {
-            *lock(slot) = Some(esu);
-        }
+        self.socket(socket, |s| s.esu = Some(esu));
     }
 
     /// Every socket answered `GET_RAPL_UNITS` with "unsupported".
     fn rapl_unsupported(&self) -> bool {
-        !self.esu.is_empty()
-            && self.esu.iter().all(|e| *lock(e) == Some(Err(ItemError::Unsupported)))
+        !self.sockets.is_empty()
+            && self
+                .each(|s| s.esu == Some(Err(ItemError::Unsupported)))
+                .all(|unsupported| unsupported)
     }
 
     /// The energy units a later descriptor of the same machine can take over: the answers, and
     /// "unsupported", not the failures.
     fn lasting_units(&self) -> Vec<Option<Result<u8, ItemError>>> {
-        let lasting = |e: &Mutex<_>| match *lock(e) {
+        self.each(|s| match s.esu {
             esu @ Some(Ok(_) | Err(ItemError::Unsupported)) => esu,
             _ => None,
-        };
-        self.esu.iter().map(lasting).collect()
+        })
+        .collect()
     }
 
     /// Some socket's energy unit has not been asked yet (the device has just opened).
     fn esu_unknown(&self) -> bool {
-        self.esu.iter().any(|e| lock(e).is_none())
+        self.each(|s| s.esu.is_none()).any(|unknown| unknown)
     }
 
     fn status(&self) -> Option<DeviceStatus> {
@@ -239,10 +251,11 @@ enum Device {
     Open(Arc<OpenDevice>),
 }
 
-/// Where energy is read from for one request.
+/// Where one request reads a family from.
 #[derive(Debug, Clone)]
-enum EnergyReader {
+enum Reader {
     Hsmp(Arc<OpenDevice>),
+    /// Energy only: the MSR fallback.
     Msr(Arc<MsrEnergy>),
 }
 
@@ -254,25 +267,17 @@ struct Plan {
     device: Result<Arc<OpenDevice>, DeviceStatus>,
     /// Whether the workers ask `GET_RAPL_UNITS` of a socket whose unit is not known yet.
     probe_esu: bool,
-    prochot: Result<Arc<OpenDevice>, Readings<bool>>,
-    energy: Result<EnergyReader, Readings<Energy>>,
-    boost_limit: Result<Arc<OpenDevice>, Readings<u32>>,
+    /// Per family: where it is read from, or (`Err`) its reply, decided without a message.
+    reads: PerFamily<Result<Reader, Readings<Value>>>,
 }
 
 impl Plan {
     /// Where the plan reads `family` from; `None` when it does not read it.
     fn source(&self, family: Family) -> Option<Source> {
-        fn hsmp<T>(device: &Result<Arc<OpenDevice>, T>) -> Option<Source> {
-            device.as_ref().ok().map(|d| Source::Hsmp(d.id))
-        }
-        match family {
-            Family::Prochot => hsmp(&self.prochot),
-            Family::BoostLimit => hsmp(&self.boost_limit),
-            Family::Energy => match &self.energy {
-                Ok(EnergyReader::Hsmp(d)) => Some(Source::Hsmp(d.id)),
-                Ok(EnergyReader::Msr(_)) => Some(Source::Msr),
-                Err(_) => None,
-            },
+        match &self.reads[family] {
+            Ok(Reader::Hsmp(d)) => Some(Source::Hsmp(d.id)),
+            Ok(Reader::Msr(_)) => Some(Source::Msr),
+            Err(_) => None,
         }
     }
 }
@@ -283,6 +288,9 @@ struct Shared {
     topology: Topology,
     opener: Box<dyn HsmpOpener>,
     msr: Option<Arc<MsrEnergy>>,
+    /// The freshness bound (`--sample.max-age`): the one place it is kept.
+    max_age: Duration,
+    clock: Arc<dyn Clock>,
     device: Mutex<Device>,
     /// The energy units of the last device closed, taken over when it is opened again, so a
     /// reopened device reads energy from where it did before without waiting for its probes.
@@ -306,7 +314,6 @@ struct Shared {
 pub struct Sampler {
     shared: Shared,
     workers: Workers,
-    max_age: Duration,
 }
 
 impl Sampler {
@@ -330,11 +337,24 @@ impl Sampler {
         msr: Option<Arc<MsrEnergy>>,
         max_age: Duration,
     ) -> Sampler {
-        let workers = Workers::new(&topology, max_age);
+        Sampler::with_clock(topology, hsmp, msr, max_age, Arc::new(Monotonic))
+    }
+
+    /// [`Sampler::with_max_age`] on `clock`.
+    fn with_clock(
+        topology: Topology,
+        hsmp: Box<dyn HsmpOpener>,
+        msr: Option<Arc<MsrEnergy>>,
+        max_age: Duration,
+        clock: Arc<dyn Clock>,
+    ) -> Sampler {
+        let workers = Workers::new(&topology, Arc::clone(&clock));
         let shared = Shared {
             topology,
             opener: hsmp,
             msr,
+            max_age,
+            clock,
             device: Mutex::new(Device::Closed(DeviceStatus::Absent)),
             units: Mutex::new(Vec::new()),
             unsupported: Unsupported::default(),
@@ -344,7 +364,7 @@ impl Sampler {
         let device = shared.open_and_probe();
         log_device(None, &device, shared.msr.is_some());
         *lock(&shared.device) = device;
-        Sampler { shared, workers, max_age }
+        Sampler { shared, workers }
     }
 
     /// The machine this sampler reads.
@@ -370,16 +390,17 @@ impl Sampler {
         deadline: Instant,
         gone: &dyn Fn() -> bool,
     ) -> Sample {
-        let arrived = Instant::now();
-        let plan = Arc::new(self.shared.plan(what, deadline));
-        let topology = &self.shared.topology;
-        let waiter = Arc::new(Waiter::new(what, plan, arrived, self.max_age, deadline, topology));
+        let shared = &self.shared;
+        let arrived = shared.clock.now();
+        let plan = Arc::new(shared.plan(what, deadline));
+        let topology = &shared.topology;
+        let waiter = Arc::new(Waiter::new(what, plan, arrived, shared.max_age, deadline, topology));
         self.workers.register(&waiter);
-        let (items, oldest) = waiter.wait(gone);
+        let (items, oldest) = waiter.wait(shared.clock.as_ref(), gone);
         self.workers.deregister(&waiter);
-        self.shared.settle(&waiter.plan);
-        let mut sample = self.shared.answer(&waiter.plan, what, items);
-        sample.max_age_ms = u32::try_from(self.max_age.as_millis()).unwrap_or(u32::MAX);
+        shared.settle(&waiter.plan);
+        let mut sample = shared.answer(&waiter.plan, what, items);
+        sample.max_age_ms = u32::try_from(shared.max_age.as_millis()).unwrap_or(u32::MAX);
         sample.oldest_read_us = u32::try_from(oldest.as_nanos().div_ceil(1000)).unwrap_or(u32::MAX);
         sample
     }
@@ -410,8 +431,8 @@ impl Shared {
         match messages::proto_version(t, first_socket) {
             Ok(version) => {
                 let _ = device.version.set(version);
-                for c in &device.confirmed {
-                    c.store(true, Ordering::Release);
+                for socket in 0..device.sockets.len() {
+                    device.socket(socket, |s| s.confirmed = true);
                 }
             }
             Err(error) => return Device::Closed(DeviceStatus::Failed(error)),
@@ -426,7 +447,7 @@ impl Shared {
     /// it was closed and `deadline` has not passed.
     fn device(&self, deadline: Instant) -> Result<Arc<OpenDevice>, DeviceStatus> {
         let mut device = lock(&self.device);
-        if matches!(*device, Device::Closed(_)) && Instant::now() < deadline {
+        if matches!(*device, Device::Closed(_)) && self.clock.now() < deadline {
             let next = match self.opener.open() {
                 Ok(transport) => {
                     let open =
@@ -452,22 +473,23 @@ impl Shared {
     fn plan(&self, what: Families, deadline: Instant) -> Plan {
         let device = self.device(deadline);
         let open = device.as_ref().ok();
-        Plan {
-            probe_esu: !self.is_unsupported(Family::Energy),
-            prochot: self.decide(what.prochot, Family::Prochot, open),
-            energy: self.energy_reader(what.core_energy, open),
-            boost_limit: self.decide(what.boost_limit, Family::BoostLimit, open),
-            device,
-        }
+        let reads = PerFamily::from_fn(|family| {
+            let asked = what.contains(family);
+            match family::reading(family) {
+                Reading::Message(_) => self.decide(asked, family, open).map(Reader::Hsmp),
+                Reading::Energy => self.energy_reader(asked, open),
+            }
+        });
+        Plan { probe_esu: !self.is_unsupported(Family::CoreEnergy), reads, device }
     }
 
     /// How an HSMP family is read, or its reply when it is not.
-    fn decide<T>(
+    fn decide(
         &self,
         asked: bool,
         family: Family,
         device: Option<&Arc<OpenDevice>>,
-    ) -> Result<Arc<OpenDevice>, Readings<T>> {
+    ) -> Result<Arc<OpenDevice>, Readings<Value>> {
         match device {
             _ if !asked => Err(Readings::NotRequested),
             None => Err(Readings::Unavailable(Unavailable::NoDevice)),
@@ -484,16 +506,16 @@ impl Shared {
         &self,
         asked: bool,
         device: Option<&Arc<OpenDevice>>,
-    ) -> Result<EnergyReader, Readings<Energy>> {
+    ) -> Result<Reader, Readings<Value>> {
         if device.is_some_and(|d| d.rapl_unsupported()) {
-            self.remember_unsupported(Family::Energy);
+            self.remember_unsupported(Family::CoreEnergy);
         }
-        let hsmp = self.decide(asked, Family::Energy, device);
+        let hsmp = self.decide(asked, Family::CoreEnergy, device);
         match (hsmp, &self.msr) {
             (Err(Readings::NotRequested), _) => Err(Readings::NotRequested),
-            (Ok(device), None) => Ok(EnergyReader::Hsmp(device)),
-            (Ok(device), Some(_)) if !device.esu_unknown() => Ok(EnergyReader::Hsmp(device)),
-            (_, Some(msr)) => Ok(EnergyReader::Msr(Arc::clone(msr))),
+            (Ok(device), None) => Ok(Reader::Hsmp(device)),
+            (Ok(device), Some(_)) if !device.esu_unknown() => Ok(Reader::Hsmp(device)),
+            (_, Some(msr)) => Ok(Reader::Msr(Arc::clone(msr))),
             (Err(why), None) => Err(why),
         }
     }
@@ -517,7 +539,7 @@ impl Shared {
     }
 
     /// The reply to one requester: its families, from what it had by its deadline.
-    fn answer(&self, plan: &Plan, what: Families, items: Items) -> Sample {
+    fn answer(&self, plan: &Plan, what: Families, mut items: Items) -> Sample {
         let hsmp = match &plan.device {
             Err(status) => *status,
             Ok(open) => open.status().unwrap_or_else(|| {
@@ -526,57 +548,27 @@ impl Shared {
         };
         // A device that failed its probes on every socket answers nothing.
         let failed = matches!(hsmp, DeviceStatus::Failed(e) if e != ItemError::DeadlineExceeded);
-        let (energy_source, energy) = match (&plan.energy, what.core_energy) {
-            (_, false) => (None, Readings::NotRequested),
-            (Err(why), true) => (None, why.clone()),
-            (Ok(EnergyReader::Hsmp(_)), true) if failed => (None, no_device()),
-            (Ok(EnergyReader::Hsmp(_)), true) => match self.finish(Family::Energy, items.energy) {
-                values @ Readings::Values(_) => (Some(EnergySource::Hsmp), values),
-                other => (None, other),
-            },
-            (Ok(EnergyReader::Msr(_)), true) => {
-                self.log_failures("core-energy (msr)", &items.energy);
-                (Some(EnergySource::Msr), Readings::Values(items.energy))
+        let readings = PerFamily::from_fn(|family| {
+            let values = std::mem::take(&mut items.0[family]);
+            match &plan.reads[family] {
+                _ if !what.contains(family) => Readings::NotRequested,
+                Err(why) => why.clone(),
+                Ok(Reader::Hsmp(_)) if failed => no_device(),
+                Ok(Reader::Hsmp(_)) => self.finish(family, values),
+                Ok(Reader::Msr(_)) => {
+                    self.log_failures("core-energy (msr)", &values);
+                    Readings::Values(values)
+                }
             }
+        });
+        let energy = Family::CoreEnergy;
+        let energy_source = match (&plan.reads[energy], &readings[energy]) {
+            (Ok(Reader::Hsmp(_)), Readings::Values(_)) => Some(EnergySource::Hsmp),
+            (Ok(Reader::Msr(_)), Readings::Values(_)) => Some(EnergySource::Msr),
+            _ => None,
         };
-        Sample {
-            hsmp,
-            energy_source,
-            energy,
-            boost_limit: self.readings(
-                what.boost_limit,
-                &plan.boost_limit,
-                failed,
-                Family::BoostLimit,
-                items.boost_limit,
-            ),
-            prochot: self.readings(
-                what.prochot,
-                &plan.prochot,
-                failed,
-                Family::Prochot,
-                items.prochot,
-            ),
-            energy_resets: self.msr.as_ref().map_or(0, |msr| msr.resets()),
-            max_age_ms: 0,
-            oldest_read_us: 0,
-        }
-    }
-
-    fn readings<T: Clone>(
-        &self,
-        asked: bool,
-        decided: &Result<Arc<OpenDevice>, Readings<T>>,
-        failed: bool,
-        family: Family,
-        values: Vec<Result<T, ItemError>>,
-    ) -> Readings<T> {
-        match decided {
-            _ if !asked => Readings::NotRequested,
-            Err(why) => why.clone(),
-            Ok(_) if failed => no_device(),
-            Ok(_) => self.finish(family, values),
-        }
+        let resets = self.msr.as_ref().map_or(0, |msr| msr.resets());
+        family::sample(hsmp, energy_source, &readings, resets)
     }
 
     /// Turns one HSMP family's results into its readings: a family every item of which
@@ -592,11 +584,11 @@ impl Shared {
     }
 
     fn is_unsupported(&self, family: Family) -> bool {
-        self.unsupported.flag(family).load(Ordering::Relaxed)
+        self.unsupported.0[family].load(Ordering::Relaxed)
     }
 
     fn remember_unsupported(&self, family: Family) {
-        if !self.unsupported.flag(family).swap(true, Ordering::Relaxed) {
+        if !self.unsupported.0[family].swap(true, Ordering::Relaxed) {
             tracing::info!(
                 collector = family.name(),
                 "the firmware does not implement these messages; they will not be sent again",
@@ -656,7 +648,7 @@ fn log_device(before: Option<&Device>, now: &Device, msr_fallback: bool) {
         Device::Open(open) => match open.version.get() {
             Some(version) => tracing::info!(
                 protocol_version = version,
-                rapl = open.esu.iter().any(|e| matches!(*lock(e), Some(Ok(_)))),
+                rapl = open.each(|s| matches!(s.esu, Some(Ok(_)))).any(|rapl| rapl),
                 "HSMP device ready",
             ),
             None => tracing::info!("HSMP device opened; the socket workers probe it"),

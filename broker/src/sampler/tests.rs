@@ -1,8 +1,10 @@
 //! Tests of the sampler against the simulated machine of `amd_hsmp_sim`, through a recording
-//! wrapper; events are ordered with the simulator's mailbox gates, not with sleeps.
+//! wrapper; events are ordered with the simulator's mailbox gates, not with sleeps, and the
+//! tests of deadlines and of the freshness bound run on a [`ManualClock`] they move by hand.
 
 use super::*;
 use amd_hsmp_device::{Errno, HsmpMessage, Message};
+use amd_hsmp_proto::Energy;
 use amd_hsmp_sim::{
     AccessMode, Driver, Family as Fault, FirmwareConfig, Machine, Mode, Profile, Target,
 };
@@ -164,18 +166,54 @@ fn after(ms: u64) -> Instant {
     Instant::now() + Duration::from_millis(ms)
 }
 
-/// The deadlines, shortest first, of a test whose claim is what happens when a deadline passes
-/// with a socket held, and whose premise is what the other socket reads before it.
-const BUDGETS_MS: [u64; 4] = [250, 1_000, 4_000, 16_000];
+/// A clock that moves only when the test moves it: a deadline passes, and a read ages, when
+/// the test says so, however fast the threads run.
+#[derive(Debug, Clone)]
+struct ManualClock(Arc<Mutex<Instant>>);
 
-/// Runs `attempt` with each of [`BUDGETS_MS`] until it reports that its premise held (`Some`).
-/// The premise is checked from what was read, never assumed: on a machine too loaded to send
-/// the messages within a budget, the test runs again with the next, so no claim rests on how
-/// fast a thread is scheduled. An attempt asserts its claim only once its premise held.
-fn with_a_budget_that_suffices<T>(attempt: impl FnMut(u64) -> Option<T>) -> T {
-    BUDGETS_MS.into_iter().map(attempt).find_map(|outcome| outcome).unwrap_or_else(|| {
-        panic!("what must be read before the deadline was not, within {} ms", BUDGETS_MS[3])
-    })
+impl ManualClock {
+    fn new() -> ManualClock {
+        ManualClock(Arc::new(Mutex::new(Instant::now())))
+    }
+
+    fn advance(&self, by: Duration) {
+        *self.0.lock().unwrap() += by;
+    }
+
+    /// `ms` milliseconds from now on this clock.
+    fn after(&self, ms: u64) -> Instant {
+        self.now() + Duration::from_millis(ms)
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Instant {
+        *self.0.lock().unwrap()
+    }
+}
+
+/// A sampler on a [`ManualClock`] with the freshness bound `max_age`.
+fn sampler_on_clock(machine: &Arc<Machine>, max_age: Duration) -> (Opener, Sampler, ManualClock) {
+    let opener = Opener::new(machine);
+    let clock = ManualClock::new();
+    let topology = machine.topology().clone();
+    let sampler = Sampler::with_clock(
+        topology,
+        Box::new(opener.clone()),
+        None,
+        max_age,
+        Arc::new(clock.clone()),
+    );
+    (opener, sampler, clock)
+}
+
+/// Waits until `condition` holds; fails the test after [`GATE`].
+fn wait_for(what: &str, condition: impl Fn() -> bool) {
+    let end = Instant::now() + GATE;
+    while !condition() {
+        assert!(Instant::now() < end, "{what}: not within {GATE:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 fn values<T: Clone + std::fmt::Debug>(readings: &Readings<T>) -> Vec<Result<T, ItemError>> {
@@ -365,22 +403,35 @@ fn past_the_deadline_nothing_is_sent() {
 fn a_deadline_passing_mid_sample_stops_the_messages_and_keeps_what_was_read() {
     let panics = worker_panics();
     let machine = turin(4);
-    let (opener, sampler) = sampler(&machine);
+    let (opener, sampler, clock) = sampler_on_clock(&machine, Duration::ZERO);
     let sampler = Arc::new(sampler);
     let before = opener.count();
+    let entered = [0, 1].map(|socket| machine.mailbox(socket).entered);
     // Each socket: PROCHOT, then 4 energy counters; the 5th message from now is stopped.
     let (reached, resume) = opener.pause_at(5);
+    let deadline = clock.after(1000);
     let s = Arc::clone(&sampler);
-    let request = spawn(move || s.sample(Families::ALL, after(1000)));
+    let request = spawn(move || s.sample(Families::ALL, deadline));
     reached.recv_timeout(GATE).unwrap();
-    // The request is answered at its deadline while that message is still on its way.
+    let stopped = usize::from(opener.sent()[before + 4].sock_ind);
+    let other = 1 - stopped;
+    // The other socket reads its 9 items; then the deadline passes while the stopped message
+    // is still on its way, and the request is answered.
+    machine
+        .wait_mailbox(other as u32, GATE, |b| b.entered == entered[other] + 9 && b.pending == 0)
+        .unwrap();
+    let sent_to = |socket: usize| {
+        opener.sent()[before..].iter().filter(|m| usize::from(m.sock_ind) == socket).count()
+    };
+    let stopped_sent = sent_to(stopped);
+    clock.advance(Duration::from_millis(1000));
     let sample = request.join().unwrap();
     resume.send(()).unwrap();
     sampler.wait_idle();
-    // Each socket has 9 messages to send. Whichever socket was stopped sent nothing after its
-    // stopped message; the other one had finished before the deadline.
+    // The stopped socket sent nothing after its stopped message.
+    assert_eq!(sent_to(stopped), stopped_sent, "sent after the deadline");
     let sent = opener.count() - before;
-    assert!((10..=14).contains(&sent), "{sent} messages");
+    assert_eq!(sent, stopped_sent + 9);
     let ok = |n: usize, m: usize, k: usize| n + m + k;
     let read = ok(
         values(&sample.energy).iter().filter(|v| v.is_ok()).count(),
@@ -390,7 +441,7 @@ fn a_deadline_passing_mid_sample_stops_the_messages_and_keeps_what_was_read() {
     assert_eq!(read, sent - 1, "every message answered before the deadline is in the reply");
     assert_eq!(worker_panics(), panics, "a socket worker panicked");
     // A later sample reads everything again.
-    let next = sampler.sample(Families::ALL, soon());
+    let next = sampler.sample(Families::ALL, clock.after(30_000));
     assert_eq!(values(&next.energy), energy_of(&machine));
 }
 
@@ -499,35 +550,33 @@ fn sockets_are_read_in_parallel_and_each_socket_serially() {
 /// deadline, so a wedged socket made the whole reply late and the frontend dropped it.
 #[test]
 fn the_answer_comes_at_the_deadline_even_with_messages_in_flight() {
-    with_a_budget_that_suffices(|budget| {
-        let machine = turin(2);
-        let (opener, sampler) = sampler(&machine);
-        let sampler = Arc::new(sampler);
-        let before = opener.count();
-        machine.hold_socket(0);
-        machine.hold_socket(1);
-        let s = Arc::clone(&sampler);
-        let (tx, rx) = mpsc::channel();
-        let deadline = after(budget);
-        spawn(move || tx.send(s.sample(Families::ALL, deadline)).unwrap());
-        let sample = rx.recv_timeout(GATE).expect("answered while both messages are held");
-        assert!(Instant::now() >= deadline, "answered before the deadline");
-        // The premise: each socket's first message (PROCHOT) was in the mailbox, held there,
-        // when the answer came.
-        let in_flight = [0, 1].map(|socket| machine.mailbox(socket).pending == 1);
-        machine.release_socket(0);
-        machine.release_socket(1);
-        sampler.wait_idle();
-        if in_flight != [true; 2] {
-            return None;
-        }
-        assert_eq!(values(&sample.prochot), [Err(ItemError::DeadlineExceeded); 2]);
-        assert!(all_deadline(&values(&sample.energy)));
-        assert!(all_deadline(&values(&sample.boost_limit)));
-        // Nothing was sent after the deadline.
-        assert_eq!(opener.count() - before, 2);
-        Some(())
-    });
+    let machine = turin(2);
+    let (opener, sampler, clock) = sampler_on_clock(&machine, Duration::ZERO);
+    let sampler = Arc::new(sampler);
+    let before = opener.count();
+    machine.hold_socket(0);
+    machine.hold_socket(1);
+    let s = Arc::clone(&sampler);
+    let (tx, rx) = mpsc::channel();
+    let deadline = clock.after(250);
+    spawn(move || tx.send(s.sample(Families::ALL, deadline)).unwrap());
+    // Each socket's first message (PROCHOT) is in its mailbox, held there.
+    for socket in [0, 1] {
+        machine.wait_mailbox(socket, GATE, |b| b.pending == 1).unwrap();
+    }
+    assert!(rx.try_recv().is_err(), "answered before the deadline");
+    clock.advance(Duration::from_millis(250));
+    let sample = rx.recv_timeout(GATE).expect("answered while both messages are held");
+    let in_flight = [0, 1].map(|socket| machine.mailbox(socket).pending);
+    machine.release_socket(0);
+    machine.release_socket(1);
+    sampler.wait_idle();
+    assert_eq!(in_flight, [1, 1], "both messages were held when the answer came");
+    assert_eq!(values(&sample.prochot), [Err(ItemError::DeadlineExceeded); 2]);
+    assert!(all_deadline(&values(&sample.energy)));
+    assert!(all_deadline(&values(&sample.boost_limit)));
+    // Nothing was sent after the deadline.
+    assert_eq!(opener.count() - before, 2);
 }
 
 /// Regression (D7): every request started a thread per socket, and a thread stuck behind a
@@ -535,40 +584,39 @@ fn the_answer_comes_at_the_deadline_even_with_messages_in_flight() {
 /// piled up, one per request.
 #[test]
 fn a_wedged_socket_holds_one_message_and_queues_no_work() {
-    with_a_budget_that_suffices(|budget| {
-        let machine = turin(3);
-        let (opener, sampler) = sampler(&machine);
-        let sampler = Arc::new(sampler);
-        let before = machine.mailbox(1);
-        machine.hold_socket(1);
-        for round in 0..3 {
-            let healthy = machine.mailbox(0).entered;
-            let s = Arc::clone(&sampler);
-            let sample = spawn(move || s.sample(Families::ALL, after(budget))).join().unwrap();
-            // The premise: socket 0 was read in full (PROCHOT, 3 counters, 3 boost limits)
-            // within the deadline while 1 is wedged.
-            if !socket_read_in_full(&machine, &sample, 0) {
-                machine.release_socket(1);
-                return None;
-            }
-            let healthy_now = machine.mailbox(0);
-            assert_eq!((healthy_now.entered, healthy_now.pending), (healthy + 7, 0), "{round}");
-            assert!(all_deadline(&on_socket(&machine, &sample.energy, 1)), "{round}");
-            let wedged = machine.mailbox(1);
-            assert_eq!((wedged.entered, wedged.pending), (before.entered + 1, 1), "{round}");
-        }
-        let sent_to_1 = || opener.sent().iter().filter(|m| m.sock_ind == 1).count();
-        let sent = sent_to_1();
-        machine.release_socket(1);
-        sampler.wait_idle();
-        // The held message finishes; the worker sends nothing for the requests that have passed.
-        assert_eq!(sent_to_1(), sent);
-        assert_eq!(machine.mailbox(1).max_pending, 1);
-        // The socket is read again by the next request.
-        let sample = sampler.sample(Families::ALL, soon());
-        assert!(all_ok(&values(&sample.energy)));
-        Some(())
-    });
+    let machine = turin(3);
+    let (opener, sampler, clock) = sampler_on_clock(&machine, Duration::ZERO);
+    let sampler = Arc::new(sampler);
+    let before = machine.mailbox(1);
+    machine.hold_socket(1);
+    for round in 0..3 {
+        let healthy = machine.mailbox(0).entered;
+        let s = Arc::clone(&sampler);
+        let deadline = clock.after(250);
+        let request = spawn(move || s.sample(Families::ALL, deadline));
+        // Socket 0 is read in full (PROCHOT, 3 counters, 3 boost limits) while 1 is wedged;
+        // then the deadline passes.
+        machine.wait_mailbox(0, GATE, |b| b.entered == healthy + 7 && b.pending == 0).unwrap();
+        machine.wait_mailbox(1, GATE, |b| b.pending == 1).unwrap();
+        clock.advance(Duration::from_millis(250));
+        let sample = request.join().unwrap();
+        assert!(socket_read_in_full(&machine, &sample, 0), "{round}");
+        let healthy_now = machine.mailbox(0);
+        assert_eq!((healthy_now.entered, healthy_now.pending), (healthy + 7, 0), "{round}");
+        assert!(all_deadline(&on_socket(&machine, &sample.energy, 1)), "{round}");
+        let wedged = machine.mailbox(1);
+        assert_eq!((wedged.entered, wedged.pending), (before.entered + 1, 1), "{round}");
+    }
+    let sent_to_1 = || opener.sent().iter().filter(|m| m.sock_ind == 1).count();
+    let sent = sent_to_1();
+    machine.release_socket(1);
+    sampler.wait_idle();
+    // The held message finishes; the worker sends nothing for the requests that have passed.
+    assert_eq!(sent_to_1(), sent);
+    assert_eq!(machine.mailbox(1).max_pending, 1);
+    // The socket is read again by the next request.
+    let sample = sampler.sample(Families::ALL, clock.after(30_000));
+    assert!(all_ok(&values(&sample.energy)));
 }
 
 /// Regression (P4): a request whose peer had hung up waited in the sampler until its deadline,
@@ -610,16 +658,22 @@ fn a_request_whose_requester_is_gone_stops_waiting_and_wants_nothing_more() {
 #[test]
 fn a_busy_socket_queues_the_request_and_serves_it_when_free() {
     let machine = turin(2);
-    let (_opener, sampler) = sampler(&machine);
+    let (_opener, sampler, clock) = sampler_on_clock(&machine, Duration::ZERO);
     let sampler = Arc::new(sampler);
     machine.hold_socket(1);
-    sampler.sample(Families::ALL, after(10));
+    let s = Arc::clone(&sampler);
+    let deadline = clock.after(10);
+    let first = spawn(move || s.sample(Families::ALL, deadline));
     machine.wait_mailbox(1, GATE, |b| b.pending == 1).unwrap();
+    clock.advance(Duration::from_millis(10));
+    first.join().unwrap();
     // A request with a long deadline while socket 1 is still inside the first one's message.
     let s = Arc::clone(&sampler);
     let (tx, rx) = mpsc::channel();
-    let request = spawn(move || tx.send(s.sample(Families::ALL, soon())).unwrap());
+    let deadline = clock.after(30_000);
+    let request = spawn(move || tx.send(s.sample(Families::ALL, deadline)).unwrap());
     // It waits for the socket rather than answering without it.
+    wait_for("the request waits on socket 1", || sampler.workers.waiting()[1] == 1);
     let early = rx.recv_timeout(Duration::from_millis(50));
     assert!(early.is_err(), "answered while socket 1 was busy: {early:?}");
     machine.release_socket(1);
@@ -670,24 +724,30 @@ fn a_request_for_other_families_shares_the_socket_and_is_not_starved() {
 fn a_later_request_never_gets_values_read_before_the_bound_while_a_long_one_waits() {
     let max_age = Duration::from_millis(50);
     let machine = turin(3);
-    let (opener, sampler) = sampler_with_max_age(&machine, max_age);
+    let (opener, sampler, clock) = sampler_on_clock(&machine, max_age);
     let sampler = Arc::new(sampler);
     let socket_0_before = machine.mailbox(0).entered;
     machine.hold_socket(1);
     // A peer's request with a long deadline: socket 0 is read, socket 1 is wedged.
     let s = Arc::clone(&sampler);
-    let long = spawn(move || s.sample(Families::ALL, soon()));
+    let deadline = clock.after(30_000);
+    let long = spawn(move || s.sample(Families::ALL, deadline));
     machine.wait_mailbox(0, GATE, |b| b.pending == 0 && b.entered == socket_0_before + 7).unwrap();
     let socket_0 = || opener.sent().iter().filter(|m| m.sock_ind == 0).count();
     let read_once = socket_0();
     // Past the bound the energy has moved on; a new request must see it.
-    std::thread::sleep(max_age * 2);
+    clock.advance(max_age + Duration::from_millis(1));
     machine.firmware().advance_all_energy(5.0).unwrap();
-    let later = sampler.sample(Families::ALL, after(2000));
+    let s = Arc::clone(&sampler);
+    let deadline = clock.after(2000);
+    let later = spawn(move || s.sample(Families::ALL, deadline));
+    machine.wait_mailbox(0, GATE, |b| b.pending == 0 && b.entered == socket_0_before + 14).unwrap();
+    clock.advance(Duration::from_millis(2000));
+    let later = later.join().unwrap();
     assert_eq!(on_socket(&machine, &later.energy, 0), energy_of(&machine)[..3]);
     assert!(all_ok(&on_socket(&machine, &later.boost_limit, 0)));
     assert_eq!(socket_0(), read_once + 7, "socket 0 read again for the later request");
-    assert!(later.oldest_read_us <= 50_000, "oldest value {} µs old", later.oldest_read_us);
+    assert_eq!(later.oldest_read_us, 0, "every value was read after the request arrived");
     assert_eq!(later.max_age_ms, 50);
     machine.release_socket(1);
     long.join().unwrap();
@@ -698,15 +758,23 @@ fn a_later_request_never_gets_values_read_before_the_bound_while_a_long_one_wait
 #[test]
 fn a_request_within_the_bound_takes_the_reads_before_it_and_says_how_old_they_are() {
     let machine = turin(3);
-    let (opener, sampler) = sampler_with_max_age(&machine, Duration::from_secs(60));
-    let first = sampler.sample(Families::ALL, soon());
+    let (opener, sampler, clock) = sampler_on_clock(&machine, Duration::from_secs(60));
+    let first = sampler.sample(Families::ALL, clock.after(30_000));
     assert_eq!(first.oldest_read_us, 0, "everything was read after the request arrived");
     let before = opener.count();
-    let second = sampler.sample(Families::ALL, soon());
+    clock.advance(Duration::from_millis(1500));
+    let second = sampler.sample(Families::ALL, clock.after(30_000));
     assert_eq!(opener.count(), before, "no message");
     assert_eq!(second.energy, first.energy);
-    assert!(second.oldest_read_us > 0 && second.oldest_read_us <= 60_000_000);
+    assert_eq!(second.oldest_read_us, 1_500_000);
     assert_eq!(second.max_age_ms, 60_000);
+    // At the bound the reads are still taken; past it, read again.
+    clock.advance(Duration::from_millis(58_500));
+    let third = sampler.sample(Families::ALL, clock.after(30_000));
+    assert_eq!((opener.count(), third.oldest_read_us), (before, 60_000_000));
+    clock.advance(Duration::from_millis(1));
+    let fourth = sampler.sample(Families::ALL, clock.after(30_000));
+    assert_eq!((opener.count() - before, fourth.oldest_read_us), (2 * 6 + 2, 0));
 }
 
 /// Regression (D12): one connection looping requests drove the mailbox as fast as it answered.
@@ -715,23 +783,16 @@ fn a_request_within_the_bound_takes_the_reads_before_it_and_says_how_old_they_ar
 fn requests_in_a_loop_read_each_item_at_most_once_per_max_age() {
     let max_age = Duration::from_millis(100);
     let machine = turin(3);
-    let (opener, sampler) = sampler_with_max_age(&machine, max_age);
+    let (opener, sampler, clock) = sampler_on_clock(&machine, max_age);
     let before = opener.count();
-    let started = Instant::now();
-    let mut samples = 0;
-    while started.elapsed() < Duration::from_millis(500) {
-        let sample = sampler.sample(Families::ALL, after(1000));
+    // 50 requests 10 ms apart: the reads begun at 0 ms serve the requests up to 100 ms, then
+    // the one at 110 ms reads again, and so on: 5 readings in 500 ms.
+    for _ in 0..50 {
+        let sample = sampler.sample(Families::ALL, clock.after(1000));
         assert!(all_ok(&values(&sample.energy)));
-        samples += 1;
+        clock.advance(Duration::from_millis(10));
     }
-    let elapsed = started.elapsed();
-    let reads = (elapsed.as_millis() / max_age.as_millis() + 1) as usize;
-    let sent = opener.count() - before;
-    assert!(sent <= reads * 14, "{sent} messages for {samples} samples in {elapsed:?}");
-    assert!(
-        samples > 2 * reads,
-        "{samples} samples: the loop was not served from the shared reads"
-    );
+    assert_eq!(opener.count() - before, 5 * (2 * 6 + 2), "one reading per 110 ms");
 }
 
 /// Two requests that overlap share one reading: the mailbox sees one sample's messages, the
@@ -741,20 +802,26 @@ fn requests_in_a_loop_read_each_item_at_most_once_per_max_age() {
 fn concurrent_samples_share_one_reading_each_answered_at_its_own_deadline() {
     for short_first in [true, false] {
         let machine = turin(3);
-        let (opener, sampler) = sampler_with_max_age(&machine, Duration::from_secs(60));
+        let (opener, sampler, clock) = sampler_on_clock(&machine, Duration::from_secs(60));
         let sampler = Arc::new(sampler);
         let before = opener.count();
+        let socket_1 = machine.mailbox(1).entered;
         machine.hold_socket(0);
-        // Long enough for the second request to join while the first still runs.
-        let first_deadline = if short_first { after(2000) } else { soon() };
+        let (short_deadline, long_deadline) = (clock.after(2000), clock.after(30_000));
+        let first_deadline = if short_first { short_deadline } else { long_deadline };
         let s = Arc::clone(&sampler);
         let first = spawn(move || s.sample(Families::ALL, first_deadline));
         machine.wait_mailbox(0, GATE, |b| b.pending == 1).unwrap();
-        let second_deadline = if short_first { soon() } else { after(2000) };
+        let second_deadline = if short_first { long_deadline } else { short_deadline };
         let s = Arc::clone(&sampler);
         let second = spawn(move || s.sample(Families::ALL, second_deadline));
+        // The second joins the first's reading on socket 0, which is still held.
+        wait_for("both requests wait on socket 0", || sampler.workers.waiting()[0] == 2);
         let (short, long) = if short_first { (first, second) } else { (second, first) };
-        // The short request is answered while socket 0 is held: socket 1 read, socket 0 not.
+        // The short request is answered at its deadline, while socket 0 is held: socket 1
+        // read, socket 0 not.
+        machine.wait_mailbox(1, GATE, |b| b.pending == 0 && b.entered == socket_1 + 7).unwrap();
+        clock.advance(Duration::from_millis(2000));
         let short = short.join().unwrap();
         assert!(all_ok(&on_socket(&machine, &short.energy, 1)), "short first: {short_first}");
         assert!(all_deadline(&on_socket(&machine, &short.energy, 0)));
@@ -771,42 +838,45 @@ fn concurrent_samples_share_one_reading_each_answered_at_its_own_deadline() {
 /// lock, so a wedged socket blocked every request, the healthy socket's included.
 #[test]
 fn a_late_device_with_a_wedged_socket_serves_the_healthy_socket_in_time() {
-    with_a_budget_that_suffices(|budget| {
-        let machine = turin(2);
-        let opener = Opener::new(&machine);
-        opener.refuse(Some(libc::ENOENT));
-        let topology = machine.topology().clone();
-        let sampler =
-            Sampler::with_max_age(topology, Box::new(opener.clone()), None, Duration::ZERO);
-        let sampler = Arc::new(sampler);
-        assert_eq!(sampler.sample(Families::ALL, soon()).hsmp, DeviceStatus::Absent);
-        opener.refuse(None);
-        machine.hold_socket(0);
-        for round in 0..3 {
-            let healthy = machine.mailbox(1).entered;
-            let s = Arc::clone(&sampler);
-            let (tx, rx) = mpsc::channel();
-            spawn(move || tx.send(s.sample(Families::ALL, after(budget))).unwrap());
-            // Answered at the deadline at the latest, whatever socket 0 holds.
-            let Ok(sample) = rx.recv_timeout(GATE) else {
-                machine.release_socket(0);
-                panic!("round {round}: no answer while socket 0 is wedged");
-            };
-            // The premise: socket 1 was probed (the first round) and read in full within the
-            // deadline while socket 0 is wedged.
-            if !socket_read_in_full(&machine, &sample, 1) {
-                machine.release_socket(0);
-                return None;
-            }
-            let probes = if round == 0 { 2 } else { 0 };
-            let served = machine.mailbox(1);
-            assert_eq!((served.entered, served.pending), (healthy + probes + 5, 0), "{round}");
-            assert_eq!(sample.hsmp, DeviceStatus::Ready { protocol_version: 7 }, "{round}");
-            assert_eq!(values(&sample.prochot)[0], Err(ItemError::DeadlineExceeded));
-        }
-        machine.release_socket(0);
-        Some(())
-    });
+    let machine = turin(2);
+    let opener = Opener::new(&machine);
+    opener.refuse(Some(libc::ENOENT));
+    let topology = machine.topology().clone();
+    let clock = ManualClock::new();
+    let sampler = Sampler::with_clock(
+        topology,
+        Box::new(opener.clone()),
+        None,
+        Duration::ZERO,
+        Arc::new(clock.clone()),
+    );
+    let sampler = Arc::new(sampler);
+    assert_eq!(sampler.sample(Families::ALL, clock.after(30_000)).hsmp, DeviceStatus::Absent);
+    opener.refuse(None);
+    machine.hold_socket(0);
+    for round in 0..3 {
+        let healthy = machine.mailbox(1).entered;
+        let s = Arc::clone(&sampler);
+        let (tx, rx) = mpsc::channel();
+        let deadline = clock.after(250);
+        spawn(move || tx.send(s.sample(Families::ALL, deadline)).unwrap());
+        // Socket 1 is probed (the first round) and read in full while socket 0 is wedged.
+        let probes = if round == 0 { 2 } else { 0 };
+        let served = machine.wait_mailbox(1, GATE, |b| b.entered == healthy + probes + 5);
+        let served = served.and_then(|_| machine.wait_mailbox(1, GATE, |b| b.pending == 0));
+        clock.advance(Duration::from_millis(250));
+        // Answered at the deadline, whatever socket 0 holds.
+        let answer = rx.recv_timeout(GATE);
+        let (Ok(served), Ok(sample)) = (served, answer) else {
+            machine.release_socket(0);
+            panic!("round {round}: socket 1 not served, or no answer, while socket 0 is wedged");
+        };
+        assert!(socket_read_in_full(&machine, &sample, 1), "{round}");
+        assert_eq!((served.entered, served.pending), (healthy + probes + 5, 0), "{round}");
+        assert_eq!(sample.hsmp, DeviceStatus::Ready { protocol_version: 7 }, "{round}");
+        assert_eq!(values(&sample.prochot)[0], Err(ItemError::DeadlineExceeded));
+    }
+    machine.release_socket(0);
 }
 
 /// Regression (D11): a device that was replaced (a driver rebind) kept failing with `ENODEV`

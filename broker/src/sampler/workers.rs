@@ -3,13 +3,13 @@
 //! and checking that the item is still wanted (its requests' deadlines not passed) before
 //! every message.
 
-use super::board::{Board, Item, Kind, Read, Source, Task, Waiter};
-use super::{EnergyReader, OpenDevice, lock};
+use super::board::{Board, Item, Read, Source, Task, Waiter};
+use super::family::{self, Reading, Value};
+use super::{Clock, OpenDevice, Reader, lock};
 use amd_hsmp_device::messages;
-use amd_hsmp_proto::{Energy, ItemError, Topology};
+use amd_hsmp_proto::{Energy, ItemError, Scope, Topology};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
 /// One socket's place in the topology: its position and id, and its cores as (index into the
 /// topology, APIC id).
@@ -37,7 +37,7 @@ pub(super) struct Workers {
 
 impl Workers {
     /// The workers of `topology`'s sockets; their threads start with their first request.
-    pub(super) fn new(topology: &Topology, max_age: Duration) -> Workers {
+    pub(super) fn new(topology: &Topology, clock: Arc<dyn Clock>) -> Workers {
         let slots = topology
             .sockets
             .iter()
@@ -47,7 +47,7 @@ impl Workers {
                 let cores = cores.filter(|(_, c)| c.socket == socket).map(|(i, c)| (i, c.apic_id));
                 let cores: Vec<_> = cores.collect();
                 Slot {
-                    board: Arc::new(Board::new(cores.len(), max_age)),
+                    board: Arc::new(Board::new(cores.len(), Arc::clone(&clock))),
                     job: Arc::new(SocketJob { index, socket, cores }),
                     thread: Mutex::new(None),
                 }
@@ -76,12 +76,18 @@ impl Workers {
     /// Waits until no socket has anything wanted or a read in progress; panics after
     /// `timeout`.
     #[cfg(test)]
-    pub(super) fn wait_idle(&self, timeout: Duration) {
-        let end = Instant::now() + timeout;
+    pub(super) fn wait_idle(&self, timeout: std::time::Duration) {
+        let end = std::time::Instant::now() + timeout;
         while self.slots.iter().any(|s| !s.board.is_idle()) {
-            assert!(Instant::now() < end, "a socket worker stayed busy");
-            std::thread::sleep(Duration::from_millis(1));
+            assert!(std::time::Instant::now() < end, "a socket worker stayed busy");
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
+    }
+
+    /// How many requests wait on each socket's board.
+    #[cfg(test)]
+    pub(super) fn waiting(&self) -> Vec<usize> {
+        self.slots.iter().map(|s| s.board.waiting()).collect()
     }
 
     /// Each socket's worker thread, if started.
@@ -148,7 +154,7 @@ fn work(job: &SocketJob, board: &Board) {
         if task.new_round {
             round = Round::default();
         }
-        let at = Instant::now();
+        let at = board.now();
         match step(job, &task, &mut round) {
             Step::Probed => {}
             Step::Read(item, source) => board.store(task.position, Read { item, at, source }),
@@ -191,46 +197,42 @@ fn step(job: &SocketJob, task: &Task, round: &mut Round) -> Step {
         }
     }
     let usable = round.usable.unwrap_or(Ok(()));
-    let core = |position: usize| job.cores.get(position).copied();
-    match task.kind {
-        Kind::Prochot => {
-            let Ok(device) = &plan.prochot else { return Step::Skip };
+    let family = task.kind.family;
+    // The item's index into the topology, and the APIC id of its core.
+    let (index, apic_id) = match family.scope() {
+        Scope::Socket => (s, 0),
+        Scope::Core => match job.cores.get(task.kind.position) {
+            Some(&core) => core,
+            None => return Step::Skip,
+        },
+    };
+    let read = |value| Item { family, index, value };
+    match (family::reading(family), &plan.reads[family]) {
+        (_, Err(_)) => Step::Skip,
+        (Reading::Message(read_item), Ok(Reader::Hsmp(device))) => {
             let t = device.transport.as_ref();
-            let r = usable.and_then(|()| heard(device, s, messages::prochot(t, socket)));
-            Step::Read(Item::Prochot(s, r), Source::Hsmp(device.id))
+            let r = usable.and_then(|()| heard(device, s, read_item(t, socket, apic_id)));
+            Step::Read(read(r), Source::Hsmp(device.id))
         }
-        Kind::Energy(position) => {
-            let Some((i, apic_id)) = core(position) else { return Step::Skip };
-            match &plan.energy {
-                Ok(EnergyReader::Hsmp(device)) => {
-                    let esu = match device.esu(s) {
-                        Some(Ok(esu)) => Ok(esu),
-                        Some(Err(ItemError::Unsupported)) => Err(ItemError::Unsupported),
-                        _ if usable.is_ok() && !round.esu_asked => {
-                            return ask_esu(device, job, round);
-                        }
-                        esu => esu.unwrap_or(Err(ItemError::DeadlineExceeded)),
-                    };
-                    let t = device.transport.as_ref();
-                    let r = usable.and(esu).and_then(|esu| {
-                        let counter =
-                            heard(device, s, messages::rapl_core_counter(t, socket, apic_id))?;
-                        Ok(Energy { counter, esu })
-                    });
-                    Step::Read(Item::Energy(i, r), Source::Hsmp(device.id))
-                }
-                Ok(EnergyReader::Msr(msr)) => Step::Read(Item::Energy(i, msr.read(i)), Source::Msr),
-                Err(_) => Step::Skip,
-            }
-        }
-        Kind::BoostLimit(position) => {
-            let Some((i, apic_id)) = core(position) else { return Step::Skip };
-            let Ok(device) = &plan.boost_limit else { return Step::Skip };
+        (Reading::Energy, Ok(Reader::Hsmp(device))) => {
+            let esu = match device.esu(s) {
+                Some(Ok(esu)) => Ok(esu),
+                Some(Err(ItemError::Unsupported)) => Err(ItemError::Unsupported),
+                _ if usable.is_ok() && !round.esu_asked => return ask_esu(device, job, round),
+                esu => esu.unwrap_or(Err(ItemError::DeadlineExceeded)),
+            };
             let t = device.transport.as_ref();
-            let r = usable
-                .and_then(|()| heard(device, s, messages::boost_limit_mhz(t, socket, apic_id)));
-            Step::Read(Item::BoostLimit(i, r), Source::Hsmp(device.id))
+            let r = usable.and(esu).and_then(|esu| {
+                let counter = heard(device, s, messages::rapl_core_counter(t, socket, apic_id))?;
+                Ok(Value::CoreEnergy(Energy { counter, esu }))
+            });
+            Step::Read(read(r), Source::Hsmp(device.id))
         }
+        (Reading::Energy, Ok(Reader::Msr(msr))) => {
+            Step::Read(read(msr.read(index).map(Value::CoreEnergy)), Source::Msr)
+        }
+        // The MSRs read energy only.
+        (Reading::Message(_), Ok(Reader::Msr(_))) => Step::Skip,
     }
 }
 
