@@ -546,8 +546,9 @@ pub(crate) fn handle(
             }
             _ if !greeted => Reply::Error(RequestError::HelloRequired),
             Request::Topology => Reply::Topology(backend.topology().clone()),
-            Request::Sample { what, deadline_ms } => {
-                let budget = Duration::from_millis(u64::from(deadline_ms)).min(config.max_deadline);
+            Request::Sample { what, .. } => {
+                let asked = request.deadline().unwrap_or(config.max_deadline);
+                let budget = asked.min(config.max_deadline);
                 let peer = &*stream;
                 let sample = backend.sample(what, Instant::now() + budget, &|| hung_up(peer));
                 if hung_up(stream) {

@@ -400,8 +400,7 @@ impl Sampler {
         self.workers.deregister(&waiter);
         shared.settle(&waiter.plan);
         let mut sample = shared.answer(&waiter.plan, what, items);
-        sample.max_age_ms = u32::try_from(shared.max_age.as_millis()).unwrap_or(u32::MAX);
-        sample.oldest_read_us = u32::try_from(oldest.as_nanos().div_ceil(1000)).unwrap_or(u32::MAX);
+        sample.set_freshness(shared.max_age, oldest);
         sample
     }
 
