@@ -28,8 +28,6 @@ pub(crate) const BROKER_GROUP: &str = "amd-hsmp-broker";
 pub(crate) const EXPORTER_USER: &str = "amd-hsmp-exporter";
 /// The group the packaged socket unit gives the socket (`SocketGroup=`).
 pub(crate) const EXPORTER_GROUP: &str = "amd-hsmp-exporter";
-/// Where the packaged socket unit puts the broker's socket.
-pub(crate) const DEFAULT_SOCKET: &str = "/run/amd-hsmp/broker.sock";
 /// How long per-core energy is watched.
 pub(crate) const ENERGY_WINDOW: Duration = Duration::from_secs(2);
 /// A mailbox message that takes longer than this is slow: the `cores` line then asks the first

@@ -33,4 +33,11 @@ mod tests {
         let policy = include_str!("../../selinux/amd_hsmp.te");
         assert!(policy.contains(&format!("gen_tunable({MSR_BOOLEAN}")), "the policy lost it");
     }
+
+    #[test]
+    fn the_default_socket_is_where_the_packaged_socket_unit_listens() {
+        let unit = include_str!("../../packaging/systemd/amd-hsmp-broker.socket");
+        let listen = format!("ListenStream={}", amd_hsmp_proto::DEFAULT_SOCKET);
+        assert!(unit.lines().any(|line| line == listen), "{listen} not in the unit");
+    }
 }

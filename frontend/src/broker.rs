@@ -20,9 +20,6 @@ use tokio::time::{Instant, timeout_at};
 /// slots for the exporter's identity.
 pub(crate) const MAX_CONNECTIONS: usize = 2;
 
-/// Default of `--broker.socket`: where the broker's socket unit creates it.
-pub(crate) const DEFAULT_SOCKET: &str = "/run/amd-hsmp/broker.sock";
-
 /// How long past a sample's deadline its reply is awaited. The broker answers at the deadline
 /// with what it has read, so a reply later than this means the connection is stuck: only then
 /// is it given up.

@@ -43,7 +43,7 @@ pub struct Args {
     pub server: ServerArgs,
 
     /// Unix socket of amd-hsmp-broker.
-    #[arg(long = "broker.socket", value_name = "PATH", default_value = crate::broker::DEFAULT_SOCKET)]
+    #[arg(long = "broker.socket", value_name = "PATH", default_value = amd_hsmp_proto::DEFAULT_SOCKET)]
     pub broker_socket: PathBuf,
 
     /// `--collector.NAME` and `--no-collector.NAME`, one pair per row of the collector table.
@@ -161,7 +161,7 @@ mod tests {
         assert_eq!(args.max_scrape_timeout, crate::scrape::DEFAULT_MAX_SCRAPE_TIMEOUT);
         assert_eq!(args.max_requests, crate::scrape::DEFAULT_MAX_REQUESTS);
         assert_eq!(args.core_owner_max_age, crate::owner::WALK_MAX_AGE);
-        assert_eq!(args.broker_socket, PathBuf::from(crate::broker::DEFAULT_SOCKET));
+        assert_eq!(args.broker_socket, PathBuf::from(amd_hsmp_proto::DEFAULT_SOCKET));
         let default = amd_hsmp_web::flags::parse_listen_address(DEFAULT_LISTEN_ADDRESS);
         assert_eq!(Ok(args.web.listen_addresses), default.map(|a| vec![a]));
     }

@@ -46,6 +46,10 @@ pub mod version {
     pub const V2: u32 = 2;
 }
 
+/// Where the packaged socket unit (`amd-hsmp-broker.socket`) puts the broker's socket: the
+/// exporter's default `--broker.socket` and the socket `--check` tries.
+pub const DEFAULT_SOCKET: &str = "/run/amd-hsmp/broker.sock";
+
 /// Version of this protocol. Bumped on any change an older peer cannot decode.
 pub const PROTOCOL_VERSION: u32 = version::V2;
 

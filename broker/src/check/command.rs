@@ -33,7 +33,7 @@ pub(crate) fn run(
     });
     let accounts =
         Accounts { broker_gid: group(super::BROKER_GROUP).map(|g| g.gid.as_raw()), exporter };
-    let socket = cli.listen.clone().unwrap_or_else(|| super::DEFAULT_SOCKET.into());
+    let socket = cli.listen.clone().unwrap_or_else(|| amd_hsmp_proto::DEFAULT_SOCKET.into());
     let mut wait = || {
         let started = std::time::Instant::now();
         std::thread::sleep(super::ENERGY_WINDOW);
