@@ -2,6 +2,8 @@
 //! privileged process links, ARCHITECTURE.md against the code, and module graphs without cycles.
 
 #[cfg(test)]
+mod architecture;
+#[cfg(test)]
 mod modules;
 
 #[cfg(test)]
