@@ -43,7 +43,7 @@ impl Format {
 }
 
 /// The length of the last exposition written, so that the next is written into a buffer of
-/// about its size from the start (a Turin 2P's is about 110 KiB): no growing, no copying.
+/// about its size from the start (a Turin 2P's is about 54 KB): no growing, no copying.
 static LAST_LENGTH: AtomicUsize = AtomicUsize::new(0);
 
 /// Room for what a scrape may add to the last one's length (another format, longer values).
