@@ -7,12 +7,14 @@ use crate::scrape::ScrapeReport;
 use crate::translate::CoreLabel;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
-    DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeMetric,
+    DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeLabel as _, EncodeLabelSet,
+    EncodeMetric, LabelSetEncoder,
 };
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::{Registry, Unit};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Package version, exported in `amd_hsmp_build_info`.
 pub(crate) const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -40,34 +42,60 @@ impl Format {
     }
 }
 
+/// The length of the last exposition written, so that the next is written into a buffer of
+/// about its size from the start (a Turin 2P's is about 54 KB): no growing, no copying.
+static LAST_LENGTH: AtomicUsize = AtomicUsize::new(0);
+
+/// Room for what a scrape may add to the last one's length (another format, longer values).
+const LENGTH_SLACK: usize = 4 * 1024;
+
 /// Encodes a scrape report in `format`.
 pub(crate) fn render(report: Arc<ScrapeReport>, format: Format) -> Result<String, std::fmt::Error> {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(ReportCollector(report)));
-    let mut out = String::with_capacity(64 * 1024);
+    let last = LAST_LENGTH.load(Ordering::Relaxed);
+    let mut out = String::with_capacity(last + last / 16 + LENGTH_SLACK);
     match format {
         Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut out, &registry)?,
         Format::Text => prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)?,
     }
+    LAST_LENGTH.store(out.len(), Ordering::Relaxed);
     Ok(out)
 }
 
 #[derive(Debug)]
 struct ReportCollector(Arc<ScrapeReport>);
 
-type Labels = Vec<(&'static str, String)>;
+/// A series without labels.
+type NoLabels = [(&'static str, &'static str); 0];
 
-fn core_labels(c: &CoreLabel) -> Labels {
-    vec![("core", c.core.to_string()), ("socket", c.socket.to_string())]
+/// The labels of a per-core series, written as the integers they are: a series' labels are
+/// written straight into the exposition, never built as strings first.
+fn core_labels(c: &CoreLabel) -> [(&'static str, u32); 2] {
+    [("core", c.core), ("socket", c.socket)]
+}
+
+/// The labels of `amd_hsmp_core_owner_info`, in the order they are written.
+struct OwnerLabels<'a> {
+    core: &'a CoreLabel,
+    owner: &'a str,
+}
+
+impl EncodeLabelSet for OwnerLabels<'_> {
+    fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
+        ("core", self.core.core).encode(encoder.encode_label())?;
+        ("owner", self.owner).encode(encoder.encode_label())?;
+        ("socket", self.core.socket).encode(encoder.encode_label())
+    }
 }
 
 /// Writes one family; a family without series is not written at all.
-fn family<M: EncodeMetric>(
+fn family<L: EncodeLabelSet, M: EncodeMetric>(
     encoder: &mut DescriptorEncoder<'_>,
     name: &str,
     help: &str,
     unit: Option<&Unit>,
-    series: impl IntoIterator<Item = (Labels, M)>,
+    series: impl IntoIterator<Item = (L, M)>,
 ) -> Result<(), std::fmt::Error> {
     let mut series = series.into_iter().peekable();
     let Some((_, first)) = series.peek() else {
@@ -82,16 +110,16 @@ fn family<M: EncodeMetric>(
     Ok(())
 }
 
-fn gauge<N: EncodeGaugeValue>(labels: Labels, value: N) -> (Labels, ConstGauge<N>) {
+fn gauge<L, N: EncodeGaugeValue>(labels: L, value: N) -> (L, ConstGauge<N>) {
     (labels, ConstGauge::new(value))
 }
 
-fn counter<N: EncodeCounterValue>(labels: Labels, value: N) -> (Labels, ConstCounter<N>) {
+fn counter<L, N: EncodeCounterValue>(labels: L, value: N) -> (L, ConstCounter<N>) {
     (labels, ConstCounter::new(value))
 }
 
-fn one<N: EncodeGaugeValue>(value: N) -> Option<(Labels, ConstGauge<N>)> {
-    Some(gauge(Vec::new(), value))
+fn one<N: EncodeGaugeValue>(value: N) -> Option<(NoLabels, ConstGauge<N>)> {
+    Some(gauge([], value))
 }
 
 impl Collector for ReportCollector {
@@ -106,11 +134,7 @@ impl Collector for ReportCollector {
             "Build information of amd-hsmp-exporter, constant 1",
             None,
             [gauge(
-                vec![
-                    ("version", VERSION.to_owned()),
-                    ("revision", REVISION.to_owned()),
-                    ("rustversion", RUSTVERSION.to_owned()),
-                ],
+                [("version", VERSION), ("revision", REVISION), ("rustversion", RUSTVERSION)],
                 1i64,
             )],
         )?;
@@ -127,8 +151,8 @@ impl Collector for ReportCollector {
             "Present, with value 1, only when amd-hsmp-broker serves its built-in simulator instead of the machine's devices",
             None,
             telemetry
-                .and_then(|t| t.simulated.clone())
-                .map(|profile| gauge(vec![("profile", profile)], 1i64)),
+                .and_then(|t| t.simulated.as_deref())
+                .map(|profile| gauge([("profile", profile)], 1i64)),
         )?;
         let protocol = telemetry.and_then(|t| t.hsmp_protocol_version);
         family(
@@ -159,7 +183,7 @@ impl Collector for ReportCollector {
                 "amd_hsmp_core_energy_source_info",
                 "Where core energy is read from (hsmp or msr), constant 1; present only when energy is exported",
                 None,
-                t.energy_source.map(|s| gauge(vec![("source", s.to_string())], 1i64)),
+                t.energy_source.map(|s| gauge([("source", s.to_string())], 1i64)),
             )?;
             family(
                 &mut e,
@@ -173,9 +197,7 @@ impl Collector for ReportCollector {
                 "amd_hsmp_prochot_active",
                 "1 while PROCHOT is asserted on the socket",
                 None,
-                t.prochot
-                    .iter()
-                    .map(|(s, on)| gauge(vec![("socket", s.to_string())], i64::from(*on))),
+                t.prochot.iter().map(|(s, on)| gauge([("socket", *s)], i64::from(*on))),
             )?;
         }
 
@@ -184,16 +206,7 @@ impl Collector for ReportCollector {
             "amd_hsmp_core_owner_info",
             "The workload (owner: its cgroup path) a physical core is assigned to by cpuset, constant 1; absent for a core no single workload holds",
             None,
-            report.core_owners.iter().map(|(c, owner)| {
-                gauge(
-                    vec![
-                        ("core", c.core.to_string()),
-                        ("owner", owner.clone()),
-                        ("socket", c.socket.to_string()),
-                    ],
-                    1i64,
-                )
-            }),
+            report.core_owners.iter().map(|(core, owner)| gauge(OwnerLabels { core, owner }, 1i64)),
         )?;
         family(
             &mut e,
@@ -207,10 +220,7 @@ impl Collector for ReportCollector {
             "amd_hsmp_scrape_errors",
             "Failed reads since the exporter started, by collector",
             None,
-            report
-                .errors
-                .iter()
-                .map(|(source, n)| counter(vec![("collector", source.label().to_owned())], *n)),
+            report.errors.iter().map(|(source, n)| counter([("collector", source.label())], *n)),
         )?;
         family(
             &mut e,
@@ -226,7 +236,7 @@ impl Collector for ReportCollector {
             "process_cpu",
             "Total user and system CPU time spent in seconds",
             Some(&Unit::Seconds),
-            p.cpu_seconds.map(|v| counter(Vec::new(), v)),
+            p.cpu_seconds.map(|v| counter(NoLabels::default(), v)),
         )?;
         family(
             &mut e,

@@ -1,16 +1,28 @@
-//! The standard `process_*` metrics of this process, read from procfs (`self/stat`,
-//! `self/limits`, `self/fd`, and `btime` from `stat`), with the same meaning as in the Go client.
+//! The standard `process_*` metrics of this process, with the same meaning as in the Go client,
+//! read with as little procfs work as gives them: one read of `self/stat` (CPU time, resident
+//! and virtual memory, start time), one listing of `self/fd` (open descriptors), `getrlimit`
+//! for the descriptor limit (what `self/limits` shows, without a file), and `btime` of `stat`
+//! once for the life of the process (the boot time does not change).
 //!
 //! The procfs root is a parameter so that tests read a fixture tree. Each value that cannot be
 //! read is `None`, and its series is left out of the scrape.
 
 use std::fs;
-use std::io;
-use std::path::{Path, PathBuf};
+use std::io::{self, Read as _};
+use std::mem::MaybeUninit;
+use std::path::PathBuf;
+use std::sync::OnceLock;
 
 /// Clock ticks per second of the times in `/proc/<pid>/stat` (`USER_HZ`). The kernel exports
 /// them in `USER_HZ`, which is 100 on every architecture Linux supports for this exporter.
 const USER_HZ: f64 = 100.0;
+
+/// Room for `<pid>/stat`: 52 numbers of at most 20 digits and a command name of at most 64
+/// bytes (`TASK_COMM_LEN` is 16 today) fit in about 1.2 KiB.
+const STAT_CAP: usize = 2048;
+
+/// The buffer `self/fd` is listed through: about 170 entries a `getdents64`.
+const DIRENT_BUFFER: usize = 4096;
 
 /// One reading of the process metrics; `None` where procfs did not give a value.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -49,10 +61,19 @@ pub(crate) enum ProcError {
     },
 }
 
-/// A procfs mount, normally `/proc`.
-#[derive(Debug, Clone)]
+/// The calling process as a procfs mount (normally `/proc`) shows it, with the paths it reads
+/// made once and the boot time kept once read.
+#[derive(Debug)]
 pub(crate) struct ProcFs {
-    root: PathBuf,
+    /// `<root>/self/stat`.
+    stat: PathBuf,
+    /// `<root>/self/fd`.
+    fd: PathBuf,
+    /// `<root>/stat`, read for `btime` until it has been read once.
+    system_stat: PathBuf,
+    boot_time: OnceLock<u64>,
+    /// Bytes of a page, which the resident set is counted in.
+    page_size: u64,
 }
 
 /// The fields of `<pid>/stat` the metrics use.
@@ -66,73 +87,120 @@ struct Stat {
 }
 
 impl ProcFs {
-    /// A procfs mounted at `root`.
-    pub(crate) fn new(root: impl Into<PathBuf>) -> Self {
-        ProcFs { root: root.into() }
+    /// The calling process as the procfs mounted at `root` shows it; `page_size` converts the
+    /// resident set from pages to bytes.
+    pub(crate) fn new(root: impl Into<PathBuf>, page_size: u64) -> Self {
+        let root = root.into();
+        ProcFs {
+            stat: root.join("self/stat"),
+            fd: root.join("self/fd"),
+            system_stat: root.join("stat"),
+            boot_time: OnceLock::new(),
+            page_size,
+        }
     }
 
-    /// Reads the metrics of the calling process (`<root>/self`); `page_size` converts the
-    /// resident set from pages to bytes.
-    pub(crate) fn read_self(&self, page_size: u64) -> ProcessStats {
+    /// The calling process through the procfs at `root`, with the machine's page size.
+    pub(crate) fn own(root: impl Into<PathBuf>) -> Self {
+        let page_size = u64::try_from(rustix::param::page_size()).unwrap_or(4096);
+        ProcFs::new(root, page_size)
+    }
+
+    /// Reads the metrics of the calling process: `self/stat` and the listing of `self/fd`
+    /// each time, `stat` until its `btime` has been read once.
+    pub(crate) fn read(&self) -> ProcessStats {
         let stat = self.stat().inspect_err(log_failure).ok();
-        let boot_time = self.boot_time().inspect_err(log_failure).ok();
+        let boot_time = match stat {
+            Some(_) => self.boot_time().inspect_err(log_failure).ok(),
+            None => None,
+        };
         ProcessStats {
             cpu_seconds: stat
                 .map(|s| (s.utime_ticks.saturating_add(s.stime_ticks)) as f64 / USER_HZ),
-            resident_memory_bytes: stat.map(|s| s.rss_pages.saturating_mul(page_size)),
+            resident_memory_bytes: stat.map(|s| s.rss_pages.saturating_mul(self.page_size)),
             virtual_memory_bytes: stat.map(|s| s.vsize_bytes),
             open_fds: self.open_fds().inspect_err(log_failure).ok(),
-            max_fds: self.max_fds().inspect_err(log_failure).ok().flatten(),
+            max_fds: max_fds(),
             start_time_seconds: stat
                 .zip(boot_time)
                 .map(|(s, btime)| btime as f64 + s.starttime_ticks as f64 / USER_HZ),
         }
     }
 
-    fn read(&self, relative: &str) -> Result<(PathBuf, String), ProcError> {
-        let path = self.root.join(relative);
-        match fs::read_to_string(&path) {
-            Ok(text) => Ok((path, text)),
-            Err(source) => Err(ProcError::Read { path, source }),
-        }
-    }
-
     fn stat(&self) -> Result<Stat, ProcError> {
-        let (path, text) = self.read("self/stat")?;
-        parse_stat(&text).ok_or(ProcError::Parse { path })
+        let mut buf = [0u8; STAT_CAP];
+        let len = read_line_file(&self.stat, &mut buf)
+            .map_err(|source| ProcError::Read { path: self.stat.clone(), source })?;
+        buf.get(..len)
+            .and_then(parse_stat)
+            .ok_or_else(|| ProcError::Parse { path: self.stat.clone() })
     }
 
     fn boot_time(&self) -> Result<u64, ProcError> {
-        let (path, text) = self.read("stat")?;
-        text.lines()
+        if let Some(&btime) = self.boot_time.get() {
+            return Ok(btime);
+        }
+        let path = &self.system_stat;
+        let text = fs::read_to_string(path)
+            .map_err(|source| ProcError::Read { path: path.clone(), source })?;
+        let btime = text
+            .lines()
             .find_map(|line| line.strip_prefix("btime "))
             .and_then(|v| v.trim().parse().ok())
-            .ok_or(ProcError::Parse { path })
+            .ok_or_else(|| ProcError::Parse { path: path.clone() })?;
+        Ok(*self.boot_time.get_or_init(|| btime))
     }
 
-    fn max_fds(&self) -> Result<Option<u64>, ProcError> {
-        let (path, text) = self.read("self/limits")?;
-        let soft = text
-            .lines()
-            .find_map(|line| line.strip_prefix("Max open files"))
-            .and_then(|rest| rest.split_whitespace().next())
-            .ok_or(ProcError::Parse { path: path.clone() })?;
-        if soft == "unlimited" {
-            return Ok(None);
-        }
-        soft.parse().map(Some).map_err(|_| ProcError::Parse { path })
-    }
-
+    /// Entries of `self/fd`, listed through a buffer on the stack (`.` and `..` left out).
     fn open_fds(&self) -> Result<u64, ProcError> {
-        let path = self.root.join("self/fd");
-        let entries =
-            fs::read_dir(&path).map_err(|source| ProcError::Read { path: path.clone(), source })?;
+        use rustix::fs::{Mode, OFlags, RawDir};
+        let failed = |errno: rustix::io::Errno| ProcError::Read {
+            path: self.fd.clone(),
+            source: errno.into(),
+        };
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let dir = rustix::fs::open(&self.fd, flags, Mode::empty()).map_err(failed)?;
+        let mut buf = [MaybeUninit::<u8>::uninit(); DIRENT_BUFFER];
+        let mut entries = RawDir::new(&dir, &mut buf);
         let mut count = 0u64;
-        for entry in entries {
-            entry.map_err(|source| ProcError::Read { path: path.clone(), source })?;
-            count += 1;
+        while let Some(entry) = entries.next() {
+            let entry = entry.map_err(failed)?;
+            let name = entry.file_name().to_bytes();
+            if name != b"." && name != b".." {
+                count += 1;
+            }
         }
         Ok(count)
+    }
+}
+
+/// The soft limit on open file descriptors (`RLIMIT_NOFILE`, the "Max open files" line of
+/// `self/limits`), `None` when unlimited.
+fn max_fds() -> Option<u64> {
+    rustix::process::getrlimit(rustix::process::Resource::Nofile).current
+}
+
+/// Reads a one-line procfs file such as `<pid>/stat` into `buf`: one `read` when the line
+/// fits, more only if the kernel hands it out in pieces. Returns its length.
+fn read_line_file(path: &std::path::Path, buf: &mut [u8]) -> io::Result<usize> {
+    let mut file = fs::File::open(path)?;
+    let mut len = 0;
+    loop {
+        let rest = buf.get_mut(len..).unwrap_or_default();
+        if rest.is_empty() {
+            return Err(io::Error::other("longer than expected"));
+        }
+        match file.read(rest) {
+            Ok(0) => return Ok(len),
+            Ok(n) => {
+                len += n;
+                if buf.get(..len).is_some_and(|b| b.ends_with(b"\n")) {
+                    return Ok(len);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
     }
 }
 
@@ -142,24 +210,17 @@ fn log_failure(error: &ProcError) {
 
 /// Parses `<pid>/stat`. The command name (field 2) may hold spaces and parentheses, so the
 /// fields are counted from its last `)`.
-fn parse_stat(text: &str) -> Option<Stat> {
-    let after_comm = &text[text.rfind(')')? + 1..];
-    // Field 3 (state) is index 0 here, so field N is index N - 3.
-    let fields: Vec<&str> = after_comm.split_whitespace().collect();
-    let field = |n: usize| -> Option<u64> { fields.get(n - 3)?.parse().ok() };
-    Some(Stat {
-        utime_ticks: field(14)?,
-        stime_ticks: field(15)?,
-        starttime_ticks: field(22)?,
-        vsize_bytes: field(23)?,
-        rss_pages: field(24)?,
-    })
-}
-
-/// Reads the process metrics of this process from `/proc`.
-pub(crate) fn read_own(proc_root: &Path) -> ProcessStats {
-    let page_size = u64::try_from(rustix::param::page_size()).unwrap_or(4096);
-    ProcFs::new(proc_root).read_self(page_size)
+fn parse_stat(text: &[u8]) -> Option<Stat> {
+    let after_comm = text.get(text.iter().rposition(|&b| b == b')')? + 1..)?;
+    // Field 3 (state) is the first here, so field N is the (N - 3)th.
+    let mut fields = std::str::from_utf8(after_comm).ok()?.split_ascii_whitespace();
+    let mut number = |skip: usize| -> Option<u64> { fields.nth(skip)?.parse().ok() };
+    let utime_ticks = number(14 - 3)?;
+    let stime_ticks = number(0)?;
+    let starttime_ticks = number(22 - 15 - 1)?;
+    let vsize_bytes = number(0)?;
+    let rss_pages = number(0)?;
+    Some(Stat { utime_ticks, stime_ticks, starttime_ticks, vsize_bytes, rss_pages })
 }
 
 #[cfg(test)]
@@ -190,7 +251,7 @@ mod tests {
     #[test]
     fn reads_every_process_metric_from_a_procfs_tree() {
         let dir = fixture(STAT, LIMITS, 7);
-        let stats = ProcFs::new(dir.path()).read_self(4096);
+        let stats = ProcFs::new(dir.path(), 4096).read();
         assert_eq!(
             stats,
             ProcessStats {
@@ -198,7 +259,7 @@ mod tests {
                 resident_memory_bytes: Some(2048 * 4096),
                 virtual_memory_bytes: Some(52_428_800),
                 open_fds: Some(7),
-                max_fds: Some(1024),
+                max_fds: max_fds(),
                 start_time_seconds: Some(1_700_000_000.0 + 1234.56),
             }
         );
@@ -206,41 +267,56 @@ mod tests {
 
     #[test]
     fn command_name_with_parentheses_does_not_shift_fields() {
-        let stat = parse_stat(STAT).unwrap();
+        let stat = parse_stat(STAT.as_bytes()).unwrap();
         assert_eq!(stat.utime_ticks, 250);
         assert_eq!(stat.rss_pages, 2048);
     }
 
     #[test]
-    fn unlimited_open_files_omits_max_fds_only() {
-        let limits =
-            LIMITS.replace("1024                 524288", "unlimited            unlimited");
-        let dir = fixture(STAT, &limits, 3);
-        let stats = ProcFs::new(dir.path()).read_self(4096);
-        assert_eq!(stats.max_fds, None);
+    fn max_fds_is_the_soft_descriptor_limit_without_reading_limits() {
+        // No `self/limits` in the tree: the limit comes from getrlimit, not a file.
+        let dir = fixture(STAT, LIMITS, 3);
+        fs::remove_file(dir.path().join("self/limits")).unwrap();
+        let stats = ProcFs::new(dir.path(), 4096).read();
+        let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+        assert_eq!(stats.max_fds, soft);
         assert_eq!(stats.open_fds, Some(3));
+        let limits = fs::read_to_string("/proc/self/limits").unwrap();
+        let line = limits.lines().find(|l| l.starts_with("Max open files")).unwrap();
+        let shown = line.split_whitespace().nth(3).unwrap();
+        assert_eq!(soft.map_or_else(|| "unlimited".to_owned(), |n| n.to_string()), shown);
+    }
+
+    #[test]
+    fn boot_time_is_read_once_for_the_life_of_the_process() {
+        let dir = fixture(STAT, LIMITS, 2);
+        let procfs = ProcFs::new(dir.path(), 4096);
+        let first = procfs.read();
+        fs::remove_file(dir.path().join("stat")).unwrap();
+        let second = procfs.read();
+        assert_eq!(second.start_time_seconds, Some(1_700_000_000.0 + 1234.56));
+        assert_eq!(first.start_time_seconds, second.start_time_seconds);
     }
 
     #[test]
     fn truncated_stat_omits_its_metrics_but_keeps_the_others() {
         let dir = fixture("4242 (x) S 1 2 3", LIMITS, 2);
-        let stats = ProcFs::new(dir.path()).read_self(4096);
+        let stats = ProcFs::new(dir.path(), 4096).read();
         assert_eq!(stats.cpu_seconds, None);
         assert_eq!(stats.resident_memory_bytes, None);
         assert_eq!(stats.start_time_seconds, None);
-        assert_eq!(stats.max_fds, Some(1024));
         assert_eq!(stats.open_fds, Some(2));
     }
 
     #[test]
     fn missing_procfs_gives_no_values() {
-        let stats = ProcFs::new("/nonexistent-procfs").read_self(4096);
-        assert_eq!(stats, ProcessStats::default());
+        let stats = ProcFs::new("/nonexistent-procfs", 4096).read();
+        assert_eq!(stats, ProcessStats { max_fds: max_fds(), ..ProcessStats::default() });
     }
 
     #[test]
     fn own_process_is_readable_from_the_real_procfs() {
-        let stats = read_own(Path::new("/proc"));
+        let stats = ProcFs::own("/proc").read();
         assert!(stats.resident_memory_bytes.unwrap() > 0);
         assert!(stats.virtual_memory_bytes.unwrap() >= stats.resident_memory_bytes.unwrap());
         assert!(stats.open_fds.unwrap() >= 3);

@@ -6,7 +6,7 @@ use crate::broker::{BrokerClient, BrokerError};
 use crate::budget::Budget;
 use crate::flight::{Flights, Landing, Needs};
 use crate::owner::{CauseLog, Done, OwnerError, SkipLog, Walker};
-use crate::process::{self, ProcessStats};
+use crate::process::{ProcFs, ProcessStats};
 use crate::translate::{CoreLabel, ErrorCounters, ErrorSource, Telemetry, translate};
 use crate::work::{Permit, Permits};
 use amd_hsmp_cli::chain;
@@ -167,6 +167,8 @@ pub struct Exporter {
     owner_log: CauseLog,
     /// The cgroups the core-owner collector skips, logged once per cause.
     skip_log: SkipLog,
+    /// This process in `procfs`, for the `process_*` metrics.
+    process: ProcFs,
 }
 
 /// Whether a request wants the core owners (a scrape) or not (a page view, which shows none).
@@ -197,6 +199,7 @@ impl Exporter {
                 .map(|root| Walker::with_max_age(root, config.core_owner_max_age)),
             owner_log: CauseLog::default(),
             skip_log: SkipLog::default(),
+            process: ProcFs::own(&config.procfs),
             config,
         })
     }
@@ -304,7 +307,7 @@ impl Exporter {
             core_owners,
             core_owner_skipped,
             duration: started.elapsed(),
-            process: process::read_own(&self.config.procfs),
+            process: self.process.read(),
         }
     }
 

@@ -4,6 +4,7 @@
 //! Run it through `cargo xtask bench`, which builds the release binaries first; it needs root
 //! and `/dev/fuse`. `docs/benchmarks.md` explains every figure and records a run.
 
+mod counts;
 mod measure;
 mod report;
 

@@ -336,6 +336,11 @@ fn measure_fixture(
         broker_anon_kib: status_kib(rig.broker.pid(), "RssAnon")?,
         exporter_anon_kib: status_kib(rig.exporter.pid(), "RssAnon")?,
     };
+    // After the memory figures: a uprobe gives the traced process a copy of the page it is in.
+    eprintln!("bench: {name}: allocations and procfs system calls per scrape");
+    let addr = rig.addr;
+    let exporter_per_scrape =
+        crate::counts::per_scrape(rig.exporter.pid(), || rig.scrape(addr).map(drop));
     Ok(FixtureReport {
         fixture: name.to_owned(),
         sockets,
@@ -346,6 +351,7 @@ fn measure_fixture(
         disabled_collector: disabled,
         idle,
         memory,
+        exporter_per_scrape,
         core_owner,
         targets: Vec::new(),
     })

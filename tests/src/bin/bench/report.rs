@@ -71,6 +71,9 @@ pub struct FixtureReport {
     pub idle: Idle,
     /// Resident memory after every series.
     pub memory: Memory,
+    /// Work per scrape of the exporter with the default collectors that grows with what it
+    /// serves.
+    pub exporter_per_scrape: PerScrape,
     /// The exporter with `--collector.core-owner` on the generated hierarchy (`--cgroups`).
     pub core_owner: Option<CoreOwner>,
     /// The targets, evaluated.
@@ -225,6 +228,20 @@ pub struct Memory {
     pub exporter_anon_kib: u64,
 }
 
+/// Work per scrape of an exporter, counted over scrapes of their own (`counts.rs`); `None`
+/// where the tool that counts it is missing.
+#[derive(Debug, Serialize)]
+pub struct PerScrape {
+    /// Scrapes counted.
+    pub scrapes: usize,
+    /// Calls of libc's `malloc`, `calloc`, `realloc` and `posix_memalign`.
+    pub allocations: Option<f64>,
+    /// procfs files opened.
+    pub proc_opens: Option<f64>,
+    /// System calls on procfs paths or descriptors (open, read, getdents64, close, ...).
+    pub proc_syscalls: Option<f64>,
+}
+
 /// Broker start-up on the largest fixture.
 #[derive(Debug, Serialize)]
 pub struct Startup {
@@ -309,6 +326,18 @@ pub fn targets(f: &FixtureReport) -> Vec<Target> {
     }
     out.push(at_most("broker peak RSS, MiB".into(), mib(f.memory.broker_peak_kib), 4.0));
     out.push(at_most("exporter peak RSS, MiB".into(), mib(f.memory.exporter_peak_kib), 8.0));
+    out.push(at_most(
+        "peak RSS of both processes, MiB".into(),
+        mib(f.memory.broker_peak_kib + f.memory.exporter_peak_kib),
+        8.0,
+    ));
+    if let Some(s) = f.latencies.iter().max_by_key(|s| s.latency_us) {
+        out.push(at_most(
+            format!("exporter CPU per scrape at {} µs, ms", s.latency_us),
+            s.cpu_ms_per_scrape.exporter,
+            0.7,
+        ));
+    }
     for s in &f.latencies {
         let worst =
             if s.messages_min == f.expected_messages { s.messages_max } else { s.messages_min };
@@ -450,6 +479,19 @@ fn fixture_table(out: &mut String, f: &FixtureReport) {
         m.exporter_steady_kib,
         m.exporter_anon_kib
     );
+    let p = &f.exporter_per_scrape;
+    let figure = |v: Option<f64>| v.map_or_else(|| "not counted".to_owned(), |v| format!("{v:.1}"));
+    let _ = writeln!(
+        out,
+        "  exporter per scrape ({} scrapes): {} allocations, {} procfs files opened, {} procfs \
+         system calls",
+        p.scrapes,
+        figure(p.allocations),
+        figure(p.proc_opens),
+        figure(p.proc_syscalls)
+    );
+    let sum = m.broker_peak_kib + m.exporter_peak_kib;
+    let _ = writeln!(out, "  peak RSS of both processes: {sum} KiB ({:.2} MiB)", mib(sum));
     let _ = writeln!(out, "  targets:");
     for t in &f.targets {
         let _ = writeln!(
