@@ -14,6 +14,9 @@
     brokerDownFor: '5m',
     deviceDownFor: '10m',
     prochotFor: '5m',
+    // AmdHsmpProchotFrequent: the hour's share held this long, so that a few minutes of data
+    // after a start (a short window whose share is easily high) do not fire it.
+    prochotFrequentFor: '15m',
     boostLimitLowFor: '15m',
     scrapeErrorsFor: '15m',
 
@@ -36,6 +39,9 @@
     podUidRegex: '.*/(?:kubepods-(?:burstable-|besteffort-)?)?pod([0-9a-f]{8})[_-]([0-9a-f]{4})[_-]([0-9a-f]{4})[_-]([0-9a-f]{4})[_-]([0-9a-f]{12})(?:[.]slice)?(?:/.*)?',
     // systemd: the last element when it is a service, scope or slice.
     unitRegex: '.*/([^/]+[.](?:service|scope|slice))',
+    // Container runtimes' scopes (containerd, CRI-O, Docker, Podman): a container, not a unit,
+    // left out of the unit rule (a pod's containers are summed per pod).
+    containerScopeRegex: '.*/(?:cri-containerd|crio|docker|libpod)-[0-9a-f]+[.]scope',
 
     // Each alert's runbook_url: this pattern with the alert's name in lower case.
     runbookURLPattern: 'https://github.com/amd-hsmp-exporter/amd-hsmp-exporter/blob/main/mixin/runbook.md#%s',

@@ -392,7 +392,11 @@ fn checks(inputs: &mut Inputs<'_>, report: &mut Report<'_>) {
              guide, \"MSR fallback\") and run the check with --collector.core-energy.msr-fallback",
         ));
     }
-    report.push(socket(inputs.socket, Node::of(inputs.socket), inputs.accounts));
+    let node = Node::of(inputs.socket);
+    report.push(match &inputs.simulated {
+        Some(_) => simulated_socket(inputs.socket, node),
+        None => socket(inputs.socket, node, inputs.accounts),
+    });
 }
 
 /// `vendor_id` of the first processor in cpuinfo.
@@ -974,6 +978,21 @@ pub(crate) fn socket(path: &Path, node: Option<Node>, accounts: &Accounts) -> Li
             "systemctl status amd-hsmp-broker.socket amd-hsmp-broker.service; journalctl -u \
              amd-hsmp-broker",
         ),
+    }
+}
+
+/// The socket of a simulating broker: it serves whoever started it (no unit, no exporter
+/// group), so the fix is to start it, never a systemd unit.
+pub(crate) fn simulated_socket(path: &Path, node: Option<Node>) -> Line {
+    let p = path.display();
+    let start =
+        format!("start the simulator on it: amd-hsmp-sim-broker --simulate PROFILE --listen {p}");
+    if !node.is_some_and(|n| n.socket) {
+        return Line::fail("socket", format!("{p} is not a listening socket"), start);
+    }
+    match hello(path) {
+        Ok(answer) => Line::pass("socket", format!("{p}: {answer}")),
+        Err(e) => Line::fail("socket", format!("{p}: the broker does not answer: {e}"), start),
     }
 }
 

@@ -1,17 +1,21 @@
 //! The landing page at `/`: the node at a glance, rendered on the server as HTML with inline
 //! SVG (no script, no external asset, everything escaped). Per-core power, from the energy of
 //! the last two samples the exporter took (its own or Prometheus' scrapes), and boost limit are
-//! shown as a heatmap per socket; then PROCHOT, the device and the broker, and a banner when the
-//! broker serves its simulator.
+//! shown as a heatmap per socket; a family that was not read is said to be so, with why,
+//! instead of a map; then PROCHOT, the device and the broker, and a banner when the broker
+//! serves its simulator.
 //!
 //! A page view costs one sample, taken through the scrape path (`Exporter::scrape`, so it shares
-//! a broker request in flight like any scrape), never more.
+//! a broker request in flight like any scrape). The one exception is a view with no earlier
+//! sample to take power from (the first after start, when Prometheus has not scraped yet): it
+//! takes a second sample [`MIN_POWER_INTERVAL`] after the first, so that power shows from the
+//! first view; never more than two.
 
 use crate::budget::Budget;
 use crate::metrics;
 use crate::scrape::{AnswerObserver, Exporter, Owners, ScrapeReport};
-use crate::translate::{CoreLabel, Telemetry};
-use amd_hsmp_proto::EnergySource;
+use crate::translate::{CoreLabel, Telemetry, Unread};
+use amd_hsmp_proto::{EnergySource, Family};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
@@ -122,18 +126,50 @@ pub(crate) fn route(exporter: &Exporter) -> MethodRouter<Arc<Exporter>> {
     get(move |State(exporter): State<Arc<Exporter>>| page(exporter, Arc::clone(&recent)))
 }
 
-/// `GET /`: one sample through the scrape path, rendered.
+/// `GET /`: one sample through the scrape path, rendered; two on a view with nothing to take
+/// power from yet.
 async fn page(exporter: Arc<Exporter>, recent: Arc<RecentSamples>) -> Response {
     let Some(permit) = exporter.admit_scrape() else {
         let body = "Limit of concurrent requests reached, try again later.\n";
         return (StatusCode::SERVICE_UNAVAILABLE, body).into_response();
     };
     let config = exporter.config();
+    let started = Instant::now();
     // The page shows no owners, so it reads nothing of the cgroup hierarchy.
-    let budget = Budget::new(None, config.max_scrape_timeout);
-    let report = exporter.scrape(budget, &permit, Owners::Skipped).await;
+    let sample = || {
+        let budget = Budget::new(None, config.max_scrape_timeout);
+        exporter.scrape(budget, &permit, Owners::Skipped)
+    };
+    let mut report = sample().await;
+    let mut samples = 1;
+    // Power needs two samples at least MIN_POWER_INTERVAL apart. When the one just taken has
+    // no partner (no scrape came before it, or the last one was too recent and it replaced
+    // that), wait the interval and take the second: the recorder pairs them, since this
+    // one landed before the wait started. One retry only, so a view costs at most two
+    // samples and one interval; an answer that could not be paired (read for an earlier
+    // request) leaves the page without power, as it says.
+    if recent.power().is_none() && reads_energy(&report) {
+        tokio::time::sleep(MIN_POWER_INTERVAL).await;
+        report = sample().await;
+        samples = 2;
+    }
     let power = recent.power();
-    Html(render(&report, power.as_ref(), &config.telemetry_path)).into_response()
+    let view = View { samples, took: started.elapsed() };
+    Html(render(&report, power.as_ref(), &config.telemetry_path, view)).into_response()
+}
+
+/// Whether `report` has energy to take power from.
+fn reads_energy(report: &ScrapeReport) -> bool {
+    report.telemetry.as_deref().is_some_and(|t| !t.energy_joules.is_empty())
+}
+
+/// What a page view cost, for its footer.
+#[derive(Debug, Clone, Copy)]
+struct View {
+    /// Samples taken (one, or two on a view with nothing to take power from).
+    samples: u32,
+    /// From the first sample's start to the last one's end.
+    took: Duration,
 }
 
 /// `text` safe inside HTML text and double- or single-quoted attributes.
@@ -153,7 +189,12 @@ fn escape_html(text: &str) -> String {
 }
 
 /// The page for one scrape's `report` and the `power` of the last two samples.
-fn render(report: &ScrapeReport, power: Option<&Power>, telemetry_path: &str) -> String {
+fn render(
+    report: &ScrapeReport,
+    power: Option<&Power>,
+    telemetry_path: &str,
+    view: View,
+) -> String {
     let mut html = String::with_capacity(64 * 1024);
     let t = report.telemetry.as_deref();
     let simulated = t.and_then(|t| t.simulated.as_deref());
@@ -184,12 +225,13 @@ fn render(report: &ScrapeReport, power: Option<&Power>, telemetry_path: &str) ->
     let _ = write!(
         html,
         "<p class=\"foot\"><a href=\"{path}\">Metrics</a> · version {version} (revision \
-         {revision}) · this page took one sample in {ms:.0} ms; reload for fresh values</p>\n\
+         {revision}) · this page took {samples} in {ms:.0} ms; reload for fresh values</p>\n\
          </body>\n</html>\n",
         path = escape_html(telemetry_path),
         version = escape_html(metrics::VERSION),
         revision = escape_html(metrics::REVISION),
-        ms = report.duration.as_secs_f64() * 1000.0,
+        samples = if view.samples == 1 { "one sample" } else { "two samples" },
+        ms = view.took.as_secs_f64() * 1000.0,
     );
     html
 }
@@ -280,32 +322,51 @@ fn sockets(html: &mut String, t: &Telemetry, power: Option<&Power>) {
         html.push_str("<p>No per-core values were read.</p>\n");
         return;
     }
-    // One colour scale for every socket, so that sockets compare at a glance.
+    // One colour scale for every socket, so that sockets compare at a glance; a map only for a
+    // family that was read, else why not.
     let all = || by_socket.values().flat_map(|cores| cores.values());
-    let max_w = all().filter_map(|c| c.watts).fold(0.0f64, f64::max);
-    let min_w = all().filter_map(|c| c.watts).fold(f64::MAX, f64::min).min(max_w);
-    let note = match power {
-        Some(p) => {
-            format!("{min_w:.2} to {max_w:.2} W over the last {:.1} s", p.interval.as_secs_f64())
+    let power_map = if t.energy_joules.is_empty() {
+        Err(format!("Power per core: {}", energy_not_read(t)))
+    } else {
+        match (power, range(all().filter_map(|c| c.watts))) {
+            (Some(p), Some((min_w, max_w))) => Ok((
+                Map::Power { min_w, max_w },
+                format!(
+                    "Power per core ({min_w:.2} to {max_w:.2} W over the last {:.1} s)",
+                    p.interval.as_secs_f64()
+                ),
+            )),
+            // Energy was read, but not twice far enough apart, or every counter went back.
+            _ => Err("Power per core: not known yet (it needs two samples a second apart): \
+                 reload the page"
+                .to_owned()),
         }
-        None => "appears from the second sample: reload the page".to_owned(),
     };
-    let max_mhz = all().filter_map(|c| c.mhz).fold(0.0f64, f64::max);
-    let min_mhz = all().filter_map(|c| c.mhz).fold(f64::MAX, f64::min);
+    let boost_map = match range(all().filter_map(|c| c.mhz)) {
+        Some((min_mhz, max_mhz)) => Ok((
+            Map::Boost { min_mhz, max_mhz },
+            format!("Boost limit per core ({min_mhz:.0} to {max_mhz:.0} MHz)"),
+        )),
+        None => Err(format!("Boost limit per core: {}", boost_not_read(t))),
+    };
     for (socket, cores) in &by_socket {
         let prochot = t.prochot.iter().find(|(s, _)| s == socket).map(|&(_, a)| a);
-        let total: f64 = cores.values().filter_map(|c| c.watts).sum();
+        let watts: Vec<f64> = cores.values().filter_map(|c| c.watts).collect();
         let boosts: Vec<f64> = cores.values().filter_map(|c| c.mhz).collect();
-        let avg = boosts.iter().sum::<f64>() / boosts.len().max(1) as f64;
         let _ = write!(
             html,
             "<section class=\"socket\" data-socket=\"{socket}\">\n<h2>Socket {socket}: {n} cores\
              {power}{boost}{hot}</h2>\n<div class=\"maps\">\n",
             n = cores.len(),
-            power = if power.is_some() { format!(", {total:.0} W") } else { String::new() },
+            power = if watts.is_empty() {
+                String::new()
+            } else {
+                format!(", {:.0} W", watts.iter().sum::<f64>())
+            },
             boost = if boosts.is_empty() {
                 String::new()
             } else {
+                let avg = boosts.iter().sum::<f64>() / boosts.len() as f64;
                 format!(", boost limit {avg:.0} MHz on average")
             },
             hot = match prochot {
@@ -313,21 +374,49 @@ fn sockets(html: &mut String, t: &Telemetry, power: Option<&Power>) {
                 _ => "",
             },
         );
-        heatmap(
-            html,
-            *socket,
-            cores,
-            Map::Power { min_w, max_w },
-            &format!("Power per core ({note})"),
-        );
-        heatmap(
-            html,
-            *socket,
-            cores,
-            Map::Boost { min_mhz, max_mhz },
-            &format!("Boost limit per core ({min_mhz:.0} to {max_mhz:.0} MHz)"),
-        );
+        for map in [&power_map, &boost_map] {
+            match map {
+                Ok((map, caption)) => heatmap(html, *socket, cores, *map, caption),
+                Err(why) => {
+                    let _ = writeln!(html, "<p class=\"unread\">{}</p>", escape_html(why));
+                }
+            }
+        }
         html.push_str("</div>\n</section>\n");
+    }
+}
+
+/// The lowest and highest of `values`; `None` when there is none.
+fn range(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
+    values.fold(None, |acc, v| match acc {
+        None => Some((v, v)),
+        Some((lo, hi)) => Some((lo.min(v), hi.max(v))),
+    })
+}
+
+/// Why no core's energy was read, and what would read it.
+fn energy_not_read(t: &Telemetry) -> &'static str {
+    match t.unread(Family::CoreEnergy) {
+        Some(Unread::NotRequested) => "not read: not requested (--no-collector.core-energy)",
+        Some(Unread::NoDevice) => {
+            "not read (no usable /dev/hsmp): enable the MSR fallback (amd-hsmp-broker \
+             --collector.core-energy.msr-fallback)"
+        }
+        Some(Unread::Unsupported) => {
+            "not read (the firmware has no RAPL core counter): enable the MSR fallback \
+             (amd-hsmp-broker --collector.core-energy.msr-fallback)"
+        }
+        None => "not read: every read failed (see the failed reads above)",
+    }
+}
+
+/// Why no core's boost limit was read.
+fn boost_not_read(t: &Telemetry) -> &'static str {
+    match t.unread(Family::BoostLimit) {
+        Some(Unread::NotRequested) => "not read: not requested (--no-collector.boost-limit)",
+        Some(Unread::NoDevice) => "not read: no usable /dev/hsmp",
+        Some(Unread::Unsupported) => "not read: the firmware does not implement it",
+        None => "not read: every read failed (see the failed reads above)",
     }
 }
 
@@ -443,6 +532,8 @@ mod tests {
         })
     }
 
+    const VIEW: View = View { samples: 1, took: Duration::from_millis(42) };
+
     fn report(t: Arc<Telemetry>) -> ScrapeReport {
         ScrapeReport {
             telemetry: Some(t),
@@ -501,7 +592,7 @@ mod tests {
         recent.record_at(t0, &telemetry(100.0, Some("turin-2p")));
         let last = telemetry(110.0, Some("turin-2p"));
         recent.record_at(t0 + Duration::from_secs(10), &last);
-        let html = render(&report(last), recent.power().as_ref(), "/metrics");
+        let html = render(&report(last), recent.power().as_ref(), "/metrics", VIEW);
         assert!(html.contains("id=\"simulated\""), "{html}");
         assert!(html.contains("profile <b>turin-2p</b>"));
         assert_eq!(html.matches("<rect class=\"cell power\"").count(), 3);
@@ -517,11 +608,62 @@ mod tests {
     }
 
     #[test]
+    fn a_family_not_read_has_no_map_and_says_why() {
+        // Rome with the MSR fallback: energy, no boost limit.
+        let t = Telemetry {
+            boost_limit_hertz: Vec::new(),
+            unread: vec![(Family::BoostLimit, Unread::NoDevice)],
+            ..(*telemetry(100.0, None)).clone()
+        };
+        let recent = RecentSamples::default();
+        let t0 = Instant::now();
+        recent.record_at(t0, &Arc::new(t.clone()));
+        let last = Arc::new(Telemetry {
+            energy_joules: telemetry(101.0, None).energy_joules.clone(),
+            ..t
+        });
+        recent.record_at(t0 + Duration::from_secs(1), &last);
+        let html = render(&report(last), recent.power().as_ref(), "/metrics", VIEW);
+        assert!(!html.contains("MHz"), "{html}");
+        assert!(!html.contains("<rect class=\"cell boost\""));
+        assert!(html.contains("Boost limit per core: not read: no usable /dev/hsmp"), "{html}");
+        assert!(html.contains("Power per core (0.00 to 2.00 W over the last 1.0 s)"), "{html}");
+
+        // Milan without the fallback: boost limit, no energy.
+        let t = Telemetry {
+            energy_source: None,
+            energy_joules: Vec::new(),
+            unread: vec![(Family::CoreEnergy, Unread::Unsupported)],
+            ..(*telemetry(100.0, None)).clone()
+        };
+        let t = Arc::new(t);
+        let recent = RecentSamples::default();
+        recent.record_at(t0, &t);
+        recent.record_at(t0 + Duration::from_secs(1), &t);
+        let html = render(&report(t), recent.power().as_ref(), "/metrics", VIEW);
+        assert!(!html.contains(" W"), "no watts where no energy was read: {html}");
+        assert!(!html.contains("<rect class=\"cell power\""));
+        assert!(
+            html.contains(
+                "Power per core: not read (the firmware has no RAPL core counter): enable the MSR \
+                 fallback"
+            ),
+            "{html}"
+        );
+    }
+
+    #[test]
+    fn a_range_of_nothing_is_none() {
+        assert_eq!(range(std::iter::empty()), None);
+        assert_eq!(range([2.0, -1.0, 3.0].into_iter()), Some((-1.0, 3.0)));
+    }
+
+    #[test]
     fn page_without_broker_says_so_and_has_no_maps() {
         let mut r = report(telemetry(1.0, None));
         r.telemetry = None;
         r.broker_up = false;
-        let html = render(&r, None, "/metrics");
+        let html = render(&r, None, "/metrics", VIEW);
         assert!(html.contains("not answering") && !html.contains("<svg"));
         assert!(!html.contains("SIMULATED"));
     }
@@ -530,7 +672,7 @@ mod tests {
     fn everything_from_outside_is_escaped() {
         let mut t = (*telemetry(1.0, Some("<script>x</script>"))).clone();
         t.simulated = Some("<script>\"x\"&</script>".into());
-        let html = render(&report(Arc::new(t)), None, "/m\"><script>");
+        let html = render(&report(Arc::new(t)), None, "/m\"><script>", VIEW);
         assert!(!html.contains("<script"), "{html}");
         assert!(html.contains("&lt;script&gt;&quot;x&quot;&amp;&lt;/script&gt;"));
         assert!(html.contains("href=\"/m&quot;&gt;&lt;script&gt;\""));

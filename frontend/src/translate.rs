@@ -5,6 +5,7 @@ use crate::broker::BrokerInfo;
 use crate::collectors::Collector;
 use amd_hsmp_proto::{
     Core, DeviceStatus, EnergySource, Family, ItemError, PerFamily, Readings, Sample, Topology,
+    Unavailable,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -146,6 +147,26 @@ pub(crate) struct Telemetry {
     pub prochot: Vec<(u32, bool)>,
     /// Some items were not read because the broker's deadline passed.
     pub deadline_exceeded: bool,
+    /// The families the broker read none of, and why, in the order of [`Family::ALL`].
+    pub unread: Vec<(Family, Unread)>,
+}
+
+/// Why the broker read none of a family's items.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unread {
+    /// The exporter did not ask for it (`--no-collector.NAME`).
+    NotRequested,
+    /// No usable HSMP device and, for core energy, no MSR fallback.
+    NoDevice,
+    /// The firmware does not implement its message.
+    Unsupported,
+}
+
+impl Telemetry {
+    /// Why `family` was not read at all; `None` when it was (even if every item failed).
+    pub(crate) fn unread(&self, family: Family) -> Option<Unread> {
+        self.unread.iter().find(|(f, _)| *f == family).map(|&(_, why)| why)
+    }
 }
 
 /// Turns one sample into the series to export, counting each failed item once.
@@ -173,13 +194,14 @@ pub(crate) fn translate(
     errors.add_energy_resets(info.instance, sample.energy_resets);
 
     let cores: Vec<CoreLabel> = topology.cores.iter().map(CoreLabel::from).collect();
-    let mut read = Reader { errors, deadline_exceeded: false };
+    let mut read = Reader { errors, deadline_exceeded: false, unread: Vec::new() };
     out.energy_joules = read.collect(Family::CoreEnergy, &sample.energy, &cores, |e| e.joules());
     out.energy_source = if out.energy_joules.is_empty() { None } else { sample.energy_source };
     out.boost_limit_hertz =
         read.collect(Family::BoostLimit, &sample.boost_limit, &cores, |mhz| f64::from(mhz) * 1e6);
     out.prochot = read.collect(Family::Prochot, &sample.prochot, &topology.sockets, |a| a);
     out.deadline_exceeded = read.deadline_exceeded;
+    out.unread = read.unread;
     out
 }
 
@@ -188,6 +210,8 @@ struct Reader<'a> {
     errors: &'a ErrorCounters,
     /// Some item was left unread by the broker's deadline.
     deadline_exceeded: bool,
+    /// The families not read at all, and why.
+    unread: Vec<(Family, Unread)>,
 }
 
 impl Reader<'_> {
@@ -202,9 +226,16 @@ impl Reader<'_> {
         labels: &[L],
         convert: impl Fn(T) -> V,
     ) -> Vec<(L, V)> {
-        let Readings::Values(values) = readings else {
-            // NotRequested or Unavailable: the family is absent, and that is not an error.
-            return Vec::new();
+        let values = match readings {
+            Readings::Values(values) => values,
+            // The family is absent, and that is not an error.
+            Readings::NotRequested => return self.not_read(family, Unread::NotRequested),
+            Readings::Unavailable(Unavailable::NoDevice) => {
+                return self.not_read(family, Unread::NoDevice);
+            }
+            Readings::Unavailable(Unavailable::Unsupported) => {
+                return self.not_read(family, Unread::Unsupported);
+            }
         };
         if values.len() != labels.len() {
             tracing::warn!(
@@ -230,6 +261,12 @@ impl Reader<'_> {
         }
         self.errors.add(ErrorSource::Family(family), failed);
         out
+    }
+
+    /// Notes that `family` was not read, and why: no values.
+    fn not_read<V>(&mut self, family: Family, why: Unread) -> Vec<V> {
+        self.unread.push((family, why));
+        Vec::new()
     }
 }
 
@@ -361,6 +398,21 @@ mod tests {
         let t = translate(&info(), &topology(), &sample(), &errors);
         assert!(t.prochot.is_empty());
         assert_eq!(count(&errors, ErrorSource::Family(Family::Prochot)), 0);
+    }
+
+    #[test]
+    fn a_family_not_read_at_all_says_why() {
+        let mut s = sample();
+        s.energy = Readings::Unavailable(Unavailable::NoDevice);
+        s.boost_limit = Readings::NotRequested;
+        let t = translate(&info(), &topology(), &s, &ErrorCounters::default());
+        assert_eq!(t.unread(Family::CoreEnergy), Some(Unread::NoDevice));
+        assert_eq!(t.unread(Family::BoostLimit), Some(Unread::NotRequested));
+        assert_eq!(t.unread(Family::Prochot), Some(Unread::Unsupported));
+        // Read, though every item failed: not "unread".
+        let failed = Sample { energy: Readings::Values(vec![Err(ItemError::Busy); 3]), ..sample() };
+        let t = translate(&info(), &topology(), &failed, &ErrorCounters::default());
+        assert_eq!(t.unread(Family::CoreEnergy), None);
     }
 
     #[test]

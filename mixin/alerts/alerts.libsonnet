@@ -59,8 +59,9 @@
     {
       alert: 'AmdHsmpProchotFrequent',
       expr: |||
-        avg_over_time(amd_hsmp_prochot_active{%(amdHsmpSelector)s}[1h]) > %(prochotShareThreshold)s
+        avg_over_time(amd_hsmp_prochot_active{%(amdHsmpSelector)s}[1h]) > %(prochotShareThreshold)g
       ||| % c,
+      'for': c.prochotFrequentFor,
       labels: { severity: 'warning' },
       annotations: {
         summary: 'A CPU socket spends a large share of its time throttled by PROCHOT.',
@@ -72,7 +73,7 @@
       expr: |||
         instance_socket:amd_hsmp_core_boost_limit_hertz:avg{%(amdHsmpSelector)s}
         <
-        %(boostLimitRatio)s * max_over_time(instance_socket:amd_hsmp_core_boost_limit_hertz:avg{%(amdHsmpSelector)s}[%(boostLimitUsualWindow)s])
+        %(boostLimitRatio)g * max_over_time(instance_socket:amd_hsmp_core_boost_limit_hertz:avg{%(amdHsmpSelector)s}[%(boostLimitUsualWindow)s])
       ||| % c,
       'for': c.boostLimitLowFor,
       labels: { severity: 'warning' },

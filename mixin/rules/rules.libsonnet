@@ -110,12 +110,13 @@
           },
           {
             // systemd: the owner's last path element when it is a unit (a service, scope or
-            // slice), e.g. postgresql.service or a VM's machine-qemu-...scope.
+            // slice), e.g. postgresql.service or a VM's machine-qemu-...scope; a container
+            // runtime's scope is a container, not a unit.
             record: 'instance_unit:amd_hsmp_power_watts:sum_rate5m',
             expr: |||
               sum without (owner) (
                 label_replace(
-                  instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,owner=~"%(unitRegex)s"},
+                  instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,owner=~"%(unitRegex)s",owner!~"%(containerScopeRegex)s"},
                   "unit", "$1", "owner", "%(unitRegex)s"
                 )
               )

@@ -8,8 +8,9 @@
 
 use amd_hsmp_broker::daemon::{Machine, Simulation};
 use amd_hsmp_sim as sim;
+use clap::builder::TypedValueParser as _;
 use clap::error::ErrorKind;
-use clap::{CommandFactory, Parser};
+use clap::{CommandFactory, FromArgMatches, Parser};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -20,7 +21,9 @@ use std::time::Duration;
 struct Cli {
     /// Serve the built-in firmware simulator for this machine profile instead of the devices.
     /// The broker also serves its own uid, so that a user runs the demo without root.
-    #[arg(long, value_name = "PROFILE", required_unless_present = "version")]
+    #[arg(long, value_name = "PROFILE", required_unless_present = "version",
+          value_parser = clap::builder::PossibleValuesParser::new(sim::Profile::names())
+              .try_map(|name| name.parse::<sim::Profile>()))]
     simulate: Option<sim::Profile>,
 
     /// The events the simulated machine goes through (for demos and the live check of the
@@ -72,8 +75,20 @@ fn machine(machine: std::sync::Arc<sim::Machine>) -> Machine {
 
 const PROGRAM: &str = "amd-hsmp-sim-broker";
 
+/// The broker's flags the simulator ignores, by clap id: where the devices and the topology
+/// are. Still accepted (a broker's command line runs unchanged), left out of `--help`.
+const IGNORED: [&str; 4] = ["hsmp_device", "msr_device_root", "procfs", "sysfs"];
+
+/// The command line: the broker's, with [`IGNORED`] hidden.
+fn command() -> clap::Command {
+    IGNORED.iter().fold(Cli::command(), |cmd, id| cmd.mut_arg(*id, |a| a.hide(true)))
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::from_arg_matches(&command().get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     match cli.simulate {
         Some(profile) => {
             let simulated = Simulated { profile, scenario: cli.simulate_scenario };
@@ -83,8 +98,36 @@ fn main() -> ExitCode {
         None if cli.broker.common.version => {
             amd_hsmp_broker::daemon::main(PROGRAM, cli.broker, None)
         }
-        None => Cli::command()
+        None => command()
             .error(ErrorKind::MissingRequiredArgument, "--simulate PROFILE is required")
             .exit(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn help_lists_the_profiles_and_leaves_out_the_flags_the_simulator_ignores() {
+        let help = command().render_long_help().to_string();
+        for profile in sim::Profile::names() {
+            assert!(help.contains(profile), "{profile} missing:\n{help}");
+        }
+        for flag in ["--hsmp.device", "--msr.device-root", "--path.procfs", "--path.sysfs"] {
+            assert!(!help.contains(flag), "{flag} in:\n{help}");
+        }
+        assert!(help.contains("--simulate.scenario") && help.contains("--listen"));
+        // Still accepted, so a broker's command line runs unchanged.
+        let m = command()
+            .try_get_matches_from(["x", "--simulate", "milan-1p", "--hsmp.device", "/dev/null"])
+            .map_err(|e| e.to_string())
+            .and_then(|m| Cli::from_arg_matches(&m).map_err(|e| e.to_string()));
+        assert!(matches!(m, Ok(Cli { simulate: Some(sim::Profile::Milan1p), .. })), "{m:?}");
+    }
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        command().debug_assert();
     }
 }

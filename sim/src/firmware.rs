@@ -173,7 +173,7 @@ impl Firmware {
             smu_fw_version: spec.smu_fw_version,
             esu,
             mode,
-            live: Live::new(spec, seed, scenario),
+            live: Live::new(spec, seed, scenario).since_epoch(clock.epoch_s()),
             clock,
             state: Mutex::new(state),
         }

@@ -247,3 +247,21 @@ impl MsrOpener for SimMsrOpener {
         Ok(Box::new(msr))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_simulator_started_after_another_continues_its_energy_counters() {
+        let spec = profile::Profile::Turin2p.spec();
+        let first = Machine::new(spec.clone(), FirmwareConfig::live());
+        // Let the first count for a while, as a broker that ran before the restart.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let before = first.firmware().energy_counter(1, 0).unwrap();
+        drop(first);
+        let second = Machine::new(spec, FirmwareConfig::live());
+        let after = second.firmware().energy_counter(1, 0).unwrap();
+        assert!(after >= before, "the counter went back from {before} to {after}");
+    }
+}

@@ -12,8 +12,16 @@
 //!   the TDP ([`CORE_SHARE_OF_TDP`]) divided among the socket's cores and `idle` is
 //!   [`IDLE_SHARE`] of it, so the cores of a socket never draw more than 75 % of its TDP (the
 //!   rest is the I/O die's); under PROCHOT it is [`PROCHOT_POWER`] of that;
-//! - energy: the integral of the power over real time in steps of one second, plus a starting
-//!   offset drawn from the seed (up to one 32-bit MSR wrap, so wraps come at different times);
+//! - energy: what a hardware counter holds, which a restart of the simulating process does not
+//!   reset: a starting offset drawn from the seed (up to one 32-bit MSR wrap, so wraps come at
+//!   different times) plus the integral of the power since a fixed epoch (the Unix epoch: the
+//!   system clock, whose nanoseconds order two processes exactly, where `/proc/uptime`'s
+//!   10 ms would not). The load waves run on that time, so the integral of the power without
+//!   PROCHOT or clamping has a closed form at any instant and a new process continues where
+//!   the last one was; what PROCHOT and the clamp withheld from it during this
+//!   process is integrated in steps of one second and subtracted. That part restarts with the
+//!   process, so a restart moves the counter forward by what the last process withheld (a
+//!   PROCHOT episode's saving), never back;
 //! - boost limit: the SKU's maximum, except during a power event (the socket's load above
 //!   [`POWER_EVENT_LOAD`]: its loaded cores lose 100 to 400 MHz, redrawn every 30 s) and under
 //!   PROCHOT (every core of the socket at [`PROCHOT_BOOST`] of the maximum);
@@ -26,7 +34,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Share of a socket's TDP its cores draw at full load; the rest is the I/O die and uncore.
 pub const CORE_SHARE_OF_TDP: f64 = 0.75;
@@ -138,23 +146,40 @@ fn in_window(t: f64, start: f64, len: f64, period: f64) -> bool {
 /// Where the live firmware reads the time from.
 #[derive(Debug, Clone)]
 pub enum Clock {
-    /// Wall-clock time since this instant: what `--simulate` uses.
-    Wall(Instant),
-    /// Time set by a test, shared with every clone of the handle.
+    /// Wall-clock time since `start`, which was `epoch_s` seconds after the Unix epoch: what
+    /// `--simulate` uses.
+    Wall {
+        /// When the simulation started.
+        start: Instant,
+        /// Seconds from the Unix epoch to `start`.
+        epoch_s: f64,
+    },
+    /// Time set by a test, shared with every clone of the handle; the counters' epoch is the
+    /// start of the simulation.
     Manual(ManualClock),
 }
 
 impl Clock {
     /// Wall-clock time from now on.
     pub fn wall() -> Clock {
-        Clock::Wall(Instant::now())
+        let epoch_s = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        Clock::Wall { start: Instant::now(), epoch_s: epoch_s.as_secs_f64() }
     }
 
-    /// Seconds since the machine started.
+    /// Seconds since the simulation started: the time scenarios are scheduled on.
     pub fn now_s(&self) -> f64 {
         match self {
-            Clock::Wall(start) => start.elapsed().as_secs_f64(),
+            Clock::Wall { start, .. } => start.elapsed().as_secs_f64(),
             Clock::Manual(manual) => manual.get().as_secs_f64(),
+        }
+    }
+
+    /// Seconds from the energy counters' epoch to the start of the simulation: where a new
+    /// process continues the counters (see [`Live::since_epoch`]).
+    pub fn epoch_s(&self) -> f64 {
+        match self {
+            Clock::Wall { epoch_s, .. } => *epoch_s,
+            Clock::Manual(_) => 0.0,
         }
     }
 }
@@ -162,7 +187,7 @@ impl Clock {
 impl PartialEq for Clock {
     fn eq(&self, other: &Clock) -> bool {
         match (self, other) {
-            (Clock::Wall(a), Clock::Wall(b)) => a == b,
+            (Clock::Wall { start: a, .. }, Clock::Wall { start: b, .. }) => a == b,
             (Clock::Manual(a), Clock::Manual(b)) => Arc::ptr_eq(&a.0, &b.0),
             _ => false,
         }
@@ -236,6 +261,9 @@ pub struct Live {
     idle_w: f64,
     socket_waves: Vec<SocketWave>,
     cores: Vec<CoreWave>,
+    /// Seconds from the counters' epoch to `t` = 0: the load waves run on the time since it.
+    epoch_s: f64,
+    /// Per core, the energy PROCHOT and the clamp withheld since `t` = 0.
     integrals: Vec<Mutex<Integral>>,
 }
 
@@ -275,9 +303,19 @@ impl Live {
             core_max_w,
             idle_w: IDLE_SHARE * core_max_w,
             socket_waves,
+            epoch_s: 0.0,
             integrals: cores.iter().map(|_| Mutex::new(Integral::default())).collect(),
             cores,
         }
+    }
+
+    /// The model whose counters' epoch was `epoch_s` seconds before `t` = 0 (the simulation's
+    /// start; [`Clock::epoch_s`]): its load waves, and so its energy counters, run on the time
+    /// since the epoch, so that a simulation started later continues the counters of one that
+    /// ran before it.
+    pub fn since_epoch(mut self, epoch_s: f64) -> Live {
+        self.epoch_s = epoch_s.max(0.0);
+        self
     }
 
     /// The scenario.
@@ -293,15 +331,22 @@ impl Live {
     /// The load of `socket` at `t`, without the cores' own waves: the daily and the job wave.
     pub fn socket_load(&self, socket: u32, t: f64) -> f64 {
         let Some(w) = self.socket_waves.get(socket as usize) else { return 0.0 };
+        let t = self.epoch_s + t;
         0.55 + 0.25 * (TAU * t / DAY_S + w.day_phase).sin()
             + 0.08 * (w.job_omega * t + w.job_phase).sin()
     }
 
+    /// The load of core `i` at `t` before the clamp to [0, 1].
+    fn raw_load(&self, i: usize, t: f64) -> f64 {
+        let c = &self.cores[i];
+        self.socket_load(c.socket, t)
+            + c.bias
+            + c.amp * (c.omega * (self.epoch_s + t) + c.phase).sin()
+    }
+
     /// The load of core `i` at `t`, in [0, 1].
     pub fn core_load(&self, i: usize, t: f64) -> f64 {
-        let c = &self.cores[i];
-        (self.socket_load(c.socket, t) + c.bias + c.amp * (c.omega * t + c.phase).sin())
-            .clamp(0.0, 1.0)
+        self.raw_load(i, t).clamp(0.0, 1.0)
     }
 
     /// The power of core `i` at `t`, W.
@@ -311,8 +356,32 @@ impl Live {
         if self.prochot(c.socket, t) { p * PROCHOT_POWER } else { p }
     }
 
-    /// The energy core `i` has counted at `t`, J: the offset plus the power integrated in
-    /// steps of [`STEP_S`]. Never decreases as `t` grows.
+    /// The energy core `i` would have counted from the epoch to `t` without PROCHOT and the clamp,
+    /// J: the closed-form integral of its unclamped load's waves.
+    fn unthrottled_energy_j(&self, i: usize, t: f64) -> f64 {
+        let c = &self.cores[i];
+        let Some(w) = self.socket_waves.get(c.socket as usize) else { return 0.0 };
+        let t = self.epoch_s + t;
+        // ∫₀ᵗ sin(ωτ + φ) dτ
+        let wave = |omega: f64, phase: f64| (phase.cos() - (omega * t + phase).cos()) / omega;
+        let load = (0.55 + c.bias) * t
+            + 0.25 * wave(TAU / DAY_S, w.day_phase)
+            + 0.08 * wave(w.job_omega, w.job_phase)
+            + c.amp * wave(c.omega, c.phase);
+        self.idle_w * t + (self.core_max_w - self.idle_w) * load
+    }
+
+    /// What PROCHOT and the clamp withhold from core `i`'s unthrottled power at `t`, W (≥ 0:
+    /// the raw load never falls below 0).
+    fn withheld_w(&self, i: usize, t: f64) -> f64 {
+        let unthrottled = self.idle_w + (self.core_max_w - self.idle_w) * self.raw_load(i, t);
+        (unthrottled - self.power_w(i, t)).max(0.0)
+    }
+
+    /// The energy core `i` has counted at `t`, J: the offset plus the energy since the epoch
+    /// without PROCHOT and the clamp, less what they withheld since `t` = 0 (integrated in
+    /// steps of [`STEP_S`]). Never decreases as `t` grows, and a model started later (a
+    /// restart of the simulating process: [`Live::since_epoch`]) never counts less.
     pub fn energy_j(&self, i: usize, t: f64) -> f64 {
         let t = t.max(0.0);
         let whole = (t / STEP_S).floor() as u64;
@@ -323,11 +392,12 @@ impl Live {
             *integral = Integral::default();
         }
         while integral.steps < whole {
-            integral.joules += self.power_w(i, integral.steps as f64 * STEP_S) * STEP_S;
+            integral.joules += self.withheld_w(i, integral.steps as f64 * STEP_S) * STEP_S;
             integral.steps += 1;
         }
         let partial = t - whole as f64 * STEP_S;
-        self.cores[i].offset_j + integral.joules + self.power_w(i, whole as f64 * STEP_S) * partial
+        let withheld = integral.joules + self.withheld_w(i, whole as f64 * STEP_S) * partial;
+        self.cores[i].offset_j + self.unthrottled_energy_j(i, t) - withheld
     }
 
     /// The boost limit of core `i` at `t`, MHz.
@@ -441,9 +511,30 @@ mod tests {
         let e0 = live.energy_j(5, 1000.0);
         let e1 = live.energy_j(5, 1010.0);
         let expected: f64 = (1000..1010).map(|s| live.power_w(5, f64::from(s))).sum();
-        assert!((e1 - e0 - expected).abs() < 1e-6, "{} vs {expected}", e1 - e0);
+        // The unthrottled part is integrated exactly, the power above in one-second steps.
+        assert!((e1 - e0 - expected).abs() < 1e-2 * expected, "{} vs {expected}", e1 - e0);
         // Reading an earlier time again gives the same answer (a manual clock set back).
         assert_eq!(live.energy_j(5, 1000.0), e0);
+    }
+
+    #[test]
+    fn a_simulation_started_later_continues_the_energy_counters() {
+        let spec = Profile::Turin2p.spec();
+        for scenario in Scenario::ALL {
+            // A process that started 1000 s after boot ran 3600 s (a thermal event and its
+            // saving included); the next starts 1 s after, and another much later.
+            let first = Live::new(&spec, 4, scenario).since_epoch(1000.0);
+            let second = Live::new(&spec, 4, scenario).since_epoch(4601.0);
+            let third = Live::new(&spec, 4, scenario).since_epoch(90_000.0);
+            for i in [0, 191, 383] {
+                let end = first.energy_j(i, 3600.0);
+                let next = second.energy_j(i, 0.0);
+                assert!(next >= end, "{scenario} core {i}: {end} J, then {next} J");
+                // Forward by about a second's power and what the first withheld, not more.
+                assert!(next - end < 0.6 * 3600.0 * first.core_max_w(), "{scenario} core {i}");
+                assert!(third.energy_j(i, 0.0) >= second.energy_j(i, 600.0));
+            }
+        }
     }
 
     #[test]

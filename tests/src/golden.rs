@@ -5,6 +5,9 @@
 //! the values of the `process_*` metrics (this process's CPU time, memory, descriptors, start
 //! time) and the label values of `amd_hsmp_build_info` (version, git revision, compiler). Names,
 //! labels, HELP/TYPE lines, order and every other value are compared exactly.
+//!
+//! On the landing page ([`mask_page`]): the time between the two samples power is taken from,
+//! the time the view took, and the version and revision in the footer.
 
 use std::path::{Path, PathBuf};
 
@@ -89,6 +92,31 @@ fn mask_label_values(line: &str) -> String {
         out.push(c);
     }
     out
+}
+
+/// Masks the variable parts of the landing page: the interval of the power map's caption
+/// (`over the last 1.0 s`: wall-clock time between two samples), and in the footer the version,
+/// the revision and the time the view took. The watts are not masked: in static mode the
+/// energy does not move between two samples, so every core reads 0 W.
+pub fn mask_page(html: &str) -> String {
+    let mut out = String::with_capacity(html.len());
+    for line in html.split_inclusive('\n') {
+        let mut line = mask_between(line, "over the last ", " s)");
+        if line.starts_with("<p class=\"foot\">") {
+            line = mask_between(&line, "version ", " (revision ");
+            line = mask_between(&line, "(revision ", ")");
+            line = mask_between(&line, " in ", " ms;");
+        }
+        out.push_str(&line);
+    }
+    out
+}
+
+/// `line` with the text between the first `start` and the next `end` after it masked.
+fn mask_between(line: &str, start: &str, end: &str) -> String {
+    let Some(from) = line.find(start).map(|i| i + start.len()) else { return line.to_owned() };
+    let Some(to) = line[from..].find(end).map(|i| from + i) else { return line.to_owned() };
+    format!("{}{MASK}{}", &line[..from], &line[to..])
 }
 
 /// Compares `actual` with the golden file `name` (or writes it when updating). The error is a
@@ -210,6 +238,19 @@ process_open_fds <masked>
         assert!(d.contains(" amd_hsmp_scrape_duration_seconds 0.0123\n"), "{d}");
         assert!(!d.contains("HELP"), "{d}");
         assert_eq!(diff(SCRAPE, SCRAPE), "");
+    }
+
+    #[test]
+    fn the_page_masks_only_its_times_version_and_revision() {
+        let page = "<figcaption>Power per core (0.00 to 0.00 W over the last 1.0 s)</figcaption>\n\
+            <p class=\"foot\"><a href=\"/metrics\">Metrics</a> · version 0.1.0 (revision abc) · \
+            this page took two samples in 1004 ms; reload for fresh values</p>\n";
+        assert_eq!(
+            mask_page(page),
+            "<figcaption>Power per core (0.00 to 0.00 W over the last <masked> s)</figcaption>\n\
+            <p class=\"foot\"><a href=\"/metrics\">Metrics</a> · version <masked> (revision \
+            <masked>) · this page took two samples in <masked> ms; reload for fresh values</p>\n"
+        );
     }
 
     #[test]

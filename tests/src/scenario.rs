@@ -178,6 +178,17 @@ pub struct Scrape {
     /// an empty family passes), or series such as `name{core="5",socket="0"}`.
     #[serde(default)]
     pub absent: Vec<String>,
+    /// `GET /` (the landing page) instead of `/metrics`; its golden file is `.html`, masked
+    /// by [`golden::mask_page`](crate::golden::mask_page).
+    #[serde(default)]
+    pub page: bool,
+}
+
+impl Scrape {
+    /// The path requested.
+    pub fn path(&self) -> &'static str {
+        if self.page { "/" } else { "/metrics" }
+    }
 }
 
 /// `tests/scenarios` in the source tree.
@@ -548,13 +559,15 @@ impl Rig {
         t
     }
 
-    /// `GET /metrics` as Prometheus would, with `scrape`'s headers.
+    /// `GET /metrics` as Prometheus would (or `GET /` for a page view), with `scrape`'s
+    /// headers.
     pub fn scrape(&mut self, scrape: &Scrape) -> Result<Response> {
         let timeout = scrape.timeout_header.as_deref().unwrap_or(DEFAULT_SCRAPE_TIMEOUT);
         let accept = scrape.accept.as_deref().unwrap_or(PROMETHEUS_ACCEPT);
         let headers =
             [("Accept", accept), (amd_hsmp_exporter::http::SCRAPE_TIMEOUT_HEADER, timeout)];
-        let response = harness::http_get(self.addr, "/metrics", &headers, Duration::from_secs(30))?;
+        let response =
+            harness::http_get(self.addr, scrape.path(), &headers, Duration::from_secs(30))?;
         self.exporter.check_running()?;
         if let Some(broker) = self.broker.as_mut() {
             broker.check_running()?;
@@ -575,12 +588,16 @@ fn path(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
-/// The golden file names of a scenario's scrapes.
-pub fn golden_names(name: &str, scrapes: usize) -> Vec<String> {
-    if scrapes == 1 {
-        vec![format!("{name}.metrics")]
-    } else {
-        (1..=scrapes).map(|i| format!("{name}.{i}.metrics")).collect()
+/// The golden file names of a scenario's scrapes: `.html` for a page view, `.metrics` else.
+pub fn golden_names(name: &str, scrapes: &[Scrape]) -> Vec<String> {
+    let ext = |s: &Scrape| if s.page { "html" } else { "metrics" };
+    match scrapes {
+        [one] => vec![format!("{name}.{}", ext(one))],
+        _ => scrapes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| format!("{name}.{}.{}", i + 1, ext(s)))
+            .collect(),
     }
 }
 

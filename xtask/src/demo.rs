@@ -61,7 +61,7 @@ pub fn build() -> Result<PathBuf> {
         "amd-hsmp-exporter",
         "--bins",
     ])?;
-    Ok(crate::workspace::root().join("target/debug"))
+    Ok(crate::workspace::target_dir(&crate::workspace::root()).join("debug"))
 }
 
 fn serve(bin: &Path, dir: &Path, scenario: Option<&str>) -> Result<()> {
@@ -71,13 +71,14 @@ fn serve(bin: &Path, dir: &Path, scenario: Option<&str>) -> Result<()> {
         .context("cannot install the Ctrl-C handler")?;
 
     let socket = dir.join("broker.sock");
+    let sim_broker = bin.join("amd-hsmp-sim-broker");
     let mut broker = Guard(
-        Command::new(bin.join("amd-hsmp-sim-broker"))
+        Command::new(&sim_broker)
             .args(["--simulate", PROFILE, "--listen"])
             .arg(&socket)
             .args(scenario.iter().flat_map(|s| ["--simulate.scenario", *s]))
             .spawn()
-            .context("cannot start amd-hsmp-sim-broker")?,
+            .with_context(|| format!("cannot start {}", sim_broker.display()))?,
     );
     let started = Instant::now();
     while !socket.exists() {
@@ -89,12 +90,13 @@ fn serve(bin: &Path, dir: &Path, scenario: Option<&str>) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    let exporter_bin = bin.join("amd-hsmp-exporter");
     let mut exporter = Guard(
-        Command::new(bin.join("amd-hsmp-exporter"))
+        Command::new(&exporter_bin)
             .args(["--web.listen-address", LISTEN, "--broker.socket"])
             .arg(&socket)
             .spawn()
-            .context("cannot start amd-hsmp-exporter")?,
+            .with_context(|| format!("cannot start {}", exporter_bin.display()))?,
     );
     eprintln!(
         "\nDemo running on a simulated {PROFILE} ({}): http://localhost:10054/ (the node at a \

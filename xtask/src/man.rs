@@ -11,24 +11,70 @@ use clap_complete::Shell;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-/// The binaries: name, `clap` definition, and the text of the man page's EXIT STATUS section.
-fn binaries() -> [(&'static str, clap::Command, &'static str); 2] {
+/// One binary's man page: its name, `clap` definition, section (8 for the broker, a system
+/// daemon, as sshd(8); 1 for the exporter) and the hand-written sections (roff) that follow the
+/// options.
+struct Page {
+    name: &'static str,
+    command: clap::Command,
+    section: &'static str,
+    exit_status: &'static str,
+    files: &'static str,
+    environment: &'static str,
+    examples: &'static str,
+}
+
+/// The binaries and their man pages.
+fn binaries() -> [Page; 2] {
     [
-        (
-            "amd-hsmp-broker",
-            amd_hsmp_broker::cli::command(),
-            "0 after SIGTERM or SIGINT (a socket file created with \\-\\-listen is removed); \
+        Page {
+            name: "amd-hsmp-broker",
+            command: amd_hsmp_broker::cli::command(),
+            section: "8",
+            exit_status: "0 after SIGTERM or SIGINT (a socket file created with \\-\\-listen is removed); \
              1 when start\\-up fails (the message names the step); 2 for a bad command line. \
              SIGHUP, SIGUSR1 and SIGUSR2 are ignored. A missing /dev/hsmp is not a start\\-up \
              failure: the broker serves and reports amd_hsmp_up 0.",
-        ),
-        (
-            "amd-hsmp-exporter",
-            amd_hsmp_exporter::cli::command(),
-            "0 after a clean shutdown on SIGTERM or SIGINT; 1 when start\\-up fails (e.g. an \
+            files: ".TP\n/run/amd\\-hsmp/broker.sock\nThe socket systemd listens on for the broker \
+             (amd\\-hsmp\\-broker.socket: mode 0660, group amd\\-hsmp\\-exporter).\n\
+             .TP\n/etc/sysconfig/amd\\-hsmp\\-broker (RPM), /etc/default/amd\\-hsmp\\-broker (.deb)\n\
+             Extra flags, in OPTIONS.\n\
+             .TP\n/usr/lib/systemd/system/amd\\-hsmp\\-broker.socket, amd\\-hsmp\\-broker.service\n\
+             The units.\n\
+             .TP\n/usr/share/amd\\-hsmp\\-exporter/msr\\-fallback.conf\nThe MSR fallback's drop\\-in, \
+             inactive until copied into /etc/systemd/system/amd\\-hsmp\\-broker.service.d/.\n\
+             .TP\n/dev/hsmp, /dev/cpu/N/msr\nThe devices read (\\-\\-hsmp.device, \
+             \\-\\-msr.device\\-root).\n",
+            environment: ".TP\nOPTIONS\nExtra flags, from the unit\\*(Aqs EnvironmentFile.\n\
+             .TP\nMSR_FALLBACK_FLAGS\nSet by the MSR drop\\-in to \
+             \\-\\-collector.core\\-energy.msr\\-fallback.\n\
+             .TP\nLISTEN_FDS, LISTEN_PID\nThe socket passed by systemd socket activation, used \
+             without \\-\\-listen.\n",
+            examples: "Check that a scrape can work on this machine:\n.PP\n.nf\n\
+             amd\\-hsmp\\-broker \\-\\-check \\-\\-collector.core\\-energy.msr\\-fallback\n.fi\n.PP\n\
+             Serve by hand, without systemd, to the exporter\\*(Aqs user:\n.PP\n.nf\n\
+             amd\\-hsmp\\-broker \\-\\-listen /run/amd\\-hsmp/broker.sock \\-\\-allow\\-user amd\\-hsmp\\-exporter\n.fi\n",
+        },
+        Page {
+            name: "amd-hsmp-exporter",
+            command: amd_hsmp_exporter::cli::command(),
+            section: "1",
+            exit_status: "0 after a clean shutdown on SIGTERM or SIGINT; 1 when start\\-up fails (e.g. an \
              address cannot be bound); 2 for an invalid flag. A missing broker or device is \
              never a reason to exit: the exporter serves amd_hsmp_broker_up 0 or amd_hsmp_up 0.",
-        ),
+            files: ".TP\n/etc/sysconfig/amd\\-hsmp\\-exporter (RPM), /etc/default/amd\\-hsmp\\-exporter (.deb)\n\
+             Extra flags, in OPTIONS.\n\
+             .TP\n/usr/lib/systemd/system/amd\\-hsmp\\-exporter.service\nThe unit.\n\
+             .TP\n/run/amd\\-hsmp/broker.sock\nThe broker\\*(Aqs socket (\\-\\-broker.socket).\n\
+             .TP\n/usr/lib/firewalld/services/amd\\-hsmp\\-exporter.xml (RPM)\nfirewalld\\*(Aqs \
+             service for tcp/10054.\n",
+            environment: ".TP\nOPTIONS\nExtra flags, from the unit\\*(Aqs EnvironmentFile.\n",
+            examples: "Serve on one address, then read the metrics:\n.PP\n.nf\n\
+             amd\\-hsmp\\-exporter \\-\\-web.listen\\-address 10.0.0.5:10054\n\
+             curl http://10.0.0.5:10054/metrics\n.fi\n.PP\n\
+             Without the per\\-core boost limits:\n.PP\n.nf\n\
+             amd\\-hsmp\\-exporter \\-\\-no\\-collector.boost\\-limit\n.fi\n",
+        },
     ]
 }
 
@@ -40,13 +86,15 @@ struct Generated {
     text: String,
 }
 
-/// Every generated file: `man/NAME.1`, `completions/{bash/NAME,zsh/_NAME,fish/NAME.fish}`.
+/// Every generated file: `man/NAME.SECTION`,
+/// `completions/{bash/NAME,zsh/_NAME,fish/NAME.fish}`.
 fn generate() -> Result<Vec<Generated>> {
     let mut files = Vec::new();
-    for (name, command, exit_status) in binaries() {
+    for page in binaries() {
+        let (name, command) = (page.name, page.command.clone());
         files.push(Generated {
-            path: PathBuf::from(format!("man/{name}.1")),
-            text: man_page(command.clone(), name, exit_status)?,
+            path: PathBuf::from(format!("man/{name}.{}", page.section)),
+            text: man_page(&page)?,
         });
         for shell in SHELLS {
             let mut command = command.clone();
@@ -66,28 +114,61 @@ fn generate() -> Result<Vec<Generated>> {
     Ok(files)
 }
 
-/// The man page: clap_mangen's sections, then EXIT STATUS and SEE ALSO. No date, so that the
-/// page depends on the flags alone.
-fn man_page(command: clap::Command, name: &str, exit_status: &str) -> Result<String> {
+/// The man page: clap_mangen's title, name, description and options, a SYNOPSIS that shows
+/// each option's argument, then EXIT STATUS, FILES, ENVIRONMENT, EXAMPLES and SEE ALSO. No date,
+/// so that the page depends on the flags alone.
+fn man_page(page: &Page) -> Result<String> {
     let version = amd_hsmp_cli::version::VERSION;
-    let man = clap_mangen::Man::new(command.version(version))
+    let man = clap_mangen::Man::new(page.command.clone().version(version))
+        .section(page.section)
         .manual("amd-hsmp-exporter")
         .source(format!("amd-hsmp-exporter {version}"));
     let mut out = Vec::new();
     man.render_title(&mut out)?;
     man.render_name_section(&mut out)?;
-    man.render_synopsis_section(&mut out)?;
+    out.extend_from_slice(synopsis(&page.command, page.name).as_bytes());
     man.render_description_section(&mut out)?;
     man.render_options_section(&mut out)?;
-    let other = if name == "amd-hsmp-broker" { "amd-hsmp-exporter" } else { "amd-hsmp-broker" };
+    let (other, other_section) = if page.name == "amd-hsmp-broker" {
+        ("amd-hsmp-exporter", "1")
+    } else {
+        ("amd-hsmp-broker", "8")
+    };
     let other = other.replace('-', "\\-");
-    let see_also = format!(
-        ".SH \"EXIT STATUS\"\n{exit_status}\n.SH \"SEE ALSO\"\n.BR {other} (1),\n\
-         .BR systemd.socket (5)\n.PP\n\
-         The operator's guide: /usr/share/doc/amd\\-hsmp\\-exporter/operator\\-guide.md\n"
+    let rest = format!(
+        ".SH \"EXIT STATUS\"\n{}\n.SH FILES\n{}.SH ENVIRONMENT\n{}.SH EXAMPLES\n{}\
+         .SH \"SEE ALSO\"\n.BR {other} ({other_section}),\n.BR systemd.socket (5)\n.PP\n\
+         The operator's guide: /usr/share/doc/amd\\-hsmp\\-exporter/operator\\-guide.md\n",
+        page.exit_status, page.files, page.environment, page.examples
     );
-    out.extend_from_slice(see_also.as_bytes());
+    out.extend_from_slice(rest.as_bytes());
     String::from_utf8(out).context("the man page is not UTF-8")
+}
+
+/// The SYNOPSIS: every option that is not hidden, with its argument (`[--listen PATH]`), where
+/// clap_mangen's shows the option alone.
+fn synopsis(command: &clap::Command, name: &str) -> String {
+    let roff = |s: &str| s.replace('-', "\\-");
+    let mut line = format!(".SH SYNOPSIS\n\\fB{}\\fR", roff(name));
+    // Built, so that --help and --version are there and every argument's count is known.
+    let mut command = command.clone();
+    command.build();
+    for arg in command.get_arguments().filter(|a| !a.is_hide_set()) {
+        let Some(long) = arg.get_long() else { continue };
+        let flag = match arg.get_short() {
+            Some(short) => format!("\\fB\\-{short}\\fR|\\fB\\-\\-{}\\fR", roff(long)),
+            None => format!("\\fB\\-\\-{}\\fR", roff(long)),
+        };
+        let takes_value = arg.get_action().takes_values();
+        match arg.get_value_names().and_then(|v| v.first()) {
+            Some(value) if takes_value => {
+                line.push_str(&format!(" [{flag} \\fI{}\\fR]", roff(value.as_str())));
+            }
+            _ => line.push_str(&format!(" [{flag}]")),
+        }
+    }
+    line.push('\n');
+    line
 }
 
 /// `cargo xtask man OUTDIR`: writes the man pages and completions under `outdir`.
@@ -170,20 +251,35 @@ mod tests {
 
     #[test]
     fn man_pages_mention_every_flag() {
-        for (name, command, _) in binaries() {
-            let page = man_page(command.clone(), name, "").unwrap();
-            assert!(page.contains(&format!(".TH {name} 1")), "no title in {name}.1");
+        for page in binaries() {
+            let (name, section) = (page.name, page.section);
+            let text = man_page(&page).unwrap();
+            assert!(text.contains(&format!(".TH {name} {section}")), "no title in {name}");
             // clap_mangen escapes every hyphen in a flag name: `\-\-web.listen\-address`.
-            for flag in long_flags(&command).iter().filter(|f| *f != "--help") {
+            for flag in long_flags(&page.command).iter().filter(|f| *f != "--help") {
                 let roff = flag.replace('-', "\\-");
-                assert!(page.contains(&roff), "{name}.1 does not mention {flag}");
+                assert!(text.contains(&roff), "{name}.{section} does not mention {flag}");
             }
         }
-        let broker = man_page(amd_hsmp_broker::cli::command(), "amd-hsmp-broker", "").unwrap();
-        assert!(broker.contains("\\-\\-allow\\-uid"));
-        let exporter =
-            man_page(amd_hsmp_exporter::cli::command(), "amd-hsmp-exporter", "").unwrap();
-        assert!(exporter.contains("\\-\\-web.listen\\-address"));
+    }
+
+    #[test]
+    fn man_pages_have_files_environment_examples_and_a_synopsis_with_arguments() {
+        let [broker, exporter] = binaries();
+        assert_eq!((broker.section, exporter.section), ("8", "1"), "the daemon is in section 8");
+        for page in [&broker, &exporter] {
+            let text = man_page(page).unwrap();
+            for section in [".SH FILES", ".SH ENVIRONMENT", ".SH EXAMPLES", ".SH SYNOPSIS"] {
+                assert!(text.contains(section), "{} lacks {section}", page.name);
+            }
+            assert!(text.contains("/etc/default/") && text.contains("/etc/sysconfig/"));
+        }
+        let text = man_page(&broker).unwrap();
+        assert!(text.contains("[\\fB\\-\\-listen\\fR \\fIPATH\\fR]"), "{text}");
+        assert!(text.contains("[\\fB\\-\\-check\\fR]"), "{text}");
+        assert!(text.contains(".BR amd\\-hsmp\\-exporter (1)"));
+        let text = man_page(&exporter).unwrap();
+        assert!(text.contains(".BR amd\\-hsmp\\-broker (8)"));
     }
 
     #[test]
@@ -209,9 +305,9 @@ mod tests {
 
     #[test]
     fn help_output_matches_the_golden() {
-        for (name, command, _) in binaries() {
-            let path = root().join("docs/help").join(format!("{name}.txt"));
-            expect_file(&path, &long_help(command)).unwrap();
+        for page in binaries() {
+            let path = root().join("docs/help").join(format!("{}.txt", page.name));
+            expect_file(&path, &long_help(page.command)).unwrap();
         }
     }
 

@@ -622,6 +622,18 @@ fn read(path: &Path) -> Result<String> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn rule_thresholds_print_as_written() {
+        // jsonnet's `%s` of 0.9 is 0.90000000000000002: thresholds are formatted with `%g`.
+        for file in ["prometheus_alerts.yaml", "prometheus_rules.yaml"] {
+            let text = read(&crate::workspace::root().join("mixin").join(file)).unwrap();
+            let long = text
+                .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+                .find(|w| w.split_once('.').is_some_and(|(_, decimals)| decimals.len() > 6));
+            assert_eq!(long, None, "{file}");
+        }
+    }
+
     fn names(expr: &str) -> Vec<String> {
         metric_names(expr).unwrap().into_iter().collect()
     }

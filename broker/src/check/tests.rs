@@ -211,6 +211,16 @@ fn a_socket_the_exporters_group_cannot_write_fails_naming_the_group() {
 }
 
 #[test]
+fn a_simulated_broker_s_missing_socket_is_fixed_by_starting_the_simulator_not_systemctl() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("broker.sock");
+    let l = simulated_socket(&path, None);
+    assert_eq!(l.verdict, Verdict::Fail, "{l}");
+    assert!(!fix(&l).contains("systemctl"), "{l}");
+    assert!(fix(&l).contains("amd-hsmp-sim-broker --simulate PROFILE --listen"), "{l}");
+}
+
+#[test]
 fn a_reachable_socket_passes_once_the_broker_answers() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("broker.sock");

@@ -39,7 +39,12 @@ fn the_check_prints_one_line_per_precondition_and_fails_without_the_socket() {
     let socket_line =
         text.lines().find(|l| l.get(6..).is_some_and(|r| r.starts_with("socket"))).unwrap();
     assert!(socket_line.starts_with("FAIL  socket"), "{text}");
-    assert!(socket_line.contains("fix: systemctl enable --now amd-hsmp-broker.socket"), "{text}");
+    // A simulator has no unit: the fix is to start it, never systemctl.
+    assert!(
+        socket_line.contains("fix: start the simulator on it: amd-hsmp-sim-broker --simulate"),
+        "{text}"
+    );
+    assert!(!text.contains("systemctl"), "{text}");
     assert_eq!(
         verdict, "amd-hsmp-sim-broker --check: a scrape cannot work as it should; see FAIL above",
         "{text}"

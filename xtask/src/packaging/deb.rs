@@ -4,6 +4,7 @@
 use super::helpers::{cargo_deb, read};
 use super::licenses::{license_ids, license_terms, same_licenses};
 use super::rpm::workspace_version;
+use super::units::deb_unit;
 use super::{RPM_NAME, UNITS};
 use crate::golden::expect_file;
 use crate::workspace::{output, stdout};
@@ -38,6 +39,11 @@ pub(super) fn deb(
         "packaging/deb/changelog does not start with version {version}-1"
     );
     deb_copyright_covers(&read(&root.join("packaging/deb/copyright"))?, licenses)?;
+    // The units cargo-deb installs: packaging/systemd's, reading /etc/default.
+    for unit in UNITS {
+        let text = read(&root.join("packaging/systemd").join(unit))?;
+        expect_file(&root.join("packaging/deb/systemd").join(unit), &deb_unit(unit, &text))?;
+    }
 
     fs::create_dir_all(work)?;
     cargo_deb(work)?;
@@ -141,13 +147,20 @@ pub(super) fn same_install_tree(
             && !path.ends_with("/copyright")
             && !path.ends_with("/changelog.Debian.gz")
     };
-    let rpm: BTreeSet<String> = rpm.iter().filter(shared).cloned().collect();
+    // firewalld's service definition: EL's firewall; Debian's default is none.
+    let rpm: BTreeSet<String> = rpm
+        .iter()
+        .filter(shared)
+        .filter(|p| !p.starts_with("/usr/lib/firewalld/"))
+        .cloned()
+        .collect();
     // zsh looks for vendor completions in site-functions on Fedora and EL, vendor-completions on
-    // Debian.
+    // Debian; a service's variables are in /etc/sysconfig on EL, /etc/default on Debian.
     let deb: BTreeSet<String> = deb
         .iter()
         .filter(shared)
         .map(|p| p.replace("/usr/share/zsh/vendor-completions/", "/usr/share/zsh/site-functions/"))
+        .map(|p| p.replace("/etc/default/", "/etc/sysconfig/"))
         .collect();
     ensure!(
         rpm == deb,

@@ -1,5 +1,5 @@
 //! Checks 5 and W: the units under real systemd (their sandbox and exposure, freeze and thaw),
-//! and a web configuration with TLS and basic auth passed through the packaged sysconfig file
+//! and a web configuration with TLS and basic auth passed through the packaged variables file
 //! and reloaded on `SIGHUP`.
 
 use super::exporter::{exact_values, expected, scrape, wait_for_exporter};
@@ -100,7 +100,7 @@ const WEB_USER_HASH: &str = "$2y$10$G/Cbv8kBCFnjZXpVYTxxxu19f5EkQHsWXGOEcw8B/ynw
 
 /// Check W: a self-signed certificate and key made on the host (openssl) and a web
 /// configuration with TLS and basic auth, in `/etc/amd-hsmp-exporter/` with its label, passed
-/// through `OPTIONS=` of the packaged sysconfig file; HTTPS without credentials is 401, with
+/// through `OPTIONS=` of the packaged variables file (`/etc/default`, the .deb's); HTTPS without credentials is 401, with
 /// them 200 with `amd_hsmp_up 1`; `SIGHUP` reloads and the same process still serves. The
 /// packaged configuration is restored afterwards.
 pub(super) fn web_config(ctx: &mut Ctx<'_>) -> Result<Verdict> {
@@ -135,9 +135,9 @@ pub(super) fn web_config(ctx: &mut Ctx<'_>) -> Result<Verdict> {
              basic_auth_users:\n  prometheus: {WEB_USER_HASH}\nEOF\n\
              chgrp amd-hsmp-exporter $d/tls.key $d/web-config.yml; chmod 0640 $d/tls.key $d/web-config.yml\n\
              restorecon -R $d; ls -Z $d | tr '\\n' ' '; echo\n\
-             cp /etc/sysconfig/amd-hsmp-exporter /root/vm/exporter.sysconfig\n\
+             cp /etc/default/amd-hsmp-exporter /root/vm/exporter.sysconfig\n\
              echo 'OPTIONS=\"--web.config.file=/etc/amd-hsmp-exporter/web-config.yml\"' \
-             >> /etc/sysconfig/amd-hsmp-exporter\n\
+             >> /etc/default/amd-hsmp-exporter\n\
              systemctl restart amd-hsmp-exporter.service\n\
              for i in $(seq 100); do curl -sk -m 5 -o /dev/null https://127.0.0.1:10054/ && exit 0; sleep 0.1; done; exit 1"
         ),
@@ -182,7 +182,7 @@ pub(super) fn web_config(ctx: &mut Ctx<'_>) -> Result<Verdict> {
         ev.journal(vm)?;
     }
     let restore = vm.run(
-        "cp /root/vm/exporter.sysconfig /etc/sysconfig/amd-hsmp-exporter && \
+        "cp /root/vm/exporter.sysconfig /etc/default/amd-hsmp-exporter && \
          systemctl restart amd-hsmp-exporter.service",
         COMMAND_TIMEOUT,
     )?;
