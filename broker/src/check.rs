@@ -417,7 +417,9 @@ const KNOWN_PARTS: [(u32, std::ops::RangeInclusive<u32>, &str); 4] = [
 ];
 
 /// What the broker does on a part it does not know: the same probes as on every part.
-const TRIES: &str = "the broker gates nothing on family, model or protocol version: it asks                      GET_PROTO_VER, then every family, and omits what the firmware answers                      ENOMSG for (see protocol)";
+const TRIES: &str = "the broker gates nothing on family, model or protocol version: it asks \
+                     GET_PROTO_VER, then every family, and omits what the firmware answers \
+                     ENOMSG for (see protocol)";
 
 /// The CPU. HSMP exists on AMD families 0x19 (Zen 3, Zen 4) and 0x1A (Zen 5); a family or
 /// model this release does not know (a newer EPYC) is a warning, never a failure: nothing is
