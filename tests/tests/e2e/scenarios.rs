@@ -71,6 +71,7 @@ scenarios! {
     turin_2p_core_errors => "turin-2p-core-errors",
     turin_2p_core_owner_kubelet => "turin-2p-core-owner-kubelet",
     turin_2p_core_owner_slurm => "turin-2p-core-owner-slurm",
+    turin_2p_core_owner_slurm_multiple_slurmd => "turin-2p-core-owner-slurm-multiple-slurmd",
     turin_2p_core_owner_systemd => "turin-2p-core-owner-systemd",
     turin_2p_core_owner_unreadable => "turin-2p-core-owner-unreadable",
     turin_2p_core_owner_v1_host => "turin-2p-core-owner-v1-host",
