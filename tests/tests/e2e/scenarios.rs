@@ -70,6 +70,7 @@ scenarios! {
     rome_1p_msr_fallback => "rome-1p-msr-fallback",
     turin_2p_core_errors => "turin-2p-core-errors",
     turin_2p_core_owner_kubelet => "turin-2p-core-owner-kubelet",
+    turin_2p_core_owner_libvirt => "turin-2p-core-owner-libvirt",
     turin_2p_core_owner_slurm => "turin-2p-core-owner-slurm",
     turin_2p_core_owner_slurm_multiple_slurmd => "turin-2p-core-owner-slurm-multiple-slurmd",
     turin_2p_core_owner_systemd => "turin-2p-core-owner-systemd",
