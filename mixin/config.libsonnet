@@ -42,6 +42,24 @@
     // Container runtimes' scopes (containerd, CRI-O, Docker, Podman): a container, not a unit,
     // left out of the unit rule (a pod's containers are summed per pod).
     containerScopeRegex: '.*/(?:cri-containerd|crio|docker|libpod)-[0-9a-f]+[.]scope',
+    // Slurm: the job and the step of .../job_<id>/step_<batch|extern|interactive|N>[/...]; with
+    // --enable-multiple-slurmd the stepd scope is <nodename>_slurmstepd.scope, which the
+    // leading .* takes like any other.
+    slurmStepRegex: '.*/job_([0-9]+)/step_(batch|extern|interactive|[0-9]+)(?:/.*)?',
+    // libvirt (systemd's machine.slice): the escaped domain name of
+    // machine-qemu\x2d<id>\x2d<name>.scope, written for a PromQL string (a backslash twice).
+    vmRegex: @'.*/machine-qemu\\\\x2d[0-9]+\\\\x2d(.+)[.]scope(?:/.*)?',
+    // How many of systemd's \x2d escapes (a '-' of the domain name) the vm label has undone.
+    vmNameDashes: 8,
+    // A container's runtime id in its cgroup (containerd, CRI-O or Docker under either cgroup
+    // driver), as kube-state-metrics' container_id has it after "<runtime>://".
+    containerIdRegex: '.*/(?:cri-containerd-|crio-|docker-)?([0-9a-f]{64})(?:[.]scope)?',
+    // The series the per-pod and per-container rules join for names, and the package energy of
+    // the package-minus-cores rule.
+    kubeStateMetricsSelector: 'job="kube-state-metrics"',
+    nodeExporterSelector: 'job="node"',
+    // The node's name in both exporters' instance label: the host without the port.
+    instanceHostRegex: '(.+):[0-9]+',
 
     // Each alert's runbook_url: this pattern with the alert's name in lower case.
     runbookURLPattern: 'https://github.com/amd-hsmp-exporter/amd-hsmp-exporter/blob/main/mixin/runbook.md#%s',

@@ -386,8 +386,8 @@ fn checks(inputs: &mut Inputs<'_>, report: &mut Report<'_>) {
     } else {
         report.push(Line::warn(
             "energy",
-            "no source: HSMP without the RAPL messages (protocol below 7, or no device) and no MSR \
-             fallback; amd_hsmp_core_energy_joules_total is not exported",
+            "no source: the firmware does not answer the HSMP RAPL messages (or there is no device) \
+             and no MSR fallback; amd_hsmp_core_energy_joules_total is not exported",
             "for per-core energy on Rome, Milan or Genoa enable the MSR fallback (operator's \
              guide, \"MSR fallback\") and run the check with --collector.core-energy.msr-fallback",
         ));
@@ -412,7 +412,22 @@ fn vendor(procfs: &Path) -> String {
         .unwrap_or_default()
 }
 
-/// The CPU: HSMP exists on AMD families 0x19 (Zen 3, Zen 4) and 0x1A (Zen 5) only.
+/// The EPYC parts this release was tested on, by family and model range, with their names.
+const KNOWN_PARTS: [(u32, std::ops::RangeInclusive<u32>, &str); 4] = [
+    (0x19, 0x00..=0x0F, "Zen 3: Milan"),
+    (0x19, 0x10..=0x1F, "Zen 4: Genoa"),
+    (0x19, 0xA0..=0xAF, "Zen 4c: Bergamo, Siena"),
+    (0x1A, 0x00..=0x1F, "Zen 5: Turin"),
+];
+
+/// What the broker does on a part it does not know: the same probes as on every part.
+const TRIES: &str = "the broker gates nothing on family, model or protocol version: it asks \
+                     GET_PROTO_VER, then every family, and omits what the firmware answers \
+                     ENOMSG for (see protocol)";
+
+/// The CPU. HSMP exists on AMD families 0x19 (Zen 3, Zen 4) and 0x1A (Zen 5); a family or
+/// model this release does not know (a newer EPYC) is a warning, never a failure: nothing is
+/// gated on it, the later checks probe the device as on any part.
 pub(crate) fn cpu(vendor: &str, family: u32, model: u32) -> Line {
     let part = format!("{vendor} family {family:#x} model {model:#x}");
     if vendor != "AuthenticAMD" {
@@ -422,9 +437,12 @@ pub(crate) fn cpu(vendor: &str, family: u32, model: u32) -> Line {
             "none: amd-hsmp-exporter reads AMD EPYC telemetry only",
         );
     }
+    if let Some((_, _, name)) =
+        KNOWN_PARTS.iter().find(|(f, models, _)| *f == family && models.contains(&model))
+    {
+        return Line::pass("cpu", format!("{part} ({name})"));
+    }
     match family {
-        0x19 => Line::pass("cpu", format!("{part} (Zen 3/Zen 4: Milan, Genoa, Bergamo, Siena)")),
-        0x1A => Line::pass("cpu", format!("{part} (Zen 5: Turin)")),
         0x17 => Line::fail(
             "cpu",
             format!(
@@ -434,15 +452,48 @@ pub(crate) fn cpu(vendor: &str, family: u32, model: u32) -> Line {
             "none for boost limit and PROCHOT; per-core energy comes from the MSR fallback \
              (--collector.core-energy.msr-fallback, operator's guide \"MSR fallback\")",
         ),
+        0x19 | 0x1A => Line::warn(
+            "cpu",
+            format!("{part}: a model of an HSMP family this release does not know; {TRIES}"),
+            "none needed if the lines below pass; else report the part and this output",
+        ),
+        f if f > 0x1A => Line::warn(
+            "cpu",
+            format!("{part}: a family newer than this release knows (0x19, 0x1A); {TRIES}"),
+            "none needed if the lines below pass; else report the part and this output",
+        ),
         _ => Line::fail(
             "cpu",
-            format!("{part}: no HSMP on this family (only 0x19 and 0x1A, EPYC)"),
+            format!("{part}: no HSMP on this family (it began with Zen 3, family 0x19)"),
             "none: HSMP exists on EPYC Milan and later",
         ),
     }
 }
 
+/// The ACPI id of the HSMP device (`ACPI_HSMP_DEVICE_HID` of the kernel's driver).
+pub(crate) const ACPI_HSMP_HID: &str = "AMDI0097";
+
+/// What the kernel's `amd_hsmp` says at load where the firmware describes HSMP in ACPI (its
+/// `hsmp_plt_init`): the platform driver then steps aside for `hsmp_acpi`.
+pub(crate) const ACPI_KERNEL_HINT: &str = "HSMP is supported through ACPI on this platform, \
+                                           please use hsmp_acpi.ko";
+
+/// Whether sysfs lists the ACPI HSMP device (`bus/acpi/devices/AMDI0097:NN`, one per socket).
+fn acpi_device(sysfs: &Path) -> bool {
+    std::fs::read_dir(sysfs.join("bus/acpi/devices")).is_ok_and(|entries| {
+        entries.flatten().any(|e| {
+            e.file_name().to_str().is_some_and(|n| n.starts_with(&format!("{ACPI_HSMP_HID}:")))
+        })
+    })
+}
+
 /// The driver: `amd_hsmp` (platform device) or `hsmp_acpi` (ACPI-described) loaded.
+///
+/// The kernel's own hint is quoted, not read: where the firmware has the ACPI device and
+/// `hsmp_acpi` is not bound, `amd_hsmp` logs [`ACPI_KERNEL_HINT`] and creates no node. The
+/// check states it from the ACPI device in sysfs rather than reading the kernel log, which
+/// needs `/dev/kmsg` or the journal (inputs outside `--path.*`, and a ring that may have
+/// wrapped since boot).
 pub(crate) fn driver(sysfs: &Path, zen2: bool, node_exists: bool) -> Line {
     if zen2 {
         return Line::skip("driver", "no HSMP driver for family 0x17");
@@ -451,9 +502,29 @@ pub(crate) fn driver(sysfs: &Path, zen2: bool, node_exists: bool) -> Line {
         .into_iter()
         .filter(|m| sysfs.join("module").join(m).is_dir())
         .collect();
+    let acpi = acpi_device(sysfs);
+    if acpi && !node_exists && !loaded.contains(&"hsmp_acpi") {
+        let have = if loaded.is_empty() {
+            "no HSMP driver is loaded".to_string()
+        } else {
+            format!("only {} is loaded", loaded.join(", "))
+        };
+        return Line::fail(
+            "driver",
+            format!(
+                "the firmware describes HSMP as ACPI device {ACPI_HSMP_HID}, {have} and there is \
+                 no /dev/hsmp; the kernel's hint (dmesg): \"{ACPI_KERNEL_HINT}\""
+            ),
+            "modprobe hsmp_acpi (a kernel built without CONFIG_AMD_HSMP_ACPI has none: use one \
+             with it), then systemctl restart amd-hsmp-broker.service",
+        );
+    }
+    let through = if acpi { format!(" (ACPI device {ACPI_HSMP_HID})") } else { String::new() };
     match (loaded.is_empty(), node_exists) {
-        (false, _) => Line::pass("driver", format!("{} loaded", loaded.join(", "))),
-        (true, true) => Line::pass("driver", "built into the kernel (/dev/hsmp exists)"),
+        (false, _) => Line::pass("driver", format!("{} loaded{through}", loaded.join(", "))),
+        (true, true) => {
+            Line::pass("driver", format!("built into the kernel (/dev/hsmp exists){through}"))
+        }
         (true, false) => Line::fail(
             "driver",
             "neither amd_hsmp nor hsmp_acpi is loaded",

@@ -200,6 +200,18 @@ fn run(cli: Args, simulation: Option<&dyn Simulation>) -> Result<()> {
         model = format_args!("{:#x}", topo.cpu_model),
         "topology discovered"
     );
+    let wide = topology::beyond_rapl_apic_ids(topo);
+    if let Some(first) = wide.first() {
+        tracing::warn!(
+            cores = wide.len(),
+            first_socket = first.socket,
+            first_core = first.core,
+            first_apic_id = first.apic_id,
+            "APIC ids wider than the 16 bits GET_RAPL_CORE_COUNTER carries: these cores' HSMP \
+             energy is refused per item, never read through a truncated id; boost limits, which \
+             take 32 bits, are read"
+        );
+    }
 
     let msr_energy = if cli.msr_fallback {
         match msr::MsrEnergy::open(topo, machine.msr.as_ref()) {

@@ -5,7 +5,7 @@
 //! by (`physical_package_id`, `core_id`). These differ on multi-socket SMT machines, so all three
 //! are read here once and carried together in [`Core`].
 
-use amd_hsmp_device::files;
+use amd_hsmp_device::{files, messages};
 use amd_hsmp_proto::{Core, Topology};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, BufRead};
@@ -368,6 +368,13 @@ pub(crate) fn parse_cpu_list(text: &str) -> Result<Vec<u32>, CpuListError> {
         }
     }
     Ok(cpus.into_iter().collect())
+}
+
+/// The cores whose APIC id is wider than `GET_RAPL_CORE_COUNTER` carries (16 bits): their
+/// HSMP energy is refused per item ([`ItemError::Rejected`](amd_hsmp_proto::ItemError)), never
+/// read through a truncated id, and the broker names them once at start-up.
+pub fn beyond_rapl_apic_ids(topo: &Topology) -> Vec<&Core> {
+    topo.cores.iter().filter(|c| c.apic_id > messages::RAPL_APIC_ID_MAX).collect()
 }
 
 #[cfg(test)]
@@ -760,5 +767,18 @@ mod tests {
         assert_eq!(parse_cpu_list("5-3").unwrap_err(), CpuListError::Reversed { start: 5, end: 3 });
         assert!(matches!(parse_cpu_list("1-"), Err(CpuListError::Number(..))));
         assert!(matches!(parse_cpu_list("a"), Err(CpuListError::Number(..))));
+    }
+
+    #[test]
+    fn cores_beyond_sixteen_bit_apic_ids_are_named_and_wide_ones_within_are_not() {
+        let core = |apic_id| Core { socket: 0, core: 0, cpu: 0, apic_id, threads: vec![0] };
+        let topo = Topology {
+            cpu_family: 0x1A,
+            cpu_model: 0x50,
+            sockets: vec![0],
+            cores: vec![core(0x1FE), core(0xFFFF), core(0x1_0000)],
+        };
+        let named: Vec<u32> = beyond_rapl_apic_ids(&topo).iter().map(|c| c.apic_id).collect();
+        assert_eq!(named, [0x1_0000]);
     }
 }

@@ -151,16 +151,20 @@ pub fn rapl_esu(transport: &dyn HsmpTransport, socket: u32) -> Result<u8, ItemEr
     Ok(energy_status_unit(u64::from(word)))
 }
 
+/// The largest APIC id `GET_RAPL_CORE_COUNTER` carries (its argument's bits 15:0).
+/// `GET_BOOST_LIMIT` takes the whole 32-bit word.
+pub const RAPL_APIC_ID_MAX: u32 = u16::MAX as u32;
+
 /// 64-bit energy counter of the core with APIC id `apic_id` (`GET_RAPL_CORE_COUNTER`).
 ///
 /// The message carries only bits 15:0 of the APIC id; a larger id would address another core,
-/// so it is refused as [`ItemError::Rejected`] without sending anything.
+/// so it is refused as [`ItemError::Rejected`] without sending anything (never truncated).
 pub fn rapl_core_counter(
     transport: &dyn HsmpTransport,
     socket: u32,
     apic_id: u32,
 ) -> Result<u64, ItemError> {
-    if apic_id > u32::from(u16::MAX) {
+    if apic_id > RAPL_APIC_ID_MAX {
         return Err(ItemError::Rejected);
     }
     let words = call(transport, Message::GetRaplCoreCounter, socket, apic_id)?;
@@ -254,6 +258,15 @@ mod tests {
         let t = Scripted::new(Ok([1, 0]));
         assert_eq!(rapl_core_counter(&t, 0, 0x1_0000), Err(ItemError::Rejected));
         assert!(t.sent().is_empty());
+    }
+
+    #[test]
+    fn rapl_core_counter_carries_apic_ids_above_255_up_to_16_bits_whole() {
+        for apic_id in [0x100, 0x1FF, RAPL_APIC_ID_MAX] {
+            let t = Scripted::new(Ok([1, 0]));
+            assert_eq!(rapl_core_counter(&t, 1, apic_id), Ok(1));
+            assert_eq!(t.sent()[0].args[0], apic_id);
+        }
     }
 
     #[test]

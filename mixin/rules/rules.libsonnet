@@ -83,12 +83,18 @@
             ||| % $._config,
           },
           {
-            // Slurm's cgroup v2 plugin: .../job_<id>/step_<id>/user/task_<n>.
+            // Slurm's cgroup v2 plugin: .../job_<id>/step_<id>/user/task_<n>, the stepd scope
+            // slurmstepd.scope or, with --enable-multiple-slurmd, <nodename>_slurmstepd.scope.
+            // hpc_job is dcgm-exporter's job-mapping label; slurm_job, the same value, is kept
+            // for one release (CHANGELOG.md).
             record: 'instance_slurm_job:amd_hsmp_power_watts:sum_rate5m',
             expr: |||
               sum without (owner) (
                 label_replace(
-                  instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,owner=~"%(slurmJobRegex)s"},
+                  label_replace(
+                    instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,owner=~"%(slurmJobRegex)s"},
+                    "hpc_job", "$1", "owner", "%(slurmJobRegex)s"
+                  ),
                   "slurm_job", "$1", "owner", "%(slurmJobRegex)s"
                 )
               )

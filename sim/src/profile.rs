@@ -33,6 +33,10 @@ pub enum Profile {
     /// Two EPYC 9965 (Turin dense, family 1Ah model 11h), 192 cores each with SMT (768 CPUs),
     /// HSMP protocol 7 with the RAPL messages.
     Turin2p,
+    /// Two Venice-like parts (Zen 6, family 1Ah model 50h, a model this release does not know),
+    /// 128 cores each with SMT (512 CPUs, socket 1's APIC ids above 255), HSMP protocol 7 with
+    /// the RAPL messages, the device described in ACPI and bound by `hsmp_acpi` only.
+    Venice2p,
 }
 
 /// A profile name that is not one of [`Profile::ALL`].
@@ -45,12 +49,13 @@ pub struct UnknownProfile {
 
 impl Profile {
     /// Every profile, in the order of their names' documentation.
-    pub const ALL: [Profile; 6] = [
+    pub const ALL: [Profile; 7] = [
         Profile::Milan1p,
         Profile::Genoa2p,
         Profile::Bergamo1p,
         Profile::Siena1p,
         Profile::Turin2p,
+        Profile::Venice2p,
         Profile::Rome1p,
     ];
 
@@ -63,6 +68,7 @@ impl Profile {
             Profile::Bergamo1p => "bergamo-1p",
             Profile::Siena1p => "siena-1p",
             Profile::Turin2p => "turin-2p",
+            Profile::Venice2p => "venice-2p",
         }
     }
 
@@ -91,6 +97,7 @@ impl Profile {
                 esu: 16,
                 // EPYC 7502P: 180 W default TDP (cTDP 165-200 W).
                 tdp_w: 180,
+                acpi_hsmp: false,
             },
             Profile::Milan1p => MachineSpec {
                 cpu_family: 0x19,
@@ -108,6 +115,7 @@ impl Profile {
                 esu: 16,
                 // EPYC 7713P: 225 W default TDP (cTDP 225-240 W).
                 tdp_w: 225,
+                acpi_hsmp: false,
             },
             Profile::Genoa2p => MachineSpec {
                 cpu_family: 0x19,
@@ -126,6 +134,7 @@ impl Profile {
                 esu: 16,
                 // EPYC 9354: 280 W default TDP (cTDP 240-300 W).
                 tdp_w: 280,
+                acpi_hsmp: false,
             },
             Profile::Bergamo1p => MachineSpec {
                 cpu_family: 0x19,
@@ -143,6 +152,7 @@ impl Profile {
                 esu: 16,
                 // EPYC 9754: 360 W default TDP (cTDP 320-400 W).
                 tdp_w: 360,
+                acpi_hsmp: false,
             },
             Profile::Siena1p => MachineSpec {
                 cpu_family: 0x19,
@@ -160,6 +170,7 @@ impl Profile {
                 esu: 16,
                 // EPYC 8534P: 200 W default TDP (cTDP 155-225 W).
                 tdp_w: 200,
+                acpi_hsmp: false,
             },
             Profile::Turin2p => MachineSpec {
                 cpu_family: 0x1A,
@@ -177,6 +188,27 @@ impl Profile {
                 esu: 16,
                 // EPYC 9965: 500 W default TDP (cTDP 450-500 W).
                 tdp_w: 500,
+                acpi_hsmp: false,
+            },
+            Profile::Venice2p => MachineSpec {
+                cpu_family: 0x1A,
+                cpu_model: 0x50,
+                stepping: 0,
+                model_name: "AMD EPYC Zen 6 128-Core Processor".into(),
+                sockets: 2,
+                // 8 CCDs of 16 cores: 256 threads per socket, APIC ids 0-255 on socket 0 and
+                // 256-511 on socket 1.
+                core_ids: ccd_core_ids(8, 16, 16),
+                smt: true,
+                offline_cpus: Vec::new(),
+                hsmp_protocol: Some(7),
+                rapl_messages: true,
+                smu_fw_version: 0x0006_0100,
+                boost_mhz: 4000,
+                esu: 16,
+                // A guess within the range of a 128-core part; only the live model uses it.
+                tdp_w: 400,
+                acpi_hsmp: true,
             },
         }
     }
@@ -242,6 +274,10 @@ pub struct MachineSpec {
     pub esu: u8,
     /// Default TDP of one socket's SKU, W; the live model keeps the cores' power within it.
     pub tdp_w: u32,
+    /// The firmware describes HSMP as ACPI device `AMDI0097` (one per socket), bound by
+    /// `hsmp_acpi`: the fixture tree has `sys/bus/acpi/devices/AMDI0097:NN` and
+    /// `sys/module/hsmp_acpi`.
+    pub acpi_hsmp: bool,
 }
 
 /// One logical CPU of a [`MachineSpec`].
@@ -385,6 +421,16 @@ impl MachineSpec {
                 topo.join("core_siblings_list"),
                 format!("{}\n", cpu_list(&core_siblings)),
             )?;
+        }
+        if self.acpi_hsmp {
+            for socket in 0..self.sockets {
+                let dev = root.join(format!("sys/bus/acpi/devices/AMDI0097:{socket:02}"));
+                std::fs::create_dir_all(&dev)?;
+                std::fs::write(dev.join("hid"), "AMDI0097\n")?;
+                std::fs::write(dev.join("status"), "15\n")?;
+            }
+            std::fs::create_dir_all(root.join("sys/module/hsmp_acpi"))?;
+            std::fs::write(root.join("sys/module/hsmp_acpi/initstate"), "live\n")?;
         }
         Ok(())
     }
@@ -541,15 +587,23 @@ mod tests {
     }
 
     #[test]
-    fn only_turin_has_rapl_messages_and_only_rome_lacks_hsmp() {
+    fn only_zen_5_and_later_have_rapl_messages_and_only_rome_lacks_hsmp() {
         for profile in Profile::ALL {
             let spec = profile.spec();
-            assert_eq!(spec.rapl_messages, profile == Profile::Turin2p, "{profile}");
+            assert_eq!(spec.rapl_messages, spec.cpu_family >= 0x1A, "{profile}");
             assert_eq!(spec.hsmp_protocol.is_none(), profile == Profile::Rome1p, "{profile}");
-            if spec.rapl_messages {
-                assert!(spec.hsmp_protocol >= Some(7));
-            }
+            assert_eq!(spec.acpi_hsmp, profile == Profile::Venice2p, "{profile}");
         }
+    }
+
+    #[test]
+    fn the_venice_like_profile_has_apic_ids_above_255_and_binds_through_acpi() {
+        let spec = Profile::Venice2p.spec();
+        assert_eq!((spec.cpu_family, spec.sockets, spec.cpu_count()), (0x1A, 2, 512));
+        assert!((0x50..=0x5F).contains(&spec.cpu_model));
+        let max = spec.cpus().iter().map(|c| c.apic_id).max().unwrap();
+        assert_eq!(max, 511);
+        assert!(spec.acpi_hsmp);
     }
 
     #[test]
@@ -563,6 +617,7 @@ mod tests {
                 (Profile::Bergamo1p, 360),
                 (Profile::Siena1p, 200),
                 (Profile::Turin2p, 500),
+                (Profile::Venice2p, 400),
                 (Profile::Rome1p, 180),
             ]
         );

@@ -26,6 +26,13 @@ pub enum Layout {
     Slurm,
     /// [`Layout::Slurm`] after job 4242 has ended.
     SlurmOneJobEnded,
+    /// slurmd run with `--enable-multiple-slurmd` (node `node7` of several on one host): the
+    /// stepd scope is `system.slice/node7_slurmstepd.scope`. Every step kind: job 5001 a batch
+    /// job whose steps hold its whole set (the job owns its cores), job 5002 two `srun` steps
+    /// on half of its cores each (`step_0`, `step_1` own theirs), job 5003 an interactive step
+    /// (`salloc`, `use_interactive_step`) on two of its four cores, each step with its
+    /// `user/task_K`, and `step_extern` in every job.
+    SlurmMultipleSlurmd,
     /// A Kubernetes node, kubelet's static CPU manager and systemd cgroup driver: two
     /// Guaranteed pods with exclusive CPUs (one of two containers), the shared pool across
     /// burstable and best-effort pods.
@@ -33,6 +40,11 @@ pub enum Layout {
     /// systemd services and slices with `AllowedCPUs=`, two of them overlapping, a slice whose
     /// services inherit its CPUs, and a libvirt VM whose vCPU threads are pinned.
     Systemd,
+    /// A libvirt host: guest `build-vm` (4 vCPUs pinned to cores 0-3 of socket 1, its emulator
+    /// floating over them) owns those cores; guest `web-01-prod` (2 vCPUs on cores 4-5, the
+    /// emulator pinned to core 8, a housekeeping core guest `db` also has for its emulator)
+    /// owns cores 4-5, and core 8, in two guests' scopes, is unassigned.
+    Libvirt,
     /// A cgroup v1 (hybrid) host: controller hierarchies and no `cgroup.controllers`.
     V1Host,
     /// A cgroup v2 hierarchy in which one cgroup's cpuset file cannot be read.
@@ -241,6 +253,51 @@ fn slurm(topology: &Topology, with_job_4242: bool) -> Hierarchy {
     h
 }
 
+/// One Slurm step: `<job_dir>/<step>` with its `slurm` (the stepd) and `user/task_<K>` for each
+/// of `tasks` (every cgroup asking for `cpus`, so only the step itself can restrict).
+fn slurm_step(h: &mut Hierarchy, job_dir: &str, step: &str, cpus: &[u32], tasks: &[&str]) {
+    let step_dir = format!("{job_dir}/{step}");
+    h.add(&step_dir, cpus.to_vec())
+        .add(&format!("{step_dir}/slurm"), cpus.to_vec())
+        .add(&format!("{step_dir}/user"), cpus.to_vec());
+    for task in tasks {
+        h.add(&format!("{step_dir}/user/task_{task}"), cpus.to_vec());
+    }
+}
+
+fn slurm_multiple(topology: &Topology) -> Hierarchy {
+    let stepd = "system.slice/node7_slurmstepd.scope";
+    let mut h = Hierarchy::default();
+    h.add("init.scope", vec![])
+        .add("system.slice", vec![])
+        .add("system.slice/slurmd-node7.service", vec![])
+        .add(stepd, vec![])
+        .add(&format!("{stepd}/system"), vec![]);
+    // Job 5001, a batch job: its steps hold the whole set, so the job owns cores 0-3.
+    let job = threads(topology, 0, 0..4);
+    let dir = format!("{stepd}/job_5001");
+    h.add(&dir, job.clone());
+    slurm_step(&mut h, &dir, "step_extern", &job, &["special"]);
+    slurm_step(&mut h, &dir, "step_batch", &job, &["0"]);
+    // Job 5002: two srun steps on four of its eight cores each own them.
+    let job = threads(topology, 0, 4..12);
+    let dir = format!("{stepd}/job_5002");
+    h.add(&dir, job.clone());
+    slurm_step(&mut h, &dir, "step_extern", &job, &["special"]);
+    slurm_step(&mut h, &dir, "step_batch", &job, &["0"]);
+    slurm_step(&mut h, &dir, "step_0", &threads(topology, 0, 4..8), &["0", "1"]);
+    slurm_step(&mut h, &dir, "step_1", &threads(topology, 0, 8..12), &["0"]);
+    // Job 5003, salloc with an interactive step on two of its four cores: those are the
+    // step's, the other two the job's.
+    let job = threads(topology, 1, 0..4);
+    let dir = format!("{stepd}/job_5003");
+    h.add(&dir, job.clone());
+    slurm_step(&mut h, &dir, "step_extern", &job, &["special"]);
+    slurm_step(&mut h, &dir, "step_interactive", &threads(topology, 1, 0..2), &["0"]);
+    h.add("user.slice", vec![]).add_plain("user.slice/user-1000.slice");
+    h
+}
+
 /// Pod UIDs as the kubelet's systemd driver writes them (dashes become underscores).
 const POD_A: &str = "0b7f4c3e_2a51_4d8e_9c1a_6f0e5d3b2a10";
 const POD_B: &str = "5d2e9a41_7c3b_4f60_8e2d_1a9b0c4d7e33";
@@ -327,8 +384,6 @@ fn systemd(topology: &Topology) -> Hierarchy {
     // Overlaps postgresql's last two cores and nginx's two: those four are unassigned.
     let batch = threads(topology, 0, 14..20);
     let workload = threads(topology, 1, 0..16);
-    let vm = threads(topology, 1, 32..36);
-    let vm_scope = "machine.slice/machine-qemu\\x2d1\\x2dbuild\\x2dvm.scope";
     let mut h = Hierarchy::default();
     h.add("init.scope", vec![])
         .add("system.slice", vec![])
@@ -339,21 +394,56 @@ fn systemd(topology: &Topology) -> Hierarchy {
         .add("workload.slice", workload)
         .add("workload.slice/api.service", vec![])
         .add("workload.slice/worker.service", vec![])
-        .add("machine.slice", vec![])
-        .add(vm_scope, vm.clone())
-        .add_kind(&format!("{vm_scope}/libvirt"), "domain threaded", vec![]);
+        .add("machine.slice", vec![]);
     // Each vCPU thread pinned to one core of the VM's; the emulator floats over all of them.
-    for (i, core) in (32..36).enumerate() {
+    libvirt_guest(&mut h, topology, 1, "build-vm", 32..36, &threads(topology, 1, 32..36));
+    h.add("user.slice", vec![])
+        .add_plain("user.slice/user-1000.slice")
+        .add_plain("user.slice/user-1000.slice/session-3.scope");
+    h
+}
+
+/// A libvirt guest's scope as systemd names it (`machine-qemu\x2d<id>\x2d<name>.scope`, every
+/// `-` escaped) under `machine.slice`, its vCPU threads each pinned to one of `vcpus` (cores of
+/// socket 1), its emulator on `emulator` CPUs; the scope holds both.
+fn libvirt_guest(
+    h: &mut Hierarchy,
+    topology: &Topology,
+    id: u32,
+    name: &str,
+    vcpus: std::ops::Range<usize>,
+    emulator: &[u32],
+) {
+    let scope =
+        format!("machine.slice/machine-qemu\\x2d{id}\\x2d{}.scope", name.replace('-', "\\x2d"));
+    let pinned = threads(topology, 1, vcpus.clone());
+    h.add(&scope, joined(&[&pinned, emulator])).add_kind(
+        &format!("{scope}/libvirt"),
+        "domain threaded",
+        vec![],
+    );
+    for (i, core) in vcpus.enumerate() {
         h.add_kind(
-            &format!("{vm_scope}/libvirt/vcpu{i}"),
+            &format!("{scope}/libvirt/vcpu{i}"),
             "threaded",
             threads(topology, 1, core..core + 1),
         );
     }
-    h.add_kind(&format!("{vm_scope}/libvirt/emulator"), "threaded", vm)
-        .add("user.slice", vec![])
-        .add_plain("user.slice/user-1000.slice")
-        .add_plain("user.slice/user-1000.slice/session-3.scope");
+    h.add_kind(&format!("{scope}/libvirt/emulator"), "threaded", emulator.to_vec());
+}
+
+fn libvirt(topology: &Topology) -> Hierarchy {
+    let mut h = Hierarchy::default();
+    h.add("init.scope", vec![])
+        .add("system.slice", vec![])
+        .add("system.slice/libvirtd.service", vec![])
+        .add("system.slice/virtqemud.service", vec![])
+        .add("machine.slice", vec![]);
+    let housekeeping = threads(topology, 1, 8..9);
+    libvirt_guest(&mut h, topology, 1, "build-vm", 0..4, &threads(topology, 1, 0..4));
+    libvirt_guest(&mut h, topology, 2, "web-01-prod", 4..6, &housekeeping);
+    libvirt_guest(&mut h, topology, 3, "db", 6..8, &housekeeping);
+    h.add("user.slice", vec![]).add_plain("user.slice/user-1000.slice");
     h
 }
 
@@ -408,8 +498,10 @@ pub fn write_layout(layout: Layout, topology: &Topology, root: &Path) -> Result<
     match layout {
         Layout::Slurm => slurm(topology, true).write(root, &online),
         Layout::SlurmOneJobEnded => slurm(topology, false).write(root, &online),
+        Layout::SlurmMultipleSlurmd => slurm_multiple(topology).write(root, &online),
         Layout::Kubelet => kubelet(topology).write(root, &online),
         Layout::Systemd => systemd(topology).write(root, &online),
+        Layout::Libvirt => libvirt(topology).write(root, &online),
         Layout::V1Host => {
             // A hybrid host: v1 controller hierarchies, the unified one for systemd only.
             for controller in ["cpuset", "cpu,cpuacct", "memory", "pids", "systemd", "unified"] {

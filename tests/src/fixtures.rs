@@ -117,6 +117,19 @@ mod tests {
     }
 
     #[test]
+    fn the_venice_like_tree_has_one_acpi_hsmp_device_per_socket_and_hsmp_acpi() {
+        let (dir, topo) = discover_fixture(&Profile::Venice2p.spec());
+        for socket in ["00", "01"] {
+            let hid = dir.path().join(format!("sys/bus/acpi/devices/AMDI0097:{socket}/hid"));
+            assert_eq!(std::fs::read_to_string(hid).unwrap(), "AMDI0097\n");
+        }
+        assert!(dir.path().join("sys/module/hsmp_acpi").is_dir());
+        assert!(topo.cores.iter().any(|c| c.apic_id > 255));
+        let turin = discover_fixture(&Profile::Turin2p.spec()).0;
+        assert!(!turin.path().join("sys/bus/acpi").exists());
+    }
+
+    #[test]
     fn smt_off_machine() {
         let mut spec = Profile::Milan1p.spec();
         spec.smt = false;

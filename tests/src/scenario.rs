@@ -47,6 +47,9 @@ pub struct Scenario {
     /// The `hsmp` node when the broker starts. A machine without HSMP never has one.
     #[serde(default)]
     pub hsmp: NodeState,
+    /// The protocol version the firmware reports in place of the machine's; it answers the same
+    /// messages (firmware at protocol 5 may have the RAPL ones: a version gates nothing).
+    pub hsmp_protocol: Option<u32>,
     /// The `cpu/<N>/msr` nodes when the broker starts.
     #[serde(default)]
     pub msr: NodeState,
@@ -416,8 +419,11 @@ impl Rig {
     /// Mounts the fake device for `scenario`'s machine and faults, then starts the broker (if
     /// the scenario has one) and the exporter, and waits until both serve.
     pub fn start(scenario: &Scenario) -> Result<Rig> {
-        let spec: MachineSpec = fixtures::machine(&scenario.machine)
+        let mut spec: MachineSpec = fixtures::machine(&scenario.machine)
             .with_context(|| format!("unknown machine {}", scenario.machine))?;
+        if let (Some(version), Some(_)) = (scenario.hsmp_protocol, spec.hsmp_protocol) {
+            spec.hsmp_protocol = Some(version);
+        }
         let topology = spec.topology();
         let cpus: Vec<u32> = spec.cpus().iter().filter(|c| c.online).map(|c| c.cpu).collect();
         let faults = scenario.faults.resolve(&topology)?;

@@ -96,6 +96,38 @@ fn an_unloaded_driver_fails_naming_modprobe() {
     assert_eq!(driver(tempfile::tempdir().unwrap().path(), false, true).verdict, Verdict::Pass);
 }
 
+/// Issue 28: a Venice (family 0x1A, model 0x50) or a family after 0x1A failed `cpu` ("no HSMP
+/// on this family") though nothing is gated on it; now it is a warning naming what is tried.
+#[test]
+fn an_unknown_model_or_newer_family_warns_naming_what_the_broker_tries() {
+    for (family, model) in [(0x1A, 0x50), (0x1A, 0x5F), (0x1B, 0x00), (0x19, 0x90)] {
+        let l = cpu("AuthenticAMD", family, model);
+        assert_eq!(l.verdict, Verdict::Warn, "{l}");
+        assert!(l.found.contains("GET_PROTO_VER") && l.found.contains("ENOMSG"), "{l}");
+    }
+    assert!(cpu("AuthenticAMD", 0x1A, 0x02).found.contains("Turin"));
+    assert!(cpu("AuthenticAMD", 0x19, 0xA0).found.contains("Bergamo"));
+}
+
+/// Issue 28: where the firmware describes HSMP in ACPI (Venice binds only that way) and
+/// `hsmp_acpi` is not loaded, the line quotes the kernel's own hint and names the module.
+#[test]
+fn an_acpi_device_without_hsmp_acpi_fails_quoting_the_kernels_hint() {
+    let sys = tempfile::tempdir().unwrap();
+    fs::create_dir_all(sys.path().join("bus/acpi/devices/AMDI0097:00")).unwrap();
+    fs::create_dir_all(sys.path().join("module/amd_hsmp")).unwrap();
+    let l = driver(sys.path(), false, false);
+    assert_eq!(l.verdict, Verdict::Fail, "{l}");
+    assert!(l.found.contains("\"HSMP is supported through ACPI on this platform"), "{l}");
+    assert!(l.found.contains("only amd_hsmp is loaded"), "{l}");
+    assert!(fix(&l).starts_with("modprobe hsmp_acpi"), "{l}");
+
+    fs::create_dir_all(sys.path().join("module/hsmp_acpi")).unwrap();
+    let l = driver(sys.path(), false, true);
+    assert_eq!(l.verdict, Verdict::Pass, "{l}");
+    assert!(l.found.contains("(ACPI device AMDI0097)"), "{l}");
+}
+
 const BROKER_GID: u32 = 990;
 
 fn accounts() -> Accounts {

@@ -71,6 +71,7 @@ scenarios! {
     healthy_rome_1p => "healthy-rome-1p",
     healthy_siena_1p => "healthy-siena-1p",
     healthy_turin_2p => "healthy-turin-2p",
+    healthy_venice_2p => "healthy-venice-2p",
     landing_genoa_2p => "landing-genoa-2p",
     landing_milan_1p_no_energy => "landing-milan-1p-no-energy",
     landing_rome_1p_msr_fallback => "landing-rome-1p-msr-fallback",
@@ -80,11 +81,14 @@ scenarios! {
     rome_1p_msr_fallback => "rome-1p-msr-fallback",
     turin_2p_core_errors => "turin-2p-core-errors",
     turin_2p_core_owner_kubelet => "turin-2p-core-owner-kubelet",
+    turin_2p_core_owner_libvirt => "turin-2p-core-owner-libvirt",
     turin_2p_core_owner_slurm => "turin-2p-core-owner-slurm",
+    turin_2p_core_owner_slurm_multiple_slurmd => "turin-2p-core-owner-slurm-multiple-slurmd",
     turin_2p_core_owner_systemd => "turin-2p-core-owner-systemd",
     turin_2p_core_owner_unreadable => "turin-2p-core-owner-unreadable",
     turin_2p_core_owner_v1_host => "turin-2p-core-owner-v1-host",
     turin_2p_prochot_and_boost => "turin-2p-prochot-and-boost",
+    turin_2p_protocol_5 => "turin-2p-protocol-5",
     turin_2p_rapl_unsupported => "turin-2p-rapl-unsupported",
     turin_2p_wedged_socket => "turin-2p-wedged-socket",
 }
@@ -165,7 +169,7 @@ fn apic_ids(topology: &Topology) -> Vec<(u32, u32)> {
 #[test]
 #[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
 fn every_core_is_addressed_by_its_apic_id_exactly_once_per_scrape() {
-    for machine in ["turin-2p", "genoa-2p-cpu-offline", "genoa-2p-smt-off"] {
+    for machine in ["turin-2p", "venice-2p", "genoa-2p-cpu-offline", "genoa-2p-smt-off"] {
         let mut rig = rig(&format!("description = \"\"\nmachine = \"{machine}\"\n[[scrapes]]\n"));
         let topology = rig.machine().topology().clone();
         // The machine must tell APIC ids from CPU numbers, or this test proves nothing.

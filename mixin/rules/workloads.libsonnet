@@ -1,0 +1,117 @@
+// Recording rules that name workloads the way the GPU exporters and kube-state-metrics do, so a
+// workload's CPU core power and its GPU power sum in one `sum by` (docs/metrics.md, "Energy per
+// workload"), and the package power the cores' does not cover.
+local undoDashes(expr, n) =
+  if n == 0 then expr
+  else undoDashes('label_replace(%s, "vm", "$1-$2", "vm", "(.*)\\\\\\\\x2d(.*)")' % expr, n - 1);
+
+{
+  prometheusRules+:: {
+    groups+: [
+      {
+        // Per Slurm step, where the step owns its cores (srun steps and an interactive step on
+        // part of the job's cores; a step holding the job's whole set leaves the job the owner
+        // and has no series here). hpc_job is dcgm-exporter's job-mapping label.
+        name: 'amd-hsmp.workload.rules',
+        rules: [
+          {
+            record: 'instance_slurm_step:amd_hsmp_power_watts:sum_rate5m',
+            expr: |||
+              sum without (owner) (
+                label_replace(
+                  label_replace(
+                    instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,owner=~"%(slurmStepRegex)s"},
+                    "hpc_job", "$1", "owner", "%(slurmStepRegex)s"
+                  ),
+                  "slurm_step", "$2", "owner", "%(slurmStepRegex)s"
+                )
+              )
+            ||| % $._config,
+          },
+          {
+            // A libvirt guest's cores (its vCPU threads' cgroups are threaded, so the guest's
+            // scope is their owner), with the domain name: systemd's \x2d escapes undone, up
+            // to vmNameDashes of them.
+            record: 'instance_vm:amd_hsmp_power_watts:sum_rate5m',
+            expr: |||
+              sum without (owner) (
+                %s
+              )
+            ||| % undoDashes(
+              |||
+                label_replace(
+                  instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,owner=~"%(vmRegex)s"},
+                  "vm", "$1", "owner", "%(vmRegex)s"
+                )
+              ||| % $._config,
+              $._config.vmNameDashes
+            ),
+          },
+          {
+            // Per pod, named as kube-state-metrics names it (namespace, pod).
+            record: 'instance_pod:amd_hsmp_power_watts:sum_rate5m',
+            expr: |||
+              instance_pod_uid:amd_hsmp_power_watts:sum_rate5m{%(amdHsmpSelector)s}
+              * on (pod_uid) group_left (namespace, pod)
+                max by (pod_uid, namespace, pod) (
+                  label_replace(kube_pod_info{%(kubeStateMetricsSelector)s}, "pod_uid", "$1", "uid", "(.+)")
+                  * 0 + 1
+                )
+            ||| % $._config,
+          },
+          {
+            // Per container that owns its cores (kubelet's static CPU manager), named as
+            // kube-state-metrics names it (namespace, pod, container).
+            record: 'instance_container:amd_hsmp_power_watts:sum_rate5m',
+            expr: |||
+              sum without (owner, container_runtime_id) (
+                label_replace(
+                  instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,owner=~"%(containerIdRegex)s"},
+                  "container_runtime_id", "$1", "owner", "%(containerIdRegex)s"
+                )
+                * on (container_runtime_id) group_left (namespace, pod, container)
+                  max by (container_runtime_id, namespace, pod, container) (
+                    label_replace(
+                      kube_pod_container_info{%(kubeStateMetricsSelector)s},
+                      "container_runtime_id", "$1", "container_id", "[^:]+://(.+)"
+                    )
+                    * 0 + 1
+                  )
+              )
+            ||| % $._config,
+          },
+        ],
+      },
+      {
+        // What the package draws beside its cores (the I/O die, memory controllers, fabric,
+        // and the cores' share HSMP does not count), per socket, from node_exporter's RAPL
+        // collector where it runs on the same host: the package zone's rate minus the cores'.
+        // node_exporter's index is the powercap package zone's number, which is the socket.
+        name: 'amd-hsmp.remainder.rules',
+        rules: [
+          {
+            record: 'instance_socket:amd_hsmp_package_minus_cores_power_watts:rate5m',
+            expr: |||
+              sum without (node) (
+                max by (node, socket) (
+                  label_replace(
+                    label_replace(
+                      rate(node_rapl_package_joules_total{%(nodeExporterSelector)s}[5m]),
+                      "socket", "$1", "index", "([0-9]+)"
+                    ),
+                    "node", "$1", "instance", "%(instanceHostRegex)s"
+                  )
+                )
+                - on (node, socket) group_right ()
+                  label_replace(
+                    instance_socket:amd_hsmp_power_watts:sum_rate5m{%(amdHsmpSelector)s},
+                    "node", "$1", "instance", "%(instanceHostRegex)s"
+                  )
+              )
+            ||| % $._config,
+          },
+        ],
+      },
+    ],
+  },
+}
