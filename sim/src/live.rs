@@ -74,12 +74,14 @@ pub enum Scenario {
     /// The last socket overheats: from 15 s after start it holds PROCHOT for 20 minutes, its
     /// boost limits and its frequency limit (imposed by PROCHOT and cHTC) at 60 % of the
     /// maximum and its power cut, then recovers; every hour. Fires
-    /// AmdHsmpProchotAsserted (after 5 minutes), AmdHsmpBoostLimitLow (after 15 minutes) and,
-    /// since 20 minutes is a third of an hour, AmdHsmpProchotFrequent.
+    /// AmdHsmpProchotAsserted (after 5 minutes), AmdHsmpBoostLimitLow and
+    /// AmdHsmpFrequencyLimited (after 15 minutes) and, since 20 minutes is a third of an hour,
+    /// AmdHsmpProchotFrequent.
     ThermalEvent,
     /// Socket 0 throttles again and again: from 15 s after start, PROCHOT for 1 minute of every
     /// 3. Fires AmdHsmpProchotFrequent (a third of the hour) and never AmdHsmpProchotAsserted
-    /// (no episode lasts 5 minutes) nor AmdHsmpBoostLimitLow (no dip lasts 15 minutes).
+    /// (no episode lasts 5 minutes) nor AmdHsmpBoostLimitLow and AmdHsmpFrequencyLimited (no
+    /// dip lasts 15 minutes).
     ProchotFlapping,
 }
 
