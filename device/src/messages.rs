@@ -251,6 +251,13 @@ impl SocketFreqLimit {
     }
 }
 
+impl From<SocketFreqLimit> for amd_hsmp_proto::FrequencyLimit {
+    /// The limit as the IPC contract carries it.
+    fn from(limit: SocketFreqLimit) -> amd_hsmp_proto::FrequencyLimit {
+        amd_hsmp_proto::FrequencyLimit { mhz: limit.mhz, reasons: limit.reasons.bits() }
+    }
+}
+
 /// The current frequency limit of socket `socket` and the limiters imposing it
 /// (`GET_SOCKET_FREQ_LIMIT`).
 pub fn socket_freq_limit(
