@@ -231,7 +231,8 @@ pub fn check(dir: &Path, work: &Path, bin: &Path) -> Result<String> {
     running_broker = broker.start("genoa-2p", &msr, "broker-genoa-2p-restarted.log")?;
     expect("restarting a broker with the MSR source", &[("AmdHsmpEnergyCounterReset", "")])?;
     drop(running_broker);
-    // Socket 1 runs normally for 15 s, then holds PROCHOT with its boost limits at 60 %.
+    // Socket 1 runs normally for 15 s, then holds PROCHOT with its boost limits and its
+    // frequency limit (by PROCHOT and cHTC) at 60 %.
     let thermal = ["--simulate.scenario", "thermal-event"];
     running_broker = broker.start(PROFILE, &thermal, "broker-turin-2p-thermal-event.log")?;
     expect(
@@ -240,9 +241,17 @@ pub fn check(dir: &Path, work: &Path, bin: &Path) -> Result<String> {
             ("AmdHsmpProchotAsserted", r#"socket="1""#),
             ("AmdHsmpBoostLimitLow", r#"socket="1""#),
             ("AmdHsmpProchotFrequent", r#"socket="1""#),
+            ("AmdHsmpFrequencyLimited", r#"socket="1",reason="prochot""#),
+            ("AmdHsmpFrequencyLimited", r#"socket="1",reason="chtc""#),
         ],
     )?;
-    for alert in ["AmdHsmpProchotAsserted", "AmdHsmpBoostLimitLow", "AmdHsmpProchotFrequent"] {
+    let thermal_alerts = [
+        "AmdHsmpProchotAsserted",
+        "AmdHsmpBoostLimitLow",
+        "AmdHsmpProchotFrequent",
+        "AmdHsmpFrequencyLimited",
+    ];
+    for alert in thermal_alerts {
         ensure!(
             !prometheus.firing(alert, r#"socket="0""#),
             "{alert} fires on socket 0, which the thermal event spares; {}",
