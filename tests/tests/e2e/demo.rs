@@ -223,7 +223,9 @@ fn a_page_view_costs_one_sample_as_a_scrape_does() {
     harness::wait_until(&mut broker, "broker socket", || socket.exists()).unwrap();
     let (_exporter, addr) = harness::start_exporter(&socket, &[], None, dir.path()).unwrap();
 
-    let one_sample = 2 * cores + sockets;
+    // The default collectors: energy and boost limit per core, PROCHOT and frequency limit per
+    // socket.
+    let one_sample = 2 * cores + 2 * sockets;
     for path in ["/", "/metrics", "/"] {
         machine.counters().reset();
         let response = harness::http_get(addr, path, &[], TIMEOUT).unwrap();
