@@ -383,6 +383,42 @@ fn frequency_limits_unsupported_on_every_socket_are_remembered_and_asked_no_more
     assert_eq!(opener.count_of(Message::GetCclkCoreLimit), 4, "asked again");
 }
 
+/// The simulator's `thermal-event` scenario: when the last socket asserts PROCHOT, its
+/// frequency limit drops in the same sample, set by PROCHOT and cHTC; the other socket stays
+/// at the part's maximum.
+#[test]
+fn in_the_thermal_event_prochot_and_the_frequency_limit_drop_together_on_the_last_socket() {
+    let mut spec = Profile::Turin2p.spec();
+    spec.core_ids.truncate(2);
+    let clock = amd_hsmp_sim::ManualClock::at(Duration::from_secs(5));
+    let config = FirmwareConfig {
+        scenario: amd_hsmp_sim::Scenario::ThermalEvent,
+        clock: amd_hsmp_sim::Clock::Manual(clock.clone()),
+        ..FirmwareConfig::new(Mode::Live)
+    };
+    let machine = Machine::new(spec, config);
+    let (_opener, sampler) = sampler(&machine);
+    let what = Families { prochot: true, frequency_limit: true, ..Families::default() };
+    let limits = |sample: &Sample| -> Vec<FrequencyLimit> {
+        values(&sample.frequency_limit).into_iter().map(Result::unwrap).collect()
+    };
+
+    let before = sampler.sample(what, soon());
+    assert_eq!(values(&before.prochot), [Ok(false), Ok(false)]);
+    let calm = limits(&before);
+    let opn = LimitReasons::OPN_MAX.bits();
+    assert!(calm.iter().all(|l| l.reasons == opn), "{calm:?}");
+
+    clock.set(Duration::from_secs(60));
+    let during = sampler.sample(what, soon());
+    assert_eq!(values(&during.prochot), [Ok(false), Ok(true)]);
+    let hot = limits(&during);
+    assert_eq!(hot[0], calm[0], "socket 0 is spared");
+    assert!(hot[1].mhz < calm[1].mhz, "{hot:?} after {calm:?}");
+    let thermal = (LimitReasons::PROCHOT | LimitReasons::CHTC).bits();
+    assert_eq!(hot[1].reasons, thermal, "{hot:?}");
+}
+
 #[test]
 fn a_family_not_asked_for_costs_nothing() {
     let machine = turin(4);
