@@ -61,7 +61,7 @@ pub fn build() -> Result<PathBuf> {
         "amd-hsmp-exporter",
         "--bins",
     ])?;
-    Ok(crate::workspace::root().join("target/debug"))
+    Ok(crate::workspace::target_dir(&crate::workspace::root()).join("debug"))
 }
 
 fn serve(bin: &Path, dir: &Path, scenario: Option<&str>) -> Result<()> {
