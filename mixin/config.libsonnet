@@ -18,6 +18,7 @@
     // after a start (a short window whose share is easily high) do not fire it.
     prochotFrequentFor: '15m',
     boostLimitLowFor: '15m',
+    frequencyLimitedFor: '15m',
     scrapeErrorsFor: '15m',
 
     // AmdHsmpProchotFrequent: share of the last hour a socket spent with PROCHOT asserted.
@@ -26,6 +27,11 @@
     // average over boostLimitUsualWindow.
     boostLimitRatio: 0.9,
     boostLimitUsualWindow: '1d',
+    // AmdHsmpFrequencyLimited: a socket's frequency limit below this fraction of its highest
+    // core boost limit over boostLimitUsualWindow, imposed by one of these limiters (a regex of
+    // the `reason` label of amd_hsmp_socket_frequency_limit_reason).
+    frequencyLimitRatio: 0.8,
+    frequencyLimitReasons: 'ppt|tdc|chtc|prochot',
     // AmdHsmpEnergyCounterReset: window in which a reset of a core's energy counter is reported.
     energyResetWindow: '30m',
 

@@ -359,20 +359,25 @@ fn checks(inputs: &mut Inputs<'_>, report: &mut Report<'_>) {
                 report.push(line);
                 report.push(boost_range(&limits, max_boost_mhz(inputs.sysfs)));
                 if slow {
-                    no_hsmp_energy =
-                        Some("the mailbox is too slow to read every core (see cores)".into());
+                    let why = "the mailbox is too slow to read every core (see cores)";
+                    report.push(Line::skip("frequency-limit", why));
+                    no_hsmp_energy = Some(why.into());
+                } else {
+                    report.push(frequency_limit(t.as_ref(), &topo));
                 }
             }
             Some(socket) => {
                 let why = format!("socket {socket} does not answer (see protocol)");
                 report.push(Line::skip("cores", why.clone()));
                 report.push(Line::skip("boost", why.clone()));
+                report.push(Line::skip("frequency-limit", why.clone()));
                 no_hsmp_energy = Some(why);
             }
         }
     } else {
         report.push(Line::skip("cores", "no device"));
         report.push(Line::skip("boost", "no device"));
+        report.push(Line::skip("frequency-limit", "no device"));
     }
     if let Some(opener) = inputs.msr {
         report.push(msr_setup(inputs.sysfs, inputs.msr_root, inputs.etc));
@@ -749,6 +754,38 @@ fn protocol(t: &dyn HsmpTransport, topo: &Topology) -> (Line, Probe) {
         );
     }
     (Line::pass("protocol", found), Probe { rapl: has_rapl, silent_socket: None })
+}
+
+/// Whether every socket answers `GET_SOCKET_FREQ_LIMIT`, and what holds each one down: a probe
+/// of the message, not of the protocol version, since the firmware says which messages it has.
+fn frequency_limit(t: &dyn HsmpTransport, topo: &Topology) -> Line {
+    let mut found = Vec::new();
+    for &socket in &topo.sockets {
+        match messages::socket_freq_limit(t, socket) {
+            Ok(limit) => {
+                let limit = amd_hsmp_proto::FrequencyLimit::from(limit);
+                let by: Vec<&str> = limit.limiters().map(|r| r.name()).collect();
+                let by = if by.is_empty() { "no limiter".to_owned() } else { by.join(", ") };
+                found.push(format!("socket {socket} {} MHz ({by})", limit.mhz));
+            }
+            Err(ItemError::Unsupported) => {
+                return Line::warn(
+                    "frequency-limit",
+                    "GET_SOCKET_FREQ_LIMIT is not answered (firmware without the message, as \
+                     before HSMP protocol 5); amd_hsmp_socket_frequency_limit_* are not exported",
+                    "nothing to do unless a BIOS update for this platform adds the message",
+                );
+            }
+            Err(e) => {
+                return Line::fail(
+                    "frequency-limit",
+                    format!("socket {socket} does not answer GET_SOCKET_FREQ_LIMIT: {e}"),
+                    "reload the driver and look at dmesg",
+                );
+            }
+        }
+    }
+    Line::pass("frequency-limit", format!("GET_SOCKET_FREQ_LIMIT answered: {}", found.join("; ")))
 }
 
 /// `GET_BOOST_LIMIT` of every core by its APIC id on its socket. Returns the line, the limits

@@ -838,7 +838,9 @@ mod tests {
         (dir, path, started_rx, ended_rx)
     }
 
-    fn greeted(path: &std::path::Path) -> Result<UnixStream, Reply> {
+    /// The connection once greeted, or the reply that turned it away (boxed: a `Reply` holds
+    /// a whole sample).
+    fn greeted(path: &std::path::Path) -> Result<UnixStream, Box<Reply>> {
         let mut c = UnixStream::connect(path).unwrap();
         c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         // A refused connection may be closed before the Hello is written: the reason is read
@@ -846,7 +848,7 @@ mod tests {
         let _ = hello().write(&mut c);
         match Reply::read(&mut c).unwrap() {
             Reply::Hello { .. } => Ok(c),
-            other => Err(other),
+            other => Err(Box::new(other)),
         }
     }
 
@@ -867,7 +869,7 @@ mod tests {
         // This test's uid (every test peer is one uid) is at its limit of 2.
         let limit = u32::try_from(config().per_uid).unwrap();
         let refused = greeted(&path).unwrap_err();
-        assert_eq!(refused, Reply::Refused { reason: proto::Refusal::PerUidLimit { limit } });
+        assert_eq!(*refused, Reply::Refused { reason: proto::Refusal::PerUidLimit { limit } });
         drop(waiting);
         for _ in 0..2 {
             let hung_up = ended.recv_timeout(Duration::from_secs(5)).expect("a sample still waits");
@@ -880,7 +882,7 @@ mod tests {
             match greeted(&path) {
                 Ok(c) => break c,
                 Err(reply) if started.elapsed() < Duration::from_secs(5) => {
-                    assert!(matches!(reply, Reply::Refused { .. }), "{reply:?}");
+                    assert!(matches!(*reply, Reply::Refused { .. }), "{reply:?}");
                     std::thread::sleep(Duration::from_millis(10));
                 }
                 Err(reply) => panic!("still refused after 5 s: {reply:?}"),

@@ -30,6 +30,13 @@ pub enum Message {
     /// words 0 and 1 = low and high half of a 64-bit energy counter. The uapi comment says
     /// `response_sz = 1`, but the descriptor table the driver checks says 2.
     GetRaplCoreCounter = id::GET_RAPL_CORE_COUNTER,
+    /// `HSMP_GET_SOCKET_FREQ_LIMIT` (protocol 5): no argument; reply word 0 = the socket's
+    /// current frequency limit in MHz in bits 31:16 and the limiters imposing it in bits 15:0,
+    /// see [`socket_freq_limit`].
+    GetSocketFreqLimit = id::GET_SOCKET_FREQ_LIMIT,
+    /// `HSMP_GET_CCLK_CORE_LIMIT` (protocol 5): argument 0 = APIC id (all 32 bits); reply word 0
+    /// = the core's CCLK frequency limit in MHz.
+    GetCclkCoreLimit = id::GET_CCLK_CORE_LIMIT,
 }
 
 // Every message the broker sends has an entry in the driver's table, so `desc` cannot fail.
@@ -43,12 +50,14 @@ const _: () = {
 
 impl Message {
     /// Every message the broker may send.
-    pub const ALL: [Message; 5] = [
+    pub const ALL: [Message; 7] = [
         Message::GetProtoVer,
         Message::GetBoostLimit,
         Message::GetProcHot,
         Message::GetRaplUnits,
         Message::GetRaplCoreCounter,
+        Message::GetSocketFreqLimit,
+        Message::GetCclkCoreLimit,
     ];
 
     /// The message id (`msg_id`).
@@ -83,6 +92,8 @@ impl Message {
             Message::GetProcHot => "GET_PROC_HOT",
             Message::GetRaplUnits => "GET_RAPL_UNITS",
             Message::GetRaplCoreCounter => "GET_RAPL_CORE_COUNTER",
+            Message::GetSocketFreqLimit => "GET_SOCKET_FREQ_LIMIT",
+            Message::GetCclkCoreLimit => "GET_CCLK_CORE_LIMIT",
         }
     }
 
@@ -171,6 +182,106 @@ pub fn rapl_core_counter(
     Ok(u64::from(words[0]) | u64::from(words[1]) << 32)
 }
 
+/// The limiters a socket reports as imposing its frequency limit: bits 15:0 of the
+/// `GET_SOCKET_FREQ_LIMIT` reply, one bit per limiter (the kernel's descriptor table calls them
+/// the "frequency source"; AMD's E-SMI library names bits 0 to 7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct LimitReasons(pub u16);
+
+impl LimitReasons {
+    /// No limiter.
+    pub const NONE: LimitReasons = LimitReasons(0);
+    /// cHTC-Active: the socket's thermal control (the temperature limit `Tctl` set for it).
+    pub const CHTC: LimitReasons = LimitReasons(0x01);
+    /// PROCHOT: the PROCHOT_L pin is asserted (an external thermal or power alarm).
+    pub const PROCHOT: LimitReasons = LimitReasons(0x02);
+    /// TDC: the thermal design current limit of a voltage rail.
+    pub const TDC: LimitReasons = LimitReasons(0x04);
+    /// PPT: the package power tracking limit (the socket's power cap).
+    pub const PPT: LimitReasons = LimitReasons(0x08);
+    /// OPN max: the part's own maximum frequency; nothing else holds the socket down.
+    pub const OPN_MAX: LimitReasons = LimitReasons(0x10);
+    /// The reliability limit (voltage and temperature for the part's lifetime).
+    pub const RELIABILITY: LimitReasons = LimitReasons(0x20);
+    /// A cap set by an APML agent (the BMC).
+    pub const APML: LimitReasons = LimitReasons(0x40);
+    /// A cap set by an HSMP agent (software on the host).
+    pub const HSMP: LimitReasons = LimitReasons(0x80);
+    /// Bits 15:8, which the specification does not name.
+    pub const OTHER_MASK: LimitReasons = LimitReasons(0xFF00);
+
+    /// The raw bits.
+    pub const fn bits(self) -> u16 {
+        self.0
+    }
+
+    /// Whether any bit of `other` is set.
+    pub const fn intersects(self, other: LimitReasons) -> bool {
+        self.0 & other.0 != 0
+    }
+
+    /// The bits of both.
+    pub const fn union(self, other: LimitReasons) -> LimitReasons {
+        LimitReasons(self.0 | other.0)
+    }
+}
+
+impl std::ops::BitOr for LimitReasons {
+    type Output = LimitReasons;
+
+    fn bitor(self, other: LimitReasons) -> LimitReasons {
+        self.union(other)
+    }
+}
+
+/// A socket's current frequency limit and the limiters imposing it (`GET_SOCKET_FREQ_LIMIT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SocketFreqLimit {
+    /// The limit, MHz (reply bits 31:16).
+    pub mhz: u16,
+    /// The limiters (reply bits 15:0).
+    pub reasons: LimitReasons,
+}
+
+impl SocketFreqLimit {
+    /// Decodes the reply word.
+    pub const fn from_word(word: u32) -> SocketFreqLimit {
+        SocketFreqLimit { mhz: (word >> 16) as u16, reasons: LimitReasons(word as u16) }
+    }
+
+    /// The reply word the firmware writes.
+    pub const fn word(self) -> u32 {
+        (self.mhz as u32) << 16 | self.reasons.0 as u32
+    }
+}
+
+impl From<SocketFreqLimit> for amd_hsmp_proto::FrequencyLimit {
+    /// The limit as the IPC contract carries it.
+    fn from(limit: SocketFreqLimit) -> amd_hsmp_proto::FrequencyLimit {
+        amd_hsmp_proto::FrequencyLimit { mhz: limit.mhz, reasons: limit.reasons.bits() }
+    }
+}
+
+/// The current frequency limit of socket `socket` and the limiters imposing it
+/// (`GET_SOCKET_FREQ_LIMIT`).
+pub fn socket_freq_limit(
+    transport: &dyn HsmpTransport,
+    socket: u32,
+) -> Result<SocketFreqLimit, ItemError> {
+    let word = call(transport, Message::GetSocketFreqLimit, socket, 0)?[0];
+    Ok(SocketFreqLimit::from_word(word))
+}
+
+/// The current CCLK frequency limit of the core with APIC id `apic_id`, in MHz
+/// (`GET_CCLK_CORE_LIMIT`).
+pub fn core_freq_limit_mhz(
+    transport: &dyn HsmpTransport,
+    socket: u32,
+    apic_id: u32,
+) -> Result<u32, ItemError> {
+    Ok(call(transport, Message::GetCclkCoreLimit, socket, apic_id)?[0])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,6 +303,14 @@ mod tests {
         fn sent(&self) -> Vec<HsmpMessage> {
             self.sent.lock().unwrap().clone()
         }
+
+        /// The one message sent, as (id, num_args, response_sz, argument 0, sock_ind).
+        fn only_sent(&self) -> (u32, u16, u16, u32, u16) {
+            let sent = self.sent();
+            assert_eq!(sent.len(), 1, "{sent:?}");
+            let m = sent[0];
+            (m.msg_id, m.num_args, m.response_sz, m.args[0], m.sock_ind)
+        }
     }
 
     impl HsmpTransport for Scripted {
@@ -207,7 +326,18 @@ mod tests {
     fn the_table_matches_the_driver_descriptors() {
         let table: Vec<_> =
             Message::ALL.iter().map(|m| (m.id(), m.num_args(), m.response_sz())).collect();
-        assert_eq!(table, [(0x03, 0, 1), (0x0A, 1, 1), (0x0B, 0, 1), (0x30, 0, 1), (0x31, 1, 2)]);
+        assert_eq!(
+            table,
+            [
+                (0x03, 0, 1),
+                (0x0A, 1, 1),
+                (0x0B, 0, 1),
+                (0x30, 0, 1),
+                (0x31, 1, 2),
+                (0x19, 0, 1),
+                (0x1A, 1, 1)
+            ]
+        );
         assert_eq!(Message::from_id(0x31), Some(Message::GetRaplCoreCounter));
         assert_eq!(Message::from_id(0x08), None, "SET_BOOST_LIMIT is never sent");
     }
@@ -224,9 +354,7 @@ mod tests {
     fn boost_limit_sends_the_apic_id_and_reads_mhz() {
         let t = Scripted::new(Ok([3_700, 0]));
         assert_eq!(boost_limit_mhz(&t, 0, 0x1_0043), Ok(3_700));
-        let sent = t.sent();
-        assert_eq!((sent[0].msg_id, sent[0].num_args, sent[0].response_sz), (0x0A, 1, 1));
-        assert_eq!(sent[0].args[0], 0x1_0043);
+        assert_eq!(t.only_sent(), (0x0A, 1, 1, 0x1_0043, 0));
     }
 
     #[test]
@@ -234,6 +362,55 @@ mod tests {
         assert_eq!(prochot(&Scripted::new(Ok([1, 0])), 0), Ok(true));
         assert_eq!(prochot(&Scripted::new(Ok([0, 0])), 0), Ok(false));
         assert_eq!(prochot(&Scripted::new(Ok([0xffff_fffe, 0])), 0), Ok(false));
+    }
+
+    #[test]
+    fn socket_freq_limit_is_mhz_in_the_high_half_and_reasons_in_the_low() {
+        let t = Scripted::new(Ok([2_450 << 16 | 0x0008, 0]));
+        let limit = socket_freq_limit(&t, 1).unwrap();
+        assert_eq!(limit, SocketFreqLimit { mhz: 2_450, reasons: LimitReasons::PPT });
+        assert_eq!(limit.word(), 2_450 << 16 | 0x0008);
+        assert_eq!(t.only_sent(), (0x19, 0, 1, 0, 1));
+    }
+
+    #[test]
+    fn each_limit_reason_is_its_own_bit() {
+        let named = [
+            (0, LimitReasons::CHTC),
+            (1, LimitReasons::PROCHOT),
+            (2, LimitReasons::TDC),
+            (3, LimitReasons::PPT),
+            (4, LimitReasons::OPN_MAX),
+            (5, LimitReasons::RELIABILITY),
+            (6, LimitReasons::APML),
+            (7, LimitReasons::HSMP),
+        ];
+        for (bit, reason) in named {
+            let word = 3_000 << 16 | 1u32 << bit;
+            let limit = socket_freq_limit(&Scripted::new(Ok([word, 0])), 0).unwrap();
+            assert_eq!(limit.mhz, 3_000, "bit {bit}");
+            assert_eq!(limit.reasons, reason, "bit {bit}");
+            for (other, r) in named {
+                assert_eq!(limit.reasons.intersects(r), other == bit, "bit {bit} vs {other}");
+            }
+            assert!(!limit.reasons.intersects(LimitReasons::OTHER_MASK), "bit {bit}");
+        }
+        for bit in 8..16 {
+            let limit = SocketFreqLimit::from_word(1u32 << bit);
+            assert!(limit.reasons.intersects(LimitReasons::OTHER_MASK), "bit {bit}");
+            assert!(named.iter().all(|&(_, r)| !limit.reasons.intersects(r)), "bit {bit}");
+            assert_eq!(limit.mhz, 0);
+        }
+        let both = LimitReasons::PROCHOT | LimitReasons::CHTC;
+        assert_eq!(both.bits(), 0x03);
+        assert_eq!(SocketFreqLimit::from_word(0xFFFF_0000).reasons, LimitReasons::NONE);
+    }
+
+    #[test]
+    fn core_freq_limit_sends_the_whole_apic_id_and_reads_mhz() {
+        let t = Scripted::new(Ok([3_100, 0]));
+        assert_eq!(core_freq_limit_mhz(&t, 1, 0x1_0043), Ok(3_100));
+        assert_eq!(t.only_sent(), (0x1A, 1, 1, 0x1_0043, 1));
     }
 
     #[test]
@@ -248,9 +425,7 @@ mod tests {
     fn rapl_core_counter_asks_two_words_and_joins_them() {
         let t = Scripted::new(Ok([0x89ab_cdef, 0x0123_4567]));
         assert_eq!(rapl_core_counter(&t, 1, 0x21), Ok(0x0123_4567_89ab_cdef));
-        let sent = t.sent();
-        assert_eq!((sent[0].msg_id, sent[0].num_args, sent[0].response_sz), (0x31, 1, 2));
-        assert_eq!((sent[0].args[0], sent[0].sock_ind), (0x21, 1));
+        assert_eq!(t.only_sent(), (0x31, 1, 2, 0x21, 1));
     }
 
     #[test]

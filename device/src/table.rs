@@ -16,6 +16,11 @@ pub mod id {
     pub const GET_BOOST_LIMIT: u32 = 0x0A;
     /// `HSMP_GET_PROC_HOT`.
     pub const GET_PROC_HOT: u32 = 0x0B;
+    /// `HSMP_GET_SOCKET_FREQ_LIMIT` (protocol 5): the socket's current frequency limit and the
+    /// limiters imposing it.
+    pub const GET_SOCKET_FREQ_LIMIT: u32 = 0x19;
+    /// `HSMP_GET_CCLK_CORE_LIMIT` (protocol 5): argument 0 = APIC id.
+    pub const GET_CCLK_CORE_LIMIT: u32 = 0x1A;
     /// `HSMP_GET_RAPL_UNITS` (protocol 7).
     pub const GET_RAPL_UNITS: u32 = 0x30;
     /// `HSMP_GET_RAPL_CORE_COUNTER` (protocol 7): argument 0 bits 15:0 = APIC id.
@@ -133,6 +138,8 @@ mod tests {
         assert_eq!(msg_desc(id::GET_PROTO_VER), Some(d(0, 1, MsgKind::Get)));
         assert_eq!(msg_desc(id::GET_BOOST_LIMIT), Some(d(1, 1, MsgKind::Get)));
         assert_eq!(msg_desc(id::GET_PROC_HOT), Some(d(0, 1, MsgKind::Get)));
+        assert_eq!(msg_desc(id::GET_SOCKET_FREQ_LIMIT), Some(d(0, 1, MsgKind::Get)));
+        assert_eq!(msg_desc(id::GET_CCLK_CORE_LIMIT), Some(d(1, 1, MsgKind::Get)));
         assert_eq!(msg_desc(id::GET_RAPL_UNITS), Some(d(0, 1, MsgKind::Get)));
         assert_eq!(msg_desc(id::GET_RAPL_CORE_COUNTER), Some(d(1, 2, MsgKind::Get)));
         assert_eq!(msg_desc(id::SET_BOOST_LIMIT), Some(d(1, 0, MsgKind::Set)));

@@ -145,7 +145,7 @@ mod tests {
         assert_eq!(args.telemetry_path, "/metrics");
         assert_eq!(args.broker_socket, PathBuf::from("/run/amd-hsmp/broker.sock"));
         assert_eq!(args.max_scrape_timeout, Duration::from_secs(10));
-        assert_eq!(args.families(), Families::ALL);
+        assert_eq!(args.families(), Families { core_frequency_limit: false, ..Families::ALL });
         assert_eq!(args.common.log_level, amd_hsmp_cli::LogLevel::Info);
         assert_eq!(args.common.log_format, amd_hsmp_cli::LogFormat::Logfmt);
         assert!(!args.common.version);
@@ -179,7 +179,11 @@ mod tests {
     fn core_owner_collector_reads_the_cgroupfs_path_and_the_last_flag_wins() {
         let on = parse(&["--collector.core-owner"]).unwrap();
         assert_eq!(on.core_owner(), Some(PathBuf::from("/sys/fs/cgroup")));
-        assert_eq!(on.families(), Families::ALL, "it asks the broker for nothing more");
+        assert_eq!(
+            on.families(),
+            parse(&[]).unwrap().families(),
+            "it asks the broker for nothing more"
+        );
         let moved = parse(&["--collector.core-owner", "--path.cgroupfs", "/host/cgroup"]).unwrap();
         assert_eq!(moved.core_owner(), Some(PathBuf::from("/host/cgroup")));
         let off = parse(&["--collector.core-owner", "--no-collector.core-owner"]).unwrap();
@@ -194,8 +198,22 @@ mod tests {
         let args = parse(&["--no-collector.boost-limit"]).map_err(|e| e.to_string()).unwrap();
         assert_eq!(
             args.families(),
-            Families { core_energy: true, boost_limit: false, prochot: true }
+            Families {
+                core_energy: true,
+                boost_limit: false,
+                prochot: true,
+                frequency_limit: true,
+                core_frequency_limit: false,
+            }
         );
+    }
+
+    #[test]
+    fn the_core_frequency_limit_is_off_by_default_and_the_socket_one_on() {
+        let default = parse(&[]).unwrap().families();
+        assert!(default.frequency_limit && !default.core_frequency_limit);
+        let on = parse(&["--collector.core-frequency-limit"]).unwrap().families();
+        assert!(on.core_frequency_limit);
     }
 
     #[test]

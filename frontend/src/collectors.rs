@@ -63,6 +63,17 @@ impl Collector {
                 "per-socket PROCHOT status",
                 "Do not export PROCHOT status; the broker is not asked for it",
             ),
+            Collector::Family(Family::FrequencyLimit) => (
+                true,
+                "per-socket frequency limits and the limiters imposing them",
+                "Do not export socket frequency limits; the broker is not asked for them",
+            ),
+            Collector::Family(Family::CoreFrequencyLimit) => (
+                false,
+                "per-core frequency limits, which costs one mailbox message per core a scrape",
+                "Do not export per-core frequency limits; the broker is not asked for them (the \
+                 default)",
+            ),
             Collector::CoreOwner => (
                 false,
                 "which workload each physical core is assigned to, from the cgroup v2 cpusets \
@@ -218,14 +229,17 @@ mod tests {
 
     #[test]
     fn turning_one_collector_off_asks_the_broker_for_every_other_family() {
-        assert_eq!(parse(&[]).families(), Families::ALL);
+        let default = Families { core_frequency_limit: false, ..Families::ALL };
+        assert_eq!(parse(&[]).families(), default, "all but the per-core frequency limit");
+        let every = ["--collector.core-frequency-limit"];
+        assert_eq!(parse(&every).families(), Families::ALL);
         for family in Family::ALL {
-            let off = parse(&[&format!("--no-collector.{family}")]).families();
+            let off = parse(&[every[0], &format!("--no-collector.{family}")]).families();
             assert!(!off.contains(family), "{family}");
             assert_eq!(off.iter().count(), Family::COUNT - 1, "{family}");
         }
         let owner = parse(&["--collector.core-owner"]);
-        assert_eq!(owner.families(), Families::ALL, "the core owners are not the broker's");
+        assert_eq!(owner.families(), default, "the core owners are not the broker's");
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //! SVG (no script, no external asset, everything escaped). Per-core power, from the energy of
 //! the last two samples the exporter took (its own or Prometheus' scrapes), and boost limit are
 //! shown as a heatmap per socket; a family that was not read is said to be so, with why,
-//! instead of a map; then PROCHOT, the device and the broker, and a banner when the broker
-//! serves its simulator.
+//! instead of a map; then PROCHOT, each socket's frequency limit and the limiters imposing it in
+//! words, the device and the broker, and a banner when the broker serves its simulator.
 //!
 //! A page view costs one sample, taken through the scrape path (`Exporter::scrape`, so it shares
 //! a broker request in flight like any scrape). The one exception is a view with no earlier
@@ -15,7 +15,7 @@ use crate::budget::Budget;
 use crate::metrics;
 use crate::scrape::{AnswerObserver, Exporter, Owners, ScrapeReport};
 use crate::translate::{CoreLabel, Telemetry, Unread};
-use amd_hsmp_proto::{EnergySource, Family};
+use amd_hsmp_proto::{EnergySource, Family, LimitReason};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
@@ -277,9 +277,48 @@ fn status(html: &mut String, report: &ScrapeReport) {
          <tr><td>Device</td><td id=\"device\">{device}</td></tr>\n\
          <tr><td>Energy source</td><td>{energy}</td></tr>\n\
          <tr><td>PROCHOT</td><td>{prochot}</td></tr>\n\
+         <tr><td>Frequency limit</td><td>{limit}</td></tr>\n\
          <tr><td>Failed reads since start</td><td>{errors}</td></tr>\n</table>\n",
         prochot = prochot_summary(t),
+        limit = frequency_limit_summary(t),
     );
+}
+
+/// Each socket's frequency limit and, in words, what imposes it.
+fn frequency_limit_summary(t: Option<&Telemetry>) -> String {
+    let Some(t) = t.filter(|t| !t.frequency_limit.is_empty()) else {
+        return "not read".to_owned();
+    };
+    t.frequency_limit
+        .iter()
+        .map(|&(socket, limit)| {
+            let by: Vec<&str> = limit.limiters().map(limiter_in_words).collect();
+            let held = limit.limiters().any(|r| r != LimitReason::OpnMax);
+            let class = if held { "bad" } else { "ok" };
+            let by = if by.is_empty() { "no limiter reported".to_owned() } else { by.join(", ") };
+            format!(
+                "socket {socket}: <span class=\"{class} frequency-limit\" data-socket=\"{socket}\" \
+                 data-mhz=\"{mhz}\">{mhz} MHz, set by {by}</span>",
+                mhz = limit.mhz,
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// What a limiter is, for an operator.
+fn limiter_in_words(reason: LimitReason) -> &'static str {
+    match reason {
+        LimitReason::Chtc => "thermal control (cHTC)",
+        LimitReason::Prochot => "PROCHOT",
+        LimitReason::Tdc => "a current limit (TDC)",
+        LimitReason::Ppt => "the package power limit (PPT)",
+        LimitReason::OpnMax => "the part's own maximum",
+        LimitReason::Reliability => "the reliability limit",
+        LimitReason::Apml => "a cap set by the BMC (APML)",
+        LimitReason::Hsmp => "a cap set by host software (HSMP)",
+        LimitReason::Other => "a limiter the specification does not name",
+    }
 }
 
 fn prochot_summary(t: Option<&Telemetry>) -> String {
@@ -603,16 +642,23 @@ mod tests {
         assert!(html.contains("data-socket=\"0\" data-asserted=\"false\">clear"));
         assert!(html.contains("Socket 0: 2 cores, 3 W"), "{html}");
         assert!(html.contains("HSMP protocol 7") && html.contains("prochot 1"));
+        assert!(html.contains("data-mhz=\"1500\">1500 MHz, set by PROCHOT</span>"), "{html}");
+        assert!(html.contains("data-mhz=\"3700\">3700 MHz, set by the part's own maximum"));
         assert!(!html.contains("<script"), "no script");
         assert!(!html.contains("src=") && !html.contains("href=\"http"), "no external asset");
     }
 
     #[test]
     fn a_family_not_read_has_no_map_and_says_why() {
-        // Rome with the MSR fallback: energy, no boost limit.
+        // Rome with the MSR fallback: energy, no boost limit (and no frequency limit, which
+        // takes protocol 5).
         let t = Telemetry {
             boost_limit_hertz: Vec::new(),
-            unread: vec![(Family::BoostLimit, Unread::NoDevice)],
+            frequency_limit: Vec::new(),
+            unread: vec![
+                (Family::BoostLimit, Unread::NoDevice),
+                (Family::FrequencyLimit, Unread::NoDevice),
+            ],
             ..(*telemetry(100.0, None)).clone()
         };
         let recent = RecentSamples::default();

@@ -5,6 +5,7 @@
 
 use crate::scrape::ScrapeReport;
 use crate::translate::CoreLabel;
+use amd_hsmp_proto::LimitReason;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
     DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeLabel as _, EncodeLabelSet,
@@ -198,6 +199,35 @@ impl Collector for ReportCollector {
                 "1 while PROCHOT is asserted on the socket",
                 None,
                 t.prochot.iter().map(|(s, on)| gauge([("socket", *s)], i64::from(*on))),
+            )?;
+            family(
+                &mut e,
+                "amd_hsmp_socket_frequency_limit",
+                "Current frequency limit of the socket, in hertz",
+                Some(&hertz),
+                t.frequency_limit
+                    .iter()
+                    .map(|(s, limit)| gauge(vec![("socket", s.to_string())], limit.hertz())),
+            )?;
+            family(
+                &mut e,
+                "amd_hsmp_socket_frequency_limit_reason",
+                "1 while the limiter named by reason imposes the socket's frequency limit, 0 otherwise",
+                None,
+                t.frequency_limit.iter().flat_map(|(s, limit)| {
+                    LimitReason::ALL.into_iter().map(move |reason| {
+                        let labels =
+                            vec![("reason", reason.name().to_owned()), ("socket", s.to_string())];
+                        gauge(labels, i64::from(limit.is_limited_by(reason)))
+                    })
+                }),
+            )?;
+            family(
+                &mut e,
+                "amd_hsmp_core_frequency_limit",
+                "Current CCLK frequency limit of the physical core, in hertz",
+                Some(&hertz),
+                t.core_frequency_limit_hertz.iter().map(|(c, hz)| gauge(core_labels(c), *hz)),
             )?;
         }
 
@@ -409,5 +439,56 @@ mod tests {
         assert!(text.contains("amd_hsmp_prochot_active{socket=\"0\"} 0\n"));
         assert!(text.contains("amd_hsmp_prochot_active{socket=\"1\"} 1\n"));
         assert!(text.contains("amd_hsmp_core_energy_source_info{source=\"hsmp\"} 1\n"));
+    }
+
+    fn reason_series(text: &str, socket: u32) -> Vec<(String, i64)> {
+        LimitReason::ALL
+            .iter()
+            .map(|reason| {
+                let name = format!(
+                    "amd_hsmp_socket_frequency_limit_reason{{reason=\"{reason}\",socket=\"{socket}\"}} "
+                );
+                let line = text.lines().find(|l| l.starts_with(&name)).unwrap_or_else(|| panic!("{name}"));
+                (reason.to_string(), line[name.len()..].parse().unwrap())
+            })
+            .collect()
+    }
+
+    fn with_limit(reasons: u16) -> String {
+        let limit = amd_hsmp_proto::FrequencyLimit { mhz: 2900, reasons };
+        let t = Telemetry { frequency_limit: vec![(0, limit)], ..healthy() };
+        render(report(Some(t)), Format::Text).unwrap()
+    }
+
+    #[test]
+    fn each_reason_bit_sets_exactly_its_series_and_the_others_are_0() {
+        let names = ["chtc", "prochot", "tdc", "ppt", "opn_max", "reliability", "apml", "hsmp"];
+        for (bit, name) in names.iter().enumerate() {
+            let series = reason_series(&with_limit(1 << bit), 0);
+            let set: Vec<&str> =
+                series.iter().filter(|(_, v)| *v == 1).map(|(r, _)| r.as_str()).collect();
+            assert_eq!(set, [*name], "bit {bit}");
+            assert!(series.iter().all(|(_, v)| *v == 0 || *v == 1), "bit {bit}");
+        }
+    }
+
+    #[test]
+    fn a_reserved_reason_bit_sets_other() {
+        for bit in 8..16 {
+            let series = reason_series(&with_limit(1 << bit), 0);
+            let set: Vec<&str> =
+                series.iter().filter(|(_, v)| *v == 1).map(|(r, _)| r.as_str()).collect();
+            assert_eq!(set, ["other"], "bit {bit}");
+        }
+    }
+
+    #[test]
+    fn the_socket_frequency_limit_is_exported_in_hertz() {
+        let text = with_limit(0x10);
+        assert!(
+            text.contains("amd_hsmp_socket_frequency_limit_hertz{socket=\"0\"} 2900000000.0\n"),
+            "{text}"
+        );
+        assert_eq!(reason_series(&text, 0).len(), 9, "one series per reason");
     }
 }

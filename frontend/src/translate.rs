@@ -4,8 +4,8 @@
 use crate::broker::BrokerInfo;
 use crate::collectors::Collector;
 use amd_hsmp_proto::{
-    Core, DeviceStatus, EnergySource, Family, ItemError, PerFamily, Readings, Sample, Topology,
-    Unavailable,
+    Core, DeviceStatus, EnergySource, Family, FrequencyLimit, ItemError, PerFamily, Readings,
+    Sample, Topology, Unavailable,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -145,6 +145,10 @@ pub(crate) struct Telemetry {
     pub boost_limit_hertz: Vec<(CoreLabel, f64)>,
     /// Per-socket PROCHOT.
     pub prochot: Vec<(u32, bool)>,
+    /// Per-socket frequency limit and its limiters.
+    pub frequency_limit: Vec<(u32, FrequencyLimit)>,
+    /// Per-core frequency limit in hertz.
+    pub core_frequency_limit_hertz: Vec<(CoreLabel, f64)>,
     /// Some items were not read because the broker's deadline passed.
     pub deadline_exceeded: bool,
     /// The families the broker read none of, and why, in the order of [`Family::ALL`].
@@ -197,12 +201,20 @@ pub(crate) fn translate(
     let mut read = Reader { errors, deadline_exceeded: false, unread: Vec::new() };
     out.energy_joules = read.collect(Family::CoreEnergy, &sample.energy, &cores, |e| e.joules());
     out.energy_source = if out.energy_joules.is_empty() { None } else { sample.energy_source };
-    out.boost_limit_hertz =
-        read.collect(Family::BoostLimit, &sample.boost_limit, &cores, |mhz| f64::from(mhz) * 1e6);
+    out.boost_limit_hertz = read.collect(Family::BoostLimit, &sample.boost_limit, &cores, hertz);
     out.prochot = read.collect(Family::Prochot, &sample.prochot, &topology.sockets, |a| a);
+    out.frequency_limit =
+        read.collect(Family::FrequencyLimit, &sample.frequency_limit, &topology.sockets, |l| l);
+    out.core_frequency_limit_hertz =
+        read.collect(Family::CoreFrequencyLimit, &sample.core_frequency_limit, &cores, hertz);
     out.deadline_exceeded = read.deadline_exceeded;
     out.unread = read.unread;
     out
+}
+
+/// A frequency in MHz, as the broker reads it, in hertz.
+fn hertz(mhz: u32) -> f64 {
+    f64::from(mhz) * 1e6
 }
 
 /// Collects the families of one sample, counting their failed items.
@@ -339,6 +351,10 @@ mod tests {
         );
         assert_eq!(t.boost_limit_hertz, cores.map(|c| (c, 3.7e9)).to_vec());
         assert_eq!(t.prochot, vec![(0, false), (1, true)]);
+        let opn = FrequencyLimit { mhz: 3700, reasons: 0x10 };
+        let prochot = FrequencyLimit { mhz: 1500, reasons: 0x02 };
+        assert_eq!(t.frequency_limit, vec![(0, opn), (1, prochot)]);
+        assert_eq!(t.core_frequency_limit_hertz, cores.map(|c| (c, 3.7e9)).to_vec());
         assert!(t.simulated.is_none() && !t.deadline_exceeded);
     }
 
@@ -390,6 +406,20 @@ mod tests {
         );
         assert!(t.deadline_exceeded);
         assert_eq!(count(&errors, ErrorSource::Family(Family::BoostLimit)), 0);
+    }
+
+    #[test]
+    fn a_socket_whose_frequency_limit_fails_is_absent_and_counted_under_frequency_limit() {
+        let errors = ErrorCounters::default();
+        let limit = FrequencyLimit { mhz: 3100, reasons: 0x08 };
+        let s = Sample {
+            frequency_limit: Readings::Values(vec![Err(ItemError::Busy), Ok(limit)]),
+            ..sample()
+        };
+        let t = translate(&info(), &topology(), &s, &errors);
+        assert_eq!(t.frequency_limit, vec![(1, limit)]);
+        assert_eq!(count(&errors, ErrorSource::Family(Family::FrequencyLimit)), 1);
+        assert_eq!(count(&errors, ErrorSource::Family(Family::CoreFrequencyLimit)), 0);
     }
 
     #[test]

@@ -83,6 +83,28 @@
       },
     },
     {
+      // One alert per limiter holding the socket down: the reason series at 1, with the
+      // socket's frequency limit as its value.
+      alert: 'AmdHsmpFrequencyLimited',
+      expr: |||
+        (
+          amd_hsmp_socket_frequency_limit_reason{%(amdHsmpSelector)s,reason=~"%(frequencyLimitReasons)s"} == 1
+        )
+        * ignoring (reason) group_left ()
+        (
+          amd_hsmp_socket_frequency_limit_hertz{%(amdHsmpSelector)s}
+          <
+          %(frequencyLimitRatio)g * max_over_time(instance_socket:amd_hsmp_core_boost_limit_hertz:max{%(amdHsmpSelector)s}[%(boostLimitUsualWindow)s])
+        )
+      ||| % c,
+      'for': c.frequencyLimitedFor,
+      labels: { severity: 'warning' },
+      annotations: {
+        summary: 'A CPU socket is held below its boost limit by {{ $labels.reason }}.',
+        description: 'Socket {{ $labels.socket }} of {{ $labels.instance }} has been limited to {{ $value | humanize }}Hz, below %(ratio)s of its highest core boost limit in the last %(boostLimitUsualWindow)s, by {{ $labels.reason }} for %(frequencyLimitedFor)s.' % (c { ratio: '%d%%' % (c.frequencyLimitRatio * 100) }),
+      },
+    },
+    {
       alert: 'AmdHsmpScrapeErrors',
       expr: |||
         increase(amd_hsmp_scrape_errors_total{%(amdHsmpSelector)s}[5m]) > 0

@@ -44,6 +44,14 @@ local g = import 'lib.libsonnet';
             g.target('bottomk(%(k)d, instance_socket:amd_hsmp_core_boost_limit_hertz:min{%(sel)s})' % s, instant=true),
           ], 'hertz', w=8),
 
+          g.row('Frequency limits'),
+          g.timeseries('Nodes limited, by reason', 'Nodes with a socket limited by each limiter at some time in the last 5 minutes (opn_max, the part\'s own maximum, is no limit).', [
+            g.target('count by (reason) (max without (socket) (instance_socket_reason:amd_hsmp_socket_frequency_limit_reason:avg_over_time5m{%(sel)s,reason!="opn_max"}) > 0)' % s, '{{reason}}'),
+          ], 'short', w=12),
+          g.table('Nodes most limited, by reason', 'Per limiter, the %(k)d nodes whose sockets spent the largest share of the last hour limited by it; nodes never limited are not listed.' % s, [
+            g.target('topk by (reason) (%(k)d, avg without (socket) (avg_over_time(instance_socket_reason:amd_hsmp_socket_frequency_limit_reason:avg_over_time5m{%(sel)s,reason!="opn_max"}[1h])) > 0)' % s, instant=true),
+          ], 'percentunit', w=12),
+
           g.row('Exporter health'),
           g.timeseries('Unhealthy targets', 'Exporters that cannot be scraped, that cannot reach their broker, and nodes without a usable /dev/hsmp.', [
             g.target('count(up{%(sel)s} == 0) or vector(0)' % s, 'exporter down'),

@@ -1,4 +1,4 @@
-// Per-node dashboard: status, power per socket and per core, boost limits, PROCHOT, scrape health.
+// Per-node dashboard: status, power per socket and per core, boost limits, frequency limits and their limiters, PROCHOT, scrape health.
 local g = import 'lib.libsonnet';
 
 {
@@ -11,7 +11,7 @@ local g = import 'lib.libsonnet';
         c,
         'amd-hsmp-node',
         'Node',
-        'Per-core power, boost limits and PROCHOT of one node, from amd-hsmp-exporter and the amd-hsmp recording rules.',
+        'Per-core power, boost limits, frequency limits and PROCHOT of one node, from amd-hsmp-exporter and the amd-hsmp recording rules.',
         [
           g.datasourceVariable,
           g.queryVariable('instance', 'Instance', 'label_values(amd_hsmp_up{%(amdHsmpSelector)s}, instance)' % c),
@@ -50,6 +50,18 @@ local g = import 'lib.libsonnet';
           g.heatmap('Per-core boost limit, socket $socket', 'Boost limit of each physical core (rows: sysfs core_id).', [
             g.target('amd_hsmp_core_boost_limit_hertz{%(sel)s,socket=~"$socket"}' % s, '{{core}}'),
           ], 'hertz', w=12, scheme='Blues') { repeat: 'socket', repeatDirection: 'h', maxPerRow: 2 },
+
+          g.row('Frequency limit'),
+          g.timeseries('Frequency limit per socket', "Each socket's current frequency limit (amd_hsmp_socket_frequency_limit_hertz) and the highest boost limit of its cores; the limiters imposing it are below.", [
+            g.target('amd_hsmp_socket_frequency_limit_hertz{%(sel)s}' % s, 'socket {{socket}} limit'),
+            g.target('instance_socket:amd_hsmp_core_boost_limit_hertz:max{%(sel)s}' % s, 'socket {{socket}} boost max'),
+          ], 'hertz', min=null),
+          g.stateTimeline('Limiters, socket $socket', 'When each limiter held the socket\'s frequency (amd_hsmp_socket_frequency_limit_reason): ppt package power, tdc rail current, chtc and prochot thermal, apml and hsmp caps set by the BMC or host software, reliability, opn_max none but the part\'s own maximum.', [
+            g.target('amd_hsmp_socket_frequency_limit_reason{%(sel)s,socket=~"$socket"}' % s, '{{reason}}'),
+          ], g.valueMappings([[0, 'inactive', 'transparent'], [1, 'limiting', 'orange']]), w=12, h=7) { repeat: 'socket', repeatDirection: 'h', maxPerRow: 2 },
+          g.timeseries('Time limited by reason', 'Share of the last 5 minutes each socket spent limited by each limiter other than its OPN maximum.', [
+            g.target('instance_socket_reason:amd_hsmp_socket_frequency_limit_reason:avg_over_time5m{%(sel)s,reason!="opn_max"}' % s, 'socket {{socket}} {{reason}}'),
+          ], 'percentunit', h=6),
 
           g.row('PROCHOT'),
           g.stateTimeline('PROCHOT', 'When each socket had PROCHOT asserted (the processor throttled hard).', [

@@ -44,6 +44,15 @@
             ||| % $._config,
           },
           {
+            // The highest boost limit of any core of the socket, in hertz: the frequency the
+            // socket's cores are allowed, which AmdHsmpFrequencyLimited compares the socket's
+            // frequency limit with.
+            record: 'instance_socket:amd_hsmp_core_boost_limit_hertz:max',
+            expr: |||
+              max without (core) (amd_hsmp_core_boost_limit_hertz{%(amdHsmpSelector)s})
+            ||| % $._config,
+          },
+          {
             // How many cores of the socket reported a boost limit in this evaluation.
             record: 'instance_socket:amd_hsmp_core_boost_limit_hertz:count',
             expr: |||
@@ -55,6 +64,14 @@
             record: 'instance_socket:amd_hsmp_prochot_active:avg_over_time5m',
             expr: |||
               avg_over_time(amd_hsmp_prochot_active{%(amdHsmpSelector)s}[5m])
+            ||| % $._config,
+          },
+          {
+            // Share of the last 5 minutes the socket's frequency was limited by each limiter
+            // (0 to 1, one series per reason; opn_max is the part's own maximum, no limit).
+            record: 'instance_socket_reason:amd_hsmp_socket_frequency_limit_reason:avg_over_time5m',
+            expr: |||
+              avg_over_time(amd_hsmp_socket_frequency_limit_reason{%(amdHsmpSelector)s}[5m])
             ||| % $._config,
           },
           {

@@ -44,6 +44,11 @@ pub mod version {
     ///
     /// [`Sample::max_age_ms`]: crate::Sample::max_age_ms
     pub const V2: u32 = 2;
+    /// Two more families: each socket's frequency limit and the limiters imposing it
+    /// ([`Sample::frequency_limit`](crate::Sample::frequency_limit)) and each core's frequency
+    /// limit ([`Sample::core_frequency_limit`](crate::Sample::core_frequency_limit)), asked
+    /// for by two more [`Families`](crate::Families) flags.
+    pub const V3: u32 = 3;
 }
 
 /// Where the packaged socket unit (`amd-hsmp-broker.socket`) puts the broker's socket: the
@@ -51,7 +56,7 @@ pub mod version {
 pub const DEFAULT_SOCKET: &str = "/run/amd-hsmp/broker.sock";
 
 /// Version of this protocol. Bumped on any change an older peer cannot decode.
-pub const PROTOCOL_VERSION: u32 = version::V2;
+pub const PROTOCOL_VERSION: u32 = version::V3;
 
 impl Message for Request {
     /// Requests are a few bytes.
@@ -115,11 +120,22 @@ pub struct Families {
     pub boost_limit: bool,
     /// Per-socket PROCHOT status (HSMP `GET_PROC_HOT`).
     pub prochot: bool,
+    /// Since [`version::V3`]. Per-socket frequency limit and its limiters (HSMP
+    /// `GET_SOCKET_FREQ_LIMIT`).
+    pub frequency_limit: bool,
+    /// Since [`version::V3`]. Per-core frequency limit (HSMP `GET_CCLK_CORE_LIMIT`).
+    pub core_frequency_limit: bool,
 }
 
 impl Families {
     /// Every family.
-    pub const ALL: Families = Families { core_energy: true, boost_limit: true, prochot: true };
+    pub const ALL: Families = Families {
+        core_energy: true,
+        boost_limit: true,
+        prochot: true,
+        frequency_limit: true,
+        core_frequency_limit: true,
+    };
 
     /// The families in `list`.
     pub fn of(list: &[Family]) -> Families {
@@ -136,6 +152,8 @@ impl Families {
             Family::CoreEnergy => self.core_energy,
             Family::BoostLimit => self.boost_limit,
             Family::Prochot => self.prochot,
+            Family::FrequencyLimit => self.frequency_limit,
+            Family::CoreFrequencyLimit => self.core_frequency_limit,
         }
     }
 
@@ -145,6 +163,8 @@ impl Families {
             Family::CoreEnergy => &mut self.core_energy,
             Family::BoostLimit => &mut self.boost_limit,
             Family::Prochot => &mut self.prochot,
+            Family::FrequencyLimit => &mut self.frequency_limit,
+            Family::CoreFrequencyLimit => &mut self.core_frequency_limit,
         };
         *flag = on;
     }
@@ -167,6 +187,11 @@ pub enum Family {
     BoostLimit,
     /// Per-socket PROCHOT status ([`Sample::prochot`]).
     Prochot,
+    /// Since [`version::V3`]. Per-socket frequency limit and its limiters
+    /// ([`Sample::frequency_limit`]).
+    FrequencyLimit,
+    /// Since [`version::V3`]. Per-core frequency limit ([`Sample::core_frequency_limit`]).
+    CoreFrequencyLimit,
 }
 
 /// What one value of a family belongs to.
@@ -180,7 +205,13 @@ pub enum Scope {
 
 impl Family {
     /// Every family, in the order of their variants.
-    pub const ALL: [Family; 3] = [Family::CoreEnergy, Family::BoostLimit, Family::Prochot];
+    pub const ALL: [Family; 5] = [
+        Family::CoreEnergy,
+        Family::BoostLimit,
+        Family::Prochot,
+        Family::FrequencyLimit,
+        Family::CoreFrequencyLimit,
+    ];
 
     /// The number of families.
     pub const COUNT: usize = Family::ALL.len();
@@ -192,14 +223,16 @@ impl Family {
             Family::CoreEnergy => "core-energy",
             Family::BoostLimit => "boost-limit",
             Family::Prochot => "prochot",
+            Family::FrequencyLimit => "frequency-limit",
+            Family::CoreFrequencyLimit => "core-frequency-limit",
         }
     }
 
     /// What one value belongs to.
     pub const fn scope(self) -> Scope {
         match self {
-            Family::CoreEnergy | Family::BoostLimit => Scope::Core,
-            Family::Prochot => Scope::Socket,
+            Family::CoreEnergy | Family::BoostLimit | Family::CoreFrequencyLimit => Scope::Core,
+            Family::Prochot | Family::FrequencyLimit => Scope::Socket,
         }
     }
 
@@ -359,6 +392,12 @@ pub struct Sample {
     pub boost_limit: Readings<u32>,
     /// Per-socket PROCHOT (true = asserted), aligned with [`Topology::sockets`].
     pub prochot: Readings<bool>,
+    /// Since [`version::V3`]. Per-socket frequency limit and the limiters imposing it, aligned
+    /// with [`Topology::sockets`].
+    pub frequency_limit: Readings<FrequencyLimit>,
+    /// Since [`version::V3`]. Per-core frequency limit in MHz, aligned with
+    /// [`Topology::cores`].
+    pub core_frequency_limit: Readings<u32>,
     /// Since [`version::V1`]. Energy counter resets since this broker instance started: each
     /// time a core's count restarted from 0 because a wrap of its 32-bit MSR counter may have
     /// gone unseen. Cumulative, so a lost reply loses no reset; 0 without the MSR fallback.
@@ -460,6 +499,108 @@ impl Energy {
     pub fn joules(self) -> f64 {
         // Exact for counters below 2^53 units; beyond that f64 rounding is far below a joule.
         self.counter as f64 / f64::from(1u32 << self.esu.min(31))
+    }
+}
+
+/// A socket's frequency limit and the limiters imposing it, as HSMP `GET_SOCKET_FREQ_LIMIT`
+/// reports them. Since [`version::V3`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FrequencyLimit {
+    /// The limit in MHz (the reply's bits 31:16).
+    pub mhz: u16,
+    /// One bit per limiter imposing it (the reply's bits 15:0); see [`LimitReason`].
+    pub reasons: u16,
+}
+
+impl FrequencyLimit {
+    /// The limit in hertz.
+    pub fn hertz(self) -> f64 {
+        f64::from(self.mhz) * 1e6
+    }
+
+    /// Whether `reason` is among the limiters imposing the limit.
+    pub fn is_limited_by(self, reason: LimitReason) -> bool {
+        self.reasons & reason.mask() != 0
+    }
+
+    /// The limiters imposing the limit, in [`LimitReason::ALL`] order.
+    pub fn limiters(self) -> impl Iterator<Item = LimitReason> {
+        LimitReason::ALL.into_iter().filter(move |&reason| self.is_limited_by(reason))
+    }
+}
+
+/// One limiter of a socket's frequency ([`FrequencyLimit::reasons`]): bits 0 to 7 as the
+/// kernel's descriptor table and AMD's E-SMI library name them, and bits 15:8 together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LimitReason {
+    /// Bit 0, cHTC-Active: the socket's thermal control.
+    Chtc,
+    /// Bit 1: the PROCHOT_L pin is asserted.
+    Prochot,
+    /// Bit 2: the thermal design current limit of a voltage rail.
+    Tdc,
+    /// Bit 3: the package power tracking limit (the socket's power cap).
+    Ppt,
+    /// Bit 4: the part's own maximum frequency.
+    OpnMax,
+    /// Bit 5: the reliability limit.
+    Reliability,
+    /// Bit 6: a cap set by an APML agent (the BMC).
+    Apml,
+    /// Bit 7: a cap set by an HSMP agent (software on the host).
+    Hsmp,
+    /// Any of bits 15:8, which the specification does not name.
+    Other,
+}
+
+impl LimitReason {
+    /// Every reason, in bit order.
+    pub const ALL: [LimitReason; 9] = [
+        LimitReason::Chtc,
+        LimitReason::Prochot,
+        LimitReason::Tdc,
+        LimitReason::Ppt,
+        LimitReason::OpnMax,
+        LimitReason::Reliability,
+        LimitReason::Apml,
+        LimitReason::Hsmp,
+        LimitReason::Other,
+    ];
+
+    /// The bits of [`FrequencyLimit::reasons`] that mean this reason.
+    pub const fn mask(self) -> u16 {
+        match self {
+            LimitReason::Chtc => 0x01,
+            LimitReason::Prochot => 0x02,
+            LimitReason::Tdc => 0x04,
+            LimitReason::Ppt => 0x08,
+            LimitReason::OpnMax => 0x10,
+            LimitReason::Reliability => 0x20,
+            LimitReason::Apml => 0x40,
+            LimitReason::Hsmp => 0x80,
+            LimitReason::Other => 0xFF00,
+        }
+    }
+
+    /// The `reason` label's value, e.g. `opn_max`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            LimitReason::Chtc => "chtc",
+            LimitReason::Prochot => "prochot",
+            LimitReason::Tdc => "tdc",
+            LimitReason::Ppt => "ppt",
+            LimitReason::OpnMax => "opn_max",
+            LimitReason::Reliability => "reliability",
+            LimitReason::Apml => "apml",
+            LimitReason::Hsmp => "hsmp",
+            LimitReason::Other => "other",
+        }
+    }
+}
+
+impl fmt::Display for LimitReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 

@@ -3,7 +3,9 @@
 //! takes the rest from here, e.g. `Sample { prochot: ..., ..Sample::healthy(&topology, what) }`.
 //! A new family is written here once, not in every test that builds a sample.
 
-use crate::{Core, DeviceStatus, Energy, EnergySource, Families, Readings, Sample, Topology};
+use crate::{
+    Core, DeviceStatus, Energy, EnergySource, Families, FrequencyLimit, Readings, Sample, Topology,
+};
 
 /// Energy status unit exponent of the examples (RAPL's usual 2^-16 J).
 pub const ESU: u8 = 16;
@@ -31,7 +33,9 @@ impl Sample {
     /// A healthy broker's answer to `what` on `topology`: `/dev/hsmp` ready (protocol 7), every
     /// requested item read and every other family not requested. Core `i` (in topology order)
     /// has used 1000 + `i` J of energy (HSMP RAPL, [`ESU`]) and has a boost limit of 3700 MHz;
-    /// PROCHOT is asserted on socket 1 only, so both of its values appear. Every value was read
+    /// PROCHOT is asserted on socket 1 only, so both of its values appear; the frequency limit
+    /// is 3700 MHz set by the OPN maximum, except on socket 1, where it is 1500 MHz set by
+    /// PROCHOT; each core's frequency limit is 3700 MHz. Every value was read
     /// after the request arrived, within a freshness bound of 500 ms.
     pub fn healthy(topology: &Topology, what: Families) -> Sample {
         fn read<T>(asked: bool, values: impl Iterator<Item = T>) -> Readings<T> {
@@ -45,8 +49,16 @@ impl Sample {
                 what.core_energy,
                 cores.clone().map(|i| Energy { counter: (1000 + i) << ESU, esu: ESU }),
             ),
-            boost_limit: read(what.boost_limit, cores.map(|_| 3700)),
+            boost_limit: read(what.boost_limit, cores.clone().map(|_| 3700)),
             prochot: read(what.prochot, topology.sockets.iter().map(|s| *s == 1)),
+            frequency_limit: read(
+                what.frequency_limit,
+                topology.sockets.iter().map(|s| match s {
+                    1 => FrequencyLimit { mhz: 1500, reasons: 0x02 },
+                    _ => FrequencyLimit { mhz: 3700, reasons: 0x10 },
+                }),
+            ),
+            core_frequency_limit: read(what.core_frequency_limit, cores.clone().map(|_| 3700)),
             energy_resets: 0,
             max_age_ms: 500,
             oldest_read_us: 0,

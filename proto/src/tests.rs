@@ -44,9 +44,15 @@ fn device_status() -> impl Strategy<Value = DeviceStatus> {
 }
 
 fn families() -> impl Strategy<Value = Families> {
-    (any::<bool>(), any::<bool>(), any::<bool>()).prop_map(|(core_energy, boost_limit, prochot)| {
-        Families { core_energy, boost_limit, prochot }
-    })
+    (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()).prop_map(
+        |(core_energy, boost_limit, prochot, frequency_limit, core_frequency_limit)| Families {
+            core_energy,
+            boost_limit,
+            prochot,
+            frequency_limit,
+            core_frequency_limit,
+        },
+    )
 }
 
 fn request() -> impl Strategy<Value = Request> {
@@ -77,6 +83,8 @@ fn core() -> impl Strategy<Value = Core> {
 
 fn reply() -> impl Strategy<Value = Reply> {
     let energy = (any::<u64>(), 0u8..32).prop_map(|(counter, esu)| Energy { counter, esu });
+    let frequency_limit =
+        (any::<u16>(), any::<u16>()).prop_map(|(mhz, reasons)| FrequencyLimit { mhz, reasons });
     prop_oneof![
         (any::<u32>(), "[0-9a-z.+-]{0,20}", any::<u64>(), prop::option::of("[a-z0-9-]{1,12}"))
             .prop_map(|(protocol_version, broker_version, instance, simulated)| Reply::Hello {
@@ -100,21 +108,27 @@ fn reply() -> impl Strategy<Value = Reply> {
             readings(energy),
             readings(any::<u32>()),
             readings(any::<bool>()),
+            (readings(frequency_limit), readings(any::<u32>())),
             (any::<u64>(), any::<u32>(), any::<u32>())
         )
-            .prop_map(|(hsmp, energy_source, energy, boost_limit, prochot, freshness)| {
-                let (energy_resets, max_age_ms, oldest_read_us) = freshness;
-                Reply::Sample(Sample {
-                    hsmp,
-                    energy_source,
-                    energy,
-                    boost_limit,
-                    prochot,
-                    energy_resets,
-                    max_age_ms,
-                    oldest_read_us,
-                })
-            }),
+            .prop_map(
+                |(hsmp, energy_source, energy, boost_limit, prochot, limits, freshness)| {
+                    let (frequency_limit, core_frequency_limit) = limits;
+                    let (energy_resets, max_age_ms, oldest_read_us) = freshness;
+                    Reply::Sample(Sample {
+                        hsmp,
+                        energy_source,
+                        energy,
+                        boost_limit,
+                        prochot,
+                        frequency_limit,
+                        core_frequency_limit,
+                        energy_resets,
+                        max_age_ms,
+                        oldest_read_us,
+                    })
+                }
+            ),
         (any::<u32>(), any::<u32>()).prop_map(|(broker, peer)| Reply::Error(
             RequestError::VersionMismatch { broker, peer }
         )),
@@ -197,11 +211,11 @@ fn oversized_length_is_refused_before_allocation() {
 fn overlong_varint_is_refused_so_each_value_has_one_encoding() {
     // Found by the frame_request fuzz target: [0x96, 0x00] is an overlong varint for 22, which
     // postcard accepts; a Sample's deadline_ms decoded from it re-encoded as [22].
-    let canonical = [2, 1, 1, 1, 22];
+    let canonical = [2, 1, 1, 1, 1, 1, 22];
     assert!(Request::decode(&canonical).is_ok());
-    let overlong = [2, 1, 1, 1, 0x96, 0x00];
+    let overlong = [2, 1, 1, 1, 1, 1, 0x96, 0x00];
     assert!(matches!(Request::decode(&overlong), Err(FrameError::NotCanonical)));
-    let frame = [6, 0, 0, 0, 2, 1, 1, 1, 0x96, 0x00];
+    let frame = [8, 0, 0, 0, 2, 1, 1, 1, 1, 1, 0x96, 0x00];
     assert!(matches!(Request::read(&mut Cursor::new(&frame[..])), Err(FrameError::NotCanonical)));
 }
 
@@ -251,6 +265,21 @@ fn energy_converts_with_its_unit() {
 }
 
 #[test]
+fn a_frequency_limit_is_in_hertz_and_each_bit_is_one_reason() {
+    assert_eq!(FrequencyLimit { mhz: 3700, reasons: 0 }.hertz(), 3.7e9);
+    for (bit, reason) in LimitReason::ALL.into_iter().take(8).enumerate() {
+        let limit = FrequencyLimit { mhz: 1, reasons: 1 << bit };
+        assert_eq!(limit.limiters().collect::<Vec<_>>(), [reason], "bit {bit}");
+    }
+    for bit in 8..16 {
+        let limit = FrequencyLimit { mhz: 1, reasons: 1 << bit };
+        assert_eq!(limit.limiters().collect::<Vec<_>>(), [LimitReason::Other], "bit {bit}");
+    }
+    let both = FrequencyLimit { mhz: 1, reasons: 0x0A };
+    assert_eq!(both.limiters().collect::<Vec<_>>(), [LimitReason::Prochot, LimitReason::Ppt]);
+}
+
+#[test]
 fn each_direction_has_its_own_bound() {
     // A reply-sized frame announced where a request is expected is refused before allocation.
     let prefix = (Request::MAX_FRAME + 1).to_le_bytes();
@@ -279,6 +308,8 @@ fn every_family_is_listed_once_in_all_in_variant_order() {
         Family::CoreEnergy => 0,
         Family::BoostLimit => 1,
         Family::Prochot => 2,
+        Family::FrequencyLimit => 3,
+        Family::CoreFrequencyLimit => 4,
     };
     let positions: Vec<usize> = Family::ALL.iter().map(|&family| position(family)).collect();
     assert_eq!(positions, (0..Family::COUNT).collect::<Vec<_>>());
@@ -324,7 +355,9 @@ fn a_per_family_table_is_indexed_by_family() {
         vec![
             (Family::CoreEnergy, "core-energy"),
             (Family::BoostLimit, "boost-limit"),
-            (Family::Prochot, "changed")
+            (Family::Prochot, "changed"),
+            (Family::FrequencyLimit, "frequency-limit"),
+            (Family::CoreFrequencyLimit, "core-frequency-limit"),
         ]
     );
 }

@@ -278,7 +278,7 @@ impl HsmpTransport for Driver {
 
         let family = Family::of_message(msg.msg_id);
         let target = match Message::from_id(msg.msg_id) {
-            Some(Message::GetBoostLimit) => Target::Apic(msg.args[0]),
+            Some(Message::GetBoostLimit | Message::GetCclkCoreLimit) => Target::Apic(msg.args[0]),
             Some(Message::GetRaplCoreCounter) => Target::Apic(msg.args[0] & 0xFFFF),
             _ => Target::Socket(socket),
         };
@@ -620,6 +620,26 @@ mod tests {
         assert_eq!(m.hsmp_opener().open().map(|_| ()), Err(libc::EACCES));
         // An already open descriptor keeps working.
         assert!(send(&ro, id::GET_PROTO_VER, 0, 1, 0, 0).is_ok());
+    }
+
+    #[test]
+    fn frequency_limit_faults_target_the_socket_and_the_core_s_apic_id() {
+        let m = machine(Profile::Genoa2p, Mode::Static);
+        let ro = m.open_hsmp(AccessMode::ReadOnly).unwrap();
+        let cores = m.topology().cores.clone();
+        let mut faults = Faults::default();
+        faults.errno.insert((Family::FrequencyLimit, Target::Socket(1)), libc::EIO);
+        let core = (Family::CoreFrequencyLimit, Target::Apic(cores[1].apic_id));
+        faults.errno.insert(core, libc::EBUSY);
+        m.set_faults(faults);
+        assert!(send(&ro, id::GET_SOCKET_FREQ_LIMIT, 0, 1, 0, 0).is_ok());
+        assert_eq!(send(&ro, id::GET_SOCKET_FREQ_LIMIT, 0, 1, 0, 1), Err(libc::EIO));
+        assert!(send(&ro, id::GET_CCLK_CORE_LIMIT, 1, 1, cores[0].apic_id, 0).is_ok());
+        assert_eq!(send(&ro, id::GET_CCLK_CORE_LIMIT, 1, 1, cores[1].apic_id, 0), Err(libc::EBUSY));
+        m.update_faults(|f| {
+            f.unsupported.insert(Family::FrequencyLimit);
+        });
+        assert_eq!(send(&ro, id::GET_SOCKET_FREQ_LIMIT, 0, 1, 0, 0), Err(libc::ENOMSG));
     }
 
     #[test]

@@ -10,7 +10,8 @@ use std::time::Duration;
 pub const DRIVER_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// A group of messages or registers that fail together. Scenario files name them in
-/// kebab case (`proto-version`, `boost-limit`, `proc-hot`, `rapl`, `msr`).
+/// kebab case (`proto-version`, `boost-limit`, `proc-hot`, `rapl`, `frequency-limit`,
+/// `core-frequency-limit`, `msr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Family {
@@ -26,6 +27,10 @@ pub enum Family {
     ProcHot,
     /// `HSMP_GET_RAPL_UNITS`, `HSMP_GET_RAPL_CORE_COUNTER`, `HSMP_GET_RAPL_PACKAGE_COUNTER`.
     Rapl,
+    /// `HSMP_GET_SOCKET_FREQ_LIMIT`.
+    FrequencyLimit,
+    /// `HSMP_GET_CCLK_CORE_LIMIT`.
+    CoreFrequencyLimit,
     /// The RAPL MSRs ([`amd_hsmp_device::msr`]).
     Msr,
 }
@@ -42,6 +47,8 @@ impl Family {
             id::GET_RAPL_UNITS | id::GET_RAPL_CORE_COUNTER | id::GET_RAPL_PACKAGE_COUNTER => {
                 Family::Rapl
             }
+            id::GET_SOCKET_FREQ_LIMIT => Family::FrequencyLimit,
+            id::GET_CCLK_CORE_LIMIT => Family::CoreFrequencyLimit,
             _ => return None,
         })
     }
@@ -50,7 +57,8 @@ impl Family {
 /// What a message or register read is about, to inject a fault for one item only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Target {
-    /// A per-core HSMP message (`GET_BOOST_LIMIT`, `GET_RAPL_CORE_COUNTER`) for this APIC id.
+    /// A per-core HSMP message (`GET_BOOST_LIMIT`, `GET_RAPL_CORE_COUNTER`,
+    /// `GET_CCLK_CORE_LIMIT`) for this APIC id.
     Apic(u32),
     /// Any other HSMP message sent to this socket index.
     Socket(u32),

@@ -10,6 +10,7 @@
 use super::profile::MachineSpec;
 use crate::live::{Clock, Live, Scenario};
 use amd_hsmp_device::Errno;
+use amd_hsmp_device::messages::{LimitReasons, SocketFreqLimit};
 use amd_hsmp_device::msr::{MSR_CORE_ENERGY_STAT, MSR_RAPL_PWR_UNIT};
 use amd_hsmp_device::table::id;
 use std::collections::HashMap;
@@ -29,9 +30,11 @@ pub enum Mode {
     Live,
     /// Deterministic values that change only through the setters ([`Firmware::advance_energy`],
     /// [`Firmware::set_energy_counter`], [`Firmware::set_boost_limit`],
-    /// [`Firmware::set_prochot`]). Core `i` (in (socket, core) order) starts at
-    /// `1000 × (i + 1)` joules, every boost limit at [`MachineSpec::boost_mhz`], PROCHOT
-    /// deasserted.
+    /// [`Firmware::set_prochot`], [`Firmware::set_freq_limit`]). Core `i` (in (socket, core)
+    /// order) starts at `1000 × (i + 1)` joules, every boost limit at
+    /// [`MachineSpec::boost_mhz`], PROCHOT deasserted, every socket's frequency limit at
+    /// [`MachineSpec::boost_mhz`] imposed by the OPN maximum alone; a core's frequency limit is
+    /// the lower of its boost limit and its socket's limit.
     Static,
 }
 
@@ -105,6 +108,7 @@ struct StaticState {
     energy: Vec<u64>,
     boost: Vec<u32>,
     prochot: Vec<bool>,
+    freq_limit: Vec<SocketFreqLimit>,
 }
 
 /// The simulated firmware of one machine. Thread-safe; see the module documentation.
@@ -118,6 +122,7 @@ pub struct Firmware {
     by_cpu: Vec<usize>,
     protocol: Option<u32>,
     rapl: bool,
+    freq_limit: bool,
     smu_fw_version: u32,
     esu: u8,
     mode: Mode,
@@ -162,6 +167,13 @@ impl Firmware {
             energy: (0..cores.len() as u64).map(|i| (1000 * (i + 1)) << esu).collect(),
             boost: vec![spec.boost_mhz; cores.len()],
             prochot: vec![false; spec.sockets as usize],
+            freq_limit: vec![
+                SocketFreqLimit {
+                    mhz: u16::try_from(spec.boost_mhz).unwrap_or(u16::MAX),
+                    reasons: LimitReasons::OPN_MAX,
+                };
+                spec.sockets as usize
+            ],
         };
         Firmware {
             sockets: spec.sockets,
@@ -170,6 +182,7 @@ impl Firmware {
             by_cpu,
             protocol: spec.hsmp_protocol,
             rapl: spec.rapl_messages,
+            freq_limit: spec.freq_limit_messages(),
             smu_fw_version: spec.smu_fw_version,
             esu,
             mode,
@@ -231,6 +244,13 @@ impl Firmware {
                 out[0] = counter as u32;
                 out[1] = (counter >> 32) as u32;
             }
+            id::GET_SOCKET_FREQ_LIMIT if self.freq_limit => {
+                out[0] = self.freq_limit_at(socket, t).word();
+            }
+            id::GET_CCLK_CORE_LIMIT if self.freq_limit => {
+                let i = self.core_of_apic(socket, args[0])?;
+                out[0] = self.core_freq_limit_at(i, t);
+            }
             _ => return Err(FwStatus::InvalidMessage),
         }
         Ok(out)
@@ -269,6 +289,30 @@ impl Firmware {
             return Err(SimError::NoSuchSocket(socket));
         }
         Ok(self.prochot_at(socket, self.elapsed_s()))
+    }
+
+    /// The socket's frequency limit and its limiters as the firmware would answer them now
+    /// (whether or not its protocol has the message).
+    pub fn freq_limit(&self, socket: u32) -> Result<SocketFreqLimit, SimError> {
+        if socket >= self.sockets {
+            return Err(SimError::NoSuchSocket(socket));
+        }
+        Ok(self.freq_limit_at(socket, self.elapsed_s()))
+    }
+
+    /// The core's frequency limit in MHz as the firmware would answer it now.
+    pub fn core_freq_limit(&self, socket: u32, core: u32) -> Result<u32, SimError> {
+        let i = self.core_index(socket, core)?;
+        Ok(self.core_freq_limit_at(i, self.elapsed_s()))
+    }
+
+    /// Static mode: sets the socket's frequency limit and the limiters imposing it.
+    pub fn set_freq_limit(&self, socket: u32, limit: SocketFreqLimit) -> Result<(), SimError> {
+        if socket >= self.sockets {
+            return Err(SimError::NoSuchSocket(socket));
+        }
+        self.static_state()?.freq_limit[socket as usize] = limit;
+        Ok(())
     }
 
     /// Static mode: sets the core's 64-bit energy counter, in energy status units.
@@ -377,6 +421,26 @@ impl Firmware {
         }
     }
 
+    fn freq_limit_at(&self, socket: u32, t: f64) -> SocketFreqLimit {
+        match self.mode {
+            Mode::Static => {
+                let fallback = SocketFreqLimit { mhz: 0, reasons: LimitReasons::NONE };
+                self.lock().freq_limit.get(socket as usize).copied().unwrap_or(fallback)
+            }
+            Mode::Live => self.live.socket_freq_limit(socket, t),
+        }
+    }
+
+    fn core_freq_limit_at(&self, i: usize, t: f64) -> u32 {
+        match self.mode {
+            Mode::Static => {
+                let mhz = u32::from(self.freq_limit_at(self.cores[i].socket, t).mhz);
+                self.lock().boost[i].min(mhz)
+            }
+            Mode::Live => self.live.core_freq_limit_mhz(i, t),
+        }
+    }
+
     fn prochot_at(&self, socket: u32, t: f64) -> bool {
         match self.mode {
             Mode::Static => self.lock().prochot.get(socket as usize).copied().unwrap_or(false),
@@ -396,17 +460,18 @@ mod tests {
         [a0, 0, 0, 0, 0, 0, 0, 0]
     }
 
-    #[test]
-    fn live_values_come_from_the_clock_and_prochot_clears() {
+    /// A live Turin 2P in the thermal-event scenario, on a manual clock at 5 s.
+    fn turin_thermal_event_at_5s() -> (MachineSpec, ManualClock, Firmware) {
         let spec = Profile::Turin2p.spec();
         let clock = ManualClock::at(Duration::from_secs(5));
-        let fw = Firmware::with_clock(
-            &spec,
-            Mode::Live,
-            0,
-            Scenario::ThermalEvent,
-            Clock::Manual(clock.clone()),
-        );
+        let manual = Clock::Manual(clock.clone());
+        let fw = Firmware::with_clock(&spec, Mode::Live, 0, Scenario::ThermalEvent, manual);
+        (spec, clock, fw)
+    }
+
+    #[test]
+    fn live_values_come_from_the_clock_and_prochot_clears() {
+        let (spec, clock, fw) = turin_thermal_event_at_5s();
         let apic = spec.apic_id(1, 0, 0);
         let read = |msg| fw.answer(1, msg, &args(apic)).unwrap()[0];
         let energy = fw.energy_counter(1, 0).unwrap();
@@ -429,6 +494,10 @@ mod tests {
         assert_eq!(fw.answer(0, id::GET_SMU_VER, &args(0)).unwrap()[0], 0x0005_5A2B);
         let units = fw.answer(0, id::GET_RAPL_UNITS, &args(0)).unwrap()[0];
         assert_eq!((units >> 8) & 0x1f, 16);
+        assert_eq!(
+            fw.answer(1, id::GET_SOCKET_FREQ_LIMIT, &args(0)).unwrap()[0],
+            3700 << 16 | 0x10
+        );
         assert_eq!((units >> 16) & 0xf, 0xA);
         assert_eq!(
             fw.answer(0, 0x04, &args(0)),
@@ -528,6 +597,63 @@ mod tests {
         // A Turin core idles at 15 % of its 1.95 W (0.29 W; 0.16 W under PROCHOT): at least
         // 0.003 J in 20 ms, 209 units at ESU 16.
         assert!(second >= first + 200, "{first} -> {second}");
+    }
+
+    #[test]
+    fn a_socket_in_a_prochot_episode_reports_prochot_and_chtc_at_a_lower_limit() {
+        let (spec, clock, fw) = turin_thermal_event_at_5s();
+        let apic = spec.apic_id(1, 0, 0);
+        let read = |msg| fw.answer(1, msg, &args(apic)).unwrap()[0];
+        let before = SocketFreqLimit::from_word(read(id::GET_SOCKET_FREQ_LIMIT));
+        assert!(!before.reasons.intersects(LimitReasons::PROCHOT | LimitReasons::CHTC));
+        clock.set(Duration::from_secs(60));
+        let during = SocketFreqLimit::from_word(read(id::GET_SOCKET_FREQ_LIMIT));
+        assert_eq!(during.reasons, LimitReasons::PROCHOT | LimitReasons::CHTC);
+        assert!(during.mhz < before.mhz, "{during:?} vs {before:?}");
+        assert_eq!((during.mhz, read(id::GET_CCLK_CORE_LIMIT)), (2225, 2225));
+        assert_eq!(fw.freq_limit(1), Ok(during));
+        // The other socket keeps its own limit.
+        let other = SocketFreqLimit::from_word(
+            fw.answer(0, id::GET_SOCKET_FREQ_LIMIT, &args(0)).unwrap()[0],
+        );
+        assert!(!other.reasons.intersects(LimitReasons::PROCHOT));
+    }
+
+    #[test]
+    fn static_frequency_limits_are_the_maximum_by_opn_until_set() {
+        let spec = Profile::Genoa2p.spec();
+        let fw = Firmware::new(&spec, Mode::Static, 0);
+        let apic = spec.apic_id(1, 8, 0);
+        let socket_word =
+            |fw: &Firmware| fw.answer(1, id::GET_SOCKET_FREQ_LIMIT, &args(0)).unwrap()[0];
+        let core = |fw: &Firmware| fw.answer(1, id::GET_CCLK_CORE_LIMIT, &args(apic)).unwrap()[0];
+        assert_eq!(socket_word(&fw), 3800 << 16 | 0x10);
+        assert_eq!(core(&fw), 3800);
+        let ppt = SocketFreqLimit { mhz: 3400, reasons: LimitReasons::PPT };
+        fw.set_freq_limit(1, ppt).unwrap();
+        assert_eq!(socket_word(&fw), 3400 << 16 | 0x08);
+        assert_eq!(core(&fw), 3400, "the core is held by its socket");
+        fw.set_boost_limit(1, 8, 3000).unwrap();
+        assert_eq!(core(&fw), 3000, "and by its own boost limit");
+        assert_eq!(fw.core_freq_limit(1, 8), Ok(3000));
+        assert_eq!(fw.freq_limit(0).unwrap().reasons, LimitReasons::OPN_MAX);
+        assert_eq!(fw.set_freq_limit(2, ppt), Err(SimError::NoSuchSocket(2)));
+        assert_eq!(
+            Firmware::new(&spec, Mode::Live, 0).set_freq_limit(0, ppt),
+            Err(SimError::NotStatic)
+        );
+    }
+
+    #[test]
+    fn firmware_older_than_protocol_5_has_no_frequency_limit_messages() {
+        for profile in [Profile::Milan1p, Profile::Rome1p] {
+            let fw = Firmware::new(&profile.spec(), Mode::Live, 0);
+            for msg in [id::GET_SOCKET_FREQ_LIMIT, id::GET_CCLK_CORE_LIMIT] {
+                assert_eq!(fw.answer(0, msg, &args(0)), Err(FwStatus::InvalidMessage), "{profile}");
+            }
+        }
+        let fw = Firmware::new(&Profile::Siena1p.spec(), Mode::Live, 0);
+        assert!(fw.answer(0, id::GET_SOCKET_FREQ_LIMIT, &args(0)).is_ok());
     }
 
     #[test]

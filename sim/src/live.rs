@@ -25,10 +25,15 @@
 //! - boost limit: the SKU's maximum, except during a power event (the socket's load above
 //!   [`POWER_EVENT_LOAD`]: its loaded cores lose 100 to 400 MHz, redrawn every 30 s) and under
 //!   PROCHOT (every core of the socket at [`PROCHOT_BOOST`] of the maximum);
+//! - socket frequency limit: under PROCHOT the PROCHOT boost limit, imposed by PROCHOT and
+//!   cHTC; during a power event PPT, 100 to 400 MHz below the maximum as the socket's load
+//!   rises from [`POWER_EVENT_LOAD`] to its daily peak; otherwise the maximum, imposed by the
+//!   part's OPN maximum; a core's limit is the lower of its boost limit and its socket's;
 //! - PROCHOT: in [`Scenario::Normal`], short episodes (10 s to 2 min) in about 3 % of each
 //!   socket's 15-minute slots, none in the first slot; the other scenarios add a schedule.
 
 use crate::profile::MachineSpec;
+use amd_hsmp_device::messages::{LimitReasons, SocketFreqLimit};
 use std::f64::consts::TAU;
 use std::fmt;
 use std::str::FromStr;
@@ -46,6 +51,11 @@ pub const POWER_EVENT_LOAD: f64 = 0.8;
 pub const PROCHOT_BOOST: f64 = 0.6;
 /// Power under PROCHOT, as a share of what the load would draw.
 pub const PROCHOT_POWER: f64 = 0.55;
+/// How far a power event's PPT limit holds a socket below the maximum, MHz: the least at
+/// [`POWER_EVENT_LOAD`], the most at [`PEAK_SOCKET_LOAD`] (the same range as the boost trims).
+pub const PPT_TRIM_MHZ: (u32, u32) = (100, 400);
+/// The highest load of a socket: the daily wave's peak plus the job wave's.
+pub const PEAK_SOCKET_LOAD: f64 = 0.88;
 /// When a scenario's first event starts, s: long enough for a Prometheus scraping every 15 s
 /// to see the socket healthy first (AmdHsmpBoostLimitLow compares with the day's maximum).
 pub const SCENARIO_WARM_UP_S: f64 = 15.0;
@@ -66,17 +76,20 @@ const POWER_SLOT_S: f64 = 30.0;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Scenario {
     /// The machine as it usually is: load following the day, rare short PROCHOT episodes, boost
-    /// trims at the daily peak. No alert of the mixin fires on it.
+    /// trims and a PPT frequency limit at the daily peak. No alert of the mixin fires on it.
     #[default]
     Normal,
     /// The last socket overheats: from 15 s after start it holds PROCHOT for 20 minutes, its
-    /// boost limits at 60 % of the maximum and its power cut, then recovers; every hour. Fires
-    /// AmdHsmpProchotAsserted (after 5 minutes), AmdHsmpBoostLimitLow (after 15 minutes) and,
-    /// since 20 minutes is a third of an hour, AmdHsmpProchotFrequent.
+    /// boost limits and its frequency limit (imposed by PROCHOT and cHTC) at 60 % of the
+    /// maximum and its power cut, then recovers; every hour. Fires
+    /// AmdHsmpProchotAsserted (after 5 minutes), AmdHsmpBoostLimitLow and
+    /// AmdHsmpFrequencyLimited (after 15 minutes) and, since 20 minutes is a third of an hour,
+    /// AmdHsmpProchotFrequent.
     ThermalEvent,
     /// Socket 0 throttles again and again: from 15 s after start, PROCHOT for 1 minute of every
     /// 3. Fires AmdHsmpProchotFrequent (a third of the hour) and never AmdHsmpProchotAsserted
-    /// (no episode lasts 5 minutes) nor AmdHsmpBoostLimitLow (no dip lasts 15 minutes).
+    /// (no episode lasts 5 minutes) nor AmdHsmpBoostLimitLow and AmdHsmpFrequencyLimited (no
+    /// dip lasts 15 minutes).
     ProchotFlapping,
 }
 
@@ -414,6 +427,28 @@ impl Live {
         self.boost_mhz
     }
 
+    /// The frequency limit of `socket` at `t` and the limiters imposing it.
+    pub fn socket_freq_limit(&self, socket: u32, t: f64) -> SocketFreqLimit {
+        let (mhz, reasons) = if self.prochot(socket, t) {
+            (throttled_mhz(self.boost_mhz), LimitReasons::PROCHOT | LimitReasons::CHTC)
+        } else {
+            let load = self.socket_load(socket, t);
+            if load > POWER_EVENT_LOAD {
+                (ppt_limit_mhz(self.boost_mhz, load), LimitReasons::PPT)
+            } else {
+                (self.boost_mhz, LimitReasons::OPN_MAX)
+            }
+        };
+        SocketFreqLimit { mhz: u16::try_from(mhz).unwrap_or(u16::MAX), reasons }
+    }
+
+    /// The frequency limit of core `i` at `t`, MHz: the lower of its boost limit and its
+    /// socket's limit.
+    pub fn core_freq_limit_mhz(&self, i: usize, t: f64) -> u32 {
+        let socket = self.cores[i].socket;
+        self.boost_mhz(i, t).min(u32::from(self.socket_freq_limit(socket, t).mhz))
+    }
+
     /// Whether `socket` has PROCHOT asserted at `t`.
     pub fn prochot(&self, socket: u32, t: f64) -> bool {
         self.scenario.scheduled_prochot(socket, self.sockets, t) || self.thermal_episode(socket, t)
@@ -440,6 +475,15 @@ impl Live {
 /// The boost limit under PROCHOT: [`PROCHOT_BOOST`] of the maximum, in 25 MHz steps.
 pub fn throttled_mhz(max_mhz: u32) -> u32 {
     ((f64::from(max_mhz) * PROCHOT_BOOST / 25.0).round() as u32) * 25
+}
+
+/// The PPT limit of a socket at `load` (above [`POWER_EVENT_LOAD`]): [`PPT_TRIM_MHZ`] below
+/// `max_mhz`, growing with the load, in 25 MHz steps.
+fn ppt_limit_mhz(max_mhz: u32, load: f64) -> u32 {
+    let (least, most) = PPT_TRIM_MHZ;
+    let share = ((load - POWER_EVENT_LOAD) / (PEAK_SOCKET_LOAD - POWER_EVENT_LOAD)).clamp(0.0, 1.0);
+    let trim = f64::from(least) + f64::from(most - least) * share;
+    max_mhz.saturating_sub(((trim / 25.0).round() as u32) * 25)
 }
 
 /// SplitMix64 finaliser: a well-mixed deterministic hash of `x`.
@@ -622,6 +666,63 @@ mod tests {
         assert!(found.iter().all(|&(_, len)| len < 5.0), "{found:?}");
         let on = (0..720).filter(|&k| live.prochot(0, 3600.0 + f64::from(k) * 5.0)).count();
         assert!((230..=290).contains(&on), "{on} of 720");
+    }
+
+    /// The first time in `0..end` (every `step` s) at which `pred` holds.
+    fn first(step: f64, end: f64, pred: impl Fn(f64) -> bool) -> Option<f64> {
+        (0..(end / step) as u32).map(|k| f64::from(k) * step).find(|&t| pred(t))
+    }
+
+    #[test]
+    fn a_prochot_episode_limits_the_socket_by_prochot_and_chtc() {
+        let spec = Profile::Turin2p.spec();
+        let live = Live::new(&spec, 0, Scenario::ThermalEvent);
+        let limit = live.socket_freq_limit(1, 600.0);
+        assert!(live.prochot(1, 600.0));
+        assert_eq!(limit.reasons, LimitReasons::PROCHOT | LimitReasons::CHTC);
+        assert_eq!(u32::from(limit.mhz), throttled_mhz(spec.boost_mhz));
+        assert_eq!(live.core_freq_limit_mhz(300, 600.0), 2225);
+        // The other socket and the time before the event are not held by PROCHOT.
+        for (socket, t) in [(0, 600.0), (1, 10.0)] {
+            let other = live.socket_freq_limit(socket, t);
+            assert!(!other.reasons.intersects(LimitReasons::PROCHOT), "{socket} at {t}");
+            assert!(u32::from(other.mhz) > throttled_mhz(spec.boost_mhz), "{socket} at {t}");
+        }
+    }
+
+    #[test]
+    fn the_daily_peak_limits_the_socket_by_ppt_where_boost_limits_drop() {
+        let spec = Profile::Turin2p.spec();
+        let live = Live::new(&spec, 0, Scenario::Normal);
+        let peak = first(60.0, DAY_S, |t| {
+            live.socket_load(0, t) > POWER_EVENT_LOAD + 0.04 && !live.prochot(0, t)
+        })
+        .expect("a power event in the day");
+        let limit = live.socket_freq_limit(0, peak);
+        assert_eq!(limit.reasons, LimitReasons::PPT);
+        let trim = spec.boost_mhz - u32::from(limit.mhz);
+        assert!((PPT_TRIM_MHZ.0..=PPT_TRIM_MHZ.1).contains(&trim), "{trim} MHz");
+        let cores = 0..spec.core_ids.len();
+        assert!(cores.clone().any(|i| live.boost_mhz(i, peak) < spec.boost_mhz));
+        assert!(cores.clone().all(|i| live.core_freq_limit_mhz(i, peak) <= u32::from(limit.mhz)));
+        assert!(cores.clone().all(|i| {
+            live.core_freq_limit_mhz(i, peak) == live.boost_mhz(i, peak).min(limit.mhz.into())
+        }));
+    }
+
+    #[test]
+    fn otherwise_the_socket_runs_to_its_opn_maximum() {
+        let spec = Profile::Genoa2p.spec();
+        let live = Live::new(&spec, 4, Scenario::Normal);
+        let quiet = first(60.0, DAY_S, |t| {
+            live.socket_load(1, t) < POWER_EVENT_LOAD && !live.prochot(1, t)
+        })
+        .expect("a quiet minute");
+        let limit = live.socket_freq_limit(1, quiet);
+        assert_eq!(limit, SocketFreqLimit { mhz: 3_800, reasons: LimitReasons::OPN_MAX });
+        assert_eq!(u32::from(limit.mhz), spec.boost_mhz);
+        let i = spec.core_ids.len();
+        assert_eq!(live.core_freq_limit_mhz(i, quiet), live.boost_mhz(i, quiet));
     }
 
     #[test]

@@ -240,6 +240,11 @@ pub fn ccd_core_ids(ccds: u32, slots_per_ccd: u32, enabled_per_ccd: u32) -> Vec<
         .collect()
 }
 
+/// The HSMP protocol version from which the firmware answers `GET_SOCKET_FREQ_LIMIT` and
+/// `GET_CCLK_CORE_LIMIT` (Genoa's; AMD's E-SMI library lists both from its protocol 5 table
+/// on). Older firmware answers them as invalid messages (`ENOMSG`).
+pub const FREQ_LIMIT_PROTOCOL: u32 = 5;
+
 /// A simulated machine as plain data, so tests can build special machines (SMT off, a CPU
 /// offline, an unusual ESU) from a profile's spec or from scratch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -298,6 +303,12 @@ pub struct Cpu {
 }
 
 impl MachineSpec {
+    /// Whether the firmware answers the frequency-limit messages (from
+    /// [`FREQ_LIMIT_PROTOCOL`] on).
+    pub fn freq_limit_messages(&self) -> bool {
+        self.hsmp_protocol >= Some(FREQ_LIMIT_PROTOCOL)
+    }
+
     /// Threads per core.
     pub fn threads_per_core(&self) -> u32 {
         if self.smt { 2 } else { 1 }
@@ -604,6 +615,16 @@ mod tests {
         let max = spec.cpus().iter().map(|c| c.apic_id).max().unwrap();
         assert_eq!(max, 511);
         assert!(spec.acpi_hsmp);
+    }
+
+    #[test]
+    fn frequency_limits_are_answered_from_genoa_on() {
+        let answering: Vec<Profile> =
+            Profile::ALL.into_iter().filter(|p| p.spec().freq_limit_messages()).collect();
+        assert_eq!(
+            answering,
+            [Profile::Genoa2p, Profile::Bergamo1p, Profile::Siena1p, Profile::Turin2p]
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@ use crate::fake::{FakeConfig, FakeDevice, MsrRead, NodeState, OpenRecord, WireMe
 use crate::fixtures;
 use crate::harness::{self, Proc, Response};
 use amd_hsmp_device::Message;
+use amd_hsmp_device::messages::{LimitReasons, SocketFreqLimit};
 use amd_hsmp_proto::Topology;
 use amd_hsmp_sim::{Family, Faults, FirmwareConfig, Machine, MachineSpec, Mode, Target};
 use anyhow::{Context, Result, bail};
@@ -145,6 +146,10 @@ pub struct Actions {
     /// Sets single cores' boost limits.
     #[serde(default)]
     pub boost_limit: Vec<CoreMhz>,
+    /// Sets sockets' frequency limits and the limiters imposing them; refused on a machine
+    /// whose firmware predates the message (protocol 5), which answers it `ENOMSG`.
+    #[serde(default)]
+    pub frequency_limit: Vec<SocketLimit>,
     /// Replaces the scenario's cgroup hierarchy by this one (before a scrape only).
     pub cgroups: Option<Layout>,
 }
@@ -159,6 +164,19 @@ pub struct CoreMhz {
     pub core: u32,
     /// MHz.
     pub mhz: u32,
+}
+
+/// A frequency limit for one socket, as `GET_SOCKET_FREQ_LIMIT` answers it.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct SocketLimit {
+    /// `socket` label.
+    pub socket: u32,
+    /// The limit, MHz.
+    pub mhz: u16,
+    /// The limiter bits (reply bits 15:0): 0x01 cHTC, 0x02 PROCHOT, 0x04 TDC, 0x08 PPT,
+    /// 0x10 OPN max, 0x20 reliability, 0x40 APML, 0x80 HSMP; bits 15:8 are unnamed.
+    pub reasons: u16,
 }
 
 /// One scrape.
@@ -292,11 +310,13 @@ impl FaultSpec {
             let errno =
                 errno_by_name(&e.errno).with_context(|| format!("unknown errno {}", e.errno))?;
             let target = match (e.family, e.core) {
-                (Family::BoostLimit | Family::Rapl, Some(core)) => {
+                (Family::BoostLimit | Family::Rapl | Family::CoreFrequencyLimit, Some(core)) => {
                     Target::Apic(core_of(topology, e.socket, core)?.apic_id)
                 }
                 (Family::Msr, Some(core)) => Target::Cpu(core_of(topology, e.socket, core)?.cpu),
-                (Family::ProtoVersion | Family::ProcHot, None) => Target::Socket(e.socket),
+                (Family::ProtoVersion | Family::ProcHot | Family::FrequencyLimit, None) => {
+                    Target::Socket(e.socket)
+                }
                 (family, core) => bail!("{family:?} fault with core {core:?} makes no sense"),
             };
             faults.errno.insert((e.family, target), errno);
@@ -324,6 +344,17 @@ impl Actions {
         }
         for c in &self.boost_limit {
             fw.set_boost_limit(c.socket, c.core, c.mhz)?;
+        }
+        if !self.frequency_limit.is_empty() && !machine.spec().freq_limit_messages() {
+            bail!(
+                "a frequency limit on a machine whose firmware (protocol {:?}) has no \
+                 GET_SOCKET_FREQ_LIMIT",
+                machine.spec().hsmp_protocol
+            );
+        }
+        for l in &self.frequency_limit {
+            let limit = SocketFreqLimit { mhz: l.mhz, reasons: LimitReasons(l.reasons) };
+            fw.set_freq_limit(l.socket, limit)?;
         }
         if let Some(device) = device {
             if let Some(state) = self.hsmp {
@@ -714,7 +745,11 @@ pub fn check_wire_invariants(outcome: &Outcome) -> Result<()> {
             }
         }
         for m in &traffic.messages {
-            let per_core = [Message::GetBoostLimit.id(), Message::GetRaplCoreCounter.id()];
+            let per_core = [
+                Message::GetBoostLimit.id(),
+                Message::GetRaplCoreCounter.id(),
+                Message::GetCclkCoreLimit.id(),
+            ];
             if !per_core.contains(&m.msg_id) {
                 continue;
             }
@@ -791,6 +826,103 @@ mod tests {
         assert_eq!(faults.errno[&(Family::ProcHot, Target::Socket(0))], libc::EBUSY);
         assert!(faults.unsupported.contains(&Family::Rapl));
         assert!(faults.wedged_sockets.contains(&1));
+    }
+
+    #[test]
+    fn frequency_limit_faults_target_the_socket_or_the_core_s_apic_id() {
+        let topology = fixtures::machine("turin-2p").unwrap().topology();
+        let spec: FaultSpec = toml::from_str(
+            r#"
+            unsupported = ["core-frequency-limit"]
+            errors = [
+                { family = "frequency-limit", socket = 1, errno = "EIO" },
+                { family = "core-frequency-limit", socket = 1, core = 8, errno = "EBUSY" },
+            ]
+            "#,
+        )
+        .unwrap();
+        let faults = spec.resolve(&topology).unwrap();
+        let core = core_of(&topology, 1, 8).unwrap();
+        assert_eq!(faults.errno[&(Family::FrequencyLimit, Target::Socket(1))], libc::EIO);
+        let per_core = (Family::CoreFrequencyLimit, Target::Apic(core.apic_id));
+        assert_eq!(faults.errno[&per_core], libc::EBUSY);
+        assert!(faults.unsupported.contains(&Family::CoreFrequencyLimit));
+        let wrong: FaultSpec = toml::from_str(
+            r#"errors = [{ family = "frequency-limit", socket = 0, core = 1, errno = "EIO" }]"#,
+        )
+        .unwrap();
+        assert!(wrong.resolve(&topology).is_err(), "a per-socket family with a core");
+    }
+
+    /// The fake device in front of fixture machine `name` with static values, and a
+    /// descriptor of its `hsmp` node opened the broker's way.
+    fn fake_hsmp(name: &str) -> (Arc<Machine>, FakeDevice, amd_hsmp_device::DevHsmp) {
+        let (machine, dev) = crate::fake::mount_static(fixtures::machine(name).unwrap()).unwrap();
+        let hsmp = amd_hsmp_device::DevHsmp::open(&dev.hsmp_path()).unwrap();
+        (machine, dev, hsmp)
+    }
+
+    /// `before` actions from TOML.
+    fn actions(text: &str) -> Actions {
+        toml::from_str(text).unwrap()
+    }
+
+    #[test]
+    #[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
+    fn frequency_limit_knobs_reach_the_device_crate_through_the_fake() {
+        use amd_hsmp_device::messages::{core_freq_limit_mhz, socket_freq_limit};
+        let (machine, dev, hsmp) = fake_hsmp("genoa-2p");
+        let core = core_of(machine.topology(), 1, 8).unwrap();
+        let opn = SocketFreqLimit { mhz: 3_800, reasons: LimitReasons::OPN_MAX };
+        assert_eq!(socket_freq_limit(&hsmp, 1), Ok(opn));
+        actions(
+            "frequency-limit = [{ socket = 1, mhz = 2400, reasons = 0x0A }, \
+             { socket = 0, mhz = 3000, reasons = 0x0100 }]",
+        )
+        .apply(&machine, Some(&dev))
+        .unwrap();
+        let held = socket_freq_limit(&hsmp, 1).unwrap();
+        assert_eq!(held.mhz, 2_400);
+        assert_eq!(held.reasons, LimitReasons::PPT | LimitReasons::PROCHOT);
+        let other = socket_freq_limit(&hsmp, 0).unwrap();
+        assert_eq!((other.mhz, other.reasons.bits()), (3_000, 0x0100));
+        assert!(other.reasons.intersects(LimitReasons::OTHER_MASK));
+        assert_eq!(core_freq_limit_mhz(&hsmp, 1, core.apic_id), Ok(2_400));
+        let ids: Vec<u32> = dev.messages().iter().map(|m| m.msg_id).collect();
+        assert_eq!(ids, [0x19, 0x19, 0x19, 0x1A]);
+        assert_eq!(dev.messages()[3].arg0, core.apic_id);
+    }
+
+    #[test]
+    #[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
+    fn frequency_limits_are_unsupported_through_the_fake_before_protocol_5() {
+        use amd_hsmp_device::messages::{core_freq_limit_mhz, socket_freq_limit};
+        use amd_hsmp_proto::ItemError;
+        let (machine, dev, hsmp) = fake_hsmp("milan-1p");
+        let apic = machine.topology().cores[0].apic_id;
+        assert_eq!(socket_freq_limit(&hsmp, 0), Err(ItemError::Unsupported));
+        assert_eq!(core_freq_limit_mhz(&hsmp, 0, apic), Err(ItemError::Unsupported));
+        let knob = actions("frequency-limit = [{ socket = 0, mhz = 2000, reasons = 0x08 }]");
+        let err = knob.apply(&machine, Some(&dev)).unwrap_err();
+        assert!(err.to_string().contains("GET_SOCKET_FREQ_LIMIT"), "{err}");
+    }
+
+    #[test]
+    #[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
+    fn frequency_limit_faults_reach_the_device_crate_through_the_fake() {
+        use amd_hsmp_device::messages::{core_freq_limit_mhz, socket_freq_limit};
+        use amd_hsmp_proto::ItemError;
+        let (machine, _dev, hsmp) = fake_hsmp("turin-2p");
+        let spec: FaultSpec = toml::from_str(
+            r#"errors = [{ family = "frequency-limit", socket = 1, errno = "EIO" }]
+            unsupported = ["core-frequency-limit"]"#,
+        )
+        .unwrap();
+        machine.set_faults(spec.resolve(machine.topology()).unwrap());
+        let apic = machine.topology().cores[0].apic_id;
+        assert!(socket_freq_limit(&hsmp, 0).is_ok());
+        assert_eq!(socket_freq_limit(&hsmp, 1), Err(ItemError::Io { errno: libc::EIO }));
+        assert_eq!(core_freq_limit_mhz(&hsmp, 0, apic), Err(ItemError::Unsupported));
     }
 
     #[test]

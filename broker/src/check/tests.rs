@@ -2,6 +2,7 @@
 //! operator reads.
 
 use super::*;
+use amd_hsmp_device::messages::{LimitReasons, SocketFreqLimit};
 use amd_hsmp_sim::{Family, FirmwareConfig, Machine, Mode, Profile, Target};
 use std::fs;
 use std::sync::Arc;
@@ -282,7 +283,7 @@ fn a_reachable_socket_passes_once_the_broker_answers() {
 fn a_healthy_turin_passes_every_device_check() {
     let machine = static_machine(Profile::Turin2p);
     let lines = run_simulated(&machine, false, &mut two_watts(&machine));
-    for name in ["cpu", "protocol", "cores", "boost", "energy"] {
+    for name in ["cpu", "protocol", "cores", "boost", "frequency-limit", "energy"] {
         assert_eq!(line(&lines, name).verdict, Verdict::Pass, "{lines:#?}");
     }
     let protocol = line(&lines, "protocol");
@@ -353,6 +354,26 @@ fn a_part_without_rapl_messages_only_warns_about_energy() {
     assert_eq!(l.verdict, Verdict::Warn, "{l}");
     assert!(fix(l).contains("MSR fallback"), "{l}");
     assert!(line(&lines, "protocol").found.starts_with("HSMP protocol 4"), "{lines:#?}");
+}
+
+#[test]
+fn the_frequency_limit_line_says_what_holds_each_socket_down() {
+    let machine = static_machine(Profile::Turin2p);
+    let ppt = SocketFreqLimit { mhz: 3100, reasons: LimitReasons::PPT | LimitReasons::TDC };
+    machine.firmware().set_freq_limit(1, ppt).unwrap();
+    let lines = run_simulated(&machine, false, &mut two_watts(&machine));
+    let l = line(&lines, "frequency-limit");
+    assert_eq!(l.verdict, Verdict::Pass, "{l}");
+    assert!(l.found.ends_with("socket 0 3700 MHz (opn_max); socket 1 3100 MHz (tdc, ppt)"), "{l}");
+}
+
+#[test]
+fn firmware_without_the_frequency_limit_message_only_warns() {
+    let machine = static_machine(Profile::Milan1p);
+    let lines = run_simulated(&machine, false, &mut two_watts(&machine));
+    let l = line(&lines, "frequency-limit");
+    assert_eq!(l.verdict, Verdict::Warn, "{l}");
+    assert!(l.found.starts_with("GET_SOCKET_FREQ_LIMIT is not answered"), "{l}");
 }
 
 #[test]

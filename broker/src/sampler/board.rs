@@ -60,7 +60,8 @@ pub(super) enum Source {
 
 /// What an item of a socket is, by its position on the board: the families read per socket
 /// first, then for each family read per core every core's item, in [`Family::ALL`] order (the
-/// order the worker reads them in: PROCHOT, every core's energy, every core's boost limit).
+/// order the worker reads them in: PROCHOT, the frequency limit, every core's energy, every
+/// core's boost limit, every core's frequency limit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Kind {
     pub(super) family: Family,
@@ -446,14 +447,17 @@ mod tests {
     /// The worker reads a socket's items in board order: what is read per socket first, then
     /// each family read per core, core by core (the message order the mailbox sees).
     #[test]
-    fn a_board_holds_prochot_then_every_core_energy_then_every_core_boost_limit() {
+    fn a_board_holds_the_socket_families_then_each_core_family_core_by_core() {
         let kind = |family, position| Kind { family, position };
         let want = [
             kind(Family::Prochot, 0),
+            kind(Family::FrequencyLimit, 0),
             kind(Family::CoreEnergy, 0),
             kind(Family::CoreEnergy, 1),
             kind(Family::BoostLimit, 0),
             kind(Family::BoostLimit, 1),
+            kind(Family::CoreFrequencyLimit, 0),
+            kind(Family::CoreFrequencyLimit, 1),
         ];
         assert_eq!(kinds(2).collect::<Vec<_>>(), want);
     }

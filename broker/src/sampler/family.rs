@@ -5,7 +5,8 @@
 
 use amd_hsmp_device::{HsmpTransport, messages};
 use amd_hsmp_proto::{
-    DeviceStatus, Energy, EnergySource, Family, ItemError, PerFamily, Readings, Sample,
+    DeviceStatus, Energy, EnergySource, Family, FrequencyLimit, ItemError, PerFamily, Readings,
+    Sample,
 };
 
 /// One item's value, as its family has it.
@@ -16,6 +17,10 @@ pub(super) enum Value {
     BoostLimit(u32),
     /// Asserted.
     Prochot(bool),
+    /// The socket's limit and its limiters.
+    FrequencyLimit(FrequencyLimit),
+    /// MHz.
+    CoreFrequencyLimit(u32),
 }
 
 /// Reads one item of an HSMP family: the transport, the socket's id and the core's APIC id
@@ -43,6 +48,12 @@ pub(super) fn reading(family: Family) -> Reading {
         Family::Prochot => {
             Reading::Message(|t, socket, _| messages::prochot(t, socket).map(Value::Prochot))
         }
+        Family::FrequencyLimit => Reading::Message(|t, socket, _| {
+            messages::socket_freq_limit(t, socket).map(|l| Value::FrequencyLimit(l.into()))
+        }),
+        Family::CoreFrequencyLimit => Reading::Message(|t, socket, apic_id| {
+            messages::core_freq_limit_mhz(t, socket, apic_id).map(Value::CoreFrequencyLimit)
+        }),
     }
 }
 
@@ -66,6 +77,14 @@ pub(super) fn sample(
         }),
         prochot: typed(&readings[Family::Prochot], |v| match v {
             Value::Prochot(asserted) => Some(asserted),
+            _ => None,
+        }),
+        frequency_limit: typed(&readings[Family::FrequencyLimit], |v| match v {
+            Value::FrequencyLimit(limit) => Some(limit),
+            _ => None,
+        }),
+        core_frequency_limit: typed(&readings[Family::CoreFrequencyLimit], |v| match v {
+            Value::CoreFrequencyLimit(mhz) => Some(mhz),
             _ => None,
         }),
         energy_resets,

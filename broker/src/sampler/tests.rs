@@ -3,14 +3,26 @@
 //! tests of deadlines and of the freshness bound run on a [`ManualClock`] they move by hand.
 
 use super::*;
+use amd_hsmp_device::messages::{LimitReasons, SocketFreqLimit};
 use amd_hsmp_device::{Errno, HsmpMessage, Message};
-use amd_hsmp_proto::Energy;
+use amd_hsmp_proto::{Energy, FrequencyLimit};
 use amd_hsmp_sim::{
     AccessMode, Driver, Family as Fault, FirmwareConfig, Machine, Mode, Profile, Target,
 };
 use std::sync::atomic::AtomicUsize;
 use std::sync::mpsc;
 use std::time::Duration;
+
+/// The families the tests of the sampler's mechanics (deadlines, freshness, queues) ask for and
+/// count the messages of: PROCHOT, core energy and boost limit. The frequency-limit families
+/// go through the same table and have tests of their own.
+const V2_FAMILIES: Families = Families {
+    core_energy: true,
+    boost_limit: true,
+    prochot: true,
+    frequency_limit: false,
+    core_frequency_limit: false,
+};
 
 /// How long a test waits for a gate before it fails; never reached when the code is right.
 const GATE: Duration = Duration::from_secs(20);
@@ -286,24 +298,125 @@ fn spawn<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> std::thre
 }
 
 #[test]
-fn a_full_sample_costs_two_messages_per_core_and_one_per_socket() {
+fn a_full_sample_costs_three_messages_per_core_and_two_per_socket() {
     let machine = turin(3);
     machine.firmware().set_prochot(1, true).unwrap();
+    let ppt = SocketFreqLimit { mhz: 3100, reasons: LimitReasons::PPT };
+    machine.firmware().set_freq_limit(1, ppt).unwrap();
     let (opener, sampler) = sampler(&machine);
     // The one-time probes: GET_PROTO_VER, then GET_RAPL_UNITS on each socket.
     assert_eq!(opener.count(), 1 + 2);
 
     for round in 1..=3 {
         let sample = sampler.sample(Families::ALL, soon());
-        assert_eq!(opener.count(), 3 + round * (2 * 6 + 2), "round {round}");
+        assert_eq!(opener.count(), 3 + round * (3 * 6 + 2 * 2), "round {round}");
         assert_eq!(sample.hsmp, DeviceStatus::Ready { protocol_version: 7 });
         assert_eq!(values(&sample.prochot), [Ok(false), Ok(true)]);
         assert_eq!(sample.energy_source, Some(EnergySource::Hsmp));
         assert_eq!(values(&sample.energy), energy_of(&machine));
         assert_eq!(values(&sample.boost_limit), vec![Ok(3700); 6]);
+        let opn = FrequencyLimit { mhz: 3700, reasons: LimitReasons::OPN_MAX.bits() };
+        let limited = FrequencyLimit { mhz: 3100, reasons: LimitReasons::PPT.bits() };
+        assert_eq!(values(&sample.frequency_limit), [Ok(opn), Ok(limited)]);
+        let cores = [3700, 3700, 3700, 3100, 3100, 3100].map(Ok);
+        assert_eq!(values(&sample.core_frequency_limit), cores);
     }
     assert_eq!(opener.opens(), 1);
-    assert_eq!(machine.counters().mailbox_total(), 3 + 3 * 14);
+    assert_eq!(machine.counters().mailbox_total(), 3 + 3 * 22);
+}
+
+/// The exporter's default collectors: every family but the per-core frequency limit.
+#[test]
+fn a_sample_without_the_core_frequency_limit_costs_two_messages_per_core_and_two_per_socket() {
+    let machine = turin(3);
+    let (opener, sampler) = sampler(&machine);
+    let before = opener.count();
+    let what = Families { core_frequency_limit: false, ..Families::ALL };
+    let sample = sampler.sample(what, soon());
+    assert_eq!(opener.count() - before, 2 * 6 + 2 * 2);
+    assert_eq!(opener.count_of(Message::GetSocketFreqLimit), 2);
+    assert_eq!(opener.count_of(Message::GetCclkCoreLimit), 0);
+    assert_eq!(sample.core_frequency_limit, Readings::NotRequested);
+}
+
+#[test]
+fn the_frequency_limit_is_read_once_per_socket_and_a_failing_socket_fails_alone() {
+    let machine = turin(2);
+    machine.update_faults(|f| {
+        f.errno.insert((Fault::FrequencyLimit, Target::Socket(0)), libc::EIO);
+    });
+    let (opener, sampler) = sampler(&machine);
+    let what = Families { frequency_limit: true, ..Families::default() };
+    for round in 1..=2 {
+        let sample = sampler.sample(what, soon());
+        let opn = FrequencyLimit { mhz: 3700, reasons: LimitReasons::OPN_MAX.bits() };
+        let want = [Err(ItemError::Io { errno: libc::EIO }), Ok(opn)];
+        assert_eq!(values(&sample.frequency_limit), want, "round {round}");
+        assert_eq!(opener.count_of(Message::GetSocketFreqLimit), 2 * round, "asked again");
+    }
+}
+
+#[test]
+fn frequency_limits_unsupported_on_every_socket_are_remembered_and_asked_no_more() {
+    // Genoa answers the messages; take them away as Milan's firmware does.
+    let machine = genoa(2);
+    machine.update_faults(|f| {
+        f.unsupported.insert(Fault::FrequencyLimit);
+        f.unsupported.insert(Fault::CoreFrequencyLimit);
+    });
+    let (opener, sampler) = sampler(&machine);
+    let what = Families {
+        frequency_limit: true,
+        core_frequency_limit: true,
+        prochot: true,
+        ..Families::default()
+    };
+    for round in 1..=3 {
+        let sample = sampler.sample(what, soon());
+        let unsupported = Unavailable::Unsupported;
+        assert_eq!(sample.frequency_limit, Readings::Unavailable(unsupported), "round {round}");
+        let core = Readings::Unavailable(unsupported);
+        assert_eq!(sample.core_frequency_limit, core, "round {round}");
+        assert_eq!(values(&sample.prochot), [Ok(false), Ok(false)], "round {round}");
+    }
+    assert_eq!(opener.count_of(Message::GetSocketFreqLimit), 2, "asked again");
+    assert_eq!(opener.count_of(Message::GetCclkCoreLimit), 4, "asked again");
+}
+
+/// The simulator's `thermal-event` scenario: when the last socket asserts PROCHOT, its
+/// frequency limit drops in the same sample, set by PROCHOT and cHTC; the other socket stays
+/// at the part's maximum.
+#[test]
+fn in_the_thermal_event_prochot_and_the_frequency_limit_drop_together_on_the_last_socket() {
+    let mut spec = Profile::Turin2p.spec();
+    spec.core_ids.truncate(2);
+    let clock = amd_hsmp_sim::ManualClock::at(Duration::from_secs(5));
+    let config = FirmwareConfig {
+        scenario: amd_hsmp_sim::Scenario::ThermalEvent,
+        clock: amd_hsmp_sim::Clock::Manual(clock.clone()),
+        ..FirmwareConfig::new(Mode::Live)
+    };
+    let machine = Machine::new(spec, config);
+    let (_opener, sampler) = sampler(&machine);
+    let what = Families { prochot: true, frequency_limit: true, ..Families::default() };
+    let limits = |sample: &Sample| -> Vec<FrequencyLimit> {
+        values(&sample.frequency_limit).into_iter().map(Result::unwrap).collect()
+    };
+
+    let before = sampler.sample(what, soon());
+    assert_eq!(values(&before.prochot), [Ok(false), Ok(false)]);
+    let calm = limits(&before);
+    let opn = LimitReasons::OPN_MAX.bits();
+    assert!(calm.iter().all(|l| l.reasons == opn), "{calm:?}");
+
+    clock.set(Duration::from_secs(60));
+    let during = sampler.sample(what, soon());
+    assert_eq!(values(&during.prochot), [Ok(false), Ok(true)]);
+    let hot = limits(&during);
+    assert_eq!(hot[0], calm[0], "socket 0 is spared");
+    assert!(hot[1].mhz < calm[1].mhz, "{hot:?} after {calm:?}");
+    let thermal = (LimitReasons::PROCHOT | LimitReasons::CHTC).bits();
+    assert_eq!(hot[1].reasons, thermal, "{hot:?}");
 }
 
 #[test]
@@ -355,12 +468,12 @@ fn a_family_unsupported_on_every_item_is_remembered() {
         f.unsupported.insert(Fault::BoostLimit);
     });
     let (opener, sampler) = sampler(&machine);
-    let first = sampler.sample(Families::ALL, soon());
+    let first = sampler.sample(V2_FAMILIES, soon());
     assert_eq!(first.boost_limit, Readings::Unavailable(Unavailable::Unsupported));
     assert_eq!(opener.count_of(Message::GetBoostLimit), 6);
 
     let before = opener.count();
-    let second = sampler.sample(Families::ALL, soon());
+    let second = sampler.sample(V2_FAMILIES, soon());
     assert_eq!(second.boost_limit, Readings::Unavailable(Unavailable::Unsupported));
     assert_eq!(opener.count_of(Message::GetBoostLimit), 6, "asked again");
     assert_eq!(opener.count() - before, 6 + 2);
@@ -379,7 +492,7 @@ fn one_failing_core_fails_only_its_item_and_is_asked_again() {
     for _ in 0..2 {
         let mut want = vec![Ok(3700); 6];
         want[4] = Err(ItemError::Io { errno: libc::EIO });
-        assert_eq!(values(&sampler.sample(Families::ALL, soon()).boost_limit), want);
+        assert_eq!(values(&sampler.sample(V2_FAMILIES, soon()).boost_limit), want);
     }
     assert_eq!(opener.count_of(Message::GetBoostLimit), 12);
 }
@@ -389,7 +502,7 @@ fn past_the_deadline_nothing_is_sent() {
     let machine = turin(3);
     let (opener, sampler) = sampler(&machine);
     let before = opener.count();
-    let sample = sampler.sample(Families::ALL, Instant::now());
+    let sample = sampler.sample(V2_FAMILIES, Instant::now());
     assert_eq!(opener.count(), before);
     assert_eq!(sample.hsmp, DeviceStatus::Ready { protocol_version: 7 });
     assert_eq!(values(&sample.energy), vec![Err(ItemError::DeadlineExceeded); 6]);
@@ -411,7 +524,7 @@ fn a_deadline_passing_mid_sample_stops_the_messages_and_keeps_what_was_read() {
     let (reached, resume) = opener.pause_at(5);
     let deadline = clock.after(1000);
     let s = Arc::clone(&sampler);
-    let request = spawn(move || s.sample(Families::ALL, deadline));
+    let request = spawn(move || s.sample(V2_FAMILIES, deadline));
     reached.recv_timeout(GATE).unwrap();
     let stopped = usize::from(opener.sent()[before + 4].sock_ind);
     let other = 1 - stopped;
@@ -441,7 +554,7 @@ fn a_deadline_passing_mid_sample_stops_the_messages_and_keeps_what_was_read() {
     assert_eq!(read, sent - 1, "every message answered before the deadline is in the reply");
     assert_eq!(worker_panics(), panics, "a socket worker panicked");
     // A later sample reads everything again.
-    let next = sampler.sample(Families::ALL, clock.after(30_000));
+    let next = sampler.sample(V2_FAMILIES, clock.after(30_000));
     assert_eq!(values(&next.energy), energy_of(&machine));
 }
 
@@ -457,7 +570,7 @@ fn a_device_that_appears_later_is_picked_up() {
         Duration::ZERO,
     );
     for _ in 0..3 {
-        let sample = sampler.sample(Families::ALL, soon());
+        let sample = sampler.sample(V2_FAMILIES, soon());
         assert_eq!(sample.hsmp, DeviceStatus::Absent);
         assert_eq!(sample.boost_limit, Readings::Unavailable(Unavailable::NoDevice));
         assert_eq!(sample.energy, Readings::Unavailable(Unavailable::NoDevice));
@@ -467,7 +580,7 @@ fn a_device_that_appears_later_is_picked_up() {
     assert_eq!(opener.count(), 0);
 
     opener.refuse(None); // modprobe amd_hsmp
-    let sample = sampler.sample(Families::ALL, soon());
+    let sample = sampler.sample(V2_FAMILIES, soon());
     assert_eq!(sample.hsmp, DeviceStatus::Ready { protocol_version: 5 });
     assert_eq!(values(&sample.boost_limit), vec![Ok(3800); 4]);
     // Genoa has no RAPL: the probes find out once, no counter is asked.
@@ -476,7 +589,7 @@ fn a_device_that_appears_later_is_picked_up() {
     assert_eq!(opener.count_of(Message::GetRaplUnits), 2);
     assert_eq!(opener.count_of(Message::GetRaplCoreCounter), 0);
     let before = opener.count();
-    sampler.sample(Families::ALL, soon());
+    sampler.sample(V2_FAMILIES, soon());
     assert_eq!(opener.count() - before, 4 + 2, "no probe again");
     assert_eq!(opener.opens(), 5);
 }
@@ -500,7 +613,7 @@ fn open_errors_give_the_device_status() {
             None,
             Duration::ZERO,
         );
-        assert_eq!(sampler.sample(Families::ALL, soon()).hsmp, want, "errno {errno}");
+        assert_eq!(sampler.sample(V2_FAMILIES, soon()).hsmp, want, "errno {errno}");
     }
 }
 
@@ -513,7 +626,7 @@ fn a_device_that_does_not_answer_the_version_has_failed() {
         }
     });
     let (opener, sampler) = sampler(&machine);
-    let sample = sampler.sample(Families::ALL, soon());
+    let sample = sampler.sample(V2_FAMILIES, soon());
     assert_eq!(sample.hsmp, DeviceStatus::Failed(ItemError::TimedOut));
     assert_eq!(sample.prochot, Readings::Unavailable(Unavailable::NoDevice));
     assert_eq!(sample.boost_limit, Readings::Unavailable(Unavailable::NoDevice));
@@ -521,7 +634,7 @@ fn a_device_that_does_not_answer_the_version_has_failed() {
 
     // Once the firmware answers, the device is opened again and served.
     machine.set_faults(Default::default());
-    let sample = sampler.sample(Families::ALL, soon());
+    let sample = sampler.sample(V2_FAMILIES, soon());
     assert_eq!(sample.hsmp, DeviceStatus::Ready { protocol_version: 5 });
     assert_eq!(values(&sample.prochot), [Ok(false), Ok(false)]);
 }
@@ -534,7 +647,7 @@ fn sockets_are_read_in_parallel_and_each_socket_serially() {
     let before = [machine.mailbox(0).entered, machine.mailbox(1).entered];
     machine.hold_socket(0);
     let s = Arc::clone(&sampler);
-    let request = spawn(move || s.sample(Families::ALL, soon()));
+    let request = spawn(move || s.sample(V2_FAMILIES, soon()));
     // Socket 1 reads all its items while socket 0's first message is held.
     machine.wait_mailbox(0, GATE, |b| b.entered == before[0] + 1).unwrap();
     machine.wait_mailbox(1, GATE, |b| b.entered == before[1] + 7 && b.pending == 0).unwrap();
@@ -559,7 +672,7 @@ fn the_answer_comes_at_the_deadline_even_with_messages_in_flight() {
     let s = Arc::clone(&sampler);
     let (tx, rx) = mpsc::channel();
     let deadline = clock.after(250);
-    spawn(move || tx.send(s.sample(Families::ALL, deadline)).unwrap());
+    spawn(move || tx.send(s.sample(V2_FAMILIES, deadline)).unwrap());
     // Each socket's first message (PROCHOT) is in its mailbox, held there.
     for socket in [0, 1] {
         machine.wait_mailbox(socket, GATE, |b| b.pending == 1).unwrap();
@@ -593,7 +706,7 @@ fn a_wedged_socket_holds_one_message_and_queues_no_work() {
         let healthy = machine.mailbox(0).entered;
         let s = Arc::clone(&sampler);
         let deadline = clock.after(250);
-        let request = spawn(move || s.sample(Families::ALL, deadline));
+        let request = spawn(move || s.sample(V2_FAMILIES, deadline));
         // Socket 0 is read in full (PROCHOT, 3 counters, 3 boost limits) while 1 is wedged;
         // then the deadline passes.
         machine.wait_mailbox(0, GATE, |b| b.entered == healthy + 7 && b.pending == 0).unwrap();
@@ -615,7 +728,7 @@ fn a_wedged_socket_holds_one_message_and_queues_no_work() {
     assert_eq!(sent_to_1(), sent);
     assert_eq!(machine.mailbox(1).max_pending, 1);
     // The socket is read again by the next request.
-    let sample = sampler.sample(Families::ALL, clock.after(30_000));
+    let sample = sampler.sample(V2_FAMILIES, clock.after(30_000));
     assert!(all_ok(&values(&sample.energy)));
 }
 
@@ -633,7 +746,7 @@ fn a_request_whose_requester_is_gone_stops_waiting_and_wants_nothing_more() {
     let (s, g) = (Arc::clone(&sampler), Arc::clone(&gone));
     let (tx, rx) = mpsc::channel();
     let request = spawn(move || {
-        tx.send(s.sample_while(Families::ALL, soon(), &|| g.load(Ordering::SeqCst))).unwrap()
+        tx.send(s.sample_while(V2_FAMILIES, soon(), &|| g.load(Ordering::SeqCst))).unwrap()
     });
     machine.wait_mailbox(1, GATE, |b| b.pending == 1).unwrap();
     let early = rx.recv_timeout(Duration::from_millis(100));
@@ -663,7 +776,7 @@ fn a_busy_socket_queues_the_request_and_serves_it_when_free() {
     machine.hold_socket(1);
     let s = Arc::clone(&sampler);
     let deadline = clock.after(10);
-    let first = spawn(move || s.sample(Families::ALL, deadline));
+    let first = spawn(move || s.sample(V2_FAMILIES, deadline));
     machine.wait_mailbox(1, GATE, |b| b.pending == 1).unwrap();
     clock.advance(Duration::from_millis(10));
     first.join().unwrap();
@@ -671,7 +784,7 @@ fn a_busy_socket_queues_the_request_and_serves_it_when_free() {
     let s = Arc::clone(&sampler);
     let (tx, rx) = mpsc::channel();
     let deadline = clock.after(30_000);
-    let request = spawn(move || tx.send(s.sample(Families::ALL, deadline)).unwrap());
+    let request = spawn(move || tx.send(s.sample(V2_FAMILIES, deadline)).unwrap());
     // It waits for the socket rather than answering without it.
     wait_for("the request waits on socket 1", || sampler.workers.waiting()[1] == 1);
     let early = rx.recv_timeout(Duration::from_millis(50));
@@ -689,7 +802,7 @@ fn a_busy_socket_queues_the_request_and_serves_it_when_free() {
 #[test]
 fn a_request_for_other_families_shares_the_socket_and_is_not_starved() {
     let energy_only = Families { core_energy: true, ..Families::default() };
-    for (first_asks, second_asks) in [(energy_only, Families::ALL), (Families::ALL, energy_only)] {
+    for (first_asks, second_asks) in [(energy_only, V2_FAMILIES), (V2_FAMILIES, energy_only)] {
         let machine = turin(3);
         let (opener, sampler) = sampler_with_max_age(&machine, Duration::from_secs(60));
         let sampler = Arc::new(sampler);
@@ -707,7 +820,7 @@ fn a_request_for_other_families_shares_the_socket_and_is_not_starved() {
         machine.release_socket(0);
         let (first, second) = (first.join().unwrap(), second.join().unwrap());
         let (all, energy) =
-            if first_asks == Families::ALL { (first, second) } else { (second, first) };
+            if first_asks == V2_FAMILIES { (first, second) } else { (second, first) };
         assert_eq!(values(&energy.energy), energy_of(&machine));
         assert_eq!(values(&all.energy), energy_of(&machine));
         assert!(all_ok(&values(&all.boost_limit)), "{first_asks:?} first: {:?}", all.boost_limit);
@@ -731,7 +844,7 @@ fn a_later_request_never_gets_values_read_before_the_bound_while_a_long_one_wait
     // A peer's request with a long deadline: socket 0 is read, socket 1 is wedged.
     let s = Arc::clone(&sampler);
     let deadline = clock.after(30_000);
-    let long = spawn(move || s.sample(Families::ALL, deadline));
+    let long = spawn(move || s.sample(V2_FAMILIES, deadline));
     machine.wait_mailbox(0, GATE, |b| b.pending == 0 && b.entered == socket_0_before + 7).unwrap();
     let socket_0 = || opener.sent().iter().filter(|m| m.sock_ind == 0).count();
     let read_once = socket_0();
@@ -740,7 +853,7 @@ fn a_later_request_never_gets_values_read_before_the_bound_while_a_long_one_wait
     machine.firmware().advance_all_energy(5.0).unwrap();
     let s = Arc::clone(&sampler);
     let deadline = clock.after(2000);
-    let later = spawn(move || s.sample(Families::ALL, deadline));
+    let later = spawn(move || s.sample(V2_FAMILIES, deadline));
     machine.wait_mailbox(0, GATE, |b| b.pending == 0 && b.entered == socket_0_before + 14).unwrap();
     clock.advance(Duration::from_millis(2000));
     let later = later.join().unwrap();
@@ -759,21 +872,21 @@ fn a_later_request_never_gets_values_read_before_the_bound_while_a_long_one_wait
 fn a_request_within_the_bound_takes_the_reads_before_it_and_says_how_old_they_are() {
     let machine = turin(3);
     let (opener, sampler, clock) = sampler_on_clock(&machine, Duration::from_secs(60));
-    let first = sampler.sample(Families::ALL, clock.after(30_000));
+    let first = sampler.sample(V2_FAMILIES, clock.after(30_000));
     assert_eq!(first.oldest_read_us, 0, "everything was read after the request arrived");
     let before = opener.count();
     clock.advance(Duration::from_millis(1500));
-    let second = sampler.sample(Families::ALL, clock.after(30_000));
+    let second = sampler.sample(V2_FAMILIES, clock.after(30_000));
     assert_eq!(opener.count(), before, "no message");
     assert_eq!(second.energy, first.energy);
     assert_eq!(second.oldest_read_us, 1_500_000);
     assert_eq!(second.max_age_ms, 60_000);
     // At the bound the reads are still taken; past it, read again.
     clock.advance(Duration::from_millis(58_500));
-    let third = sampler.sample(Families::ALL, clock.after(30_000));
+    let third = sampler.sample(V2_FAMILIES, clock.after(30_000));
     assert_eq!((opener.count(), third.oldest_read_us), (before, 60_000_000));
     clock.advance(Duration::from_millis(1));
-    let fourth = sampler.sample(Families::ALL, clock.after(30_000));
+    let fourth = sampler.sample(V2_FAMILIES, clock.after(30_000));
     assert_eq!((opener.count() - before, fourth.oldest_read_us), (2 * 6 + 2, 0));
 }
 
@@ -788,7 +901,7 @@ fn requests_in_a_loop_read_each_item_at_most_once_per_max_age() {
     // 50 requests 10 ms apart: the reads begun at 0 ms serve the requests up to 100 ms, then
     // the one at 110 ms reads again, and so on: 5 readings in 500 ms.
     for _ in 0..50 {
-        let sample = sampler.sample(Families::ALL, clock.after(1000));
+        let sample = sampler.sample(V2_FAMILIES, clock.after(1000));
         assert!(all_ok(&values(&sample.energy)));
         clock.advance(Duration::from_millis(10));
     }
@@ -810,11 +923,11 @@ fn concurrent_samples_share_one_reading_each_answered_at_its_own_deadline() {
         let (short_deadline, long_deadline) = (clock.after(2000), clock.after(30_000));
         let first_deadline = if short_first { short_deadline } else { long_deadline };
         let s = Arc::clone(&sampler);
-        let first = spawn(move || s.sample(Families::ALL, first_deadline));
+        let first = spawn(move || s.sample(V2_FAMILIES, first_deadline));
         machine.wait_mailbox(0, GATE, |b| b.pending == 1).unwrap();
         let second_deadline = if short_first { long_deadline } else { short_deadline };
         let s = Arc::clone(&sampler);
-        let second = spawn(move || s.sample(Families::ALL, second_deadline));
+        let second = spawn(move || s.sample(V2_FAMILIES, second_deadline));
         // The second joins the first's reading on socket 0, which is still held.
         wait_for("both requests wait on socket 0", || sampler.workers.waiting()[0] == 2);
         let (short, long) = if short_first { (first, second) } else { (second, first) };
@@ -851,7 +964,7 @@ fn a_late_device_with_a_wedged_socket_serves_the_healthy_socket_in_time() {
         Arc::new(clock.clone()),
     );
     let sampler = Arc::new(sampler);
-    assert_eq!(sampler.sample(Families::ALL, clock.after(30_000)).hsmp, DeviceStatus::Absent);
+    assert_eq!(sampler.sample(V2_FAMILIES, clock.after(30_000)).hsmp, DeviceStatus::Absent);
     opener.refuse(None);
     machine.hold_socket(0);
     for round in 0..3 {
@@ -859,7 +972,7 @@ fn a_late_device_with_a_wedged_socket_serves_the_healthy_socket_in_time() {
         let s = Arc::clone(&sampler);
         let (tx, rx) = mpsc::channel();
         let deadline = clock.after(250);
-        spawn(move || tx.send(s.sample(Families::ALL, deadline)).unwrap());
+        spawn(move || tx.send(s.sample(V2_FAMILIES, deadline)).unwrap());
         // Socket 1 is probed (the first round) and read in full while socket 0 is wedged.
         let probes = if round == 0 { 2 } else { 0 };
         let served = machine.wait_mailbox(1, GATE, |b| b.entered == healthy + probes + 5);
@@ -885,11 +998,11 @@ fn a_late_device_with_a_wedged_socket_serves_the_healthy_socket_in_time() {
 fn a_device_gone_on_every_socket_is_reopened() {
     let machine = turin(2);
     let (opener, sampler) = sampler(&machine);
-    assert!(all_ok(&values(&sampler.sample(Families::ALL, soon()).energy)));
+    assert!(all_ok(&values(&sampler.sample(V2_FAMILIES, soon()).energy)));
     opener.replace();
-    let broken = sampler.sample(Families::ALL, soon());
+    let broken = sampler.sample(V2_FAMILIES, soon());
     assert!(values(&broken.boost_limit).iter().all(|v| *v == Err(ItemError::NoSuchSocket)));
-    let sample = sampler.sample(Families::ALL, soon());
+    let sample = sampler.sample(V2_FAMILIES, soon());
     assert_eq!(opener.opens(), 2);
     assert_eq!(sample.hsmp, DeviceStatus::Ready { protocol_version: 7 });
     assert_eq!(values(&sample.energy), energy_of(&machine));
@@ -905,11 +1018,11 @@ fn a_reopened_device_keeps_its_energy_source() {
     let msr = Arc::new(MsrEnergy::open(&topo, &machine.msr_opener()).unwrap());
     let opener = Opener::new(&machine);
     let sampler = Sampler::with_max_age(topo, Box::new(opener.clone()), Some(msr), Duration::ZERO);
-    assert_eq!(sampler.sample(Families::ALL, soon()).energy_source, Some(EnergySource::Hsmp));
+    assert_eq!(sampler.sample(V2_FAMILIES, soon()).energy_source, Some(EnergySource::Hsmp));
     opener.replace();
-    sampler.sample(Families::ALL, soon());
+    sampler.sample(V2_FAMILIES, soon());
     let before = opener.count_of(Message::GetRaplUnits);
-    let sample = sampler.sample(Families::ALL, soon());
+    let sample = sampler.sample(V2_FAMILIES, soon());
     assert_eq!(opener.opens(), 2);
     assert_eq!(sample.energy_source, Some(EnergySource::Hsmp));
     assert_eq!(values(&sample.energy), energy_of(&machine));
@@ -928,7 +1041,7 @@ fn one_socket_failing_as_gone_does_not_reopen_the_device() {
     });
     let (opener, sampler) = sampler(&machine);
     for _ in 0..3 {
-        let sample = sampler.sample(Families::ALL, soon());
+        let sample = sampler.sample(V2_FAMILIES, soon());
         assert!(all_ok(&on_socket(&machine, &sample.energy, 0)));
     }
     assert_eq!(opener.opens(), 1);
@@ -940,12 +1053,12 @@ fn requests_reuse_one_worker_per_socket() {
     let machine = turin(2);
     let (_opener, sampler) = sampler(&machine);
     for _ in 0..5 {
-        sampler.sample(Families::ALL, soon());
+        sampler.sample(V2_FAMILIES, soon());
     }
     let first = sampler.workers.thread_ids();
     assert!(first.iter().all(Option::is_some), "{first:?}");
     for _ in 0..5 {
-        sampler.sample(Families::ALL, soon());
+        sampler.sample(V2_FAMILIES, soon());
         assert_eq!(sampler.workers.thread_ids(), first);
     }
 }
@@ -960,7 +1073,7 @@ fn energy_falls_back_to_the_msrs_when_rapl_is_unsupported() {
     let before = opener.count();
 
     machine.firmware().advance_all_energy(3.0).unwrap();
-    let sample = sampler.sample(Families::ALL, soon());
+    let sample = sampler.sample(V2_FAMILIES, soon());
     assert_eq!(sample.energy_source, Some(EnergySource::Msr));
     let energy = values(&sample.energy);
     assert_eq!(energy, vec![Ok(Energy { counter: 3 << 16, esu: 16 }); 6]);
@@ -977,7 +1090,7 @@ fn energy_comes_from_the_msrs_without_an_hsmp_device() {
     let opener = Opener::new(&machine);
     opener.refuse(Some(libc::ENOENT));
     let sampler = Sampler::with_max_age(topo, Box::new(opener.clone()), Some(msr), Duration::ZERO);
-    let sample = sampler.sample(Families::ALL, soon());
+    let sample = sampler.sample(V2_FAMILIES, soon());
     assert_eq!(sample.hsmp, DeviceStatus::Absent);
     assert_eq!(sample.energy_source, Some(EnergySource::Msr));
     assert_eq!(sample.prochot, Readings::Unavailable(Unavailable::NoDevice));
@@ -985,7 +1098,7 @@ fn energy_comes_from_the_msrs_without_an_hsmp_device() {
     // A late device without RAPL: energy stays with the MSRs, before and after the probes.
     opener.refuse(None);
     for _ in 0..2 {
-        let sample = sampler.sample(Families::ALL, soon());
+        let sample = sampler.sample(V2_FAMILIES, soon());
         assert_eq!(sample.hsmp, DeviceStatus::Ready { protocol_version: 5 });
         assert_eq!(sample.energy_source, Some(EnergySource::Msr));
         assert!(all_ok(&values(&sample.energy)));
@@ -1006,7 +1119,7 @@ fn a_failure_class_is_logged_once_not_per_request() {
         });
         let (_opener, sampler) = sampler(&machine);
         for _ in 0..5 {
-            sampler.sample(Families::ALL, soon());
+            sampler.sample(V2_FAMILIES, soon());
         }
     });
     let errno = format!("errno {}", libc::EREMOTEIO);

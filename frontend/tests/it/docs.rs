@@ -69,7 +69,8 @@ async fn docs_metrics_table_matches_a_full_scrape() {
     let dir = socket_dir();
     let behaviour = Behaviour { simulated: Some("turin-2p".into()), ..Behaviour::healthy() };
     let _broker = MockBroker::start(&dir.path, behaviour);
-    // Every family: the core-owner collector on, with one job holding a core.
+    // Every family: every broker family (the per-core frequency limit too, which is off by
+    // default) and the core-owner collector on, with one job holding a core.
     let cgroups = cgroup_root();
     cgroup(cgroups.path(), "job_1", "0");
     let answer =

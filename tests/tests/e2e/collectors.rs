@@ -59,11 +59,16 @@ const PROCHOT: Row = Row {
     metric: "amd_hsmp_prochot_active",
     source: Source::Broker { family: "proc-hot", series: 2 },
 };
+const FREQUENCY_LIMIT: Row = Row {
+    collector: "frequency-limit",
+    metric: "amd_hsmp_socket_frequency_limit_hertz",
+    source: Source::Broker { family: "frequency-limit", series: 2 },
+};
 const CORE_OWNER: Row =
     Row { collector: "core-owner", metric: "amd_hsmp_core_owner_info", source: Source::Cgroups };
 
 /// The broker collectors, each of which the exporter can switch off.
-const BROKER_COLLECTORS: [&str; 3] = ["core-energy", "boost-limit", "prochot"];
+const BROKER_COLLECTORS: [&str; 4] = ["core-energy", "boost-limit", "prochot", "frequency-limit"];
 
 /// Owners in the Slurm layout on a Turin 2P: job 4242's tasks hold 8 cores of socket 0, job
 /// 4243 two of socket 1.
@@ -579,5 +584,6 @@ hostile_table! {
     core_energy => ENERGY,
     boost_limit => BOOST_LIMIT,
     prochot => PROCHOT,
+    frequency_limit => FREQUENCY_LIMIT,
     core_owner => CORE_OWNER,
 }

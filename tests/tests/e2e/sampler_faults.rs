@@ -77,8 +77,9 @@ fn energy_on(topology: &Topology, sample: &Sample, socket: u32) -> Vec<Result<u6
 const MAX_AGE: &str = r#"broker-flags = ["--sample.max-age", "500ms"]"#;
 const MAX_AGE_MS: u64 = 500;
 
-/// Messages a full sample of one Turin socket sends: PROCHOT, 192 counters, 192 boost limits.
-const TURIN_SOCKET: u64 = 1 + 2 * 192;
+/// Messages a scrape with the default collectors sends to one Turin socket: PROCHOT, the
+/// frequency limit, 192 counters, 192 boost limits.
+const TURIN_SOCKET: u64 = 2 + 2 * 192;
 
 /// A scrape of the exporter at `addr` with the scrape timeout header `timeout`.
 fn scrape_at(addr: SocketAddr, timeout: &str) -> Exposition {
@@ -171,7 +172,9 @@ fn a_wedged_socket_keeps_the_healthy_socket_served_and_piles_nothing_up() {
     let m = scrape(&mut rig, &Scrape::default());
     assert!(SOCKET_0.iter().chain(&SOCKET_1).all(|s| m.value(s).is_some()), "{}", rig.logs());
     let to_socket_1 = rig.take_traffic().messages.iter().filter(|m| m.sock_ind == 1).count();
-    assert_eq!(to_socket_1, 1 + (2 * 192 + 1), "the held message, then one full sample");
+    // One full scrape of the socket: energy and boost limit per core, PROCHOT and frequency
+    // limit.
+    assert_eq!(to_socket_1, 1 + (2 * 192 + 2), "the held message, then one full sample");
     assert_eq!(machine.mailbox(1).max_pending, 1);
 }
 
@@ -289,7 +292,9 @@ fn concurrent_samples_with_different_deadlines_share_one_reading() {
     assert!(values(&long.boost_limit).iter().all(Result::is_ok));
     assert_eq!(values(&long.prochot), [Ok(false), Ok(false)]);
     let sent = machine.counters().mailbox_total() - before;
-    assert_eq!(sent, 2 * 384 + 2, "one reading's messages");
+    // Every family: energy, boost limit and frequency limit per core, PROCHOT and frequency
+    // limit per socket.
+    assert_eq!(sent, 3 * 384 + 2 * 2, "one reading's messages");
 }
 
 /// Regression (N6): with one socket slow, a second scraper (a second Prometheus replica) whose
@@ -547,7 +552,9 @@ fn a_peer_looping_on_two_connections_costs_at_most_one_read_per_item_per_bound()
     let samples: u64 = loops.into_iter().map(|l| l.join().unwrap()).sum();
     let elapsed = started.elapsed();
     let sent = machine.counters().mailbox_total() - before;
-    let bound = 770 * (elapsed.as_millis() as u64 / MAX_AGE_MS + 1);
+    // A sample of every family on a Turin 2P: three messages per core, two per socket.
+    let items = 3 * 384 + 2 * 2;
+    let bound = items * (elapsed.as_millis() as u64 / MAX_AGE_MS + 1);
     println!(
         "{samples} peer samples and {scrapes} scrapes in {elapsed:.1?}: {sent} messages, {:.0}/s \
          (at most {bound})",

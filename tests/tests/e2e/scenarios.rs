@@ -184,9 +184,11 @@ fn every_core_is_addressed_by_its_apic_id_exactly_once_per_scrape() {
     }
 }
 
+/// The default collectors: two messages per core (energy, boost limit) and two per socket
+/// (PROCHOT, frequency limit); the per-core frequency limit, off by default, sends none.
 #[test]
 #[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
-fn a_full_scrape_costs_two_messages_per_core_and_one_per_socket() {
+fn a_full_scrape_costs_two_messages_per_core_and_two_per_socket() {
     let mut rig = rig("description = \"\"\nmachine = \"turin-2p\"\n[[scrapes]]\n");
     let (cores, sockets) = {
         let t = rig.machine().topology();
@@ -197,12 +199,99 @@ fn a_full_scrape_costs_two_messages_per_core_and_one_per_socket() {
     for (i, traffic) in scrapes.iter().enumerate() {
         let by_id: BTreeMap<u32, usize> =
             Message::ALL.iter().map(|m| (m.id(), traffic.count(m.id()))).collect();
-        assert_eq!(traffic.messages.len(), 2 * cores + sockets, "scrape {}: {by_id:?}", i + 1);
+        assert_eq!(traffic.messages.len(), 2 * cores + 2 * sockets, "scrape {}: {by_id:?}", i + 1);
         assert_eq!(traffic.count(Message::GetBoostLimit.id()), cores);
         assert_eq!(traffic.count(Message::GetRaplCoreCounter.id()), cores);
         assert_eq!(traffic.count(Message::GetProcHot.id()), sockets);
+        assert_eq!(traffic.count(Message::GetSocketFreqLimit.id()), sockets);
+        assert_eq!(traffic.count(Message::GetCclkCoreLimit.id()), 0);
         assert!(traffic.messages.iter().all(|m| m.result.is_ok()));
     }
+}
+
+/// The value of the one line of `body` that starts with `series` and a space.
+fn value_of(body: &str, series: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+        .map(|v| v.parse().unwrap())
+}
+
+/// Socket 0's limiter series of one scrape: each reason with its value.
+fn reasons_of_socket_0(body: &str) -> Vec<(&'static str, f64)> {
+    let reasons =
+        ["chtc", "prochot", "tdc", "ppt", "opn_max", "reliability", "apml", "hsmp", "other"];
+    reasons
+        .iter()
+        .map(|r| {
+            let series =
+                format!("amd_hsmp_socket_frequency_limit_reason{{reason=\"{r}\",socket=\"0\"}}");
+            (*r, value_of(body, &series).unwrap_or_else(|| panic!("no {series}:\n{body}")))
+        })
+        .collect()
+}
+
+/// Every bit of the fake's `GET_SOCKET_FREQ_LIMIT` word: bits 31:16 the limit, in hertz; each
+/// of bits 7:0 its reason's series at 1 and every other reason at 0; any of bits 15:8 `other`.
+#[test]
+#[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
+fn each_limiter_bit_sets_exactly_its_reason_series_and_the_limit_is_bits_31_16_in_hertz() {
+    let mut rig = rig("description = \"\"\nmachine = \"genoa-2p\"\n[[scrapes]]\n");
+    let names = ["chtc", "prochot", "tdc", "ppt", "opn_max", "reliability", "apml", "hsmp"];
+    for bit in 0..16u16 {
+        let mhz = 2000 + bit;
+        let limit = scenario::SocketLimit { socket: 0, mhz, reasons: 1 << bit };
+        let before = scenario::Actions { frequency_limit: vec![limit], ..Default::default() };
+        before.apply(rig.machine(), Some(rig.device())).unwrap();
+        let response = rig.scrape(&scenario::Scrape::default()).unwrap();
+        let body = &response.body;
+        let hertz = value_of(body, "amd_hsmp_socket_frequency_limit_hertz{socket=\"0\"}");
+        assert_eq!(hertz, Some(f64::from(mhz) * 1e6), "bit {bit}");
+        let want = names.get(usize::from(bit)).copied().unwrap_or("other");
+        let set: Vec<&str> = reasons_of_socket_0(body)
+            .into_iter()
+            .filter(|(_, v)| *v == 1.0)
+            .map(|(r, _)| r)
+            .collect();
+        assert_eq!(set, [want], "bit {bit}");
+        assert!(reasons_of_socket_0(body).iter().all(|(_, v)| *v == 0.0 || *v == 1.0));
+    }
+}
+
+#[test]
+#[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
+fn a_socket_whose_frequency_limit_read_fails_has_no_series_and_one_counted_error() {
+    let mut rig = rig("description = \"\"\nmachine = \"genoa-2p\"\n\
+         [faults]\nerrors = [{ family = \"frequency-limit\", socket = 1, errno = \"EIO\" }]\n\
+         [[scrapes]]\n");
+    let body = rig.scrape(&scenario::Scrape::default()).unwrap().body;
+    assert!(!body.contains("amd_hsmp_socket_frequency_limit_hertz{socket=\"1\"}"), "{body}");
+    assert!(
+        !body.lines().any(|l| l.starts_with("amd_hsmp_socket_frequency_limit_reason")
+            && l.contains("socket=\"1\"")),
+        "{body}"
+    );
+    assert!(value_of(&body, "amd_hsmp_socket_frequency_limit_hertz{socket=\"0\"}").is_some());
+    let errors = "amd_hsmp_scrape_errors_total{collector=\"frequency-limit\"}";
+    assert_eq!(value_of(&body, errors), Some(1.0), "{body}");
+}
+
+#[test]
+#[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
+fn frequency_limits_unsupported_on_every_socket_are_omitted_and_asked_no_more() {
+    let mut rig = rig("description = \"\"\nmachine = \"genoa-2p\"\n\
+         [faults]\nunsupported = [\"frequency-limit\"]\n[[scrapes]]\n");
+    rig.take_traffic();
+    let mut asked = Vec::new();
+    for _ in 0..3 {
+        let response = rig.scrape(&scenario::Scrape::default()).unwrap();
+        assert_eq!(response.status, 200, "{}", response.body);
+        let body = &response.body;
+        assert!(!body.contains("amd_hsmp_socket_frequency_limit"), "{body}");
+        let errors = "amd_hsmp_scrape_errors_total{collector=\"frequency-limit\"}";
+        assert_eq!(value_of(body, errors), Some(0.0), "{body}");
+        asked.push(rig.take_traffic().count(Message::GetSocketFreqLimit.id()));
+    }
+    assert_eq!(asked, [2, 0, 0], "asked once per socket, then remembered");
 }
 
 #[test]

@@ -25,8 +25,11 @@ const READY_WITHIN: Duration = Duration::from_secs(90);
 /// How long each later alert may take to fire.
 const ALERT_WITHIN: Duration = Duration::from_secs(60);
 /// Dashboard panels whose queries may be empty on a healthy simulated machine, with why.
-const MAY_BE_EMPTY: &[(&str, &str)] =
-    &[("Sockets with the most PROCHOT", "lists only sockets that had PROCHOT in the last hour")];
+const MAY_BE_EMPTY: &[(&str, &str)] = &[
+    ("Sockets with the most PROCHOT", "lists only sockets that had PROCHOT in the last hour"),
+    ("Nodes limited, by reason", "counts only nodes held by a limiter in the last 5 minutes"),
+    ("Nodes most limited, by reason", "lists only nodes held by a limiter in the last hour"),
+];
 
 /// A cgroup v2 hierarchy in `work` for the core-owner collector: one service holding core 0 of
 /// socket 0 of the simulated Turin 2P (CPUs 0 and 384, its two threads), so that the
@@ -58,7 +61,8 @@ impl Drop for Running {
 /// Alert settings for the live run: the shipped expressions, without their `for:` durations and
 /// with a short reset window, so that each alert fires within a few evaluations.
 const FAST_ALERTS: &str = "exporterDownFor: '0s', brokerDownFor: '0s', deviceDownFor: '0s', \
-     scrapeErrorsFor: '0s', energyResetWindow: '2m', prochotFor: '0s', boostLimitLowFor: '0s'";
+     scrapeErrorsFor: '0s', energyResetWindow: '2m', prochotFor: '0s', boostLimitLowFor: '0s', \
+     frequencyLimitedFor: '0s'";
 
 /// The broker, restartable with another profile on the same socket path.
 struct Broker<'a> {
@@ -227,7 +231,8 @@ pub fn check(dir: &Path, work: &Path, bin: &Path) -> Result<String> {
     running_broker = broker.start("genoa-2p", &msr, "broker-genoa-2p-restarted.log")?;
     expect("restarting a broker with the MSR source", &[("AmdHsmpEnergyCounterReset", "")])?;
     drop(running_broker);
-    // Socket 1 runs normally for 15 s, then holds PROCHOT with its boost limits at 60 %.
+    // Socket 1 runs normally for 15 s, then holds PROCHOT with its boost limits and its
+    // frequency limit (by PROCHOT and cHTC) at 60 %.
     let thermal = ["--simulate.scenario", "thermal-event"];
     running_broker = broker.start(PROFILE, &thermal, "broker-turin-2p-thermal-event.log")?;
     expect(
@@ -236,9 +241,17 @@ pub fn check(dir: &Path, work: &Path, bin: &Path) -> Result<String> {
             ("AmdHsmpProchotAsserted", r#"socket="1""#),
             ("AmdHsmpBoostLimitLow", r#"socket="1""#),
             ("AmdHsmpProchotFrequent", r#"socket="1""#),
+            ("AmdHsmpFrequencyLimited", r#"socket="1",reason="prochot""#),
+            ("AmdHsmpFrequencyLimited", r#"socket="1",reason="chtc""#),
         ],
     )?;
-    for alert in ["AmdHsmpProchotAsserted", "AmdHsmpBoostLimitLow", "AmdHsmpProchotFrequent"] {
+    let thermal_alerts = [
+        "AmdHsmpProchotAsserted",
+        "AmdHsmpBoostLimitLow",
+        "AmdHsmpProchotFrequent",
+        "AmdHsmpFrequencyLimited",
+    ];
+    for alert in thermal_alerts {
         ensure!(
             !prometheus.firing(alert, r#"socket="0""#),
             "{alert} fires on socket 0, which the thermal event spares; {}",

@@ -8,7 +8,9 @@
 //! and asks [`sim::Machine`]'s firmware for the reply words.
 
 use super::mailbox::Mailbox;
-use super::sim::{self, Errno, Family, Faults, FirmwareConfig, FwStatus, Machine, MachineSpec};
+use super::sim::{
+    self, Errno, Family, Faults, FirmwareConfig, FwStatus, Machine, MachineSpec, Message,
+};
 use anyhow::{Context, Result, bail};
 use std::collections::HashMap;
 use std::path::Path;
@@ -71,7 +73,8 @@ impl GuestTopology {
     }
 
     /// The simulator's machine for this guest: a Turin with this many sockets and cores (no
-    /// SMT), speaking HSMP protocol `protocol` (RAPL messages from protocol 7 on).
+    /// SMT), speaking HSMP protocol `protocol` (RAPL messages from protocol 7 on, the
+    /// frequency limits from protocol 5 on).
     pub fn spec(self, protocol: u32) -> MachineSpec {
         let mut spec = sim::Profile::Turin2p.spec();
         spec.sockets = self.sockets;
@@ -170,6 +173,7 @@ impl Responder {
         let (of, nf) = (old.firmware(), new.firmware());
         for socket in 0..self.shared.topology.sockets {
             nf.set_prochot(socket, of.prochot(socket)?)?;
+            nf.set_freq_limit(socket, of.freq_limit(socket)?)?;
             for core in 0..self.shared.topology.cores {
                 nf.set_boost_limit(socket, core, of.boost_limit(socket, core)?)?;
                 nf.set_energy_counter(socket, core, of.energy_counter(socket, core)?)?;
@@ -251,7 +255,12 @@ pub fn answer(
     if faults.wedged_sockets.contains(&socket) || faults.latency >= faults.driver_timeout {
         return Ok(Answer::Silence);
     }
-    let per_core = matches!(msg_id, 0x0A | 0x31);
+    // The messages whose argument 0 names a core by its APIC id (bits 15:0 here: QEMU's and
+    // the simulator's ids are small).
+    let per_core = matches!(
+        Message::from_id(msg_id),
+        Some(Message::GetBoostLimit | Message::GetRaplCoreCounter | Message::GetCclkCoreLimit)
+    );
     if per_core {
         let guest = args[0] & 0xFFFF;
         args[0] = (args[0] & !0xFFFF) | apic.get(&guest).copied().unwrap_or(guest);
@@ -278,6 +287,7 @@ pub fn answer(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use amd_hsmp_device::messages::{LimitReasons, SocketFreqLimit};
 
     fn two_sockets() -> (Arc<Machine>, HashMap<u32, u32>) {
         let topo = GuestTopology { sockets: 2, cores: 1 };
@@ -339,6 +349,49 @@ mod tests {
             answer(&m, &f, &apic, 0, 0x0B, [0; 8]).unwrap(),
             Answer::Status(STATUS_OK, Some(_))
         ));
+    }
+
+    /// The first word of the answer to `msg_id` with argument 0 `arg0`, which must be OK.
+    fn word(m: &Machine, apic: &HashMap<u32, u32>, socket: u32, msg_id: u32, arg0: u32) -> u32 {
+        let mut args = [0u32; 8];
+        args[0] = arg0;
+        match answer(m, &Faults::default(), apic, socket, msg_id, args).unwrap() {
+            Answer::Status(STATUS_OK, Some(words)) => words[0],
+            other => panic!("{msg_id:#04x} answered {other:?}"),
+        }
+    }
+
+    #[test]
+    fn frequency_limits_come_from_the_simulator_for_the_guest_s_cores() {
+        let (m, apic) = two_sockets();
+        assert_eq!(word(&m, &apic, 1, 0x19, 0), 3700 << 16 | 0x10, "OPN max by default");
+        let ppt = SocketFreqLimit { mhz: 2900, reasons: LimitReasons::PPT };
+        m.firmware().set_freq_limit(1, ppt).unwrap();
+        assert_eq!(word(&m, &apic, 1, 0x19, 0), 2900 << 16 | 0x08);
+        assert_eq!(word(&m, &apic, 0, 0x19, 0), 3700 << 16 | 0x10);
+        // Guest APIC id 1 is socket 1's only core (2 in the simulator), held by its socket.
+        assert_eq!(word(&m, &apic, 1, 0x1A, 1), 2900);
+        m.firmware().set_boost_limit(1, 0, 2500).unwrap();
+        assert_eq!(word(&m, &apic, 1, 0x1A, 1), 2500);
+        let mut f = Faults::default();
+        f.errno.insert((Family::CoreFrequencyLimit, sim::Target::Apic(2)), libc::EBUSY);
+        let mut args = [0u32; 8];
+        args[0] = 1;
+        assert_eq!(answer(&m, &f, &apic, 1, 0x1A, args).unwrap(), Answer::Status(0xFC, None));
+    }
+
+    #[test]
+    fn protocol_4_has_no_frequency_limit_messages() {
+        let topo = GuestTopology { sockets: 1, cores: 1 };
+        let m = Machine::new(topo.spec(4), FirmwareConfig::static_values());
+        let apic = HashMap::from([(0, 0)]);
+        for msg_id in [0x19, 0x1A] {
+            assert_eq!(
+                answer(&m, &Faults::default(), &apic, 0, msg_id, [0; 8]).unwrap(),
+                Answer::Status(0xFE, None),
+                "{msg_id:#04x}"
+            );
+        }
     }
 
     #[test]

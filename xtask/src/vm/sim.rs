@@ -1,7 +1,7 @@
 //! The firmware simulator the responder answers from: the one model behind `--simulate` and the
 //! FUSE fake. Everything the VM test uses of it is named here.
 
-pub use amd_hsmp_device::Errno;
+pub use amd_hsmp_device::{Errno, Message};
 pub use amd_hsmp_sim::{
     DRIVER_TIMEOUT, Family, Faults, FirmwareConfig, FwStatus, Machine, MachineSpec, Profile, Target,
 };

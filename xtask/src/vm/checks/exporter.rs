@@ -5,6 +5,7 @@ use super::{COMMAND_TIMEOUT, Evidence};
 use crate::vm::guest::{Output, Vm};
 use crate::vm::responder::Responder;
 use amd_hsmp_broker::sampler::DEFAULT_MAX_AGE;
+use amd_hsmp_proto::{FrequencyLimit, LimitReason};
 use anyhow::{Context, Result, bail};
 use std::collections::BTreeMap;
 
@@ -111,6 +112,21 @@ pub(super) fn expected(responder: &Responder, energy: bool) -> Result<Vec<Expect
             labels: vec![("socket", socket.to_string())],
             value: if fw.prochot(socket)? { 1.0 } else { 0.0 },
         });
+        if machine.spec().freq_limit_messages() {
+            let limit = FrequencyLimit::from(fw.freq_limit(socket)?);
+            out.push(Expected {
+                name: "amd_hsmp_socket_frequency_limit_hertz",
+                labels: vec![("socket", socket.to_string())],
+                value: limit.hertz(),
+            });
+            for reason in LimitReason::ALL {
+                out.push(Expected {
+                    name: "amd_hsmp_socket_frequency_limit_reason",
+                    labels: vec![("reason", reason.to_string()), ("socket", socket.to_string())],
+                    value: if limit.is_limited_by(reason) { 1.0 } else { 0.0 },
+                });
+            }
+        }
         for core in 0..topo.cores {
             out.push(Expected {
                 name: "amd_hsmp_core_boost_limit_hertz",
@@ -158,6 +174,12 @@ pub(super) fn healthy(
     ev.check(
         hot == topo.sockets as usize,
         format!("{hot} PROCHOT series for {} sockets", topo.sockets),
+    );
+    let limits = s.count("amd_hsmp_socket_frequency_limit_hertz");
+    let want = if responder.machine().spec().freq_limit_messages() { topo.sockets } else { 0 };
+    ev.check(
+        limits == want as usize,
+        format!("{limits} frequency-limit series for {} sockets, {want} expected", topo.sockets),
     );
     let energy_lines = s.text.lines().filter(|l| l.contains("amd_hsmp_core_energy_joules")).count();
     if energy {
