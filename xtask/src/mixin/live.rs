@@ -25,8 +25,10 @@ const READY_WITHIN: Duration = Duration::from_secs(90);
 /// How long each later alert may take to fire.
 const ALERT_WITHIN: Duration = Duration::from_secs(60);
 /// Dashboard panels whose queries may be empty on a healthy simulated machine, with why.
-const MAY_BE_EMPTY: &[(&str, &str)] =
-    &[("Sockets with the most PROCHOT", "lists only sockets that had PROCHOT in the last hour")];
+const MAY_BE_EMPTY: &[(&str, &str)] = &[
+    ("Sockets with the most PROCHOT", "lists only sockets that had PROCHOT in the last hour"),
+    ("Power by node name", "joins node_exporter's series, which the live check does not scrape"),
+];
 
 /// A cgroup v2 hierarchy in `work` for the core-owner collector: one service holding core 0 of
 /// socket 0 of the simulated Turin 2P (CPUs 0 and 384, its two threads), so that the
