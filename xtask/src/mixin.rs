@@ -3,7 +3,10 @@
 //! rules` pass; every alert has a test in which it fires and one in which it stays quiet, and a
 //! runbook section; every recording rule is tested; the dashboards have the fields Grafana needs,
 //! unique panel ids, and queries that parse (checked by promtool) and use only metrics that
-//! `docs/metrics.md` documents, that the recording rules make, or that Prometheus adds itself.
+//! `docs/metrics.md` documents, that the recording rules make, that Prometheus adds itself, or
+//! node_exporter's that a join reads; no query variable reads a single family a target may lack;
+//! the fleet dashboard made with `showMultiCluster` filters every query by its `cluster`; both
+//! dashboards load into grafana-foundation-sdk's typed model ([`GRAFANA_MODEL`]).
 //!
 //! With `--live` (and in `cargo xtask test`) it also runs the mixin against a real Prometheus
 //! scraping the simulated Turin 2P ([`live`]).
