@@ -166,11 +166,21 @@ fn missing_in_venv<'a>(venv: &std::path::Path, packages: &[&'a str]) -> Vec<&'a 
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default();
-    packages
-        .iter()
-        .copied()
-        .filter(|p| !installed.lines().any(|l| l.eq_ignore_ascii_case(p)))
-        .collect()
+    not_frozen(&installed, packages)
+}
+
+/// The pinned `packages` that `pip freeze`'s output lacks. pip prints a name as its distribution
+/// spells it (`grafana_foundation_sdk` for `grafana-foundation-sdk`): names compare as PEP 503
+/// normalizes them (case, and `-`, `_`, `.` alike).
+fn not_frozen<'a>(freeze: &str, packages: &[&'a str]) -> Vec<&'a str> {
+    let normal = |pin: &str| match pin.split_once("==") {
+        Some((name, version)) => {
+            format!("{}=={version}", name.to_ascii_lowercase().replace(['_', '.'], "-"))
+        }
+        None => pin.to_ascii_lowercase(),
+    };
+    let installed: Vec<String> = freeze.lines().map(normal).collect();
+    packages.iter().copied().filter(|p| !installed.contains(&normal(p))).collect()
 }
 
 /// Makes `venv` (named `what` in messages), or adds the pinned `packages` it lacks.
@@ -283,4 +293,22 @@ fn tool_at_version(krate: &str, cmd: &str, version: &str) -> bool {
             || output(Command::new(cargo).args(["install", "--list"]))
                 .lines()
                 .any(|l| l == installed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// pip freeze spells a name as its distribution does; a pin with dashes is installed all the
+    /// same, and a pin at another version is not.
+    #[test]
+    fn a_pinned_package_frozen_with_underscores_is_installed() {
+        let freeze = "grafana_foundation_sdk==1769699379!11.6.0\nKubernetes.Validate==1.37.0\n";
+        let pins = ["grafana-foundation-sdk==1769699379!11.6.0", "kubernetes-validate==1.37.0"];
+        assert!(not_frozen(freeze, &pins).is_empty());
+        assert_eq!(
+            not_frozen(freeze, &["kubernetes-validate==1.36.0"]),
+            ["kubernetes-validate==1.36.0"]
+        );
+    }
 }
