@@ -19,7 +19,7 @@ mod live;
 use crate::workspace::stdout_of;
 use anyhow::{Context, Result, bail, ensure};
 use promql_parser::label::{METRIC_NAME, MatchOp};
-use promql_parser::parser::Expr;
+use promql_parser::parser::{Expr, VectorSelector};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -380,43 +380,47 @@ fn metric_names(expr: &str) -> Result<BTreeSet<String>> {
 
 /// Adds the metric names the selectors of `expr` and of its subexpressions name.
 fn selected_names(expr: &Expr, names: &mut BTreeSet<String>) {
-    let selector = match expr {
-        Expr::VectorSelector(vs) => vs,
-        Expr::MatrixSelector(ms) => &ms.vs,
-        Expr::Aggregate(agg) => {
-            selected_names(&agg.expr, names);
-            if let Some(param) = &agg.param {
-                selected_names(param, names);
+    for_each_selector(expr, &mut |selector| {
+        names.extend(selector.name.iter().cloned());
+        let matchers = &selector.matchers;
+        for matcher in matchers.matchers.iter().chain(matchers.or_matchers.iter().flatten()) {
+            if matcher.name == METRIC_NAME && matcher.op == MatchOp::Equal {
+                names.insert(matcher.value.clone());
             }
-            return;
         }
-        Expr::Unary(unary) => return selected_names(&unary.expr, names),
+    });
+}
+
+/// Calls `f` with every vector selector of `expr` (those of matrix selectors included), wherever
+/// it sits.
+fn for_each_selector(expr: &Expr, f: &mut impl FnMut(&VectorSelector)) {
+    match expr {
+        Expr::VectorSelector(vs) => f(vs),
+        Expr::MatrixSelector(ms) => f(&ms.vs),
+        Expr::Aggregate(agg) => {
+            for_each_selector(&agg.expr, f);
+            if let Some(param) = &agg.param {
+                for_each_selector(param, f);
+            }
+        }
+        Expr::Unary(unary) => for_each_selector(&unary.expr, f),
         Expr::Binary(binary) => {
-            selected_names(&binary.lhs, names);
-            return selected_names(&binary.rhs, names);
+            for_each_selector(&binary.lhs, f);
+            for_each_selector(&binary.rhs, f);
         }
-        Expr::Paren(paren) => return selected_names(&paren.expr, names),
-        Expr::Subquery(subquery) => return selected_names(&subquery.expr, names),
+        Expr::Paren(paren) => for_each_selector(&paren.expr, f),
+        Expr::Subquery(subquery) => for_each_selector(&subquery.expr, f),
         Expr::Call(call) => {
             for arg in &call.args.args {
-                selected_names(arg, names);
+                for_each_selector(arg, f);
             }
-            return;
         }
         Expr::Extension(extension) => {
             for child in extension.expr.children() {
-                selected_names(child, names);
+                for_each_selector(child, f);
             }
-            return;
         }
-        Expr::NumberLiteral(_) | Expr::StringLiteral(_) => return,
-    };
-    names.extend(selector.name.iter().cloned());
-    let matchers = &selector.matchers;
-    for matcher in matchers.matchers.iter().chain(matchers.or_matchers.iter().flatten()) {
-        if matcher.name == METRIC_NAME && matcher.op == MatchOp::Equal {
-            names.insert(matcher.value.clone());
-        }
+        Expr::NumberLiteral(_) | Expr::StringLiteral(_) => {}
     }
 }
 
@@ -684,23 +688,33 @@ fn fleet_filters_by_cluster(dir: &Path) -> Result<String> {
         "the cluster variable does not list clusterLabel's values: {}",
         cluster["query"]
     );
+    // The variables' stand-ins, the cluster's a value of its own to look for.
+    const CLUSTER: &str = "the-selected-cluster";
+    let values: Vec<(&str, &str)> = VARIABLE_VALUES
+        .iter()
+        .map(|&(name, value)| (name, if name == "cluster" { CLUSTER } else { value }))
+        .collect();
+    let queries = dashboard_queries("amd-hsmp-fleet.json", &fleet, &values)?;
+    // All but the cluster variable's own, which lists the clusters.
+    let queries: Vec<Query> =
+        queries.into_iter().filter(|q| !q.place.ends_with(" variable cluster")).collect();
     let mut unfiltered = Vec::new();
-    let mut count = 0;
-    for panel in fleet["panels"].as_array().into_iter().flatten() {
-        for target in panel["targets"].as_array().into_iter().flatten() {
-            let expr = target["expr"].as_str().unwrap_or_default();
-            count += 1;
-            if !expr.contains('{') {
-                unfiltered.push(format!("{}: {expr}", panel["title"]));
+    for query in &queries {
+        let tree = promql_parser::parser::parse(&query.expr)
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .with_context(|| format!("PromQL does not parse: {}", query.expr))?;
+        for_each_selector(&tree, &mut |selector| {
+            let by_cluster = selector
+                .matchers
+                .matchers
+                .iter()
+                .any(|m| m.name == "site" && m.op == MatchOp::Equal && m.value == CLUSTER);
+            if !by_cluster {
+                unfiltered.push(format!("{}: {selector}", query.place));
             }
-            for selector in expr.split('{').skip(1) {
-                if !selector.split('}').next().unwrap_or_default().contains("site=\"$cluster\"") {
-                    unfiltered.push(format!("{}: {expr}", panel["title"]));
-                    break;
-                }
-            }
-        }
+        });
     }
+    let count = queries.len();
     ensure!(
         unfiltered.is_empty(),
         "fleet queries not filtered by cluster:\n{}",
@@ -959,6 +973,11 @@ mod tests {
         check("query_result(count by (socket) (socket:boost:min or amd_hsmp_prochot_active))")
             .unwrap();
         check("label_values(amd_hsmp_up, instance)").unwrap();
+    }
+
+    #[test]
+    fn with_show_multi_cluster_every_fleet_query_is_filtered_by_cluster() {
+        fleet_filters_by_cluster(&crate::workspace::root().join("mixin")).unwrap();
     }
 
     #[test]
