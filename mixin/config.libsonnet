@@ -8,6 +8,18 @@
     // Rome (family 17h) and non-EPYC hosts have none and always report amd_hsmp_up 0: exclude
     // them here, e.g. 'cpu_family!="17h"' (a target label of your own), or leave it empty.
     hsmpDeviceSelector: '',
+    // Selects node_exporter's targets in any rule or panel that joins its series (node-mixin's
+    // name; kube-prometheus and kube-prometheus-stack both call the job node-exporter).
+    nodeExporterSelector: 'job="node-exporter"',
+    // The label whose value names the same node in this exporter's series and node_exporter's:
+    // what the joins match on. The Helm chart's instanceLabel (nodeName under kube-prometheus,
+    // nodeIP under kube-prometheus-stack) makes `instance` fit; see docs/kubernetes.md.
+    nodeExporterJoinLabel: 'instance',
+    // Several clusters in one data source (node-mixin's names): with showMultiCluster the fleet
+    // dashboard gets a `cluster` variable over clusterLabel and filters every query by it;
+    // without, the variable is hidden and no query uses it.
+    showMultiCluster: false,
+    clusterLabel: 'cluster',
 
     // How long each condition must hold before its alert fires.
     exporterDownFor: '5m',
@@ -60,10 +72,9 @@
     // A container's runtime id in its cgroup (containerd, CRI-O or Docker under either cgroup
     // driver), as kube-state-metrics' container_id has it after "<runtime>://".
     containerIdRegex: '.*/(?:cri-containerd-|crio-|docker-)?([0-9a-f]{64})(?:[.]scope)?',
-    // The series the per-pod and per-container rules join for names, and the package energy of
-    // the package-minus-cores rule.
+    // The series the per-pod and per-container rules join for names (the package energy of the
+    // package-minus-cores rule is selected with nodeExporterSelector, above).
     kubeStateMetricsSelector: 'job="kube-state-metrics"',
-    nodeExporterSelector: 'job="node"',
     // The node's name in both exporters' instance label: the host without the port.
     instanceHostRegex: '(.+):[0-9]+',
 

@@ -6,13 +6,22 @@ local g = import 'lib.libsonnet';
   grafanaDashboards+:: {
     'amd-hsmp-fleet.json':
       local c = $._config;
-      local s = { sel: c.amdHsmpSelector, k: c.fleetTopK };
+      local cluster = if c.showMultiCluster then ',%s="$cluster"' % c.clusterLabel else '';
+      local s = {
+        sel: c.amdHsmpSelector + cluster,
+        k: c.fleetTopK,
+        node: c.nodeExporterSelector + cluster,
+        on: std.join(', ', (if c.showMultiCluster then [c.clusterLabel] else []) + [c.nodeExporterJoinLabel]),
+      };
       g.dashboard(
         c,
         'amd-hsmp-fleet',
         'Fleet',
         'Power, throttling and exporter health of every node scraped by the amd-hsmp job.',
-        [g.datasourceVariable],
+        [
+          g.datasourceVariable,
+          g.queryVariable('cluster', 'Cluster', 'label_values(up{%s}, %s)' % [c.amdHsmpSelector, c.clusterLabel], hide=if c.showMultiCluster then 0 else 2),
+        ],
         [
           g.row('Overview'),
           g.stat('Targets', 'amd-hsmp-exporter targets Prometheus knows.', [g.target('count(up{%(sel)s})' % s)]),
@@ -29,6 +38,9 @@ local g = import 'lib.libsonnet';
           g.timeseries('Nodes drawing the most power', 'The %(k)d nodes with the highest per-core power sum.' % s, [
             g.target('topk(%(k)d, instance:amd_hsmp_power_watts:sum_rate5m{%(sel)s})' % s, '{{instance}}'),
           ], 'watt', w=16),
+          g.table('Power by node name', "Each node's power with its name from node_exporter (node_uname_info's nodename), joined on %(on)s; empty without node_exporter under nodeExporterSelector or where the join label's values differ (see docs/kubernetes.md)." % s, [
+            g.target('topk(%(k)d, instance:amd_hsmp_power_watts:sum_rate5m{%(sel)s}) * on (%(on)s) group_left (nodename) node_uname_info{%(node)s}' % s, instant=true),
+          ], 'watt', w=24),
           g.distribution('Node power distribution', 'How many nodes draw how much power, at each time.', [
             g.target('instance:amd_hsmp_power_watts:sum_rate5m{%(sel)s}' % s, '{{instance}}'),
           ], 'watt'),
@@ -62,7 +74,7 @@ local g = import 'lib.libsonnet';
             g.target('sum by (collector) (increase(amd_hsmp_scrape_errors_total{%(sel)s}[$__rate_interval]))' % s, '{{collector}}'),
           ], 'short', w=12),
           g.table('Firing alerts', 'The amd-hsmp alerts firing now.', [
-            g.target('ALERTS{alertname=~"AmdHsmp.*",alertstate="firing"}', instant=true),
+            g.target('ALERTS{alertname=~"AmdHsmp.*",alertstate="firing"%s}' % cluster, instant=true),
           ], w=12),
           g.table('Versions and simulated targets', 'Exporter versions in the fleet, and targets whose broker serves the simulator.', [
             g.target('count by (version, revision) (amd_hsmp_build_info{%(sel)s})' % s, instant=true),

@@ -14,8 +14,9 @@
     regex: '',
   },
 
-  // A variable filled from label_values(); multi adds "All" and multiple selection.
-  queryVariable(name, label, query, multi=false):: {
+  // A variable filled from label_values(), or from query_result() with regex picking the value
+  // out of each series; multi adds "All" and multiple selection; hide: 0 shown, 2 hidden.
+  queryVariable(name, label, query, multi=false, regex='', hide=0):: {
     name: name,
     label: label,
     type: 'query',
@@ -23,10 +24,10 @@
     query: { query: query, refId: name },
     definition: query,
     current: {},
-    hide: 0,
+    hide: hide,
     refresh: 2,
     sort: 3,
-    regex: '',
+    regex: regex,
     includeAll: multi,
     multi: multi,
   },
@@ -77,7 +78,7 @@
       yAxis: { axisPlacement: 'left', axisLabel: 'core' },
       cellValues: { unit: unit },
       showValue: 'never',
-      tooltip: { show: true, mode: 'single', yHistogram: false, showColorScale: true },
+      tooltip: { mode: 'single', yHistogram: false, showColorScale: true },
       legend: { show: true },
       exemplars: { color: 'rgba(255,0,255,0.7)' },
     },
@@ -92,7 +93,7 @@
       color: { mode: 'scheme', scheme: 'Blues', scale: 'exponential', steps: 64, exponent: 0.5, reverse: false, fill: 'dark-blue' },
       yAxis: { axisPlacement: 'left', unit: unit },
       showValue: 'never',
-      tooltip: { show: true, mode: 'single', yHistogram: true, showColorScale: true },
+      tooltip: { mode: 'single', yHistogram: true, showColorScale: true },
       legend: { show: true },
     },
   },

@@ -15,7 +15,16 @@ local g = import 'lib.libsonnet';
         [
           g.datasourceVariable,
           g.queryVariable('instance', 'Instance', 'label_values(amd_hsmp_up{%(amdHsmpSelector)s}, instance)' % c),
-          g.queryVariable('socket', 'Socket', 'label_values(amd_hsmp_prochot_active{%(sel)s}, socket)' % s, multi=true),
+          // The sockets of any per-socket family the node exports (energy, boost limits or
+          // PROCHOT, each of which may be off or unsupported), so that the per-core panels
+          // repeat on Rome and with --no-collector.prochot too.
+          g.queryVariable(
+            'socket',
+            'Socket',
+            'query_result(count by (socket) (instance_socket:amd_hsmp_power_watts:sum_rate5m{%(sel)s} or instance_socket:amd_hsmp_core_boost_limit_hertz:count{%(sel)s} or instance_socket:amd_hsmp_prochot_active:avg_over_time5m{%(sel)s} or amd_hsmp_socket_frequency_limit_hertz{%(sel)s}))' % s,
+            multi=true,
+            regex='/socket="([^"]+)"/',
+          ),
         ],
         [
           g.row('Status'),

@@ -23,7 +23,8 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("policycoreutils", "/usr/libexec/selinux/hll/pp"),
     ("secilc", "secilc"),
     ("setools", "sesearch"),
-    // rpmlint (PyPI, in its own venv, below) with the RPM bindings from Debian.
+    // rpmlint (PyPI, in its own venv, below) with the RPM bindings from Debian; the venvs of the
+    // kube test and of the mixin check's dashboard model.
     ("python3-venv", "/usr/share/doc/python3-venv/copyright"),
     ("python3-rpm", "/usr/share/doc/python3-rpm/copyright"),
     // Helpers rpmlint runs: the shell-scriptlet check, and the spelling check of summaries and
@@ -134,7 +135,8 @@ pub fn install() -> Result<()> {
         install_rpmlint()?;
     }
     install_cargo_tools()?;
-    install_kube_venv()
+    install_kube_venv()?;
+    install_venv(&mixin_venv()?, MIXIN_VENV_PACKAGES, "the mixin check's venv")
 }
 
 /// The kube-test venv's directory, outside the clone.
@@ -145,27 +147,54 @@ pub fn kube_venv() -> Result<std::path::PathBuf> {
 
 /// Makes the kube-test venv, or adds what it lacks: the pinned packages, checked with pip.
 fn install_kube_venv() -> Result<()> {
-    let venv = kube_venv()?;
-    let pip = venv.join("bin/pip");
-    let installed = Command::new(&pip)
+    install_venv(&kube_venv()?, KUBE_VENV_PACKAGES, "the kube-test venv")
+}
+
+/// PyPI packages of the mixin check's venv ([`mixin_venv`]): Grafana's typed dashboard model.
+pub const MIXIN_VENV_PACKAGES: &[&str] = &["grafana-foundation-sdk==1769699379!11.6.0"];
+
+/// The venv of the mixin check's typed dashboard model, outside the clone.
+pub fn mixin_venv() -> Result<PathBuf> {
+    let home = std::env::var_os("HOME").ok_or_else(|| anyhow::anyhow!("HOME is not set"))?;
+    Ok(PathBuf::from(home).join(".cache/amd-hsmp-exporter/mixin-venv"))
+}
+
+/// The pinned `packages` (`name==version`) that `venv` lacks.
+fn missing_in_venv<'a>(venv: &std::path::Path, packages: &[&'a str]) -> Vec<&'a str> {
+    let installed = Command::new(venv.join("bin/pip"))
         .args(["freeze", "--disable-pip-version-check"])
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default();
-    let missing: Vec<&str> = KUBE_VENV_PACKAGES
-        .iter()
-        .copied()
-        .filter(|p| !installed.lines().any(|l| l.eq_ignore_ascii_case(p)))
-        .collect();
+    not_frozen(&installed, packages)
+}
+
+/// The pinned `packages` that `pip freeze`'s output lacks. pip prints a name as its distribution
+/// spells it (`grafana_foundation_sdk` for `grafana-foundation-sdk`): names compare as PEP 503
+/// normalizes them (case, and `-`, `_`, `.` alike).
+fn not_frozen<'a>(freeze: &str, packages: &[&'a str]) -> Vec<&'a str> {
+    let normal = |pin: &str| match pin.split_once("==") {
+        Some((name, version)) => {
+            format!("{}=={version}", name.to_ascii_lowercase().replace(['_', '.'], "-"))
+        }
+        None => pin.to_ascii_lowercase(),
+    };
+    let installed: Vec<String> = freeze.lines().map(normal).collect();
+    packages.iter().copied().filter(|p| !installed.contains(&normal(p))).collect()
+}
+
+/// Makes `venv` (named `what` in messages), or adds the pinned `packages` it lacks.
+pub fn install_venv(venv: &std::path::Path, packages: &[&str], what: &str) -> Result<()> {
+    let missing = missing_in_venv(venv, packages);
     if missing.is_empty() {
         return Ok(());
     }
     eprintln!("xtask: installing {} in {}", missing.join(" "), venv.display());
+    let pip = venv.join("bin/pip");
     if !pip.is_file() {
-        crate::workspace::run_cmd(Command::new("python3").args(["-m", "venv"]).arg(&venv))
-            .map_err(|e| {
-                e.context("cannot make the kube-test venv (Debian's python3 needs python3-venv)")
-            })?;
+        crate::workspace::run_cmd(Command::new("python3").args(["-m", "venv"]).arg(venv)).map_err(
+            |e| e.context(format!("cannot make {what} (Debian's python3 needs python3-venv)")),
+        )?;
     }
     crate::workspace::run_cmd(
         Command::new(&pip)
@@ -264,4 +293,22 @@ fn tool_at_version(krate: &str, cmd: &str, version: &str) -> bool {
             || output(Command::new(cargo).args(["install", "--list"]))
                 .lines()
                 .any(|l| l == installed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// pip freeze spells a name as its distribution does; a pin with dashes is installed all the
+    /// same, and a pin at another version is not.
+    #[test]
+    fn a_pinned_package_frozen_with_underscores_is_installed() {
+        let freeze = "grafana_foundation_sdk==1769699379!11.6.0\nKubernetes.Validate==1.37.0\n";
+        let pins = ["grafana-foundation-sdk==1769699379!11.6.0", "kubernetes-validate==1.37.0"];
+        assert!(not_frozen(freeze, &pins).is_empty());
+        assert_eq!(
+            not_frozen(freeze, &["kubernetes-validate==1.36.0"]),
+            ["kubernetes-validate==1.36.0"]
+        );
+    }
 }

@@ -3,7 +3,10 @@
 //! rules` pass; every alert has a test in which it fires and one in which it stays quiet, and a
 //! runbook section; every recording rule is tested; the dashboards have the fields Grafana needs,
 //! unique panel ids, and queries that parse (checked by promtool) and use only metrics that
-//! `docs/metrics.md` documents, that the recording rules make, or that Prometheus adds itself.
+//! `docs/metrics.md` documents, that the recording rules make, that Prometheus adds itself, or
+//! node_exporter's that a join reads; no query variable reads a single family a target may lack;
+//! the fleet dashboard made with `showMultiCluster` filters every query by its `cluster`; both
+//! dashboards load into grafana-foundation-sdk's typed model ([`GRAFANA_MODEL`]).
 //!
 //! With `--live` (and in `cargo xtask test`) it also runs the mixin against a real Prometheus
 //! scraping the simulated Turin 2P ([`live`]).
@@ -16,7 +19,7 @@ mod live;
 use crate::workspace::stdout_of;
 use anyhow::{Context, Result, bail, ensure};
 use promql_parser::label::{METRIC_NAME, MatchOp};
-use promql_parser::parser::Expr;
+use promql_parser::parser::{Expr, VectorSelector};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -51,6 +54,8 @@ const PROMETHEUS_SERIES: &[&str] = &[
 /// package energy.
 const JOINED_SERIES: &[&str] =
     &["kube_pod_info", "kube_pod_container_info", "node_rapl_package_joules_total"];
+/// node_exporter's series the dashboards join (on `nodeExporterJoinLabel`).
+const NODE_EXPORTER_SERIES: &[&str] = &["node_uname_info"];
 
 /// Values of the Grafana variables: (name, value).
 type Values<'a> = &'a [(&'a str, &'a str)];
@@ -62,6 +67,7 @@ const VARIABLE_VALUES: Values<'static> = &[
     ("__range", "1h"),
     ("instance", "node-1:10054"),
     ("socket", "0"),
+    ("cluster", "cluster-1"),
 ];
 
 /// Runs every mixin check, printing what each found; with `live`, also the live check on the
@@ -101,6 +107,7 @@ pub fn check(root: &Path, live: bool) -> Result<()> {
     let mut known = documented_metrics(&read(&root.join("docs/metrics.md"))?)?;
     known.extend(records.iter().filter_map(|r| r["record"].as_str().map(str::to_owned)));
     known.extend(PROMETHEUS_SERIES.iter().map(|s| s.to_string()));
+    known.extend(NODE_EXPORTER_SERIES.iter().map(|s| s.to_string()));
 
     step("alerts", || {
         let tests = alert_tests(&read(&dir.join(ALERTS_TEST))?);
@@ -124,6 +131,12 @@ pub fn check(root: &Path, live: bool) -> Result<()> {
         Ok(format!("{} expressions use only known metrics", exprs.len()))
     })?;
     step("dashboards", || dashboards(&dir, &work, &known))?;
+    step("template variables", || {
+        let always = always_present(&read(&root.join("docs/metrics.md"))?)?;
+        variables_need_no_single_option(&load_dashboards(&dir)?, &records, &always)
+    })?;
+    step("fleet dashboard with showMultiCluster", || fleet_filters_by_cluster(&dir))?;
+    step("dashboards in Grafana's typed model", || typed_model(&dir, &work))?;
     step("Prometheus configuration in the docs", || {
         let mut checked = 0;
         for doc in ["docs/install.md", "mixin/README.md"] {
@@ -374,43 +387,47 @@ fn metric_names(expr: &str) -> Result<BTreeSet<String>> {
 
 /// Adds the metric names the selectors of `expr` and of its subexpressions name.
 fn selected_names(expr: &Expr, names: &mut BTreeSet<String>) {
-    let selector = match expr {
-        Expr::VectorSelector(vs) => vs,
-        Expr::MatrixSelector(ms) => &ms.vs,
-        Expr::Aggregate(agg) => {
-            selected_names(&agg.expr, names);
-            if let Some(param) = &agg.param {
-                selected_names(param, names);
+    for_each_selector(expr, &mut |selector| {
+        names.extend(selector.name.iter().cloned());
+        let matchers = &selector.matchers;
+        for matcher in matchers.matchers.iter().chain(matchers.or_matchers.iter().flatten()) {
+            if matcher.name == METRIC_NAME && matcher.op == MatchOp::Equal {
+                names.insert(matcher.value.clone());
             }
-            return;
         }
-        Expr::Unary(unary) => return selected_names(&unary.expr, names),
+    });
+}
+
+/// Calls `f` with every vector selector of `expr` (those of matrix selectors included), wherever
+/// it sits.
+fn for_each_selector(expr: &Expr, f: &mut impl FnMut(&VectorSelector)) {
+    match expr {
+        Expr::VectorSelector(vs) => f(vs),
+        Expr::MatrixSelector(ms) => f(&ms.vs),
+        Expr::Aggregate(agg) => {
+            for_each_selector(&agg.expr, f);
+            if let Some(param) = &agg.param {
+                for_each_selector(param, f);
+            }
+        }
+        Expr::Unary(unary) => for_each_selector(&unary.expr, f),
         Expr::Binary(binary) => {
-            selected_names(&binary.lhs, names);
-            return selected_names(&binary.rhs, names);
+            for_each_selector(&binary.lhs, f);
+            for_each_selector(&binary.rhs, f);
         }
-        Expr::Paren(paren) => return selected_names(&paren.expr, names),
-        Expr::Subquery(subquery) => return selected_names(&subquery.expr, names),
+        Expr::Paren(paren) => for_each_selector(&paren.expr, f),
+        Expr::Subquery(subquery) => for_each_selector(&subquery.expr, f),
         Expr::Call(call) => {
             for arg in &call.args.args {
-                selected_names(arg, names);
+                for_each_selector(arg, f);
             }
-            return;
         }
         Expr::Extension(extension) => {
             for child in extension.expr.children() {
-                selected_names(child, names);
+                for_each_selector(child, f);
             }
-            return;
         }
-        Expr::NumberLiteral(_) | Expr::StringLiteral(_) => return,
-    };
-    names.extend(selector.name.iter().cloned());
-    let matchers = &selector.matchers;
-    for matcher in matchers.matchers.iter().chain(matchers.or_matchers.iter().flatten()) {
-        if matcher.name == METRIC_NAME && matcher.op == MatchOp::Equal {
-            names.insert(matcher.value.clone());
-        }
+        Expr::NumberLiteral(_) | Expr::StringLiteral(_) => {}
     }
 }
 
@@ -466,6 +483,40 @@ fn dashboards(dir: &Path, work: &Path, known: &BTreeSet<String>) -> Result<Strin
     ))
 }
 
+/// The script that loads dashboards into grafana-foundation-sdk's model.
+const GRAFANA_MODEL: &str = include_str!("mixin/grafana_model.py");
+
+/// Every generated dashboard loaded into grafana-foundation-sdk's typed model (Grafana's own
+/// schema, generated) by [`GRAFANA_MODEL`], in the venv of [`crate::deps::mixin_venv`], made or
+/// completed here. Skipped, saying so, only when pip cannot reach the package index to install
+/// the pinned SDK; any failure to parse fails.
+fn typed_model(dir: &Path, work: &Path) -> Result<String> {
+    let venv = crate::deps::mixin_venv()?;
+    let packages = crate::deps::MIXIN_VENV_PACKAGES;
+    if let Err(e) = crate::deps::install_venv(&venv, packages, "the mixin check's venv") {
+        let probe = Command::new(venv.join("bin/pip"))
+            .args(["download", "--quiet", "--disable-pip-version-check", "--no-deps"])
+            .args(["--retries", "1", "--timeout", "15", "-d"])
+            .arg(work.join("pip-probe"))
+            .args(packages)
+            .output();
+        if probe.is_ok_and(|o| !o.status.success()) {
+            let skipped = format!(
+                "SKIPPED: pip cannot reach the package index to install {} ({e:#})",
+                packages.join(" ")
+            );
+            eprintln!("mixin: {skipped}");
+            return Ok(skipped);
+        }
+        return Err(e);
+    }
+    let out_dir = dir.join(DASHBOARDS_OUT);
+    let files: Vec<_> = load_dashboards(dir)?.into_iter().map(|(f, _)| out_dir.join(f)).collect();
+    stdout_of(Command::new(venv.join("bin/python")).arg("-c").arg(GRAFANA_MODEL).args(&files))
+        .context("a dashboard does not fit grafana-foundation-sdk's model")?;
+    Ok(format!("{} dashboards parse into {}", files.len(), packages.join(" ")))
+}
+
 /// The generated dashboards: (file name, parsed JSON), sorted by name.
 fn load_dashboards(dir: &Path) -> Result<Vec<(String, Value)>> {
     let out_dir = dir.join(DASHBOARDS_OUT);
@@ -499,14 +550,11 @@ fn dashboard_queries(file: &str, dashboard: &Value, values: Values<'_>) -> Resul
         let name = variable["name"].as_str().unwrap_or_default();
         let query =
             variable["query"]["query"].as_str().or(variable["query"].as_str()).unwrap_or_default();
-        let inner = query
-            .strip_prefix("label_values(")
-            .and_then(|q| q.strip_suffix(')'))
-            .and_then(|q| q.rsplit_once(','))
-            .map(|(selector, _label)| selector)
-            .with_context(|| {
-                format!("variable {name}: not label_values(SELECTOR, LABEL): {query}")
-            })?;
+        let inner = variable_expr(query).with_context(|| {
+            format!(
+                "variable {name}: not label_values(SELECTOR, LABEL) nor query_result(EXPR): {query}"
+            )
+        })?;
         let expr =
             substitute(inner, &defined, values).with_context(|| format!("variable {name}"))?;
         queries.push(Query { place: format!("{file} variable {name}"), expr });
@@ -549,6 +597,137 @@ fn dashboard_queries(file: &str, dashboard: &Value, values: Values<'_>) -> Resul
         }
     }
     Ok(queries)
+}
+
+/// The PromQL of a query variable: the selector of `label_values(SELECTOR, LABEL)` or the
+/// expression of `query_result(EXPR)`.
+fn variable_expr(query: &str) -> Option<&str> {
+    if let Some(expr) = query.strip_prefix("query_result(") {
+        return expr.strip_suffix(')');
+    }
+    query
+        .strip_prefix("label_values(")
+        .and_then(|q| q.strip_suffix(')'))
+        .and_then(|q| q.rsplit_once(','))
+        .map(|(selector, _label)| selector)
+}
+
+/// The families every target exports whatever its machine and flags: those `docs/metrics.md`
+/// says are never absent, and Prometheus's own `up`.
+fn always_present(doc: &str) -> Result<BTreeSet<String>> {
+    let documented = documented_metrics(doc)?;
+    let mut always: BTreeSet<String> = doc
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| {
+            let (name, rest) = l.split_once('`')?;
+            let absent = rest.split('|').nth(4)?.trim();
+            (documented.contains(name) && absent.starts_with("never")).then(|| name.to_owned())
+        })
+        .collect();
+    ensure!(!always.is_empty(), "docs/metrics.md names no family that is never absent");
+    always.insert("up".into());
+    Ok(always)
+}
+
+/// The exporter's families an expression reads, through the recording rules it uses.
+fn source_families(expr: &str, records: &BTreeMap<&str, &str>) -> Result<BTreeSet<String>> {
+    let mut out = BTreeSet::new();
+    for name in metric_names(expr)? {
+        match records.get(name.as_str()) {
+            Some(rule) => out.extend(source_families(rule, records)?),
+            None => {
+                out.insert(name);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Fails naming each query variable whose values come from a single family that a target may
+/// lack (a collector that is off, or a family the machine does not have): such a variable is
+/// empty there and hides every panel that repeats over it. A variable passes when it reads a
+/// family every target has ([`always_present`]) or a union of several optional ones.
+fn variables_need_no_single_option(
+    dashboards: &[(String, Value)],
+    records: &[Value],
+    always: &BTreeSet<String>,
+) -> Result<String> {
+    let records: BTreeMap<&str, &str> =
+        records.iter().filter_map(|r| Some((r["record"].as_str()?, r["expr"].as_str()?))).collect();
+    let mut checked = 0;
+    let mut problems = Vec::new();
+    for (file, dashboard) in dashboards {
+        let variables = dashboard["templating"]["list"].as_array().into_iter().flatten();
+        for variable in variables.filter(|v| v["type"] == "query") {
+            let name = variable["name"].as_str().unwrap_or_default();
+            let query = variable["query"]["query"].as_str().unwrap_or_default();
+            let expr = variable_expr(query)
+                .with_context(|| format!("{file} variable {name}: not a known query: {query}"))?;
+            let families = source_families(expr, &records)?;
+            if !families.iter().any(|f| always.contains(f)) && families.len() < 2 {
+                problems.push(format!(
+                    "{file} variable {name} reads only {}, which a target may not export",
+                    families.into_iter().collect::<Vec<_>>().join(", ")
+                ));
+            }
+            checked += 1;
+        }
+    }
+    ensure!(problems.is_empty(), "{}", problems.join("\n"));
+    Ok(format!("{checked} query variables read a family every target has, or several"))
+}
+
+/// The fleet dashboard generated with `showMultiCluster`: a shown `cluster` variable over
+/// `clusterLabel`, and every query filtered by it.
+fn fleet_filters_by_cluster(dir: &Path) -> Result<String> {
+    let fleet = eval_json(
+        dir,
+        "((import 'mixin.libsonnet') + { _config+:: { showMultiCluster: true, clusterLabel: 'site' } })\
+         .grafanaDashboards['amd-hsmp-fleet.json']",
+    )?;
+    let variables = fleet["templating"]["list"].as_array().context("no templating.list")?;
+    let cluster =
+        variables.iter().find(|v| v["name"] == "cluster").context("no cluster variable")?;
+    ensure!(cluster["hide"] == 0, "the cluster variable is hidden with showMultiCluster");
+    ensure!(
+        cluster["query"]["query"].as_str().is_some_and(|q| q.ends_with(", site)")),
+        "the cluster variable does not list clusterLabel's values: {}",
+        cluster["query"]
+    );
+    // The variables' stand-ins, the cluster's a value of its own to look for.
+    const CLUSTER: &str = "the-selected-cluster";
+    let values: Vec<(&str, &str)> = VARIABLE_VALUES
+        .iter()
+        .map(|&(name, value)| (name, if name == "cluster" { CLUSTER } else { value }))
+        .collect();
+    let queries = dashboard_queries("amd-hsmp-fleet.json", &fleet, &values)?;
+    // All but the cluster variable's own, which lists the clusters.
+    let queries: Vec<Query> =
+        queries.into_iter().filter(|q| !q.place.ends_with(" variable cluster")).collect();
+    let mut unfiltered = Vec::new();
+    for query in &queries {
+        let tree = promql_parser::parser::parse(&query.expr)
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .with_context(|| format!("PromQL does not parse: {}", query.expr))?;
+        for_each_selector(&tree, &mut |selector| {
+            let by_cluster = selector
+                .matchers
+                .matchers
+                .iter()
+                .any(|m| m.name == "site" && m.op == MatchOp::Equal && m.value == CLUSTER);
+            if !by_cluster {
+                unfiltered.push(format!("{}: {selector}", query.place));
+            }
+        });
+    }
+    let count = queries.len();
+    ensure!(
+        unfiltered.is_empty(),
+        "fleet queries not filtered by cluster:\n{}",
+        unfiltered.join("\n")
+    );
+    Ok(format!("{count} fleet queries filtered by the cluster variable"))
 }
 
 /// Replaces `$name` and `${name}` with the stand-in values; a variable that is neither a Grafana
@@ -773,6 +952,55 @@ mod tests {
         check_records(&records, "  - expr: a:b:c\n  - expr: d:e:f\n").unwrap();
         let err = check_records(&records, "  - expr: a:b:c\n").unwrap_err();
         assert!(err.to_string().contains("d:e:f"), "{err}");
+    }
+
+    /// A dashboard whose one query variable runs `query`.
+    fn with_variable(query: &str) -> Vec<(String, Value)> {
+        let variable = json!({"name": "socket", "type": "query", "query": {"query": query}});
+        vec![("d.json".into(), json!({"templating": {"list": [variable]}}))]
+    }
+
+    #[test]
+    fn a_variable_over_a_single_optional_family_is_rejected() {
+        let doc = "# Metrics\n\n## Families\n\n| name | type | labels | help | absent when | since |\n|---|---|---|---|---|---|\n\
+                   | `amd_hsmp_up` | gauge | | up | never (0 when down) | 0.1.0 |\n\
+                   | `amd_hsmp_prochot_active` | gauge | socket | p | collector disabled | 0.1.0 |\n\
+                   | `amd_hsmp_core_boost_limit_hertz` | gauge | core, socket | b | collector disabled | 0.1.0 |\n";
+        let always = always_present(doc).unwrap();
+        assert_eq!(always, ["amd_hsmp_up", "up"].map(String::from).into());
+        let records = [
+            json!({"record": "socket:boost:min", "expr": "min without (core) (amd_hsmp_core_boost_limit_hertz)"}),
+        ];
+        let check = |q: &str| variables_need_no_single_option(&with_variable(q), &records, &always);
+        let err = check("label_values(amd_hsmp_prochot_active{job=\"x\"}, socket)").unwrap_err();
+        assert!(err.to_string().contains("reads only amd_hsmp_prochot_active"), "{err}");
+        // Through a recording rule, its source family counts.
+        let err = check("label_values(socket:boost:min, socket)").unwrap_err();
+        assert!(err.to_string().contains("reads only amd_hsmp_core_boost_limit_hertz"), "{err}");
+        check("query_result(count by (socket) (socket:boost:min or amd_hsmp_prochot_active))")
+            .unwrap();
+        check("label_values(amd_hsmp_up, instance)").unwrap();
+    }
+
+    #[test]
+    fn with_show_multi_cluster_every_fleet_query_is_filtered_by_cluster() {
+        fleet_filters_by_cluster(&crate::workspace::root().join("mixin")).unwrap();
+    }
+
+    #[test]
+    fn the_generated_variables_read_families_every_target_has() {
+        let root = crate::workspace::root();
+        let records = rules_of(
+            &eval_json(&root.join("mixin"), "(import 'mixin.libsonnet').prometheusRules").unwrap(),
+        )
+        .unwrap();
+        let always = always_present(&read(&root.join("docs/metrics.md")).unwrap()).unwrap();
+        variables_need_no_single_option(
+            &load_dashboards(&root.join("mixin")).unwrap(),
+            &records,
+            &always,
+        )
+        .unwrap();
     }
 
     #[test]
