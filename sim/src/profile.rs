@@ -623,7 +623,13 @@ mod tests {
             Profile::ALL.into_iter().filter(|p| p.spec().freq_limit_messages()).collect();
         assert_eq!(
             answering,
-            [Profile::Genoa2p, Profile::Bergamo1p, Profile::Siena1p, Profile::Turin2p]
+            [
+                Profile::Genoa2p,
+                Profile::Bergamo1p,
+                Profile::Siena1p,
+                Profile::Turin2p,
+                Profile::Venice2p
+            ]
         );
     }
 
