@@ -178,7 +178,9 @@ pub(super) fn operator_check(ctx: &mut Ctx<'_>) -> Result<Verdict> {
     )?;
     let driver = unloaded.text.lines().find(|l| l.starts_with("FAIL  driver")).unwrap_or("");
     ev.check(
-        unloaded.rc == 1 && driver.contains("fix: modprobe amd_hsmp"),
+        unloaded.rc == 1
+            && driver.contains("ACPI device AMDI0097")
+            && driver.contains("fix: modprobe hsmp_acpi"),
         format!("driver unloaded: exit {}; {driver}", unloaded.rc),
     );
     let broken = vm.run(
