@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 use std::time::Duration;
 
 /// Timeout header of the deadline check, seconds: shorter than the time socket 1's wedged
-/// mailbox holds its messages (2 x cores + 2 timeouts of 100 ms, 1.3 s with six cores), so only
+/// mailbox holds its messages (2 x cores + 2 timeouts of 100 ms, 1.4 s with six cores), so only
 /// the deadline can end the scrape in time; long enough that the 5 % the exporter keeps for
 /// the broker's answer and its own work (62 ms) covers the guest's slowness under TCG.
 const SHORT_TIMEOUT_S: f64 = 1.25;
