@@ -1,6 +1,30 @@
 //! Repository-wide checks that run as ordinary tests: toolchain floor, file headers, what the
 //! privileged process links, ARCHITECTURE.md against the code, and module graphs without cycles.
 
+/// The Rust source files under `root` (the workspace, or one crate's `src/`), outside `target/`,
+/// hidden folders and the fixture trees, sorted; none for a folder that does not exist.
+#[cfg(test)]
+fn rust_files(root: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for entry in entries {
+            let path = entry.unwrap().path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            if path.is_dir() {
+                if !name.starts_with('.') && name != "target" && name != "fixtures" {
+                    stack.push(path);
+                }
+            } else if name.ends_with(".rs") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
 #[cfg(test)]
 mod architecture;
 #[cfg(test)]
@@ -207,34 +231,12 @@ mod tests {
         assert!(version("1.88.0") <= version("1.88"));
     }
 
-    /// The workspace's Rust source files, outside `target/`, hidden folders and the fixture
-    /// trees.
-    fn rust_files(root: &Path) -> Vec<std::path::PathBuf> {
-        let mut files = Vec::new();
-        let mut stack = vec![root.to_path_buf()];
-        while let Some(dir) = stack.pop() {
-            for entry in std::fs::read_dir(&dir).unwrap() {
-                let path = entry.unwrap().path();
-                let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-                if path.is_dir() {
-                    if !name.starts_with('.') && name != "target" && name != "fixtures" {
-                        stack.push(path);
-                    }
-                } else if name.ends_with(".rs") {
-                    files.push(path);
-                }
-            }
-        }
-        files.sort();
-        files
-    }
-
     /// Every Rust source file says what it is for in its first line.
     #[test]
     fn every_rust_file_starts_with_a_module_doc() {
         let root = crate::workspace::root();
         let mut missing = Vec::new();
-        for path in rust_files(&root) {
+        for path in super::rust_files(&root) {
             let text = std::fs::read_to_string(&path).unwrap();
             if !text.starts_with("//!") {
                 missing.push(path.strip_prefix(&root).unwrap().display().to_string());
@@ -276,7 +278,7 @@ mod tests {
         use std::collections::BTreeMap;
         let root = crate::workspace::root();
         let mut files: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for path in rust_files(&root) {
+        for path in super::rust_files(&root) {
             let text = std::fs::read_to_string(&path).unwrap();
             let file = path.strip_prefix(&root).unwrap().display().to_string();
             for name in test_names(&text) {

@@ -2,23 +2,16 @@
 //! exist, and the files that name every telemetry family are the list it quotes.
 
 use std::path::Path;
-use std::process::Command;
 
-/// The tracked Rust sources of the workspace, with their text.
+/// The workspace's Rust sources ([`super::rust_files`]), each with its path from `root` and its
+/// text.
 fn sources(root: &Path) -> Vec<(String, String)> {
-    let out = Command::new("git")
-        .args(["ls-files", "-z", "--", "*.rs"])
-        .current_dir(root)
-        .output()
-        .expect("git ls-files runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .split('\0')
-        .filter(|path| !path.is_empty())
+    super::rust_files(root)
+        .into_iter()
         .filter_map(|path| {
-            let text = std::fs::read_to_string(root.join(path)).ok()?;
-            Some((path.to_owned(), text))
+            let text = std::fs::read_to_string(&path).ok()?;
+            let relative = path.strip_prefix(root).ok()?.display().to_string();
+            Some((relative, text))
         })
         .collect()
 }

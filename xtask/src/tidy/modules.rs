@@ -30,9 +30,7 @@ struct CrateSources {
 /// every file outside `src/bin/`; each binary under `src/bin/` owns its own folder.
 fn crates_of(folder: &Path, label: &str) -> Vec<CrateSources> {
     let src = folder.join("src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
-    files.sort();
+    let files = super::rust_files(&src);
     let main_root = if src.join("lib.rs").exists() { "lib.rs" } else { "main.rs" };
     let mut crates: BTreeMap<String, CrateSources> = BTreeMap::new();
     for file in files {
@@ -66,18 +64,6 @@ fn module_path(parts: &[String]) -> ModPath {
         path.pop();
     }
     path
-}
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    for entry in entries {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
 }
 
 /// What one file names: each `crate::`, `super::` or `self::` path, resolved to segments from the
