@@ -5,15 +5,41 @@
  * record. Built statically by `cargo xtask vm-test` (no loader, no library to read); never
  * packaged.
  *
- *   confine-probe open PATH     open(PATH, O_RDONLY)
- *   confine-probe create PATH   open(PATH, O_WRONLY | O_CREAT | O_EXCL), removed again
- *   confine-probe tcp | udp     socket(AF_INET, SOCK_STREAM | SOCK_DGRAM)
+ *   confine-probe open PATH       open(PATH, O_RDONLY)
+ *   confine-probe create PATH     open(PATH, O_WRONLY | O_CREAT | O_EXCL), removed again
+ *   confine-probe tcp | udp       socket(AF_INET, SOCK_STREAM | SOCK_DGRAM)
+ *   confine-probe perf TYPE CPU   perf_event_open of event 1 (energy-core) of PMU type TYPE on
+ *                                 CPU, as the broker opens it; when it opens and standard
+ *                                 output is open, one read(2) is printed: the count, time
+ *                                 enabled and time running
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
+#include <linux/perf_event.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+
+static int perf_open(const char *type, const char *cpu)
+{
+	struct perf_event_attr attr;
+	uint64_t values[3];
+	int fd;
+
+	memset(&attr, 0, sizeof(attr));
+	attr.size = sizeof(attr);
+	attr.type = (uint32_t)strtoul(type, NULL, 10);
+	attr.config = 1;
+	attr.read_format = PERF_FORMAT_TOTAL_TIME_ENABLED | PERF_FORMAT_TOTAL_TIME_RUNNING;
+	fd = (int)syscall(SYS_perf_event_open, &attr, -1, atoi(cpu), -1, PERF_FLAG_FD_CLOEXEC);
+	if (fd >= 0 && read(fd, values, sizeof(values)) == (ssize_t)sizeof(values))
+		printf("%" PRIu64 " %" PRIu64 " %" PRIu64 "\n", values[0], values[1], values[2]);
+	return fd;
+}
 
 int main(int argc, char **argv)
 {
@@ -28,6 +54,8 @@ int main(int argc, char **argv)
 		fd = socket(AF_INET, SOCK_STREAM, 0);
 	} else if (argc == 2 && strcmp(argv[1], "udp") == 0) {
 		fd = socket(AF_INET, SOCK_DGRAM, 0);
+	} else if (argc == 4 && strcmp(argv[1], "perf") == 0) {
+		fd = perf_open(argv[2], argv[3]);
 	} else {
 		return 100;
 	}

@@ -10,6 +10,7 @@
 mod checks;
 mod guest;
 mod mailbox;
+mod pmu;
 mod prepare;
 mod responder;
 mod sim;
@@ -135,6 +136,10 @@ pub fn run(args: &[String]) -> Result<()> {
             ),
         ))
     })?;
+    let power_core = steps.run("power_core PMU module", || {
+        let (ko, cached) = prepare::power_core_module(&cache, &chroot, &kernel)?;
+        Ok((ko, format!("{} {}", prepare::POWER_CORE_MODULE, cached_word(cached))))
+    })?;
     let deb = steps.run("project .deb", || {
         let deb = prepare::deb(&cache)?;
         let detail = format!("{} built", root_display(&deb));
@@ -151,7 +156,7 @@ pub fn run(args: &[String]) -> Result<()> {
         Ok((files, "amd_hsmp.pp.bz2 (Debian's reference policy), confine-probe built".into()))
     })?;
     let initrd = steps.run("initramfs with the package and the agent", || {
-        let initrd = overlay(&cache, &run_dir, &rootfs, &deb, &selinux)?;
+        let initrd = overlay(&cache, &run_dir, &rootfs, &deb, &selinux, &power_core)?;
         Ok((initrd, "built".to_string()))
     })?;
     let ssdts = steps.run("SSDT (one AMDI0097 device per socket)", || {
@@ -275,13 +280,15 @@ fn root_display(p: &Path) -> String {
 }
 
 /// The per-run initramfs: the cached root, then a second archive with the package, the timing
-/// loop and the agent with its unit enabled.
+/// loop, the `power_core` PMU module (loaded by the perf checks) and the agent with its unit
+/// enabled.
 fn overlay(
     cache: &Cache,
     run: &Path,
     rootfs: &Path,
     deb: &Path,
     selinux: &prepare::SelinuxFiles,
+    power_core: &Path,
 ) -> Result<PathBuf> {
     use std::os::unix::fs::{PermissionsExt, symlink};
     let stage = run.join("overlay");
@@ -292,6 +299,7 @@ fn overlay(
     set_mode(&stage.join("root"), 0o700)?;
     fs::copy(deb, stage.join("root/vm/amd-hsmp-exporter.deb"))?;
     fs::write(stage.join("root/vm/hsmp-time.pl"), repo_file("tests/vm/hsmp-time.pl")?)?;
+    fs::copy(power_core, stage.join("root/vm").join(prepare::POWER_CORE_MODULE))?;
     // SELinux: the first process, the policy module and its install script, the probe.
     let init = stage.join("init");
     fs::write(&init, repo_file("tests/vm/init-selinux")?)?;

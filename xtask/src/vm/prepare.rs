@@ -350,25 +350,8 @@ pub fn kernel(cache: &Cache, root: &Path, choice: &KernelChoice) -> Result<(Kern
     let log = cache.log("kernel");
     let was_cached = cached(&dir, &key, |tmp| {
         let KernelChoice { abi, version, source_package } = choice;
-        let chroot = |args: &[&str]| {
-            let mut cmd = Command::new("chroot");
-            cmd.arg(root).args(args).env("DEBIAN_FRONTEND", "noninteractive");
-            run_logged(&mut cmd, &log)
-        };
-        chroot(&["apt-get", "update", "-q"])?;
-        let headers = format!("linux-headers-{abi}={version}");
-        let source = format!("{source_package}={version}");
-        chroot(&[
-            "apt-get",
-            "install",
-            "-y",
-            "-q",
-            "--no-install-recommends",
-            "-t",
-            KERNEL_SUITE,
-            &headers,
-            &source,
-        ])?;
+        let chroot = |args: &[&str]| chroot_run(root, args, &log);
+        install_headers(root, choice, &log)?;
         // The driver files, unmodified, from the source tarball.
         let build = root.join("build/hsmp");
         if build.exists() {
@@ -450,6 +433,86 @@ pub fn kernel(cache: &Cache, root: &Path, choice: &KernelChoice) -> Result<(Kern
     })?;
     Ok((Kernel { choice: choice.clone(), dir }, was_cached))
 }
+
+/// Runs `args` in the chroot `root`, logged to `log`.
+fn chroot_run(root: &Path, args: &[&str], log: &Path) -> Result<()> {
+    let mut cmd = Command::new("chroot");
+    cmd.arg(root).args(args).env("DEBIAN_FRONTEND", "noninteractive");
+    run_logged(&mut cmd, log)
+}
+
+/// Installs the headers and the source of `choice` in the chroot `root` (a no-op for apt when
+/// they are there already).
+fn install_headers(root: &Path, choice: &KernelChoice, log: &Path) -> Result<()> {
+    let KernelChoice { abi, version, source_package } = choice;
+    chroot_run(root, &["apt-get", "update", "-q"], log)?;
+    let headers = format!("linux-headers-{abi}={version}");
+    let source = format!("{source_package}={version}");
+    chroot_run(
+        root,
+        &[
+            "apt-get",
+            "install",
+            "-y",
+            "-q",
+            "--no-install-recommends",
+            "-t",
+            KERNEL_SUITE,
+            &headers,
+            &source,
+        ],
+        log,
+    )
+}
+
+/// The VM test's `power_core` PMU module (`tests/vm/power-core/`), built in the chroot `root`
+/// against the headers of `kernel`, as the driver modules are; cached beside them with their
+/// stamp and its own sources as the key. Returns the `.ko` and whether it was cached.
+pub fn power_core_module(cache: &Cache, root: &Path, kernel: &Kernel) -> Result<(PathBuf, bool)> {
+    let kbuild = super::repo_file("tests/vm/power-core/Kbuild")?;
+    let source = super::repo_file(&format!("tests/vm/power-core/{POWER_CORE_SOURCE}"))?;
+    let kernel_key = fs::read_to_string(kernel.dir.join("stamp"))?;
+    let dir = cache.dir.join("power-core");
+    let key = format!("{kernel_key}\n{kbuild}\n{source}");
+    let log = cache.log("power-core");
+    let was_cached = cached(&dir, &key, |tmp| {
+        let abi = &kernel.choice.abi;
+        // The headers are there unless the chroot was rebuilt after the kernel step was cached.
+        if !root.join(format!("usr/src/linux-headers-{abi}")).is_dir() {
+            install_headers(root, &kernel.choice, &log)?;
+        }
+        let build = root.join("build/power-core");
+        if build.exists() {
+            fs::remove_dir_all(&build)?;
+        }
+        fs::create_dir_all(&build)?;
+        fs::write(build.join("Kbuild"), &kbuild)?;
+        fs::write(build.join(POWER_CORE_SOURCE), &source)?;
+        {
+            let _proc = ProcMount::new(root)?;
+            chroot_run(
+                root,
+                &[
+                    "make",
+                    "-C",
+                    &format!("/usr/src/linux-headers-{abi}"),
+                    "M=/build/power-core",
+                    "modules",
+                ],
+                &log,
+            )?;
+        }
+        fs::copy(build.join(POWER_CORE_MODULE), tmp.join(POWER_CORE_MODULE))
+            .with_context(|| format!("the module build wrote no {POWER_CORE_MODULE}"))?;
+        Ok(())
+    })?;
+    Ok((dir.join(POWER_CORE_MODULE), was_cached))
+}
+
+/// The `power_core` PMU module's source file and module, in `tests/vm/power-core/`.
+const POWER_CORE_SOURCE: &str = "power_core_sim.c";
+/// See [`POWER_CORE_SOURCE`].
+pub const POWER_CORE_MODULE: &str = "power_core_sim.ko";
 
 /// Builds the project's `.deb` from the checkout, as the packaging check does: release
 /// binaries, then `cargo deb --no-build`. Returns its path.

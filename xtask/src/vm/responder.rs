@@ -5,9 +5,11 @@
 //! The real `amd_hsmp` driver in the guest does what the simulator's driver model does for the
 //! FUSE fake (validation, per-socket locking, timeouts, errno mapping); the responder is only
 //! the firmware: it turns [`Faults`] into what an SMU would do (no answer, or a status code)
-//! and asks [`sim::Machine`]'s firmware for the reply words.
+//! and asks [`sim::Machine`]'s firmware for the reply words. A further thread keeps the counter
+//! tables of the guest's `power_core` PMU ([`pmu`]) equal to the same firmware's counters.
 
 use super::mailbox::Mailbox;
+use super::pmu;
 use super::sim::{
     self, Errno, Family, Faults, FirmwareConfig, FwStatus, Machine, MachineSpec, Message,
 };
@@ -30,6 +32,9 @@ const FAST_POLL: Duration = Duration::from_micros(10);
 /// Poll interval while idle (the driver waits up to 100 ms, so this only delays the first
 /// message of a burst).
 const IDLE_POLL: Duration = Duration::from_micros(500);
+/// How often the `power_core` counter tables are brought up to date (the test changes a
+/// counter, then scrapes more than a second later).
+const TABLE_INTERVAL: Duration = Duration::from_millis(2);
 
 /// What the SMU does with one message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,19 +132,18 @@ impl Responder {
         let mut threads = Vec::new();
         for socket in 0..topology.sockets {
             let mailbox = Mailbox::open(ram, socket)?;
-            let shared = Arc::clone(&shared);
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("smu{socket}"))
-                    .spawn(move || {
-                        if let Err(e) = serve(&shared, socket, &mailbox) {
-                            *shared.error.lock().unwrap_or_else(PoisonError::into_inner) =
-                                Some(format!("socket {socket}: {e:#}"));
-                        }
-                    })
-                    .context("cannot start a responder thread")?,
-            );
+            threads.push(spawn(&shared, format!("smu{socket}"), move |shared| {
+                serve(shared, socket, &mailbox).with_context(|| format!("socket {socket}"))
+            })?);
         }
+        let tables = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .open(ram)
+            .with_context(|| format!("cannot open the guest RAM file {}", ram.display()))?;
+        threads.push(spawn(&shared, "pmu".into(), move |shared| {
+            keep_tables(shared, &tables).context("power_core tables")
+        })?);
         Ok(Responder { shared, threads })
     }
 
@@ -202,6 +206,37 @@ impl Drop for Responder {
             let _ = thread.join();
         }
     }
+}
+
+/// Starts a thread named `name` running `body` until it returns; its error stops the responder.
+fn spawn(
+    shared: &Arc<Shared>,
+    name: String,
+    body: impl FnOnce(&Shared) -> Result<()> + Send + 'static,
+) -> Result<JoinHandle<()>> {
+    let shared = Arc::clone(shared);
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(move || {
+            if let Err(e) = body(&shared) {
+                *shared.error.lock().unwrap_or_else(PoisonError::into_inner) =
+                    Some(format!("{e:#}"));
+            }
+        })
+        .context("cannot start a responder thread")
+}
+
+/// Keeps every socket's `power_core` counter table equal to the simulator's counters until
+/// stopped.
+fn keep_tables(shared: &Shared, ram: &std::fs::File) -> Result<()> {
+    while !shared.stop.load(Ordering::Relaxed) {
+        let machine = Arc::clone(&shared.machine.read().unwrap_or_else(PoisonError::into_inner));
+        for socket in 0..shared.topology.sockets {
+            pmu::sync(ram, socket, &pmu::table(&machine, shared.topology, socket)?)?;
+        }
+        std::thread::sleep(TABLE_INTERVAL);
+    }
+    Ok(())
 }
 
 /// One socket's loop: wait for a message id, answer it, repeat until stopped.
@@ -420,6 +455,40 @@ mod tests {
         assert_eq!(status_for_errno(libc::ETIMEDOUT).unwrap(), None);
         assert_eq!(status_for_errno(libc::EBUSY).unwrap(), Some(0xFC));
         assert!(status_for_errno(libc::EPERM).is_err());
+    }
+
+    #[test]
+    fn the_responder_keeps_the_power_core_tables_equal_to_the_simulator_s_counters() {
+        use crate::vm::mailbox::{WINDOW_BASE, WINDOW_SIZE};
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let ram = dir.path().join("ram");
+        std::fs::File::create(&ram).unwrap().set_len(WINDOW_BASE + 2 * WINDOW_SIZE).unwrap();
+        let topo = GuestTopology { sockets: 2, cores: 2 };
+        let responder = Responder::start(&ram, topo, 5).unwrap();
+        let file = std::fs::File::open(&ram).unwrap();
+        let raw = |socket: u64, core: u64| {
+            let mut b = [0u8; 4];
+            let at = WINDOW_BASE + socket * WINDOW_SIZE + pmu::TABLE_OFFSET + 8 + 8 * core;
+            file.read_exact_at(&mut b, at).unwrap();
+            u32::from_le_bytes(b)
+        };
+        let wait_for = |socket: u64, core: u64, want: u32| {
+            let started = Instant::now();
+            while raw(socket, core) != want {
+                assert!(started.elapsed() < Duration::from_secs(10), "table never showed {want}");
+                std::thread::sleep(TABLE_INTERVAL);
+            }
+        };
+        let fw = responder.machine();
+        fw.firmware().set_energy_counter(1, 1, 0x1_0000_0123).unwrap();
+        wait_for(1, 1, 0x123);
+        // After a protocol change the new firmware's counters, which keep the old values.
+        responder.set_protocol(7).unwrap();
+        responder.machine().firmware().set_energy_counter(0, 1, 77).unwrap();
+        wait_for(0, 1, 77);
+        assert_eq!(raw(1, 1), 0x123);
+        assert_eq!(responder.error(), None);
     }
 
     #[test]
