@@ -216,9 +216,29 @@ const QUERIES: &[Query] = &[
         expect: Expect::Nothing,
     },
     Query {
+        claim: "amd_hsmp_exporter_t cannot open or read a perf event",
+        args: &["-A", "-s", "amd_hsmp_exporter_t", "-c", "perf_event"],
+        expect: Expect::Nothing,
+    },
+    Query {
         claim: "amd_hsmp_broker_t holds CAP_SYS_RAWIO only with amd_hsmp_broker_use_msr",
-        args: &["-A", "-s", "amd_hsmp_broker_t", "-c", "capability,capability2,cap_userns"],
+        args: &["-A", "-s", "amd_hsmp_broker_t", "-c", "capability"],
         expect: Expect::AllContain("sys_rawio; [ amd_hsmp_broker_use_msr ]:True"),
+    },
+    Query {
+        claim: "amd_hsmp_broker_t holds CAP_PERFMON and no other capability2",
+        args: &["-A", "-s", "amd_hsmp_broker_t", "-c", "capability2"],
+        expect: Expect::AllContain("amd_hsmp_broker_t:capability2 perfmon;"),
+    },
+    Query {
+        claim: "amd_hsmp_broker_t holds no capability in a user namespace",
+        args: &["-A", "-s", "amd_hsmp_broker_t", "-c", "cap_userns,cap2_userns"],
+        expect: Expect::Nothing,
+    },
+    Query {
+        claim: "amd_hsmp_broker_t opens and reads its own CPU-wide perf events, nothing more",
+        args: &["-A", "-s", "amd_hsmp_broker_t", "-c", "perf_event"],
+        expect: Expect::AllContain("amd_hsmp_broker_t:perf_event { cpu kernel open read };"),
     },
     Query {
         claim: "amd_hsmp_broker_t opens the MSR devices only with amd_hsmp_broker_use_msr",

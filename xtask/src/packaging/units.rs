@@ -16,6 +16,10 @@ const EXPOSURE_LIMIT: f64 = 1.5;
 /// The MSR fallback drop-in for the broker, in `packaging/systemd/`.
 const MSR_DROP_IN: &str = "msr-fallback.conf";
 
+/// The perf energy drop-in for the broker, in `packaging/systemd/`: its exposure may be no
+/// higher than the MSR drop-in's.
+const PERF_DROP_IN: &str = "perf-energy.conf";
+
 /// Settings the privilege split depends on: (file in `packaging/systemd/`, section, key, value).
 /// Each must be present literally; an empty value is the reset to "nothing".
 const REQUIRED_SETTINGS: &[(&str, &str, &str, &str)] = &[
@@ -58,10 +62,18 @@ const REQUIRED_SETTINGS: &[(&str, &str, &str, &str)] = &[
         "Environment",
         "MSR_FALLBACK_FLAGS=--collector.core-energy.msr-fallback",
     ),
+    (PERF_DROP_IN, "Service", "CapabilityBoundingSet", "CAP_PERFMON"),
+    (PERF_DROP_IN, "Service", "AmbientCapabilities", "CAP_PERFMON"),
+    (PERF_DROP_IN, "Service", "SystemCallFilter", "perf_event_open"),
 ];
 
-/// `systemd-analyze verify` and `security --offline=true` on the units in a scratch root, with
-/// and without the MSR drop-in, plus the settings the privilege split depends on.
+/// Everything the perf drop-in may set: `CAP_PERFMON` and `perf_event_open`, nothing else.
+const PERF_DROP_IN_KEYS: &[&str] =
+    &["CapabilityBoundingSet", "AmbientCapabilities", "SystemCallFilter"];
+
+/// `systemd-analyze verify` and `security --offline=true` on the units in a scratch root, without
+/// a drop-in, with the perf drop-in and with the MSR drop-in, plus the settings the privilege
+/// split depends on.
 pub(super) fn units(root: &Path, work: &Path) -> Result<String> {
     let src = root.join("packaging/systemd");
     let unit_dir = work.join("usr/lib/systemd/system");
@@ -84,6 +96,12 @@ pub(super) fn units(root: &Path, work: &Path) -> Result<String> {
 
     let drop_in_dir = work.join("etc/systemd/system/amd-hsmp-broker.service.d");
     fs::create_dir_all(&drop_in_dir)?;
+    copy(&src.join(PERF_DROP_IN), &drop_in_dir.join(PERF_DROP_IN))?;
+    verify_units(work).context("units with the perf drop-in")?;
+    let broker_perf = exposure(work, "amd-hsmp-broker.service")?;
+    let exporter_perf = exposure(work, "amd-hsmp-exporter.service")?;
+    fs::remove_file(drop_in_dir.join(PERF_DROP_IN))?;
+
     copy(&src.join(MSR_DROP_IN), &drop_in_dir.join(MSR_DROP_IN))?;
     verify_units(work).context("units with the MSR drop-in")?;
     let broker_msr = exposure(work, "amd-hsmp-broker.service")?;
@@ -99,14 +117,21 @@ pub(super) fn units(root: &Path, work: &Path) -> Result<String> {
          {EXPOSURE_LIMIT}"
     );
     ensure!(
-        exporter_msr == exporter,
-        "the MSR drop-in changed the exporter's exposure ({exporter} -> {exporter_msr}); it must \
-         only touch the broker"
+        broker_perf <= broker_msr,
+        "amd-hsmp-broker.service exposure with the perf drop-in {broker_perf} is above the MSR \
+         drop-in's {broker_msr}"
     );
+    for (name, with) in [("MSR", exporter_msr), ("perf", exporter_perf)] {
+        ensure!(
+            with == exporter,
+            "the {name} drop-in changed the exporter's exposure ({exporter} -> {with}); it must \
+             only touch the broker"
+        );
+    }
     unit_settings(&src)?;
     Ok(format!(
         "verify clean; exposure: exporter {exporter}, broker {broker}, broker with MSR drop-in \
-         {broker_msr} (limit {EXPOSURE_LIMIT})"
+         {broker_msr}, with perf drop-in {broker_perf} (limit {EXPOSURE_LIMIT})"
     ))
 }
 
@@ -207,6 +232,16 @@ fn unit_settings(src: &Path) -> Result<()> {
             "{file} has no SystemCallFilter="
         );
     }
+    let perf = parse_unit(&read(&src.join(PERF_DROP_IN))?);
+    let extra: Vec<String> = perf
+        .iter()
+        .filter(|(s, k, _)| s != "Service" || !PERF_DROP_IN_KEYS.contains(&k.as_str()))
+        .map(|(s, k, v)| format!("[{s}] {k}={v}"))
+        .collect();
+    ensure!(
+        extra.is_empty() && perf.len() == PERF_DROP_IN_KEYS.len(),
+        "{PERF_DROP_IN} may set only {PERF_DROP_IN_KEYS:?}, once each; it sets {perf:?}"
+    );
     let exporter = parse_unit(&read(&src.join("amd-hsmp-exporter.service"))?);
     ensure!(
         !exporter.iter().any(|(_, k, _)| k == "DeviceAllow" || k == "SupplementaryGroups"),
