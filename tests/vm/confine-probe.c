@@ -8,10 +8,11 @@
  *   confine-probe open PATH       open(PATH, O_RDONLY)
  *   confine-probe create PATH     open(PATH, O_WRONLY | O_CREAT | O_EXCL), removed again
  *   confine-probe tcp | udp       socket(AF_INET, SOCK_STREAM | SOCK_DGRAM)
- *   confine-probe perf TYPE CPU   perf_event_open of event 1 (energy-core) of PMU type TYPE on
- *                                 CPU, as the broker opens it; when it opens and standard
- *                                 output is open, one read(2) is printed: the count, time
- *                                 enabled and time running
+ *   confine-probe perf TYPE CPU [SECONDS]
+ *                                 perf_event_open of event 1 (energy-core) of PMU type TYPE on
+ *                                 CPU, as the broker opens it; when it opens, one read(2) is
+ *                                 printed (count, time enabled, time running), and with
+ *                                 SECONDS a second one that much later
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -24,10 +25,18 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-static int perf_open(const char *type, const char *cpu)
+static void perf_print(int fd)
+{
+	uint64_t values[3];
+
+	if (read(fd, values, sizeof(values)) == (ssize_t)sizeof(values))
+		printf("%" PRIu64 " %" PRIu64 " %" PRIu64 "\n", values[0], values[1], values[2]);
+	fflush(stdout);
+}
+
+static int perf_open(const char *type, const char *cpu, const char *seconds)
 {
 	struct perf_event_attr attr;
-	uint64_t values[3];
 	int fd;
 
 	memset(&attr, 0, sizeof(attr));
@@ -36,8 +45,13 @@ static int perf_open(const char *type, const char *cpu)
 	attr.config = 1;
 	attr.read_format = PERF_FORMAT_TOTAL_TIME_ENABLED | PERF_FORMAT_TOTAL_TIME_RUNNING;
 	fd = (int)syscall(SYS_perf_event_open, &attr, -1, atoi(cpu), -1, PERF_FLAG_FD_CLOEXEC);
-	if (fd >= 0 && read(fd, values, sizeof(values)) == (ssize_t)sizeof(values))
-		printf("%" PRIu64 " %" PRIu64 " %" PRIu64 "\n", values[0], values[1], values[2]);
+	if (fd < 0)
+		return fd;
+	perf_print(fd);
+	if (seconds) {
+		sleep((unsigned int)atoi(seconds));
+		perf_print(fd);
+	}
 	return fd;
 }
 
@@ -54,8 +68,8 @@ int main(int argc, char **argv)
 		fd = socket(AF_INET, SOCK_STREAM, 0);
 	} else if (argc == 2 && strcmp(argv[1], "udp") == 0) {
 		fd = socket(AF_INET, SOCK_DGRAM, 0);
-	} else if (argc == 4 && strcmp(argv[1], "perf") == 0) {
-		fd = perf_open(argv[2], argv[3]);
+	} else if ((argc == 4 || argc == 5) && strcmp(argv[1], "perf") == 0) {
+		fd = perf_open(argv[2], argv[3], argc == 5 ? argv[4] : NULL);
 	} else {
 		return 100;
 	}

@@ -156,7 +156,8 @@ pub fn run(args: &[String]) -> Result<()> {
         Ok((files, "amd_hsmp.pp.bz2 (Debian's reference policy), confine-probe built".into()))
     })?;
     let initrd = steps.run("initramfs with the package and the agent", || {
-        let initrd = overlay(&cache, &run_dir, &rootfs, &deb, &selinux, &power_core)?;
+        let power_core = (power_core.as_path(), kernel.choice.abi.as_str());
+        let initrd = overlay(&cache, &run_dir, &rootfs, &deb, &selinux, power_core)?;
         Ok((initrd, "built".to_string()))
     })?;
     let ssdts = steps.run("SSDT (one AMDI0097 device per socket)", || {
@@ -280,15 +281,16 @@ fn root_display(p: &Path) -> String {
 }
 
 /// The per-run initramfs: the cached root, then a second archive with the package, the timing
-/// loop, the `power_core` PMU module (loaded by the perf checks) and the agent with its unit
-/// enabled.
+/// loop, the `power_core` PMU module for kernel `abi` (loaded by check P, from the modules
+/// directory: SELinux lets `insmod` load only files labelled as modules) and the agent with its
+/// unit enabled.
 fn overlay(
     cache: &Cache,
     run: &Path,
     rootfs: &Path,
     deb: &Path,
     selinux: &prepare::SelinuxFiles,
-    power_core: &Path,
+    (power_core, abi): (&Path, &str),
 ) -> Result<PathBuf> {
     use std::os::unix::fs::{PermissionsExt, symlink};
     let stage = run.join("overlay");
@@ -299,7 +301,9 @@ fn overlay(
     set_mode(&stage.join("root"), 0o700)?;
     fs::copy(deb, stage.join("root/vm/amd-hsmp-exporter.deb"))?;
     fs::write(stage.join("root/vm/hsmp-time.pl"), repo_file("tests/vm/hsmp-time.pl")?)?;
-    fs::copy(power_core, stage.join("root/vm").join(prepare::POWER_CORE_MODULE))?;
+    let extra = stage.join("usr/lib/modules").join(abi).join("extra");
+    fs::create_dir_all(&extra)?;
+    fs::copy(power_core, extra.join(prepare::POWER_CORE_MODULE))?;
     // SELinux: the first process, the policy module and its install script, the probe.
     let init = stage.join("init");
     fs::write(&init, repo_file("tests/vm/init-selinux")?)?;

@@ -6,6 +6,7 @@
 mod device;
 mod exporter;
 mod package;
+mod perf;
 mod selinux;
 mod units;
 
@@ -17,6 +18,7 @@ use std::time::Duration;
 use device::{faults, message_time_ratio, protocol_5, protocol_7, two_sockets};
 use exporter::Scrape;
 use package::{driver, operator_check, package};
+use perf::power_core_pmu;
 use selinux::{avc_denials, confinement, domains, selinux};
 use units::{sandbox, web_config};
 
@@ -99,6 +101,7 @@ const CHECKS: &[(&str, Check)] = &[
     ("C", confinement),
     ("K", operator_check),
     ("3b", protocol_5),
+    ("P", power_core_pmu),
     ("A", avc_denials),
 ];
 
@@ -122,8 +125,10 @@ struct Ctx<'a> {
     protocol_7: Option<(Scrape, Vec<u64>, Vec<u64>)>,
     /// The slowest of three healthy scrapes, measured by check 4 (the bound of checks 4 and 5).
     guest_cost: Option<f64>,
-    /// The AVC records check C provoked and matched (check A leaves them out).
+    /// The AVC records checks C and E provoked and matched (check A leaves them out).
     provoked: Vec<String>,
+    /// The `power_core` PMU's type, once check P loaded it.
+    pmu_type: Option<u32>,
 }
 
 /// Runs the checks in order and returns every verdict; an error is a broken step (the guest
@@ -203,6 +208,7 @@ fn prepare<'a>(vm: &'a mut Vm, responder: &'a Responder) -> Result<Ctx<'a>> {
         protocol_7: None,
         guest_cost: None,
         provoked: Vec::new(),
+        pmu_type: None,
     })
 }
 
