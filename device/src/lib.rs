@@ -93,3 +93,10 @@ pub trait PerfOpener: Send + Sync + std::fmt::Debug {
     /// `perf_event_paranoid`), `ENOENT` for a PMU the kernel does not have.
     fn open(&self, cpu: u32) -> Result<Box<dyn PerfCounter>, Errno>;
 }
+
+/// Finds the per-core energy PMU and opens its events: this machine's sysfs and
+/// `perf_event_open` ([`perf::SysfsPmu`]), or a simulator.
+pub trait PmuLocator: Send + Sync + std::fmt::Debug {
+    /// The PMU's description and the opener of its `energy-core` event.
+    fn locate(&self) -> Result<(perf::Pmu, Box<dyn PerfOpener>), perf::PmuError>;
+}

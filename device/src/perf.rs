@@ -9,7 +9,7 @@
 //! system-wide counting event per CPU through `perf_event_open(2)`; a reading is one `read(2)`.
 
 use crate::abi::PerfEventAttr;
-use crate::{Errno, PerfCounter, PerfOpener, PerfReading, files, sys};
+use crate::{Errno, PerfCounter, PerfOpener, PerfReading, PmuLocator, files, sys};
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -164,6 +164,22 @@ fn encode_event(
         config |= value << lo;
     }
     Ok(config)
+}
+
+/// This machine's `power_core`: described under `root` (normally [`DEFAULT_PMU_ROOT`]), its
+/// events opened with `perf_event_open(2)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SysfsPmu {
+    /// The directory listing the PMUs.
+    pub root: PathBuf,
+}
+
+impl PmuLocator for SysfsPmu {
+    fn locate(&self) -> Result<(Pmu, Box<dyn PerfOpener>), PmuError> {
+        let pmu = Pmu::discover(&self.root)?;
+        let opener = DevPerf::of(&pmu);
+        Ok((pmu, Box::new(opener)))
+    }
 }
 
 /// Opens the `energy-core` event of a PMU on each CPU asked, through the real
