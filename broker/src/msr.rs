@@ -458,7 +458,6 @@ mod tests {
     use std::os::unix::fs::FileExt;
     use std::time::Instant;
 
-
     /// Units of `2^-16` J (ESU 16, every EPYC's) in `joules`.
     fn esu16(joules: f64) -> u64 {
         (joules * 65_536.0) as u64

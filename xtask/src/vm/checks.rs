@@ -18,7 +18,7 @@ use std::time::Duration;
 use device::{faults, message_time_ratio, protocol_5, protocol_7, two_sockets};
 use exporter::Scrape;
 use package::{driver, operator_check, package};
-use perf::power_core_pmu;
+use perf::{perf_with_drop_in, perf_without_drop_in, power_core_pmu};
 use selinux::{avc_denials, confinement, domains, selinux};
 use units::{sandbox, web_config};
 
@@ -102,6 +102,8 @@ const CHECKS: &[(&str, Check)] = &[
     ("K", operator_check),
     ("3b", protocol_5),
     ("P", power_core_pmu),
+    ("E", perf_without_drop_in),
+    ("F", perf_with_drop_in),
     ("A", avc_denials),
 ];
 

@@ -1,11 +1,15 @@
-//! Check P: the guest's `power_core` PMU (the test's module over the responder's counters, the
-//! guest having no RAPL of its own) presented and counting as the kernel's `rapl.c`.
+//! Checks P, E and F: the guest's `power_core` PMU (the test's module over the responder's
+//! counters, the guest having no RAPL of its own) presented and counting as the kernel's
+//! `rapl.c`; the broker's perf energy source on a firmware without HSMP RAPL (protocol 5, as
+//! Genoa's), without and with the perf drop-in.
 
-use super::{Ctx, Evidence, Verdict, sh};
+use super::exporter::{Scrape, core_labels, healthy, scrape, wait_for_exporter};
+use super::{COMMAND_TIMEOUT, Ctx, Evidence, Verdict, sh};
+use crate::vm::guest::Vm;
 use crate::vm::mailbox::{WINDOW_BASE, WINDOW_SIZE};
 use crate::vm::pmu::TABLE_OFFSET;
 use crate::vm::prepare::POWER_CORE_MODULE;
-use anyhow::Result;
+use anyhow::{Context, Result, bail};
 
 /// Where the guest finds PMUs.
 const PMU_ROOT: &str = "/sys/bus/event_source/devices";
@@ -204,6 +208,279 @@ fn count_reads(text: &str, cpu: u32) -> Vec<u64> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// The perf drop-in as the package ships it, and where an operator installs it.
+const PERF_DROP_IN: (&str, &str) = (
+    "/usr/share/amd-hsmp-exporter/perf-energy.conf",
+    "/etc/systemd/system/amd-hsmp-broker.service.d/perf-energy.conf",
+);
+
+/// The MSR drop-in, likewise.
+const MSR_DROP_IN: (&str, &str) = (
+    "/usr/share/amd-hsmp-exporter/msr-fallback.conf",
+    "/etc/systemd/system/amd-hsmp-broker.service.d/msr-fallback.conf",
+);
+
+/// `CAP_SYS_RAWIO`, the MSR drop-in's capability: never the perf source's.
+const CAP_SYS_RAWIO: u32 = 17;
+/// `CAP_PERFMON`, the perf drop-in's capability.
+const CAP_PERFMON: u32 = 38;
+
+/// Both units stopped, the exporter started again; the first scrape starts the broker, which
+/// chooses its energy source. Returns that scrape.
+fn fresh_broker(vm: &mut Vm) -> Result<Scrape> {
+    let restart = sh(
+        vm,
+        "systemctl daemon-reload && systemctl stop amd-hsmp-exporter.service amd-hsmp-broker.service \
+         && systemctl start amd-hsmp-exporter.service",
+    )?;
+    if !restart.ok() {
+        bail!("cannot restart the units: {}", restart.text);
+    }
+    wait_for_exporter(vm)?;
+    scrape(vm, 10.0)
+}
+
+/// The broker's start-up line naming its energy source (chosen, or none) since its last start.
+fn source_line(vm: &mut Vm) -> Result<String> {
+    let out = sh(
+        vm,
+        "since=$(systemctl show -p ExecMainStartTimestamp --value amd-hsmp-broker.service \
+         | xargs -I{} date -d {} +%s); for i in $(seq 50); do \
+         line=$(journalctl -u amd-hsmp-broker.service -o cat --no-pager --since=@$since \
+         | grep -E 'core energy source' | tail -n 1); [ -n \"$line\" ] && break; sleep 0.1; done; \
+         echo \"$line\"",
+    )?;
+    Ok(out.text.trim().to_string())
+}
+
+/// `amd-hsmp-broker --check` as an operator runs it; its exit code and `perf` line.
+fn check_perf_line(vm: &mut Vm) -> Result<(i32, String)> {
+    let out =
+        vm.run("runcon -t unconfined_t -- bash -c 'amd-hsmp-broker --check'", COMMAND_TIMEOUT)?;
+    let line = out
+        .text
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("perf"))
+        .unwrap_or("(no perf line)")
+        .to_string();
+    Ok((out.rc, line))
+}
+
+/// The source `amd_hsmp_core_energy_source_info` names with 1 in `s`, if any.
+fn source_of(s: &Scrape) -> Option<String> {
+    s.samples
+        .iter()
+        .find(|x| x.name == "amd_hsmp_core_energy_source_info" && x.value == 1.0)
+        .and_then(|x| x.labels.get("source").cloned())
+}
+
+/// Check E: without the drop-in, the broker cannot open the events: it serves no energy (never a
+/// wrong value) and says why; `--check` names the drop-in.
+pub(super) fn perf_without_drop_in(ctx: &mut Ctx<'_>) -> Result<Verdict> {
+    let vm = &mut *ctx.vm;
+    let responder = ctx.responder;
+    let mut ev = Evidence::default();
+    let paranoid = sh(vm, "sysctl -n kernel.perf_event_paranoid")?;
+    ev.check(
+        true,
+        format!("kernel.perf_event_paranoid {} (Debian's default)", paranoid.text.trim()),
+    );
+    let s = fresh_broker(vm)?;
+    healthy(&mut ev, responder, &s, 5, false)?;
+    ev.check(source_of(&s).is_none(), format!("energy source {:?}", source_of(&s)));
+    let line = source_line(vm)?;
+    ev.check(
+        line.contains("perf_passed_over=") && line.contains("perf-energy.conf"),
+        format!("start-up log: {line}"),
+    );
+    let (rc, perf) = check_perf_line(vm)?;
+    ev.check(
+        rc == 1 && perf.starts_with("FAIL") && perf.contains(PERF_DROP_IN.1),
+        format!("--check exit {rc}: {perf}"),
+    );
+    if ev.failed() {
+        ev.journal(vm)?;
+    }
+    Ok(ev.verdict("perf without the drop-in: no energy, the reason logged, --check names the fix"))
+}
+
+/// The capability sets of the broker's process, as `/proc/PID/status` has them.
+fn broker_caps(vm: &mut Vm) -> Result<Vec<(String, u64)>> {
+    let out = sh(
+        vm,
+        "grep -E '^Cap(Inh|Prm|Eff|Bnd|Amb):' /proc/$(systemctl show -p MainPID --value \
+         amd-hsmp-broker.service)/status",
+    )?;
+    let mut sets = Vec::new();
+    for line in out.text.lines() {
+        let (key, value) = line.split_once(':').unwrap_or((line, ""));
+        let bits = u64::from_str_radix(value.trim(), 16)
+            .with_context(|| format!("bad capability line {line:?}"))?;
+        sets.push((key.to_string(), bits));
+    }
+    Ok(sets)
+}
+
+/// The `systemd-analyze security` exposure of the broker's unit as loaded now.
+fn broker_exposure(vm: &mut Vm) -> Result<f64> {
+    let unit = "amd-hsmp-broker.service";
+    let report = sh(vm, &format!("systemd-analyze security --no-pager {unit}"))?;
+    crate::packaging::units::parse_exposure(&report.text, unit)
+}
+
+/// Check F: with the perf drop-in: at Debian's `perf_event_paranoid` 3 no wrong value; at 2,
+/// source perf with each core's energy exactly the simulator's since the broker started,
+/// across a wrap; no capability left and never `CAP_SYS_RAWIO`; the exporter's domain refused
+/// the event even as root; the unit's exposure no higher than with the MSR drop-in.
+pub(super) fn perf_with_drop_in(ctx: &mut Ctx<'_>) -> Result<Verdict> {
+    let vm = &mut *ctx.vm;
+    let responder = ctx.responder;
+    let topo = responder.topology();
+    let pmu_type = ctx.pmu_type.context("check F runs after check P")?;
+    let mut ev = Evidence::default();
+    let install =
+        sh(vm, &format!("install -D -m 0644 {} {} && ls -Z {1}", PERF_DROP_IN.0, PERF_DROP_IN.1))?;
+    ev.check(install.ok(), format!("drop-in installed: {}", install.text.trim()));
+
+    // Debian's kernels refuse every perf_event_open without CAP_SYS_ADMIN above paranoid 2.
+    let at_3 = fresh_broker(vm)?;
+    let line = source_line(vm)?;
+    let (rc, perf) = check_perf_line(vm)?;
+    let energy = at_3.samples.iter().filter(|x| x.name == "amd_hsmp_core_energy_joules_total");
+    let wrong: Vec<String> =
+        energy.filter(|x| x.value != 0.0).map(|x| format!("{:?} {}", x.labels, x.value)).collect();
+    ev.check(
+        wrong.is_empty(),
+        format!(
+            "at perf_event_paranoid 3: source {:?}, no wrong value ({} nonzero); start-up log: \
+             {line}; --check exit {rc}: {perf}",
+            source_of(&at_3),
+            wrong.len()
+        ),
+    );
+
+    let machine = responder.machine();
+    let fw = machine.firmware();
+    for socket in 0..topo.sockets {
+        for core in 0..topo.cores {
+            fw.set_energy_counter(socket, core, start_counter(socket, core, topo.cores))?;
+        }
+    }
+    let sysctl = sh(vm, "sysctl -w kernel.perf_event_paranoid=2")?;
+    ev.check(sysctl.ok(), format!("{} (upstream's default)", sysctl.text.trim()));
+    let opened = fresh_broker(vm)?;
+    let line = source_line(vm)?;
+    ev.check(
+        source_of(&opened).as_deref() == Some("perf") && line.contains("source=perf"),
+        format!(
+            "amd_hsmp_core_energy_source_info{{source={:?}}} 1; start-up log: {line}",
+            source_of(&opened)
+        ),
+    );
+    for socket in 0..topo.sockets {
+        for core in 0..topo.cores {
+            let start = start_counter(socket, core, topo.cores);
+            fw.set_energy_counter(socket, core, start + step(socket, core))?;
+        }
+    }
+    let stepped = scrape(vm, 10.0)?;
+    let esu = f64::from(machine.spec().esu);
+    let mut exact = 0;
+    for socket in 0..topo.sockets {
+        for core in 0..topo.cores {
+            let labels = core_labels(socket, core);
+            let (before, after) = (
+                opened.get("amd_hsmp_core_energy_joules_total", &labels),
+                stepped.get("amd_hsmp_core_energy_joules_total", &labels),
+            );
+            let want = step(socket, core) as f64 / esu.exp2();
+            let ok = before == Some(0.0) && after == Some(want);
+            exact += usize::from(ok);
+            if !ok || crosses_wrap(socket, core, topo.cores) {
+                ev.check(
+                    ok,
+                    format!(
+                        "socket {socket} core {core}: {before:?} J at the broker's start, then \
+                         {after:?} J; the simulator stepped {want} J{}",
+                        if crosses_wrap(socket, core, topo.cores) {
+                            " across the 32-bit wrap"
+                        } else {
+                            ""
+                        }
+                    ),
+                );
+            }
+        }
+    }
+    let cores = (topo.sockets * topo.cores) as usize;
+    ev.check(
+        exact == cores && stepped.count("amd_hsmp_core_energy_joules_total") == cores,
+        format!("{exact} of {cores} cores exact: 0 J at the start, each core's own step after"),
+    );
+    let (rc, perf) = check_perf_line(vm)?;
+    ev.check(rc == 0 && perf.starts_with("PASS"), format!("--check exit {rc}: {perf}"));
+
+    // What the broker holds after start-up.
+    let caps = broker_caps(vm)?;
+    for (set, bits) in &caps {
+        let ok = match set.as_str() {
+            // Without CAP_SETPCAP the bounding set keeps what the unit gave: CAP_PERFMON only.
+            "CapBnd" => bits & !(1 << CAP_PERFMON) == 0,
+            _ => *bits == 0,
+        };
+        let rawio = bits & (1 << CAP_SYS_RAWIO) != 0;
+        ev.check(ok && !rawio, format!("broker {set}: {bits:016x} (CAP_SYS_RAWIO: {rawio})"));
+    }
+    ev.check(caps.len() == 5, "all five capability sets read");
+
+    // The exporter's domain may not open the event even as root; the broker's may.
+    let args = format!("perf {pmu_type} 0");
+    ctx.provoked.extend(super::selinux::refused(
+        vm,
+        &mut ev,
+        "the exporter's domain opens a power_core event",
+        "amd_hsmp_exporter_t",
+        &args,
+        ("perf_event", "amd_hsmp_exporter_t"),
+    )?);
+    super::selinux::allowed(
+        vm,
+        &mut ev,
+        "the broker's domain opens and reads a power_core event",
+        "amd_hsmp_broker_t",
+        &args,
+    )?;
+
+    // Exposure: the perf drop-in against the MSR drop-in, on the units as loaded.
+    let with_perf = broker_exposure(vm)?;
+    let swap = sh(
+        vm,
+        &format!(
+            "rm {} && install -D -m 0644 {} {} && systemctl daemon-reload",
+            PERF_DROP_IN.1, MSR_DROP_IN.0, MSR_DROP_IN.1
+        ),
+    )?;
+    let with_msr = broker_exposure(vm)?;
+    let back = sh(
+        vm,
+        &format!(
+            "rm {} && install -D -m 0644 {} {} && systemctl daemon-reload",
+            MSR_DROP_IN.1, PERF_DROP_IN.0, PERF_DROP_IN.1
+        ),
+    )?;
+    ev.check(
+        swap.ok() && back.ok() && with_perf <= with_msr,
+        format!(
+            "systemd-analyze security amd-hsmp-broker.service: {with_perf} with the perf drop-in, \
+             {with_msr} with the MSR drop-in"
+        ),
+    );
+    if ev.failed() {
+        ev.journal(vm)?;
+    }
+    Ok(ev.verdict("perf with the drop-in: exact energy, no capability left, exporter refused"))
 }
 
 #[cfg(test)]

@@ -274,15 +274,8 @@ pub(super) fn confinement(ctx: &mut Ctx<'_>) -> Result<Verdict> {
     let mut provoked = Vec::new();
     for (p, pid) in pids {
         let Some((class, target)) = p.refused else { continue };
-        let mine: Vec<&str> =
-            records.iter().copied().filter(|r| r.contains(&format!(" pid={pid} "))).collect();
-        let matched = mine.len() == 1
-            && mine.iter().all(|r| {
-                r.contains(&format!(":{}:", p.domain))
-                    && r.contains(&format!(" tclass={class} "))
-                    && r.contains(&format!(":{target}:"))
-                    && r.contains("permissive=0")
-            });
+        let mine = records_of(&records, pid);
+        let matched = is_one_refusal(&mine, p.domain, class, target);
         ev.check(
             matched,
             format!(
@@ -296,6 +289,70 @@ pub(super) fn confinement(ctx: &mut Ctx<'_>) -> Result<Verdict> {
     }
     ctx.provoked = provoked;
     Ok(ev.verdict("confinement from inside: each refusal is SELinux's, with its AVC"))
+}
+
+/// The records of `records` that process `pid` left.
+fn records_of<'a>(records: &[&'a str], pid: u32) -> Vec<&'a str> {
+    records.iter().copied().filter(|r| r.contains(&format!(" pid={pid} "))).collect()
+}
+
+/// Whether `records` are exactly one refusal, enforced, of class `class` on type `target` to
+/// `domain`.
+fn is_one_refusal(records: &[&str], domain: &str, class: &str, target: &str) -> bool {
+    records.len() == 1
+        && records.iter().all(|r| {
+            r.contains(&format!(":{domain}:"))
+                && r.contains(&format!(" tclass={class} "))
+                && r.contains(&format!(":{target}:"))
+                && r.contains("permissive=0")
+        })
+}
+
+/// Runs the confinement probe with `args` as root outside any of the module's domains, then in
+/// `domain`, which must refuse it with `EACCES` and exactly one AVC record of `class` on
+/// `target`; adds both to `ev` and returns that record (for check A to leave out).
+pub(super) fn refused(
+    vm: &mut Vm,
+    ev: &mut Evidence,
+    what: &str,
+    domain: &str,
+    args: &str,
+    (class, target): (&str, &str),
+) -> Result<Vec<String>> {
+    let (_, control) = probe(vm, None, args)?;
+    let (pid, rc) = probe(vm, Some(domain), args)?;
+    ev.check(
+        control == 0 && rc == libc::EACCES,
+        format!(
+            "{what}: refused with errno {rc} (13 is EACCES; root outside the domain: errno {control})"
+        ),
+    );
+    let log = vm.run(AUDIT_LOG, COMMAND_TIMEOUT)?;
+    let records = avc_records(&log.text);
+    let mine = records_of(&records, pid);
+    ev.check(
+        is_one_refusal(&mine, domain, class, target),
+        format!(
+            "{what}: {} AVC record(s) of pid {pid}, want one {class} on {target}: {}",
+            mine.len(),
+            mine.join(" | ")
+        ),
+    );
+    Ok(mine.iter().map(|r| r.to_string()).collect())
+}
+
+/// Runs the confinement probe with `args` as root in `domain`, which must allow it; adds that
+/// to `ev`.
+pub(super) fn allowed(
+    vm: &mut Vm,
+    ev: &mut Evidence,
+    what: &str,
+    domain: &str,
+    args: &str,
+) -> Result<()> {
+    let (_, rc) = probe(vm, Some(domain), args)?;
+    ev.check(rc == 0, format!("{what}: errno {rc} (0: allowed)"));
+    Ok(())
 }
 
 /// The AVC records (`type=1400`, and `type=1107` from user-space object managers such as
