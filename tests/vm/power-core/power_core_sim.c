@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
  * power_core_sim: the VM test's stand-in for the kernel's own `power_core` PMU
- * (arch/x86/events/rapl.c), which a QEMU TCG guest never has: TCG implements
- * no RAPL MSR, so rapl.c finds no MSR_AMD_RAPL_POWER_UNIT and registers
- * nothing.
+ * (arch/x86/events/rapl.c), which a QEMU TCG guest never has: its CPU has no
+ * RAPL CPUID flag, on which rapl.c matches AMD parts, so rapl.c registers
+ * nothing (and TCG reads the RAPL MSRs as 0, as every MSR it does not
+ * implement).
  *
  * Presented exactly as rapl.c presents its core-scope PMU: named "power_core",
  * .scope = PERF_PMU_SCOPE_CORE (the perf core then provides `cpumask`, one CPU

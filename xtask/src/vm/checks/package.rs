@@ -3,7 +3,9 @@
 
 use super::{COMMAND_TIMEOUT, Ctx, Evidence, Verdict, sh};
 use crate::vm::guest::Vm;
+use crate::vm::responder::Responder;
 use anyhow::{Context, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// Check 1: the driver probes from our SSDT, /dev/hsmp, the udev rule.
@@ -137,6 +139,24 @@ fn udev_rule(rules: &str) -> Result<String> {
     Ok(format!("{}:{} {mode}", value("OWNER")?, value("GROUP")?))
 }
 
+/// Runs `f` while every core of the responder's simulator draws 2 W (0.1 J every 50 ms, as an
+/// idle core): `--check` waits for energy to advance.
+pub(super) fn while_energy_advances<T>(responder: &Responder, f: impl FnOnce() -> T) -> T {
+    let machine = responder.machine();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                let _ = machine.firmware().advance_all_energy(0.1);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let out = f();
+        stop.store(true, Ordering::Relaxed);
+        out
+    })
+}
+
 /// Check K: `amd-hsmp-broker --check` as an operator runs it (root, unconfined): every check
 /// passes on the healthy guest (the responder's energy advancing meanwhile), the driver unloaded
 /// names modprobe, the socket's permissions broken name the group.
@@ -146,23 +166,7 @@ pub(super) fn operator_check(ctx: &mut Ctx<'_>) -> Result<Verdict> {
     let run_check = |vm: &mut Vm| {
         vm.run("runcon -t unconfined_t -- bash -c 'amd-hsmp-broker --check'", COMMAND_TIMEOUT)
     };
-    let machine = responder.machine();
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let advancing = {
-        let stop = std::sync::Arc::clone(&stop);
-        let machine = std::sync::Arc::clone(&machine);
-        std::thread::spawn(move || {
-            // 0.1 J every 50 ms: 2 W per core, as an idle core draws.
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let _ = machine.firmware().advance_all_energy(0.1);
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        })
-    };
-    let healthy = run_check(vm);
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let _ = advancing.join();
-    let healthy = healthy?;
+    let healthy = while_energy_advances(responder, || run_check(vm))?;
     let failed: Vec<&str> = healthy.text.lines().filter(|l| l.starts_with("FAIL")).collect();
     ev.check(
         healthy.ok() && failed.is_empty(),

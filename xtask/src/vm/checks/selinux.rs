@@ -123,8 +123,8 @@ pub(super) fn avc_denials(ctx: &mut Ctx<'_>) -> Result<Verdict> {
     ev.check(
         ours.is_empty(),
         format!(
-            "{} AVC denials for amd_hsmp domains over the whole run ({} more provoked by check C, \
-             each matched there; {} for other domains, not judged)",
+            "{} AVC denials for amd_hsmp domains over the whole run ({} more provoked by checks C \
+             and F, each matched there; {} for other domains, not judged)",
             ours.len(),
             provoked.len(),
             records.iter().filter(|r| !r.contains("amd_hsmp_")).count()
