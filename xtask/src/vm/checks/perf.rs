@@ -225,6 +225,26 @@ const MSR_DROP_IN: (&str, &str) = (
     "/etc/systemd/system/amd-hsmp-broker.service.d/msr-fallback.conf",
 );
 
+/// The policy's rules for the perf source (`selinux/amd_hsmp.te`), each of which the broker must
+/// be seen to use.
+const GRANTED: &[(&str, &[&str])] =
+    &[("perf_event", &["open", "cpu", "kernel", "read"]), ("capability2", &["perfmon"])];
+
+/// (class, permission) of every AVC "granted" record of the broker's domain in the kernel log
+/// (the confinement probe's excepted).
+fn granted(vm: &mut Vm) -> Result<Vec<(String, String)>> {
+    let log = sh(vm, "dmesg | grep -a 'avc:  granted' | grep -a ':amd_hsmp_broker_t:'")?;
+    let mut out = Vec::new();
+    for record in log.text.lines().filter(|l| !l.contains("comm=\"amd-hsmp-probe")) {
+        let perms = record.split_once("{ ").and_then(|(_, r)| r.split_once(" }")).map(|(p, _)| p);
+        let class = record.split_once(" tclass=").and_then(|(_, r)| r.split_whitespace().next());
+        if let (Some(perms), Some(class)) = (perms, class) {
+            out.extend(perms.split_whitespace().map(|p| (class.to_string(), p.to_string())));
+        }
+    }
+    Ok(out)
+}
+
 /// `CAP_SYS_RAWIO`, the MSR drop-in's capability: never the perf source's.
 const CAP_SYS_RAWIO: u32 = 17;
 /// `CAP_PERFMON`, the perf drop-in's capability.
@@ -259,7 +279,8 @@ fn source_line(vm: &mut Vm) -> Result<String> {
 }
 
 /// `amd-hsmp-broker --check` as an operator runs it, while the simulator's energy advances (its
-/// energy line waits for that); its exit code, `perf` line and the lines that did not pass.
+/// energy line waits for that); its exit code, `perf` line and the other lines that failed or
+/// warned.
 fn check_perf_line(vm: &mut Vm, responder: &Responder) -> Result<(i32, String, Vec<String>)> {
     let out = while_energy_advances(responder, || {
         vm.run("runcon -t unconfined_t -- bash -c 'amd-hsmp-broker --check'", COMMAND_TIMEOUT)
@@ -273,7 +294,8 @@ fn check_perf_line(vm: &mut Vm, responder: &Responder) -> Result<(i32, String, V
     let other: Vec<String> = out
         .text
         .lines()
-        .filter(|l| !l.starts_with("ok ") && l.split_whitespace().nth(1) != Some("perf"))
+        .filter(|l| l.starts_with("FAIL") || l.starts_with("WARN"))
+        .filter(|l| l.split_whitespace().nth(1) != Some("perf"))
         .map(str::to_string)
         .collect();
     Ok((out.rc, line, other))
@@ -379,6 +401,25 @@ pub(super) fn perf_with_drop_in(ctx: &mut Ctx<'_>) -> Result<Verdict> {
             fw.set_energy_counter(socket, core, start_counter(socket, core, topo.cores))?;
         }
     }
+    // Every use of the module's perf rules audited as granted, to show each one is needed.
+    let audit = sh(
+        vm,
+        &format!(
+            "printf '%s\\n' {} > /root/vm/perf_audit.cil && semodule -i /root/vm/perf_audit.cil",
+            GRANTED
+                .iter()
+                .map(|(class, perms)| format!(
+                    "'(auditallow amd_hsmp_broker_t self ({class} ({})))'",
+                    perms.join(" ")
+                ))
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
+    )?;
+    ev.check(
+        audit.ok(),
+        format!("auditallow module for the perf rules loaded: {}", audit.text.trim()),
+    );
     let sysctl = sh(vm, "sysctl -w kernel.perf_event_paranoid=2")?;
     ev.check(sysctl.ok(), format!("{} (upstream's default)", sysctl.text.trim()));
     let opened = fresh_broker(vm)?;
@@ -397,6 +438,13 @@ pub(super) fn perf_with_drop_in(ctx: &mut Ctx<'_>) -> Result<Verdict> {
         }
     }
     let stepped = scrape(vm, 10.0)?;
+    let used = granted(vm)?;
+    for (class, perms) in GRANTED {
+        for perm in *perms {
+            let n = used.iter().filter(|(c, p)| c == class && p == perm).count();
+            ev.check(n > 0, format!("the broker used {class} {{ {perm} }}: {n} granted records"));
+        }
+    }
     let esu = f64::from(machine.spec().esu);
     let mut exact = 0;
     for socket in 0..topo.sockets {
