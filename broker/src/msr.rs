@@ -171,7 +171,7 @@ enum Reset {
     Restarted,
 }
 
-type Resets = crate::energy::Resets<Reset>;
+type Resets = crate::counters::Resets<Reset>;
 
 impl MsrCore {
     fn read(&self, index: usize, resets: &Resets, clock: &dyn Clock) -> Result<Energy, ItemError> {
@@ -358,7 +358,7 @@ impl MsrEnergy {
     }
 }
 
-impl crate::energy::CoreCounters for MsrEnergy {
+impl crate::counters::CoreCounters for MsrEnergy {
     fn read(&self, index: usize) -> Result<Energy, ItemError> {
         MsrEnergy::read(self, index)
     }
@@ -457,7 +457,6 @@ mod tests {
     use std::fs::File;
     use std::os::unix::fs::FileExt;
     use std::time::Instant;
-
 
     /// Units of `2^-16` J (ESU 16, every EPYC's) in `joules`.
     fn esu16(joules: f64) -> u64 {
