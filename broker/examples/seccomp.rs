@@ -7,7 +7,10 @@
 //! - `unlink PATH`: remove PATH, print `unlink: ok` or `unlink: errno N`;
 //! - `remove-socket`: remove the file named by `--socket-file PATH` (which must come first)
 //!   through the broker's one admitted `unlinkat`, print `remove-socket: ok` or `... errno N`;
-//! - `socket`: make a UDP socket (the filter kills the process), print `socket: made`.
+//! - `socket`: make a UDP socket (the filter kills the process), print `socket: made`;
+//! - `perf-open`: open a system-wide perf event (the software PMU's cpu-clock on CPU 0, the
+//!   call that opens the `power_core` events; the filter kills the process), print
+//!   `perf-open: ok` or `perf-open: errno N`.
 //!
 //! `cargo run --example seccomp -- open-rw /dev/null sleep 2000 socket`
 //! Exit codes: 0 all actions done, 2 bad arguments, 1 the filter could not be installed.
@@ -67,6 +70,11 @@ fn main() -> ExitCode {
                 Some(file) => file.remove().map_err(errno),
                 None => Err("no --socket-file".to_string()),
             },
+            "perf-open" => {
+                use amd_hsmp_device::PerfOpener as _;
+                let opener = amd_hsmp_device::perf::DevPerf { kind: 1, config: 0 };
+                opener.open(0).map(drop).map_err(|e| format!("errno {e}"))
+            }
             "socket" => {
                 let made = std::net::UdpSocket::bind("127.0.0.1:0").is_ok();
                 println!("socket: {}", if made { "made" } else { "refused" });

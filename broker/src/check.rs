@@ -14,7 +14,9 @@
 use crate::hints::{self, MSR_BOOLEAN};
 use crate::msr::{MAX_CORE_WATTS, MsrEnergy};
 use crate::topology;
-use amd_hsmp_device::{self as device, HsmpOpener, HsmpTransport, MsrOpener, files, messages};
+use amd_hsmp_device::{
+    self as device, HsmpOpener, HsmpTransport, MsrOpener, PmuLocator, files, messages,
+};
 use amd_hsmp_proto::{ItemError, Message as _, PROTOCOL_VERSION, Reply, Request, Topology};
 use std::fmt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -255,6 +257,8 @@ pub(crate) struct Inputs<'a> {
     pub hsmp: &'a dyn HsmpOpener,
     /// With `--collector.core-energy.msr-fallback`: opens the MSR devices.
     pub msr: Option<&'a dyn MsrOpener>,
+    /// With `perf` in `--collector.core-energy.sources`: finds the `power_core` PMU.
+    pub perf: Option<&'a dyn PmuLocator>,
     /// `--msr.device-root`.
     pub msr_root: &'a Path,
     /// The configuration directory (`/etc`), where the MSR drop-in is installed.
@@ -379,7 +383,26 @@ fn checks(inputs: &mut Inputs<'_>, report: &mut Report<'_>) {
         report.push(Line::skip("boost", "no device"));
         report.push(Line::skip("frequency-limit", "no device"));
     }
-    if let Some(opener) = inputs.msr {
+    let perf = match inputs.perf {
+        None => None,
+        Some(_) if rapl && no_hsmp_energy.is_none() => {
+            report.push(Line::skip("perf", "not needed: energy comes from HSMP RAPL"));
+            None
+        }
+        Some(locator) => {
+            let (line, energy) = perf(locator, &topo, inputs.procfs, inputs.etc);
+            report.push(line);
+            energy
+        }
+    };
+    if let Some(energy) = perf {
+        let read = || -> Vec<Result<f64, ItemError>> {
+            (0..topo.cores.len()).map(|i| energy.read(i).map(|e| e.joules())).collect()
+        };
+        let before = read();
+        let waited = (inputs.energy_wait)();
+        report.push(energy_rates("perf power_core", &before, &read(), waited));
+    } else if let Some(opener) = inputs.msr {
         report.push(msr_setup(inputs.sysfs, inputs.msr_root, inputs.etc));
         report.push(energy_msr(&topo, opener, inputs.energy_wait));
     } else if let Some(why) = no_hsmp_energy {
@@ -391,10 +414,12 @@ fn checks(inputs: &mut Inputs<'_>, report: &mut Report<'_>) {
     } else {
         report.push(Line::warn(
             "energy",
-            "no source: the firmware does not answer the HSMP RAPL messages (or there is no device) \
-             and no MSR fallback; amd_hsmp_core_energy_joules_total is not exported",
-            "for per-core energy on Rome, Milan or Genoa enable the MSR fallback (operator's \
-             guide, \"MSR fallback\") and run the check with --collector.core-energy.msr-fallback",
+            "no source: the firmware does not answer the HSMP RAPL messages (or there is no device), \
+             the kernel's perf counter cannot be used (see perf) and no MSR fallback; \
+             amd_hsmp_core_energy_joules_total is not exported",
+            "for per-core energy on Rome, Milan, Genoa, Bergamo or Siena: the perf counter \
+             (Linux 6.14 or later, see perf), else the MSR fallback (operator's guide, \"MSR \
+             fallback\") and run the check with --collector.core-energy.msr-fallback",
         ));
     }
     let node = Node::of(inputs.socket);
@@ -987,6 +1012,71 @@ fn energy_msr(topo: &Topology, opener: &dyn MsrOpener, wait: &mut dyn FnMut() ->
     let waited = wait();
     let after = read();
     energy_rates("MSR", &before, &after, waited)
+}
+
+/// The kernel's `power_core` PMU: whether it exists, the kernel release and
+/// `perf_event_paranoid`, whether this process can open its events and whether the broker's
+/// unit grants `CAP_PERFMON` (the perf drop-in). The opened counters come back for the energy
+/// line.
+fn perf(
+    locator: &dyn PmuLocator,
+    topo: &Topology,
+    procfs: &Path,
+    etc: &Path,
+) -> (Line, Option<crate::perf::PerfEnergy>) {
+    let read = |name: &str| {
+        files::read_text(&procfs.join("sys/kernel").join(name), files::TEXT_CAP)
+            .map(|t| t.trim().to_owned())
+            .unwrap_or_else(|_| "unknown".to_owned())
+    };
+    let (kernel, paranoid) = (read("osrelease"), read("perf_event_paranoid"));
+    let facts = format!("kernel {kernel}, perf_event_paranoid {paranoid}");
+    let (pmu, opener) = match locator.locate() {
+        Ok(found) => found,
+        Err(e @ device::perf::PmuError::Absent(_)) => {
+            return (
+                Line::warn(
+                    "perf",
+                    format!("{e}; {facts}: rapl.c offers per-core energy from Linux 6.14 on Zen"),
+                    "per-core energy on this kernel: the MSR fallback (operator's guide, \"MSR \
+                     fallback\"), or a kernel of 6.14 or later",
+                ),
+                None,
+            );
+        }
+        Err(e) => {
+            let why = format!("{e}; {facts}");
+            return (Line::fail("perf", why, "report this output: the PMU is not rapl.c's"), None);
+        }
+    };
+    let clock = Box::new(crate::perf::Running);
+    let energy = match crate::perf::PerfEnergy::open(topo, &pmu, opener.as_ref(), clock) {
+        Ok(energy) => energy,
+        Err(e) => {
+            let found =
+                format!("power_core PMU present; {facts}; this process cannot open it: {e}");
+            return (Line::fail("perf", found, hints::PERF_DENIED), None);
+        }
+    };
+    let drop_in = etc.join("systemd/system/amd-hsmp-broker.service.d/perf-energy.conf");
+    let found = format!(
+        "power_core PMU present (type {}, {} counting CPUs); {facts}; opened on every core",
+        pmu.kind,
+        pmu.cpus.len()
+    );
+    let open_to_all = paranoid.parse::<i32>().is_ok_and(|p| p <= 0);
+    if drop_in.is_file() || open_to_all {
+        let grant =
+            if drop_in.is_file() { "the perf drop-in grants CAP_PERFMON" } else { "open to all" };
+        (Line::pass("perf", format!("{found}; {grant}")), Some(energy))
+    } else {
+        let found = format!(
+            "{found} as this user, but the broker's unit does not grant CAP_PERFMON ({} is \
+             missing): the broker will not have this source",
+            drop_in.display()
+        );
+        (Line::fail("perf", found, hints::PERF_DENIED), None)
+    }
 }
 
 /// The MSR fallback's setup: the `msr` driver, kernel lockdown, the systemd drop-in.

@@ -54,10 +54,30 @@ pub struct Args {
     #[arg(long = "hsmp.device", value_name = "PATH", default_value = "/dev/hsmp")]
     pub hsmp_device: PathBuf,
 
-    /// Read per-core energy from the MSR devices where HSMP lacks the RAPL messages
-    /// (needs CAP_SYS_RAWIO at start-up; dropped right after the devices are opened).
+    /// Where per-core energy may come from, tried in this order whatever the order given:
+    /// hsmp (the firmware's RAPL messages, where it answers them), perf (the kernel's
+    /// power_core PMU, Linux 6.14+; needs CAP_PERFMON at start-up), msr (the MSR devices;
+    /// needs CAP_SYS_RAWIO at start-up). List one to choose it, leave one out to refuse it.
+    #[arg(
+        long = "collector.core-energy.sources",
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "hsmp,perf",
+        required = false,
+        num_args = 1
+    )]
+    pub energy_sources: Vec<crate::energy::SourceName>,
+
+    /// Also read per-core energy from the MSR devices where HSMP lacks the RAPL messages and
+    /// the perf counter cannot be opened: adds msr to --collector.core-energy.sources (needs
+    /// CAP_SYS_RAWIO at start-up; dropped right after the devices are opened).
     #[arg(long = "collector.core-energy.msr-fallback")]
     pub msr_fallback: bool,
+
+    /// Directory listing the kernel's PMUs (the power_core PMU's description is read there).
+    #[arg(long = "perf.pmu-root", value_name = "PATH",
+          default_value = amd_hsmp_device::perf::DEFAULT_PMU_ROOT)]
+    pub perf_pmu_root: PathBuf,
 
     /// Directory holding <cpu>/msr device nodes.
     #[arg(long = "msr.device-root", value_name = "PATH", default_value = "/dev/cpu")]
@@ -162,6 +182,20 @@ pub fn parse_check_timeout(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+impl Args {
+    /// The energy sources the broker may use, in the order they are tried:
+    /// `--collector.core-energy.sources`, plus `msr` with `--collector.core-energy.msr-fallback`.
+    pub(crate) fn energy_sources(&self) -> Vec<crate::energy::SourceName> {
+        let mut sources = self.energy_sources.clone();
+        if self.msr_fallback {
+            sources.push(crate::energy::SourceName::Msr);
+        }
+        sources.sort_unstable();
+        sources.dedup();
+        sources
+    }
+}
+
 /// The broker's `clap` definition, for the man page and the completions.
 pub fn command() -> clap::Command {
     Cli::command()
@@ -185,6 +219,26 @@ mod tests {
         assert_eq!(args.idle_timeout, crate::server::DEFAULT_IDLE_TIMEOUT);
         assert_eq!(args.connections_per_uid, crate::server::DEFAULT_PER_UID);
         assert_eq!(args.connections_shared, crate::server::DEFAULT_SHARED);
+        assert_eq!(args.energy_sources(), crate::energy::DEFAULT_SOURCES);
+        let root = std::path::Path::new(amd_hsmp_device::perf::DEFAULT_PMU_ROOT);
+        assert_eq!(args.perf_pmu_root, root);
+    }
+
+    #[test]
+    fn energy_sources_are_tried_in_one_order_and_the_msr_flag_adds_msr() {
+        use crate::energy::SourceName::{Hsmp, Msr, Perf};
+        let sources = |args: &[&str]| parse(args).unwrap().energy_sources();
+        assert_eq!(sources(&["--collector.core-energy.sources=perf"]), [Perf]);
+        assert_eq!(sources(&["--collector.core-energy.sources", "msr,hsmp"]), [Hsmp, Msr]);
+        assert_eq!(sources(&["--collector.core-energy.msr-fallback"]), [Hsmp, Perf, Msr]);
+        let both = ["--collector.core-energy.sources=perf", "--collector.core-energy.msr-fallback"];
+        assert_eq!(sources(&both), [Perf, Msr]);
+        for bad in ["rapl", "", "hsmp,,perf"] {
+            let err = parse(&["--collector.core-energy.sources", bad]).unwrap_err();
+            assert_eq!(err.exit_code(), 2, "{bad:?}: {err}");
+            let said = err.to_string();
+            assert!(said.contains("invalid value") || said.contains("value is required"), "{said}");
+        }
     }
 
     #[test]

@@ -11,8 +11,9 @@
 
 use crate::cli::Args;
 use crate::server::{self, Backend, Identity, ServerConfig};
-use crate::{hints, lockdown, msr, sampler::Sampler, topology};
-use amd_hsmp_device::{HsmpDeviceOpener, HsmpOpener, MsrDeviceOpener, MsrOpener};
+use crate::{energy, lockdown, msr, sampler::Sampler, topology};
+use amd_hsmp_device::perf::SysfsPmu;
+use amd_hsmp_device::{HsmpDeviceOpener, HsmpOpener, MsrDeviceOpener, MsrOpener, PmuLocator};
 use anyhow::{Context, Result, bail};
 use nix::sys::signal::{SigSet, Signal};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -46,11 +47,11 @@ pub fn main(program: &str, args: Args, simulation: Option<&dyn Simulation>) -> E
     }
     if args.check {
         // The serving path below holds no --check code: it is all in `check::command`.
-        let (simulated, (hsmp, msr)) = match simulation.map(Simulation::check) {
-            Some(Machine { topology, hsmp, msr }) => (Some(topology), (hsmp, msr)),
+        let (simulated, devices) = match simulation.map(Simulation::check) {
+            Some(Machine { topology, hsmp, msr, perf }) => (Some(topology), (hsmp, msr, perf)),
             None => (None, devices(&args)),
         };
-        return crate::check::command::run(program, &args, simulated, hsmp, msr);
+        return crate::check::command::run(program, &args, simulated, devices);
     }
     match run(args, simulation) {
         Ok(()) => ExitCode::SUCCESS,
@@ -70,6 +71,8 @@ pub struct Machine {
     pub hsmp: Box<dyn HsmpOpener>,
     /// Opens a CPU's MSR device, for `--collector.core-energy.msr-fallback`.
     pub msr: Box<dyn MsrOpener>,
+    /// Finds the kernel's `power_core` PMU and opens its events.
+    pub perf: Box<dyn PmuLocator>,
 }
 
 fn machine(cli: &Args, simulation: Option<&dyn Simulation>) -> Result<Machine> {
@@ -78,15 +81,19 @@ fn machine(cli: &Args, simulation: Option<&dyn Simulation>) -> Result<Machine> {
     }
     let topology =
         topology::discover(&cli.procfs, &cli.sysfs).context("cannot discover topology")?;
-    let (hsmp, msr) = devices(cli);
-    Ok(Machine { topology, hsmp, msr })
+    let (hsmp, msr, perf) = devices(cli);
+    Ok(Machine { topology, hsmp, msr, perf })
 }
 
-/// This machine's `/dev/hsmp` and MSR devices, where the command line says they are.
-fn devices(cli: &Args) -> (Box<dyn HsmpOpener>, Box<dyn MsrOpener>) {
+/// How the broker reaches its devices: `/dev/hsmp`, the MSR devices, the perf PMU.
+pub(crate) type Devices = (Box<dyn HsmpOpener>, Box<dyn MsrOpener>, Box<dyn PmuLocator>);
+
+/// This machine's `/dev/hsmp`, MSR devices and perf PMU, where the command line says they are.
+fn devices(cli: &Args) -> Devices {
     (
         Box::new(HsmpDeviceOpener { path: cli.hsmp_device.clone() }),
         Box::new(MsrDeviceOpener { root: cli.msr_device_root.clone() }),
+        Box::new(SysfsPmu { root: cli.perf_pmu_root.clone() }),
     )
 }
 
@@ -213,31 +220,12 @@ fn run(cli: Args, simulation: Option<&dyn Simulation>) -> Result<()> {
         );
     }
 
-    let msr_energy = if cli.msr_fallback {
-        match msr::MsrEnergy::open(topo, machine.msr.as_ref()) {
-            Ok(energy) => Some(Arc::new(energy)),
-            Err(e @ msr::MsrOpenError::Unreadable { errno: libc::EACCES, .. }) => {
-                tracing::error!(
-                    error = %amd_hsmp_cli::chain(&e),
-                    next_step = hints::MSR_DENIED,
-                    "MSR fallback unavailable (permission denied); core energy will come from HSMP only"
-                );
-                None
-            }
-            Err(e) => {
-                tracing::error!(error = %amd_hsmp_cli::chain(&e), "MSR fallback unavailable; core energy will come from HSMP only");
-                None
-            }
-        }
-    } else {
-        None
-    };
-    let sampler = Sampler::with_max_age(
-        machine.topology.clone(),
-        machine.hsmp,
-        msr_energy.clone(),
-        cli.sample_max_age,
-    );
+    // The device is opened and probed here: whether HSMP answers RAPL decides whether a
+    // fallback is opened at all, while the capabilities to open it are still held.
+    let mut sampler =
+        Sampler::with_max_age(machine.topology.clone(), machine.hsmp, None, cli.sample_max_age);
+    let openers = energy::Openers { perf: machine.perf.as_ref(), msr: machine.msr.as_ref() };
+    let msr_energy = sampler.choose_energy(&cli.energy_sources(), &openers);
 
     lockdown::drop_privileges().context("cannot drop privileges")?;
     // From here a SIGTERM removes the socket file the next step creates (the signal thread

@@ -21,6 +21,18 @@ pub(crate) const MSR_DENIED: &str = "under SELinux: setsebool -P amd_hsmp_broker
 pub(crate) const MSR_UNOPENED: &str = "modprobe msr; the broker needs CAP_SYS_RAWIO when it opens \
      the devices (the MSR drop-in); under SELinux setsebool -P amd_hsmp_broker_use_msr on";
 
+/// Where the packages put the perf drop-in, inactive until copied.
+#[cfg(test)]
+pub(crate) const PERF_DROP_IN: &str = "/usr/share/amd-hsmp-exporter/perf-energy.conf";
+
+/// What to do when the `power_core` events are refused (`EACCES`/`EPERM`): the drop-in that
+/// grants the broker `CAP_PERFMON`, and under SELinux the audit log.
+pub(crate) const PERF_DENIED: &str = "install -D -m 0644 \
+     /usr/share/amd-hsmp-exporter/perf-energy.conf \
+     /etc/systemd/system/amd-hsmp-broker.service.d/perf-energy.conf && systemctl daemon-reload \
+     && systemctl restart amd-hsmp-broker (grants CAP_PERFMON at start-up only); under SELinux: \
+     ausearch -m avc -c amd-hsmp-broker";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -32,6 +44,13 @@ mod tests {
         }
         let policy = include_str!("../../selinux/amd_hsmp.te");
         assert!(policy.contains(&format!("gen_tunable({MSR_BOOLEAN}")), "the policy lost it");
+    }
+
+    #[test]
+    fn the_perf_hint_installs_the_drop_in_the_packages_ship() {
+        assert!(PERF_DENIED.contains(PERF_DROP_IN), "{PERF_DENIED}");
+        let spec = include_str!("../../packaging/rpm/amd-hsmp-exporter.spec");
+        assert!(spec.contains("%{_datadir}/%{name}/perf-energy.conf"), "the RPM lost it");
     }
 
     #[test]

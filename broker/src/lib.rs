@@ -1,13 +1,14 @@
 //! `amd-hsmp-broker`: the privileged half of amd-hsmp-exporter.
 //!
-//! It discovers the topology, opens `/dev/hsmp` (and, opt-in, the MSR devices) once at start-up,
-//! drops every capability, and answers the typed requests of [`amd_hsmp_proto`] on a Unix socket.
+//! It discovers the topology, opens `/dev/hsmp` (and, where HSMP has no RAPL, the kernel's
+//! `power_core` perf events or, opt-in, the MSR devices) once at start-up, drops every
+//! capability, and answers the typed requests of [`amd_hsmp_proto`] on a Unix socket.
 //!
 //! The kernel interfaces it reads are [`amd_hsmp_device`]. The simulator is not linked here:
 //! `amd-hsmp-sim-broker` (crate `amd-hsmp-sim-broker`) serves it through [`daemon::Simulation`].
 //!
 //! **Invariant:** the broker never listens on an IP socket and never parses text from a peer.
-//! **Invariant:** no `unsafe` here; the one `ioctl` lives in `amd_hsmp_device`.
+//! **Invariant:** no `unsafe` here; the system calls that need it live in `amd_hsmp_device`.
 #![forbid(unsafe_code)]
 // What the binaries, the simulator's broker, xtask, fuzz and the e2e crate use is `pub`;
 // everything else is `pub(crate)`.
@@ -23,9 +24,11 @@
 mod check;
 pub mod cli;
 pub mod daemon;
+mod energy;
 mod hints;
 pub mod lockdown;
 mod msr;
+mod perf;
 pub mod sampler;
 mod server;
 mod sleep;

@@ -154,9 +154,11 @@ pub fn install_seccomp(socket: Option<&SocketFile>) -> Result<(), LockdownError>
 }
 
 /// System calls that are never legitimate in the broker after start-up: running programs,
-/// making network sockets, changing identity or privileges, tracing, loading modules.
+/// making network sockets, changing identity or privileges, tracing, loading modules, opening
+/// perf events (the `power_core` events are all opened before the filter is installed).
 #[cfg(target_arch = "x86_64")]
 const FORBIDDEN: &[i64] = &[
+    libc::SYS_perf_event_open,
     libc::SYS_execve,
     libc::SYS_execveat,
     libc::SYS_socket,

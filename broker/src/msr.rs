@@ -52,7 +52,7 @@ pub(crate) const RESTART_TOLERANCE: Duration = Duration::from_secs(1);
 /// A clock for the wrap window: the time since some fixed start, counting the time the machine
 /// was suspended, so a suspend longer than a wrap cannot hide one. The broker's is [`BootTime`];
 /// a test injects its own to emulate a suspend.
-pub trait Clock: Debug + Send + Sync {
+pub(crate) trait Clock: Debug + Send + Sync {
     /// Now; an errno if the clock cannot be read.
     fn now(&self) -> Result<Duration, Errno>;
 }
@@ -115,7 +115,7 @@ impl WrapCounter {
 
 /// Why no core's MSR device could be used.
 #[derive(Debug, thiserror::Error)]
-pub enum MsrOpenError {
+pub(crate) enum MsrOpenError {
     /// The topology lists no core.
     #[error("no core to read energy from")]
     EmptyTopology,
@@ -171,12 +171,7 @@ enum Reset {
     Restarted,
 }
 
-/// The counter resets of every core: the total, and the cores not yet logged.
-#[derive(Debug, Default)]
-struct Resets {
-    total: AtomicU64,
-    unlogged: Mutex<Vec<(usize, Reset)>>,
-}
+type Resets = crate::energy::Resets<Reset>;
 
 impl MsrCore {
     fn read(&self, index: usize, resets: &Resets, clock: &dyn Clock) -> Result<Energy, ItemError> {
@@ -209,8 +204,7 @@ impl MsrCore {
         };
         let counter = match reset {
             Some(why) => {
-                resets.total.fetch_add(1, Ordering::Relaxed);
-                resets.unlogged.lock().unwrap_or_else(PoisonError::into_inner).push((index, why));
+                resets.count(index, why);
                 count.counter.restart(raw)
             }
             None => count.counter.update(raw),
@@ -230,7 +224,7 @@ impl MsrCore {
 
 /// Energy counters of every core of the topology, read through the MSR driver.
 #[derive(Debug)]
-pub struct MsrEnergy {
+pub(crate) struct MsrEnergy {
     /// Aligned with [`Topology::cores`]; a core whose device failed keeps its error.
     cores: Vec<Result<MsrCore, ItemError>>,
     clock: Box<dyn Clock>,
@@ -243,12 +237,15 @@ impl MsrEnergy {
     /// first counter reading, so counts start at 0 now.
     ///
     /// A core that fails is kept as a per-core error; only if no core works is it an error.
-    pub fn open(topology: &Topology, opener: &dyn MsrOpener) -> Result<MsrEnergy, MsrOpenError> {
+    pub(crate) fn open(
+        topology: &Topology,
+        opener: &dyn MsrOpener,
+    ) -> Result<MsrEnergy, MsrOpenError> {
         MsrEnergy::open_with_clock(topology, opener, Box::new(BootTime))
     }
 
     /// [`MsrEnergy::open`], measuring the wrap window on `clock`.
-    pub fn open_with_clock(
+    pub(crate) fn open_with_clock(
         topology: &Topology,
         opener: &dyn MsrOpener,
         clock: Box<dyn Clock>,
@@ -291,53 +288,41 @@ impl MsrEnergy {
     /// Counter resets since the broker started, after which a core's count restarted from 0:
     /// readings of a core further apart than its [`wrap_window`], and hardware counters that
     /// moved further than [`MAX_CORE_WATTS`] allows between two readings.
-    pub fn resets(&self) -> u64 {
-        self.resets.total.load(Ordering::Relaxed)
+    pub(crate) fn resets(&self) -> u64 {
+        self.resets.total()
     }
 
     /// Times the background poller stopped (a panic or a failed sleep) and was restarted.
-    pub fn poller_failures(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn poller_failures(&self) -> u64 {
         self.poller_failures.load(Ordering::Relaxed)
     }
 
     /// The shortest [`wrap_window`] of the cores that work.
-    pub fn shortest_wrap(&self) -> Option<Duration> {
+    pub(crate) fn shortest_wrap(&self) -> Option<Duration> {
         self.cores.iter().filter_map(|c| c.as_ref().ok()).map(|c| c.window).min()
     }
 
     /// Logs the resets not yet logged, as one line for all the cores they touched.
     fn log_resets(&self) {
-        let cores = std::mem::take(
-            &mut *self.resets.unlogged.lock().unwrap_or_else(PoisonError::into_inner),
-        );
-        if let Some((first, _)) = cores.first() {
+        self.resets.log(|cores, total| {
             let restarted = cores.iter().filter(|(_, why)| *why == Reset::Restarted).count();
             tracing::warn!(
                 cores = cores.len(),
-                first_core_index = first,
+                first_core_index = cores.first().map(|(i, _)| *i),
                 unread_for_a_window = cores.len() - restarted,
                 hardware_restarts = restarted,
-                total = self.resets(),
+                total,
                 window = ?self.shortest_wrap(),
                 "energy counters restarted from 0: no reading for longer than a wrap can take \
                  (a stop or a suspend), or a counter that moved more than the core can draw \
                  (the hardware restarted it)"
             );
-        }
-    }
-
-    /// Number of cores, as in the topology.
-    pub fn len(&self) -> usize {
-        self.cores.len()
-    }
-
-    /// Whether the topology had no core (never true for an opened `MsrEnergy`).
-    pub fn is_empty(&self) -> bool {
-        self.cores.is_empty()
+        });
     }
 
     /// Reads core `index` (an index into [`Topology::cores`]) and returns its extended count.
-    pub fn read(&self, index: usize) -> Result<Energy, ItemError> {
+    pub(crate) fn read(&self, index: usize) -> Result<Energy, ItemError> {
         match self.cores.get(index) {
             Some(Ok(core)) => core.read(index, &self.resets, self.clock.as_ref()),
             Some(Err(e)) => Err(*e),
@@ -348,7 +333,7 @@ impl MsrEnergy {
 
     /// Reads every core once so no wrap goes unseen; failures are left for the next read.
     /// Logs the resets found since the last poll, by this poll or by samples.
-    pub fn poll_all(&self) {
+    pub(crate) fn poll_all(&self) {
         for (index, core) in self.cores.iter().enumerate() {
             let Ok(core) = core else { continue };
             if let Err(error) = core.read(index, &self.resets, self.clock.as_ref()) {
@@ -360,7 +345,7 @@ impl MsrEnergy {
 
     /// The poll period to use for a requested `interval`: at most a quarter of the shortest
     /// wrap window, so a poll is missed only when the poller or the process is stopped.
-    pub fn poll_interval(&self, interval: Duration) -> Duration {
+    pub(crate) fn poll_interval(&self, interval: Duration) -> Duration {
         let limit = self.shortest_wrap().map_or(interval, |w| w / 4);
         if interval > limit {
             tracing::info!(
@@ -370,6 +355,24 @@ impl MsrEnergy {
             );
         }
         interval.min(limit)
+    }
+}
+
+impl crate::energy::CoreCounters for MsrEnergy {
+    fn read(&self, index: usize) -> Result<Energy, ItemError> {
+        MsrEnergy::read(self, index)
+    }
+
+    fn resets(&self) -> u64 {
+        MsrEnergy::resets(self)
+    }
+
+    fn log_resets(&self) {
+        MsrEnergy::log_resets(self)
+    }
+
+    fn source(&self) -> amd_hsmp_proto::EnergySource {
+        amd_hsmp_proto::EnergySource::Msr
     }
 }
 
@@ -426,6 +429,25 @@ fn poll_until_failure(energy: &MsrEnergy, interval: Duration) -> std::io::Error 
     }
 }
 
+/// A clock that moves only when told: a suspend, a stop or hours of running in a statement.
+#[cfg(test)]
+#[derive(Debug, Clone, Default)]
+pub(crate) struct FakeClock(Arc<Mutex<Duration>>);
+
+#[cfg(test)]
+impl FakeClock {
+    pub(crate) fn advance(&self, by: Duration) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) += by;
+    }
+}
+
+#[cfg(test)]
+impl Clock for FakeClock {
+    fn now(&self) -> Result<Duration, Errno> {
+        Ok(*self.0.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -436,21 +458,6 @@ mod tests {
     use std::os::unix::fs::FileExt;
     use std::time::Instant;
 
-    /// A clock that moves only when told: a suspend, a stop or hours of running in a statement.
-    #[derive(Debug, Clone, Default)]
-    struct FakeClock(Arc<Mutex<Duration>>);
-
-    impl FakeClock {
-        fn advance(&self, by: Duration) {
-            *self.0.lock().unwrap() += by;
-        }
-    }
-
-    impl Clock for FakeClock {
-        fn now(&self) -> Result<Duration, Errno> {
-            Ok(*self.0.lock().unwrap())
-        }
-    }
 
     /// Units of `2^-16` J (ESU 16, every EPYC's) in `joules`.
     fn esu16(joules: f64) -> u64 {

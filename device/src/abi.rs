@@ -73,6 +73,70 @@ impl HsmpMessage {
 const _: () = assert!(size_of::<HsmpMessage>() == HsmpMessage::SIZE);
 const _: () = assert!(align_of::<HsmpMessage>() == 4);
 
+/// `PERF_FORMAT_TOTAL_TIME_ENABLED`: a read also returns how long the event was enabled (ns).
+pub const PERF_FORMAT_TOTAL_TIME_ENABLED: u64 = 1 << 0;
+/// `PERF_FORMAT_TOTAL_TIME_RUNNING`: a read also returns how long the event was counting (ns).
+pub const PERF_FORMAT_TOTAL_TIME_RUNNING: u64 = 1 << 1;
+/// `PERF_FLAG_FD_CLOEXEC`: the new descriptor is close-on-exec.
+pub const PERF_FLAG_FD_CLOEXEC: u64 = 1 << 3;
+
+/// The first published layout of `struct perf_event_attr` (`PERF_ATTR_SIZE_VER0`, 64 bytes),
+/// every field this exporter sets. The kernel takes an older, shorter struct as if its missing
+/// tail were zero, so this one stays valid on every kernel.
+///
+/// ```c
+/// struct perf_event_attr {
+///     __u32 type;  __u32 size;  __u64 config;
+///     __u64 sample_period;  __u64 sample_type;  __u64 read_format;
+///     __u64 flags;   /* disabled:1, inherit:1, pinned:1, exclusive:1, exclude_user:1, ... */
+///     __u32 wakeup_events;  __u32 bp_type;  __u64 config1;
+/// };
+/// ```
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PerfEventAttr {
+    /// The PMU's type number (its sysfs `type` file).
+    pub kind: u32,
+    /// `size_of::<PerfEventAttr>()`: the layout version the kernel reads.
+    pub size: u32,
+    /// The event, encoded as the PMU's `format` files say.
+    pub config: u64,
+    /// 0: counting, not sampling.
+    pub sample_period: u64,
+    /// 0: no sample records.
+    pub sample_type: u64,
+    /// What a `read(2)` returns (`PERF_FORMAT_*`).
+    pub read_format: u64,
+    /// The bit fields; 0 is an enabled, non-inherited event counting user and kernel.
+    pub flags: u64,
+    /// 0.
+    pub wakeup_events: u32,
+    /// 0.
+    pub bp_type: u32,
+    /// 0.
+    pub config1: u64,
+}
+
+impl PerfEventAttr {
+    /// `PERF_ATTR_SIZE_VER0`.
+    pub const SIZE: usize = 64;
+
+    /// A counting event of `config` on the PMU of type `kind`, read with its enabled and
+    /// running times.
+    pub fn counting(kind: u32, config: u64) -> PerfEventAttr {
+        PerfEventAttr {
+            kind,
+            size: Self::SIZE as u32,
+            config,
+            read_format: PERF_FORMAT_TOTAL_TIME_ENABLED | PERF_FORMAT_TOTAL_TIME_RUNNING,
+            ..PerfEventAttr::default()
+        }
+    }
+}
+
+// The kernel reads `size` bytes from the pointer it is given.
+const _: () = assert!(size_of::<PerfEventAttr>() == PerfEventAttr::SIZE);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,6 +151,18 @@ mod tests {
         assert_eq!(offset_of!(HsmpMessage, response_sz), 6);
         assert_eq!(offset_of!(HsmpMessage, args), 8);
         assert_eq!(offset_of!(HsmpMessage, sock_ind), 40);
+    }
+
+    #[test]
+    fn perf_event_attr_is_the_kernel_s_first_layout() {
+        assert_eq!(size_of::<PerfEventAttr>(), 64);
+        assert_eq!(offset_of!(PerfEventAttr, config), 8);
+        assert_eq!(offset_of!(PerfEventAttr, read_format), 32);
+        assert_eq!(offset_of!(PerfEventAttr, flags), 40);
+        assert_eq!(offset_of!(PerfEventAttr, config1), 56);
+        let attr = PerfEventAttr::counting(11, 1);
+        assert_eq!((attr.kind, attr.size, attr.config, attr.read_format), (11, 64, 1, 3));
+        assert_eq!((attr.flags, attr.sample_period), (0, 0));
     }
 
     #[test]

@@ -5,11 +5,14 @@
 //! - [`messages`]: the messages the broker sends, with typed calls over a transport;
 //! - [`errno`]: what the driver's errno values mean;
 //! - [`msr`]: the RAPL model-specific registers;
+//! - [`perf`]: the kernel's `power_core` PMU (per-core energy counted by the kernel), found in
+//!   sysfs and opened with `perf_event_open`;
 //! - [`files`]: the broker's inputs opened without blocking, as the kind of file each must be,
 //!   and read up to a size cap;
-//! - the transport traits ([`HsmpTransport`], [`MsrTransport`] and their openers) that let the
-//!   same code talk to the kernel ([`DevHsmp`], [`DevMsr`]) or to a simulator;
-//! - `sys`: the only `unsafe` code of the project, the `ioctl` call.
+//! - the transport traits ([`HsmpTransport`], [`MsrTransport`], [`PerfCounter`] and their
+//!   openers) that let the same code talk to the kernel ([`DevHsmp`], [`DevMsr`],
+//!   [`perf::DevPerf`]) or to a simulator;
+//! - `sys`: the only `unsafe` code of the project, the `ioctl` and `perf_event_open` calls.
 //!
 //! Every such fact (a message id, a word count, an MSR number) is written here once.
 //!
@@ -23,6 +26,7 @@ pub mod errno;
 pub mod files;
 pub mod messages;
 pub mod msr;
+pub mod perf;
 #[allow(unsafe_code)] // The one place the kernel interface needs it; see its SAFETY comment.
 mod sys;
 pub mod table;
@@ -63,4 +67,36 @@ pub trait HsmpOpener: Send + Sync + std::fmt::Debug {
 pub trait MsrOpener: Send + Sync + std::fmt::Debug {
     /// Opens the device of `cpu`; `EPERM` without `CAP_SYS_RAWIO`, `ENOENT` without the module.
     fn open(&self, cpu: u32) -> Result<Box<dyn MsrTransport>, Errno>;
+}
+
+/// One reading of a perf event opened with its enabled and running times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PerfReading {
+    /// The event's count (for `energy-core`, units of 2^-32 J since the open).
+    pub value: u64,
+    /// Nanoseconds the event has been enabled.
+    pub enabled_ns: u64,
+    /// Nanoseconds the event has been counting; it stops moving while the event's CPU is
+    /// offline.
+    pub running_ns: u64,
+}
+
+/// One open perf event, read as `read(fd, buf, 24)` does.
+pub trait PerfCounter: Send + Sync + std::fmt::Debug {
+    /// Reads the count and the times; `ENODEV` when the event no longer counts.
+    fn read(&self) -> Result<PerfReading, Errno>;
+}
+
+/// Opens the per-core energy event on one CPU, as `perf_event_open(attr, -1, cpu, -1, ..)`.
+pub trait PerfOpener: Send + Sync + std::fmt::Debug {
+    /// Opens the event on `cpu`; `EACCES` without `CAP_PERFMON` (or a low enough
+    /// `perf_event_paranoid`), `ENOENT` for a PMU the kernel does not have.
+    fn open(&self, cpu: u32) -> Result<Box<dyn PerfCounter>, Errno>;
+}
+
+/// Finds the per-core energy PMU and opens its events: this machine's sysfs and
+/// `perf_event_open` ([`perf::SysfsPmu`]), or a simulator.
+pub trait PmuLocator: Send + Sync + std::fmt::Debug {
+    /// The PMU's description and the opener of its `energy-core` event.
+    fn locate(&self) -> Result<(perf::Pmu, Box<dyn PerfOpener>), perf::PmuError>;
 }

@@ -261,6 +261,7 @@ fn status(html: &mut String, report: &ScrapeReport) {
     let energy = match t.and_then(|t| t.energy_source) {
         Some(EnergySource::Hsmp) => "HSMP RAPL",
         Some(EnergySource::Msr) => "MSR fallback",
+        Some(EnergySource::Perf) => "kernel perf counter (power_core)",
         None => "none",
     };
     let errors: Vec<String> = report

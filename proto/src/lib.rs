@@ -49,6 +49,10 @@ pub mod version {
     /// limit ([`Sample::core_frequency_limit`](crate::Sample::core_frequency_limit)), asked
     /// for by two more [`Families`](crate::Families) flags.
     pub const V3: u32 = 3;
+    /// A third energy source, the kernel's `power_core` PMU
+    /// ([`EnergySource::Perf`](crate::EnergySource::Perf)), whose counts are in units of
+    /// 2^-32 J ([`Energy::esu`](crate::Energy::esu) up to 63).
+    pub const V4: u32 = 4;
 }
 
 /// Where the packaged socket unit (`amd-hsmp-broker.socket`) puts the broker's socket: the
@@ -56,7 +60,7 @@ pub mod version {
 pub const DEFAULT_SOCKET: &str = "/run/amd-hsmp/broker.sock";
 
 /// Version of this protocol. Bumped on any change an older peer cannot decode.
-pub const PROTOCOL_VERSION: u32 = version::V3;
+pub const PROTOCOL_VERSION: u32 = version::V4;
 
 impl Message for Request {
     /// Requests are a few bytes.
@@ -462,6 +466,10 @@ pub enum EnergySource {
     /// Since [`version::V1`]. MSR `0xC001029A` read through `/dev/cpu/N/msr`, extended by the
     /// broker from 32 to 64 bits; it counts from 0 at broker start.
     Msr,
+    /// Since [`version::V4`]. The same register counted by the kernel's `power_core` PMU
+    /// (`perf_event_open`, Linux 6.14 and later) into 64 bits of 2^-32 J; it counts from 0 at
+    /// broker start.
+    Perf,
 }
 
 /// Result of reading one family.
@@ -490,15 +498,17 @@ pub enum Unavailable {
 pub struct Energy {
     /// Raw 64-bit count of energy status units.
     pub counter: u64,
-    /// Energy status unit exponent (RAPL power unit bits 12:8).
+    /// Energy status unit exponent: RAPL power unit bits 12:8 (0 to 31) for HSMP and the MSR,
+    /// 32 for the kernel's perf counter (since [`version::V4`]); at most 63.
     pub esu: u8,
 }
 
 impl Energy {
     /// The counter in joules.
     pub fn joules(self) -> f64 {
-        // Exact for counters below 2^53 units; beyond that f64 rounding is far below a joule.
-        self.counter as f64 / f64::from(1u32 << self.esu.min(31))
+        // A power of two is exact in f64; the product is exact for counters below 2^53 units
+        // and beyond that rounds far below a joule.
+        self.counter as f64 * 0.5f64.powi(i32::from(self.esu.min(63)))
     }
 }
 
@@ -639,6 +649,7 @@ impl fmt::Display for EnergySource {
         f.write_str(match self {
             EnergySource::Hsmp => "hsmp",
             EnergySource::Msr => "msr",
+            EnergySource::Perf => "perf",
         })
     }
 }

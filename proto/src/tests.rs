@@ -31,7 +31,12 @@ fn readings<T: std::fmt::Debug + Clone>(
 }
 
 fn energy_source() -> impl Strategy<Value = Option<EnergySource>> {
-    prop_oneof![Just(None), Just(Some(EnergySource::Hsmp)), Just(Some(EnergySource::Msr))]
+    prop_oneof![
+        Just(None),
+        Just(Some(EnergySource::Hsmp)),
+        Just(Some(EnergySource::Msr)),
+        Just(Some(EnergySource::Perf))
+    ]
 }
 
 fn device_status() -> impl Strategy<Value = DeviceStatus> {
@@ -82,7 +87,7 @@ fn core() -> impl Strategy<Value = Core> {
 }
 
 fn reply() -> impl Strategy<Value = Reply> {
-    let energy = (any::<u64>(), 0u8..32).prop_map(|(counter, esu)| Energy { counter, esu });
+    let energy = (any::<u64>(), 0u8..64).prop_map(|(counter, esu)| Energy { counter, esu });
     let frequency_limit =
         (any::<u16>(), any::<u16>()).prop_map(|(mhz, reasons)| FrequencyLimit { mhz, reasons });
     prop_oneof![
@@ -262,6 +267,15 @@ fn energy_converts_with_its_unit() {
     assert_eq!(Energy { counter: 65536, esu: 16 }.joules(), 1.0);
     assert_eq!(Energy { counter: 3 << 14, esu: 14 }.joules(), 3.0);
     assert_eq!(Energy { counter: 0, esu: 16 }.joules(), 0.0);
+}
+
+#[test]
+fn a_perf_count_of_two_to_the_minus_32_joules_converts_exactly() {
+    // The kernel's power_core counts in 2^-32 J: an ESU the 32-bit shift of V3 clamped to 31,
+    // doubling every joule.
+    assert_eq!(Energy { counter: 5 << 32, esu: 32 }.joules(), 5.0);
+    assert_eq!(Energy { counter: 3 << 31, esu: 32 }.joules(), 1.5);
+    assert_eq!(Energy { counter: 1 << 63, esu: 63 }.joules(), 1.0);
 }
 
 #[test]

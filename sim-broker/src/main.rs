@@ -70,6 +70,7 @@ fn machine(machine: std::sync::Arc<sim::Machine>) -> Machine {
         topology: machine.topology().clone(),
         hsmp: Box::new(machine.hsmp_opener()),
         msr: Box::new(machine.msr_opener()),
+        perf: Box::new(machine.perf_locator()),
     }
 }
 
@@ -77,7 +78,7 @@ const PROGRAM: &str = "amd-hsmp-sim-broker";
 
 /// The broker's flags the simulator ignores, by clap id: where the devices and the topology
 /// are. Still accepted (a broker's command line runs unchanged), left out of `--help`.
-const IGNORED: [&str; 4] = ["hsmp_device", "msr_device_root", "procfs", "sysfs"];
+const IGNORED: [&str; 5] = ["hsmp_device", "msr_device_root", "perf_pmu_root", "procfs", "sysfs"];
 
 /// The command line: the broker's, with [`IGNORED`] hidden.
 fn command() -> clap::Command {

@@ -81,6 +81,7 @@ pub struct Counters {
     ioctls: [AtomicU64; HSMP_MSG_ID_MAX as usize],
     mailbox: [AtomicU64; HSMP_MSG_ID_MAX as usize],
     msr_reads: [AtomicU64; 3],
+    pub(crate) perf_reads: AtomicU64,
 }
 
 impl Default for Counters {
@@ -89,6 +90,7 @@ impl Default for Counters {
             ioctls: std::array::from_fn(|_| AtomicU64::new(0)),
             mailbox: std::array::from_fn(|_| AtomicU64::new(0)),
             msr_reads: std::array::from_fn(|_| AtomicU64::new(0)),
+            perf_reads: AtomicU64::new(0),
         }
     }
 }
@@ -117,9 +119,15 @@ impl Counters {
         self.msr_reads[msr_slot(msr)].load(Ordering::Relaxed)
     }
 
+    /// `read` calls on simulated `power_core` events.
+    pub fn perf_reads(&self) -> u64 {
+        self.perf_reads.load(Ordering::Relaxed)
+    }
+
     /// Sets every counter to zero.
     pub fn reset(&self) {
-        for c in self.ioctls.iter().chain(&self.mailbox).chain(&self.msr_reads) {
+        let perf = std::iter::once(&self.perf_reads);
+        for c in self.ioctls.iter().chain(&self.mailbox).chain(&self.msr_reads).chain(perf) {
             c.store(0, Ordering::Relaxed);
         }
     }

@@ -11,7 +11,7 @@ pub const DRIVER_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// A group of messages or registers that fail together. Scenario files name them in
 /// kebab case (`proto-version`, `boost-limit`, `proc-hot`, `rapl`, `frequency-limit`,
-/// `core-frequency-limit`, `msr`).
+/// `core-frequency-limit`, `msr`, `perf`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Family {
@@ -33,6 +33,9 @@ pub enum Family {
     CoreFrequencyLimit,
     /// The RAPL MSRs ([`amd_hsmp_device::msr`]).
     Msr,
+    /// The kernel's `power_core` PMU ([`amd_hsmp_device::perf`]): unsupported, the kernel has
+    /// none; an errno for a CPU, its event's reads fail.
+    Perf,
 }
 
 impl Family {
@@ -90,6 +93,11 @@ pub struct Faults {
     /// If set, opening any MSR device fails with this errno (`EPERM` without
     /// `CAP_SYS_RAWIO`, `ENOENT` module not loaded).
     pub msr_open: Option<Errno>,
+    /// If set, opening any `power_core` event fails with this errno (`EACCES` without
+    /// `CAP_PERFMON`).
+    pub perf_open: Option<Errno>,
+    /// CPUs whose `power_core` event has stopped counting (the core's CPUs went offline).
+    pub perf_stopped: BTreeSet<u32>,
 }
 
 impl Default for Faults {
@@ -102,6 +110,8 @@ impl Default for Faults {
             driver_timeout: DRIVER_TIMEOUT,
             hsmp_open: None,
             msr_open: None,
+            perf_open: None,
+            perf_stopped: BTreeSet::new(),
         }
     }
 }

@@ -28,6 +28,7 @@ pub mod driver;
 pub mod faults;
 pub mod firmware;
 pub mod live;
+pub mod perf;
 pub mod profile;
 
 pub use driver::{AccessMode, Counters, Driver, MailboxState, SimMsr};
@@ -219,6 +220,11 @@ impl Machine {
     /// The [`MsrOpener`] for this machine.
     pub fn msr_opener(self: &Arc<Self>) -> SimMsrOpener {
         SimMsrOpener { machine: Arc::clone(self) }
+    }
+
+    /// The `power_core` PMU of this machine, as the kernel would offer it.
+    pub fn perf_locator(self: &Arc<Self>) -> perf::SimPmu {
+        perf::SimPmu { machine: Arc::clone(self) }
     }
 }
 

@@ -4,23 +4,23 @@
 
 use super::{Account, Accounts};
 use crate::cli::Args;
-use amd_hsmp_device::{HsmpOpener, MsrOpener};
 use amd_hsmp_proto::Topology;
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-/// `--check`: runs the checks of [`crate::check`] on the devices `hsmp` and `msr` (the
+/// `--check`: runs the checks of [`crate::check`] on the devices `hsmp`, `msr` and `perf` (the
 /// simulated machine's, with its topology as `simulated`) and prints one line each as soon as
 /// it is decided, within `--check.timeout`.
 pub(crate) fn run(
     program: &str,
     cli: &Args,
     simulated: Option<Topology>,
-    hsmp: Box<dyn HsmpOpener>,
-    msr: Box<dyn MsrOpener>,
+    (hsmp, msr, perf): crate::daemon::Devices,
 ) -> ExitCode {
-    let msr = cli.msr_fallback.then_some(msr);
+    let sources = cli.energy_sources();
+    let msr = sources.contains(&crate::energy::SourceName::Msr).then_some(msr);
+    let perf = sources.contains(&crate::energy::SourceName::Perf).then_some(perf);
     let group = |name: &str| nix::unistd::Group::from_name(name).ok().flatten();
     let exporter = nix::unistd::User::from_name(super::EXPORTER_USER).ok().flatten().map(|u| {
         let mut gids = vec![u.gid.as_raw()];
@@ -45,6 +45,7 @@ pub(crate) fn run(
         hsmp_device: &cli.hsmp_device,
         hsmp: hsmp.as_ref(),
         msr: msr.as_deref(),
+        perf: perf.as_deref(),
         msr_root: &cli.msr_device_root,
         etc: Path::new("/etc"),
         socket: &socket,

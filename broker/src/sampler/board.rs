@@ -54,8 +54,8 @@ impl Items {
 pub(super) enum Source {
     /// The HSMP device with this id ([`super::OpenDevice::id`]).
     Hsmp(u64),
-    /// The MSR fallback.
-    Msr,
+    /// The fallback counters the broker keeps (perf or MSR; only one is chosen at start-up).
+    Counters,
 }
 
 /// What an item of a socket is, by its position on the board: the families read per socket

@@ -59,7 +59,7 @@ mod workers;
 #[cfg(test)]
 mod tests;
 
-use crate::msr::MsrEnergy;
+use crate::energy::CoreCounters;
 use amd_hsmp_device::errno::means_device_gone;
 use amd_hsmp_device::{self as device, HsmpOpener, HsmpTransport, messages};
 use amd_hsmp_proto::{
@@ -81,7 +81,7 @@ pub const DEFAULT_MAX_AGE: Duration = Duration::from_millis(500);
 /// The sampler's clock: when a request arrives, when a read begins, whether a deadline has
 /// passed. The broker's is [`Monotonic`]; a test injects one it moves by hand, so that
 /// deadlines and the freshness bound are gates rather than waits, as the MSR fallback takes
-/// its clock ([`MsrEnergy::open_with_clock`]).
+/// its clock (`MsrEnergy::open_with_clock`).
 trait Clock: std::fmt::Debug + Send + Sync {
     fn now(&self) -> Instant;
 }
@@ -256,8 +256,8 @@ enum Device {
 #[derive(Debug, Clone)]
 enum Reader {
     Hsmp(Arc<OpenDevice>),
-    /// Energy only: the MSR fallback.
-    Msr(Arc<MsrEnergy>),
+    /// Energy only: the counters the broker keeps (perf or MSR).
+    Counters(Arc<dyn CoreCounters>),
 }
 
 /// What one request reads, decided once per family: how to read it, or (`Err`) the reply
@@ -277,7 +277,7 @@ impl Plan {
     fn source(&self, family: Family) -> Option<Source> {
         match &self.reads[family] {
             Ok(Reader::Hsmp(d)) => Some(Source::Hsmp(d.id)),
-            Ok(Reader::Msr(_)) => Some(Source::Msr),
+            Ok(Reader::Counters(_)) => Some(Source::Counters),
             Err(_) => None,
         }
     }
@@ -288,7 +288,10 @@ impl Plan {
 struct Shared {
     topology: Topology,
     opener: Box<dyn HsmpOpener>,
-    msr: Option<Arc<MsrEnergy>>,
+    /// Whether energy may be read through HSMP (`hsmp` in `--collector.core-energy.sources`).
+    hsmp_energy: bool,
+    /// The energy source used where HSMP has no RAPL: perf or MSR, chosen at start-up.
+    fallback: Option<Arc<dyn CoreCounters>>,
     /// The freshness bound (`--sample.max-age`): the one place it is kept.
     max_age: Duration,
     clock: Arc<dyn Clock>,
@@ -309,7 +312,7 @@ struct Shared {
 /// concurrent peers do not multiply the mailbox traffic, a short deadline does not cut a
 /// longer one's answer short, and a long one holds nothing for anyone else.
 ///
-/// The socket workers start with the first sample, not in [`Sampler::new`]: the broker creates
+/// The socket workers start with the first sample, not in [`Sampler::with_max_age`]: the broker creates
 /// the sampler before it drops its capabilities, which must happen while it is single-threaded.
 #[derive(Debug)]
 pub struct Sampler {
@@ -319,33 +322,24 @@ pub struct Sampler {
 
 impl Sampler {
     /// A sampler for `topology` that reads HSMP through the device `hsmp` opens and, when RAPL
-    /// is not available, energy from `msr`, with the freshness bound [`DEFAULT_MAX_AGE`].
-    /// Opens the device and probes it now, on the calling thread, and logs the outcome.
-    pub fn new(
-        topology: Topology,
-        hsmp: Box<dyn HsmpOpener>,
-        msr: Option<Arc<MsrEnergy>>,
-    ) -> Sampler {
-        Sampler::with_max_age(topology, hsmp, msr, DEFAULT_MAX_AGE)
-    }
-
-    /// [`Sampler::new`] with the freshness bound `max_age`: every value a request gets was
-    /// read no earlier than this before the request arrived. Zero shares only reads that begin
+    /// is not available, energy from `fallback`, with the freshness bound `max_age`: every value
+    /// a request gets was read no earlier than this before the request arrived. Opens the device
+    /// and probes it now, on the calling thread, and logs the outcome. Zero shares only reads that begin
     /// after a request arrived.
-    pub fn with_max_age(
+    pub(crate) fn with_max_age(
         topology: Topology,
         hsmp: Box<dyn HsmpOpener>,
-        msr: Option<Arc<MsrEnergy>>,
+        fallback: Option<Arc<dyn CoreCounters>>,
         max_age: Duration,
     ) -> Sampler {
-        Sampler::with_clock(topology, hsmp, msr, max_age, Arc::new(Monotonic))
+        Sampler::with_clock(topology, hsmp, fallback, max_age, Arc::new(Monotonic))
     }
 
     /// [`Sampler::with_max_age`] on `clock`.
     fn with_clock(
         topology: Topology,
         hsmp: Box<dyn HsmpOpener>,
-        msr: Option<Arc<MsrEnergy>>,
+        fallback: Option<Arc<dyn CoreCounters>>,
         max_age: Duration,
         clock: Arc<dyn Clock>,
     ) -> Sampler {
@@ -353,7 +347,8 @@ impl Sampler {
         let shared = Shared {
             topology,
             opener: hsmp,
-            msr,
+            hsmp_energy: true,
+            fallback,
             max_age,
             clock,
             device: Mutex::new(Device::Closed(DeviceStatus::Absent)),
@@ -363,9 +358,52 @@ impl Sampler {
             next_device: AtomicU64::new(0),
         };
         let device = shared.open_and_probe();
-        log_device(None, &device, shared.msr.is_some());
+        log_device(None, &device);
         *lock(&shared.device) = device;
         Sampler { shared, workers }
+    }
+
+    /// Whether the device opened at start-up reads energy: `Err` says why not (no device, or
+    /// a socket whose `GET_RAPL_UNITS` did not answer).
+    pub(crate) fn hsmp_energy(&self) -> Result<(), String> {
+        let device = lock(&self.shared.device);
+        let open = match &*device {
+            Device::Closed(DeviceStatus::Absent) => return Err("no /dev/hsmp".to_owned()),
+            Device::Closed(DeviceStatus::PermissionDenied) => {
+                return Err("/dev/hsmp refused (permission denied)".to_owned());
+            }
+            Device::Closed(status) => return Err(format!("/dev/hsmp not usable ({status:?})")),
+            Device::Open(open) => open,
+        };
+        let mut units = open.each(|s| s.esu);
+        match units.find_map(|esu| match esu {
+            Some(Ok(_)) => None,
+            Some(Err(ItemError::Unsupported)) => {
+                Some("the firmware does not answer GET_RAPL_UNITS (ENOMSG)".to_owned())
+            }
+            Some(Err(error)) => Some(format!("GET_RAPL_UNITS failed: {error}")),
+            None => Some("GET_RAPL_UNITS not asked".to_owned()),
+        }) {
+            Some(why) => Err(why),
+            None => Ok(()),
+        }
+    }
+
+    /// Chooses where energy comes from among `allowed` (see [`crate::energy`]), opening the
+    /// fallback it needs through `openers`, now, while the broker holds its capabilities.
+    /// Before the first sample only. Returns the MSR counters when they are the choice (they
+    /// need their poller).
+    pub(crate) fn choose_energy(
+        &mut self,
+        allowed: &[crate::energy::SourceName],
+        openers: &crate::energy::Openers<'_>,
+    ) -> Option<Arc<crate::msr::MsrEnergy>> {
+        let hsmp = self.hsmp_energy();
+        let choice = crate::energy::choose(allowed, hsmp, &self.shared.topology, openers);
+        let shared = &mut self.shared;
+        shared.hsmp_energy = choice.hsmp_allowed;
+        shared.fallback = choice.fallback;
+        choice.msr
     }
 
     /// The machine this sampler reads.
@@ -461,7 +499,7 @@ impl Shared {
                 }
                 Err(errno) => Device::Closed(open_status(errno)),
             };
-            log_device(Some(&device), &next, self.msr.is_some());
+            log_device(Some(&device), &next);
             *device = next;
         }
         match &*device {
@@ -500,8 +538,9 @@ impl Shared {
         }
     }
 
-    /// Energy from HSMP RAPL when the firmware has it, else from the MSRs when enabled. While a
-    /// just-opened device has not said whether it has RAPL, the MSRs are read if enabled.
+    /// Energy from HSMP RAPL when the firmware has it (and the sources allow it), else from
+    /// the fallback chosen at start-up (perf or MSR). While a just-opened device has not said
+    /// whether it has RAPL, the fallback is read.
     fn energy_reader(
         &self,
         asked: bool,
@@ -510,12 +549,15 @@ impl Shared {
         if device.is_some_and(|d| d.rapl_unsupported()) {
             self.remember_unsupported(Family::CoreEnergy);
         }
-        let hsmp = self.decide(asked, Family::CoreEnergy, device);
-        match (hsmp, &self.msr) {
+        let hsmp = match self.decide(asked, Family::CoreEnergy, device) {
+            Ok(_) if !self.hsmp_energy => Err(Readings::Unavailable(Unavailable::Unsupported)),
+            decided => decided,
+        };
+        match (hsmp, &self.fallback) {
             (Err(Readings::NotRequested), _) => Err(Readings::NotRequested),
             (Ok(device), None) => Ok(Reader::Hsmp(device)),
             (Ok(device), Some(_)) if !device.esu_unknown() => Ok(Reader::Hsmp(device)),
-            (_, Some(msr)) => Ok(Reader::Msr(Arc::clone(msr))),
+            (_, Some(counters)) => Ok(Reader::Counters(Arc::clone(counters))),
             (Err(why), None) => Err(why),
         }
     }
@@ -555,8 +597,13 @@ impl Shared {
                 Err(why) => why.clone(),
                 Ok(Reader::Hsmp(_)) if failed => no_device(),
                 Ok(Reader::Hsmp(_)) => self.finish(family, values),
-                Ok(Reader::Msr(_)) => {
-                    self.log_failures("core-energy (msr)", &values);
+                Ok(Reader::Counters(counters)) => {
+                    counters.log_resets();
+                    let collector = match counters.source() {
+                        EnergySource::Perf => "core-energy (perf)",
+                        _ => "core-energy (msr)",
+                    };
+                    self.log_failures(collector, &values);
                     Readings::Values(values)
                 }
             }
@@ -564,10 +611,10 @@ impl Shared {
         let energy = Family::CoreEnergy;
         let energy_source = match (&plan.reads[energy], &readings[energy]) {
             (Ok(Reader::Hsmp(_)), Readings::Values(_)) => Some(EnergySource::Hsmp),
-            (Ok(Reader::Msr(_)), Readings::Values(_)) => Some(EnergySource::Msr),
+            (Ok(Reader::Counters(c)), Readings::Values(_)) => Some(c.source()),
             _ => None,
         };
-        let resets = self.msr.as_ref().map_or(0, |msr| msr.resets());
+        let resets = self.fallback.as_ref().map_or(0, |counters| counters.resets());
         family::sample(hsmp, energy_source, &readings, resets)
     }
 
@@ -636,7 +683,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Logs the device state when it is first known and whenever it changes.
-fn log_device(before: Option<&Device>, now: &Device, msr_fallback: bool) {
+fn log_device(before: Option<&Device>, now: &Device) {
     let status = |d: &Device| match d {
         Device::Closed(status) => Some(*status),
         Device::Open(open) => open.status(),
@@ -654,13 +701,11 @@ fn log_device(before: Option<&Device>, now: &Device, msr_fallback: bool) {
             None => tracing::info!("HSMP device opened; the socket workers probe it"),
         },
         Device::Closed(DeviceStatus::PermissionDenied) => tracing::warn!(
-            msr_fallback,
             next_step = crate::hints::DEVICE_DENIED,
             "HSMP device refused (permission denied: the udev rule or SELinux); opening it is retried on each sample",
         ),
         Device::Closed(status) => tracing::warn!(
             status = ?status,
-            msr_fallback,
             "HSMP device not usable; opening it is retried on each sample",
         ),
     }

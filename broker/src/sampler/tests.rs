@@ -3,11 +3,12 @@
 //! tests of deadlines and of the freshness bound run on a [`ManualClock`] they move by hand.
 
 use super::*;
+use crate::msr::MsrEnergy;
 use amd_hsmp_device::messages::{LimitReasons, SocketFreqLimit};
 use amd_hsmp_device::{Errno, HsmpMessage, Message};
 use amd_hsmp_proto::{Energy, FrequencyLimit};
 use amd_hsmp_sim::{
-    AccessMode, Driver, Family as Fault, FirmwareConfig, Machine, Mode, Profile, Target,
+    AccessMode, Driver, Family as Fault, Faults, FirmwareConfig, Machine, Mode, Profile, Target,
 };
 use std::sync::atomic::AtomicUsize;
 use std::sync::mpsc;
@@ -1015,7 +1016,8 @@ fn a_device_gone_on_every_socket_is_reopened() {
 fn a_reopened_device_keeps_its_energy_source() {
     let machine = turin(2);
     let topo = machine.topology().clone();
-    let msr = Arc::new(MsrEnergy::open(&topo, &machine.msr_opener()).unwrap());
+    let msr: Arc<dyn CoreCounters> =
+        Arc::new(MsrEnergy::open(&topo, &machine.msr_opener()).unwrap());
     let opener = Opener::new(&machine);
     let sampler = Sampler::with_max_age(topo, Box::new(opener.clone()), Some(msr), Duration::ZERO);
     assert_eq!(sampler.sample(V2_FAMILIES, soon()).energy_source, Some(EnergySource::Hsmp));
@@ -1067,7 +1069,8 @@ fn requests_reuse_one_worker_per_socket() {
 fn energy_falls_back_to_the_msrs_when_rapl_is_unsupported() {
     let machine = genoa(3);
     let topo = machine.topology().clone();
-    let msr = Arc::new(MsrEnergy::open(&topo, &machine.msr_opener()).unwrap());
+    let msr: Arc<dyn CoreCounters> =
+        Arc::new(MsrEnergy::open(&topo, &machine.msr_opener()).unwrap());
     let opener = Opener::new(&machine);
     let sampler = Sampler::with_max_age(topo, Box::new(opener.clone()), Some(msr), Duration::ZERO);
     let before = opener.count();
@@ -1086,7 +1089,8 @@ fn energy_falls_back_to_the_msrs_when_rapl_is_unsupported() {
 fn energy_comes_from_the_msrs_without_an_hsmp_device() {
     let machine = genoa(2);
     let topo = machine.topology().clone();
-    let msr = Arc::new(MsrEnergy::open(&topo, &machine.msr_opener()).unwrap());
+    let msr: Arc<dyn CoreCounters> =
+        Arc::new(MsrEnergy::open(&topo, &machine.msr_opener()).unwrap());
     let opener = Opener::new(&machine);
     opener.refuse(Some(libc::ENOENT));
     let sampler = Sampler::with_max_age(topo, Box::new(opener.clone()), Some(msr), Duration::ZERO);
@@ -1125,4 +1129,80 @@ fn a_failure_class_is_logged_once_not_per_request() {
     let errno = format!("errno {}", libc::EREMOTEIO);
     assert_eq!(log.iter().filter(|l| l.contains(&errno)).count(), 1, "{log:#?}");
     assert!(log.iter().any(|l| l.contains("boost-limit")), "{log:#?}");
+}
+
+// ---- The energy source chosen at start-up ----
+
+/// A sampler whose energy source was chosen among `sources`, as the broker's start-up does.
+fn chosen(machine: &Arc<Machine>, sources: &[SourceName]) -> (Opener, Sampler) {
+    let (opener, mut sampler) = sampler(machine);
+    let (perf, msr) = (machine.perf_locator(), machine.msr_opener());
+    let openers = crate::energy::Openers { perf: &perf, msr: &msr };
+    sampler.choose_energy(sources, &openers);
+    (opener, sampler)
+}
+
+use crate::energy::SourceName::{self, Hsmp as HsmpSource, Msr as MsrSource, Perf as PerfSource};
+
+#[test]
+fn without_hsmp_rapl_energy_comes_exactly_from_the_perf_counter() {
+    let machine = genoa(3);
+    let (opener, sampler) = chosen(&machine, &[HsmpSource, PerfSource]);
+    machine.firmware().advance_all_energy(3.0).unwrap();
+    let sample = sampler.sample(V2_FAMILIES, soon());
+    assert_eq!(sample.energy_source, Some(EnergySource::Perf));
+    assert_eq!(values(&sample.energy), vec![Ok(Energy { counter: 3 << 32, esu: 32 }); 6]);
+    assert_eq!(opener.count_of(Message::GetRaplCoreCounter), 0);
+    // One read per core at the open, one per core for the sample; no MSR device touched.
+    assert_eq!(machine.counters().perf_reads(), 12);
+    assert_eq!(machine.counters().msr_reads(amd_hsmp_device::msr::MSR_CORE_ENERGY_STAT), 0);
+}
+
+#[test]
+fn where_hsmp_answers_rapl_no_perf_event_is_opened() {
+    let machine = turin(2);
+    let (_, sampler) = chosen(&machine, &[HsmpSource, PerfSource, MsrSource]);
+    let sample = sampler.sample(V2_FAMILIES, soon());
+    assert_eq!(sample.energy_source, Some(EnergySource::Hsmp));
+    assert_eq!(machine.counters().perf_reads(), 0);
+    assert_eq!(machine.counters().msr_reads(amd_hsmp_device::msr::MSR_RAPL_PWR_UNIT), 0);
+}
+
+#[test]
+fn hsmp_left_out_of_the_sources_is_never_read_for_energy() {
+    let machine = turin(2);
+    let (opener, sampler) = chosen(&machine, &[PerfSource]);
+    machine.firmware().advance_all_energy(2.0).unwrap();
+    let sample = sampler.sample(V2_FAMILIES, soon());
+    assert_eq!(sample.energy_source, Some(EnergySource::Perf));
+    assert_eq!(values(&sample.energy), vec![Ok(Energy { counter: 2 << 32, esu: 32 }); 4]);
+    assert_eq!(opener.count_of(Message::GetRaplCoreCounter), 0);
+}
+
+#[test]
+fn a_perf_counter_refused_falls_to_the_msrs_only_where_enabled() {
+    let refused = Faults { perf_open: Some(libc::EACCES), ..Faults::default() };
+    let machine = genoa(2);
+    machine.set_faults(refused.clone());
+    let (_, sampler) = chosen(&machine, &[HsmpSource, PerfSource, MsrSource]);
+    assert_eq!(sampler.sample(V2_FAMILIES, soon()).energy_source, Some(EnergySource::Msr));
+
+    let machine = genoa(2);
+    machine.set_faults(refused);
+    let (_, sampler) = chosen(&machine, &[HsmpSource, PerfSource]);
+    let sample = sampler.sample(V2_FAMILIES, soon());
+    // Never a wrong value: no energy at all.
+    assert_eq!(sample.energy_source, None);
+    assert_eq!(sample.energy, Readings::Unavailable(Unavailable::Unsupported));
+}
+
+#[test]
+fn a_perf_counter_that_stops_counting_fails_its_core_alone() {
+    let machine = genoa(2);
+    let (_, sampler) = chosen(&machine, &[HsmpSource, PerfSource]);
+    let stopped = machine.topology().cores[1].cpu;
+    machine.set_faults(Faults { perf_stopped: [stopped].into(), ..Faults::default() });
+    let energy = values(&sampler.sample(V2_FAMILIES, soon()).energy);
+    assert_eq!(energy[1], Err(ItemError::Io { errno: libc::ENODEV }));
+    assert!(energy.iter().enumerate().all(|(i, e)| i == 1 || e.is_ok()), "{energy:?}");
 }

@@ -228,11 +228,11 @@ fn step(job: &SocketJob, task: &Task, round: &mut Round) -> Step {
             });
             Step::Read(read(r), Source::Hsmp(device.id))
         }
-        (Reading::Energy, Ok(Reader::Msr(msr))) => {
-            Step::Read(read(msr.read(index).map(Value::CoreEnergy)), Source::Msr)
+        (Reading::Energy, Ok(Reader::Counters(counters))) => {
+            Step::Read(read(counters.read(index).map(Value::CoreEnergy)), Source::Counters)
         }
-        // The MSRs read energy only.
-        (Reading::Message(_), Ok(Reader::Msr(_))) => Step::Skip,
+        // The fallback counters read energy only.
+        (Reading::Message(_), Ok(Reader::Counters(_))) => Step::Skip,
     }
 }
 

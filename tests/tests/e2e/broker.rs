@@ -366,6 +366,23 @@ fn the_seccomp_filter_kills_socket_refuses_writable_opens_and_resumes_a_stopped_
     assert!(out.stdout.is_empty(), "socket() returned: {}", String::from_utf8_lossy(&out.stdout));
 }
 
+#[test]
+#[ignore = "needs root (a system-wide perf event): cargo xtask test runs it"]
+fn no_perf_event_is_opened_after_start_up_the_filter_kills_the_call() {
+    // As root, without the filter, the same call opens the event: the broker's perf source
+    // (`power_core`) opens its events before the filter, and nothing can open one after.
+    let opened = amd_hsmp_device::PerfOpener::open(
+        &amd_hsmp_device::perf::DevPerf { kind: 1, config: 0 },
+        0,
+    );
+    assert!(opened.is_ok(), "root opens a system-wide event without the filter: {opened:?}");
+    let example = harness::broker_example("seccomp").unwrap();
+    let out = Command::new(&example).arg("perf-open").output().unwrap();
+    assert_eq!(out.status.signal(), Some(libc::SIGSYS), "{:?}", out.status);
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(out.stdout.is_empty(), "perf_event_open returned: {printed}");
+}
+
 // ---- Signals ----
 
 #[test]
