@@ -142,7 +142,7 @@ pub fn variants(python: &Path, root: &Path) -> Result<Vec<Variant>> {
 }
 
 /// Values the chart must refuse when rendering, with a part of the message each gives.
-pub const REFUSED: [(&str, &str); 3] = [
+pub const REFUSED: [(&str, &str); 4] = [
     (
         r#"{"service": {"enabled": false}, "serviceMonitor": {"enabled": true}}"#,
         "needs service.enabled",
@@ -152,6 +152,9 @@ pub const REFUSED: [(&str, &str); 3] = [
         r#"{"hostNetwork": true, "networkPolicy": {"enabled": true}}"#,
         "does not apply to a pod in the node's network",
     ),
+    // Helm drops a key set to null before the schema sees it: the template refuses it instead
+    // of passing the broker an empty list.
+    (r#"{"broker": {"coreEnergy": {"sources": null}}}"#, "list hsmp, perf or both"),
 ];
 
 /// Keys of prometheus-node-exporter's chart that have no meaning here: the schema refuses each,
