@@ -56,8 +56,17 @@ pub fn run(cli: &Cli, bins: &Binaries) -> Result<Report> {
         cli.startups
     );
     let startup = startup(bins, largest, cli.startups).context("start-up")?;
+    let reads = match cli.energy_reads {
+        0 => None,
+        rounds => {
+            eprintln!("bench: {rounds} rounds of energy readings through perf and the MSR driver");
+            Some(crate::reads::measure(rounds).context("energy readings")?)
+        }
+    };
     let command = command_line(std::env::args().skip(1));
-    Ok(Report::new(host(), command, cli.scrapes, fixtures_out, startup))
+    let mut report = Report::new(host(), command, cli.scrapes, fixtures_out, startup);
+    report.reads = reads;
+    Ok(report)
 }
 
 /// The command that reran this benchmark: its arguments without the `--bin-dir` that

@@ -19,6 +19,8 @@ pub struct Report {
     pub fixtures: Vec<FixtureReport>,
     /// Broker start-up on the largest fixture.
     pub startup: Startup,
+    /// One energy reading through perf and through the MSR driver, on this machine.
+    pub reads: Option<crate::reads::Reads>,
 }
 
 impl Report {
@@ -33,7 +35,7 @@ impl Report {
         for f in &mut fixtures {
             f.targets = targets(f);
         }
-        Report { host, command, scrapes, fixtures, startup }
+        Report { host, command, scrapes, fixtures, startup, reads: None }
     }
 }
 
@@ -389,6 +391,19 @@ pub fn table(r: &Report) -> String {
             "  {name:<22} {:>9.1} {:>9.1} {:>9.1} {:>12}",
             x.ready_ms_median, x.ready_ms_min, x.ready_ms_max, x.peak_rss_kib
         );
+    }
+    if let Some(r) = &r.reads {
+        let _ = writeln!(
+            out,
+            "\none energy reading, {} CPUs, {} rounds, through the device crate's transports:",
+            r.cpus, r.rounds
+        );
+        let _ = writeln!(out, "  {:<52} {:>9} {:>9}", "", "wall µs", "CPU µs");
+        let msr = format!("msr: pread(2) of {}", r.msr_path);
+        for (name, x) in [("perf: read(2) of an event", &r.perf), (msr.as_str(), &r.msr)] {
+            let _ = writeln!(out, "  {name:<52} {:>9.2} {:>9.2}", x.wall_us, x.cpu_us);
+        }
+        let _ = writeln!(out, "  {:<52} {:>9.2} {:>9.2}", "perf / msr", r.wall_ratio, r.cpu_ratio);
     }
     out
 }
