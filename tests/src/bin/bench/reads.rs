@@ -97,7 +97,7 @@ pub fn measure(rounds: usize) -> Result<Reads> {
     let per_read = |walls: &mut Vec<f64>, cpu: Duration| {
         let reads = (rounds * cpus.len()) as f64;
         PerRead {
-            wall_us: crate::measure::median(walls) * 1e6 / cpus.len() as f64,
+            wall_us: median(walls) * 1e6 / cpus.len() as f64,
             cpu_us: cpu.as_secs_f64() * 1e6 / reads,
         }
     };
@@ -113,6 +113,12 @@ pub fn measure(rounds: usize) -> Result<Reads> {
         perf,
         msr,
     })
+}
+
+/// The median of `values` (sorted in place); 0 for none.
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// Runs `round` (which must succeed) and returns its wall time and the thread's CPU time
