@@ -722,7 +722,9 @@ fn start_once(
     listener.set_read_timeout(Some(Duration::from_secs(30)))?;
     let mut args = broker_args(device, name, &socket);
     if msr {
-        args.push("--collector.core-energy.msr-fallback".into());
+        // The MSR source chosen outright: where HSMP answers RAPL (the largest fixture is a
+        // Turin), a fallback alone would not be opened.
+        args.push("--collector.core-energy.sources=msr".into());
     }
     let log = dir.join(format!("broker-{run}-{msr}.log"));
     let err = std::fs::File::create(&log)?;

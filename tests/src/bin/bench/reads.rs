@@ -1,13 +1,13 @@
 //! What one per-core energy reading costs in the kernel, for the two sources the broker keeps
 //! itself, through the `device` crate's own transports on this machine's CPUs:
 //!
-//! - **perf**: one `read(2)` of a system-wide counting event per CPU (`DevPerf`). Without a
-//!   `power_core` PMU on the benchmark machine, the software PMU's `cpu-clock` stands in: the
-//!   same system call, the same cross-CPU read (the perf core asks the event's CPU), a
-//!   different counter behind it (a clock, where `rapl.c` does one `rdmsr`);
-//! - **msr**: one `pread(2)` of 8 bytes of `/dev/cpu/<N>/msr` per CPU (`DevMsr`), the register
-//!   `IA32_TSC` (0x10), which every x86 CPU has, where the broker reads
-//!   `MSR_AMD_CORE_ENERGY_STATUS` (the driver's path is the same: `rdmsr_safe_on_cpu`). On a
+//! - **perf**: one `read(2)` of a system-wide counting event per CPU (`DevPerf`): `power_core`'s
+//!   `energy-core` where the machine has it, else the software PMU's `cpu-clock`, standing in
+//!   with the same system call and the same cross-CPU read (the perf core asks the event's
+//!   CPU), a different counter behind it (a clock, where `rapl.c` does one `rdmsr`);
+//! - **msr**: one `pread(2)` of 8 bytes of `/dev/cpu/<N>/msr` per CPU (`DevMsr`): the broker's
+//!   `MSR_AMD_CORE_ENERGY_STATUS` where the CPU has it, else `IA32_TSC` (0x10), which every x86
+//!   CPU has (the driver's path is the same: `rdmsr_safe_on_cpu`). On a
 //!   kernel without the `msr` module, the `cpuid` driver stands in (`/dev/cpu/<N>/cpuid`, a
 //!   `pread(2)` of 16 bytes): the same system call and the same `smp_call_function_single` to
 //!   the CPU, one `cpuid` where the MSR driver does one `rdmsr`; the report names which.
@@ -16,6 +16,7 @@
 //! figure is the median wall time and the mean CPU time of the reading thread per read, and
 //! their ratio perf / msr. A scrape of a machine costs one such read per physical core.
 
+use amd_hsmp_device::msr::MSR_CORE_ENERGY_STAT;
 use amd_hsmp_device::perf::DevPerf;
 use amd_hsmp_device::{MsrDeviceOpener, MsrOpener, MsrTransport, PerfCounter, PerfOpener};
 use anyhow::{Context, Result, bail};
@@ -38,6 +39,8 @@ pub struct Reads {
     pub msr: PerRead,
     /// What was read for the MSR path: `/dev/cpu/N/msr`, or `/dev/cpu/N/cpuid` standing in.
     pub msr_path: String,
+    /// The perf event read: `power_core`'s, or `cpu-clock` standing in.
+    pub perf_event: String,
     /// perf / msr, wall time (medians).
     pub wall_ratio: f64,
     /// perf / msr, CPU time of the reading thread.
@@ -62,12 +65,23 @@ pub fn measure(rounds: usize) -> Result<Reads> {
         let _ = std::process::Command::new("modprobe").arg("msr").status();
     }
     let msr_driver = std::path::Path::new("/dev/cpu/0/msr").exists();
-    let software: u32 = std::fs::read_to_string("/sys/bus/event_source/devices/software/type")
-        .context("the software PMU")?
-        .trim()
-        .parse()?;
-    let perf_opener = DevPerf { kind: software, config: 0 };
+    // The energy register where the CPU has it (an EPYC), else IA32_TSC.
     let msr_opener = MsrDeviceOpener { root: "/dev/cpu".into() };
+    let register = match msr_opener.open(0) {
+        Ok(msr) if msr.read(MSR_CORE_ENERGY_STAT).is_ok() => MSR_CORE_ENERGY_STAT,
+        _ => IA32_TSC,
+    };
+    let root = std::path::Path::new(amd_hsmp_device::perf::DEFAULT_PMU_ROOT);
+    let (perf_opener, perf_event) = match amd_hsmp_device::perf::Pmu::discover(root) {
+        Ok(pmu) => (DevPerf::of(&pmu), "power_core energy-core"),
+        Err(_) => {
+            let software: u32 = std::fs::read_to_string(root.join("software/type"))
+                .context("the software PMU")?
+                .trim()
+                .parse()?;
+            (DevPerf { kind: software, config: 0 }, "cpu-clock (no power_core PMU)")
+        }
+    };
     let mut events: Vec<Box<dyn PerfCounter>> = Vec::new();
     let mut msrs: Vec<Box<dyn MsrTransport>> = Vec::new();
     for &cpu in &cpus {
@@ -81,7 +95,7 @@ pub fn measure(rounds: usize) -> Result<Reads> {
             let path = format!("/dev/cpu/{cpu}/cpuid");
             Box::new(Cpuid(std::fs::File::open(&path).with_context(|| path.clone())?))
         };
-        msr.read(IA32_TSC).map_err(|e| errno("pread", e))?;
+        msr.read(register).map_err(|e| errno("pread", e))?;
         msrs.push(msr);
     }
     let (mut perf_wall, mut msr_wall) = (Vec::new(), Vec::new());
@@ -90,7 +104,7 @@ pub fn measure(rounds: usize) -> Result<Reads> {
         let (wall, cpu) = timed(|| events.iter().all(|e| e.read().is_ok()))?;
         perf_wall.push(wall.as_secs_f64());
         perf_cpu += cpu;
-        let (wall, cpu) = timed(|| msrs.iter().all(|m| m.read(IA32_TSC).is_ok()))?;
+        let (wall, cpu) = timed(|| msrs.iter().all(|m| m.read(register).is_ok()))?;
         msr_wall.push(wall.as_secs_f64());
         msr_cpu += cpu;
     }
@@ -103,9 +117,13 @@ pub fn measure(rounds: usize) -> Result<Reads> {
     };
     let perf = per_read(&mut perf_wall, perf_cpu);
     let msr = per_read(&mut msr_wall, msr_cpu);
-    let msr_path = if msr_driver { "/dev/cpu/N/msr" } else { "/dev/cpu/N/cpuid (no msr module)" };
+    let msr_path = match (msr_driver, register) {
+        (false, _) => "/dev/cpu/N/cpuid (no msr module)".to_owned(),
+        (true, r) => format!("/dev/cpu/N/msr, register {r:#x}"),
+    };
     Ok(Reads {
-        msr_path: msr_path.to_owned(),
+        msr_path,
+        perf_event: perf_event.to_owned(),
         cpus: cpus.len(),
         rounds,
         wall_ratio: perf.wall_us / msr.wall_us,

@@ -384,7 +384,8 @@ pub fn table(r: &Report) -> String {
         "  {:<22} {:>9} {:>9} {:>9} {:>12}",
         "", "median ms", "min ms", "max ms", "peak RSS KiB"
     );
-    for (name, x) in [("without MSR fallback", &s.without_msr), ("with MSR fallback", &s.with_msr)]
+    for (name, x) in
+        [("without the MSR source", &s.without_msr), ("with the MSR source", &s.with_msr)]
     {
         let _ = writeln!(
             out,
@@ -400,7 +401,8 @@ pub fn table(r: &Report) -> String {
         );
         let _ = writeln!(out, "  {:<52} {:>9} {:>9}", "", "wall µs", "CPU µs");
         let msr = format!("msr: pread(2) of {}", r.msr_path);
-        for (name, x) in [("perf: read(2) of an event", &r.perf), (msr.as_str(), &r.msr)] {
+        let perf = format!("perf: read(2) of {}", r.perf_event);
+        for (name, x) in [(perf.as_str(), &r.perf), (msr.as_str(), &r.msr)] {
             let _ = writeln!(out, "  {name:<52} {:>9.2} {:>9.2}", x.wall_us, x.cpu_us);
         }
         let _ = writeln!(out, "  {:<52} {:>9.2} {:>9.2}", "perf / msr", r.wall_ratio, r.cpu_ratio);
