@@ -390,7 +390,8 @@ fn checks(inputs: &mut Inputs<'_>, report: &mut Report<'_>) {
             None
         }
         Some(locator) => {
-            let (line, energy) = perf(locator, &topo, inputs.procfs, inputs.etc);
+            let etc = inputs.simulated.is_none().then_some(inputs.etc);
+            let (line, energy) = perf(locator, &topo, inputs.procfs, etc);
             report.push(line);
             energy
         }
@@ -1015,14 +1016,16 @@ fn energy_msr(topo: &Topology, opener: &dyn MsrOpener, wait: &mut dyn FnMut() ->
 }
 
 /// The kernel's `power_core` PMU: whether it exists, the kernel release and
-/// `perf_event_paranoid`, whether this process can open its events and whether the broker's
-/// unit grants `CAP_PERFMON` (the perf drop-in). The opened counters come back for the energy
-/// line.
+/// `perf_event_paranoid`, whether this process can open its events and, where the broker runs
+/// under its packaged systemd unit (found under `etc` or the `usr/lib` beside it; `None` when
+/// simulated), whether the unit grants `CAP_PERFMON` (the perf drop-in). Elsewhere (a
+/// container) the check runs with the broker's own capabilities, so its own open is the
+/// answer. The opened counters come back for the energy line.
 fn perf(
     locator: &dyn PmuLocator,
     topo: &Topology,
     procfs: &Path,
-    etc: &Path,
+    etc: Option<&Path>,
 ) -> (Line, Option<crate::perf::PerfEnergy>) {
     let read = |name: &str| {
         files::read_text(&procfs.join("sys/kernel").join(name), files::TEXT_CAP)
@@ -1058,12 +1061,25 @@ fn perf(
             return (Line::fail("perf", found, hints::PERF_DENIED), None);
         }
     };
-    let drop_in = etc.join("systemd/system/amd-hsmp-broker.service.d/perf-energy.conf");
     let found = format!(
         "power_core PMU present (type {}, {} counting CPUs); {facts}; opened on every core",
         pmu.kind,
         pmu.cpus.len()
     );
+    let unit = "amd-hsmp-broker.service";
+    let root = etc.and_then(Path::parent).unwrap_or(Path::new("/"));
+    let units = etc.map(|etc| {
+        [
+            etc.join("systemd/system"),
+            root.join("usr/lib/systemd/system"),
+            root.join("lib/systemd/system"),
+        ]
+    });
+    let Some(units) = units.filter(|dirs| dirs.iter().any(|d| d.join(unit).is_file())) else {
+        let how = if etc.is_none() { "simulated" } else { "no packaged unit: as this process" };
+        return (Line::pass("perf", format!("{found} ({how})")), Some(energy));
+    };
+    let drop_in = units[0].join(format!("{unit}.d/perf-energy.conf"));
     let open_to_all = paranoid.parse::<i32>().is_ok_and(|p| p <= 0);
     if drop_in.is_file() || open_to_all {
         let grant =

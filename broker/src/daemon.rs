@@ -47,11 +47,11 @@ pub fn main(program: &str, args: Args, simulation: Option<&dyn Simulation>) -> E
     }
     if args.check {
         // The serving path below holds no --check code: it is all in `check::command`.
-        let (simulated, devices) = match simulation.map(Simulation::check) {
+        let (simulated, (hsmp, msr, perf)) = match simulation.map(Simulation::check) {
             Some(Machine { topology, hsmp, msr, perf }) => (Some(topology), (hsmp, msr, perf)),
             None => (None, devices(&args)),
         };
-        return crate::check::command::run(program, &args, simulated, devices);
+        return crate::check::command::run(program, &args, simulated, hsmp, msr, perf);
     }
     match run(args, simulation) {
         Ok(()) => ExitCode::SUCCESS,
@@ -86,7 +86,7 @@ fn machine(cli: &Args, simulation: Option<&dyn Simulation>) -> Result<Machine> {
 }
 
 /// How the broker reaches its devices: `/dev/hsmp`, the MSR devices, the perf PMU.
-pub(crate) type Devices = (Box<dyn HsmpOpener>, Box<dyn MsrOpener>, Box<dyn PmuLocator>);
+type Devices = (Box<dyn HsmpOpener>, Box<dyn MsrOpener>, Box<dyn PmuLocator>);
 
 /// This machine's `/dev/hsmp`, MSR devices and perf PMU, where the command line says they are.
 fn devices(cli: &Args) -> Devices {

@@ -12,25 +12,12 @@
 //! were passed over, and only at start-up, before the capabilities are dropped; the sampler
 //! still prefers HSMP whenever a device that answers RAPL appears later.
 
+use crate::counters::CoreCounters;
 use crate::msr::{self, MsrEnergy};
 use crate::perf::{self, PerfEnergy};
 use amd_hsmp_device::{MsrOpener, PmuLocator};
-use amd_hsmp_proto::{Energy, EnergySource, ItemError, Topology};
-use std::fmt::Debug;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-
-/// Per-core energy counters the broker keeps itself (a fallback to HSMP RAPL).
-pub(crate) trait CoreCounters: Debug + Send + Sync {
-    /// Reads core `index` (an index into [`Topology::cores`]).
-    fn read(&self, index: usize) -> Result<Energy, ItemError>;
-    /// Counter resets since the broker started.
-    fn resets(&self) -> u64;
-    /// Logs the resets not logged yet.
-    fn log_resets(&self);
-    /// What the readings are reported as.
-    fn source(&self) -> EnergySource;
-}
+use amd_hsmp_proto::Topology;
+use std::sync::Arc;
 
 /// A source of per-core energy, as `--collector.core-energy.sources` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
@@ -120,7 +107,7 @@ pub(crate) fn choose(
     } else if passed[2].is_none() {
         passed[2] = Some(format!("{} chosen first", name(chosen)));
     }
-    let [hsmp, perf, msr] = passed.map(|p| p.unwrap_or_default());
+    let [hsmp, perf, msr] = passed.each_ref().map(Option::as_deref);
     match chosen {
         Some(source) => tracing::info!(
             source = name(Some(source)),
@@ -168,40 +155,5 @@ fn open_perf(
             Err(format!("{}; {}", amd_hsmp_cli::chain(&e), crate::hints::PERF_DENIED))
         }
         Err(e) => Err(amd_hsmp_cli::chain(&e)),
-    }
-}
-
-/// Counter resets of a broker-kept source: the total, and the cores not yet logged with why.
-#[derive(Debug)]
-pub(crate) struct Resets<R> {
-    total: AtomicU64,
-    pub(crate) unlogged: Mutex<Vec<(usize, R)>>,
-}
-
-impl<R> Default for Resets<R> {
-    fn default() -> Self {
-        Resets { total: AtomicU64::new(0), unlogged: Mutex::new(Vec::new()) }
-    }
-}
-
-impl<R> Resets<R> {
-    /// Counts a reset of core `index`.
-    pub(crate) fn count(&self, index: usize, why: R) {
-        self.total.fetch_add(1, Ordering::Relaxed);
-        self.unlogged.lock().unwrap_or_else(PoisonError::into_inner).push((index, why));
-    }
-
-    /// Resets since the broker started.
-    pub(crate) fn total(&self) -> u64 {
-        self.total.load(Ordering::Relaxed)
-    }
-
-    /// Hands the resets not yet logged, and the total, to `log`, if there are any.
-    pub(crate) fn log(&self, log: impl FnOnce(&[(usize, R)], u64)) {
-        let cores =
-            std::mem::take(&mut *self.unlogged.lock().unwrap_or_else(PoisonError::into_inner));
-        if !cores.is_empty() {
-            log(&cores, self.total());
-        }
     }
 }

@@ -23,6 +23,7 @@
 
 mod check;
 pub mod cli;
+mod counters;
 pub mod daemon;
 mod energy;
 mod hints;

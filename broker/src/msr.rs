@@ -171,7 +171,7 @@ enum Reset {
     Restarted,
 }
 
-type Resets = crate::energy::Resets<Reset>;
+type Resets = crate::counters::Resets<Reset>;
 
 impl MsrCore {
     fn read(&self, index: usize, resets: &Resets, clock: &dyn Clock) -> Result<Energy, ItemError> {
@@ -358,7 +358,7 @@ impl MsrEnergy {
     }
 }
 
-impl crate::energy::CoreCounters for MsrEnergy {
+impl crate::counters::CoreCounters for MsrEnergy {
     fn read(&self, index: usize) -> Result<Energy, ItemError> {
         MsrEnergy::read(self, index)
     }

@@ -18,7 +18,7 @@
 //! answers nothing) has its item unavailable; when it counts again its count restarts from 0,
 //! counted as a reset.
 
-use crate::energy::{CoreCounters, Resets};
+use crate::counters::{CoreCounters, Resets};
 use crate::msr::{Clock, MAX_CORE_WATTS, RESTART_TOLERANCE};
 use amd_hsmp_device::perf::{Pmu, PmuError};
 use amd_hsmp_device::{Errno, PerfCounter, PerfOpener, PerfReading};

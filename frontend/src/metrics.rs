@@ -182,7 +182,7 @@ impl Collector for ReportCollector {
             family(
                 &mut e,
                 "amd_hsmp_core_energy_source_info",
-                "Where core energy is read from (hsmp or msr), constant 1; present only when energy is exported",
+                "Where core energy is read from (hsmp, perf or msr), constant 1; present only when energy is exported",
                 None,
                 t.energy_source.map(|s| gauge([("source", s.to_string())], 1i64)),
             )?;

@@ -32,7 +32,7 @@ local g = import 'lib.libsonnet';
           g.stat('Broker', 'Whether amd-hsmp-broker answered the last scrape (amd_hsmp_broker_up).', [g.target('amd_hsmp_broker_up{%(sel)s}' % s)], mappings=g.upDown),
           g.stat('HSMP device', 'Whether /dev/hsmp opened and answered (amd_hsmp_up). 0 is expected on Rome and non-EPYC machines.', [g.target('amd_hsmp_up{%(sel)s}' % s)], mappings=g.upDown),
           g.stat('HSMP protocol', 'HSMP protocol version of the firmware; RAPL energy needs 7 or later.', [g.target('amd_hsmp_protocol_version{%(sel)s}' % s)]),
-          g.stat('Energy source', 'Where per-core energy comes from: hsmp (firmware RAPL) or msr (the MSR fallback).', [g.target('amd_hsmp_core_energy_source_info{%(sel)s}' % s, '{{source}}')], textMode='name', noValue='none'),
+          g.stat('Energy source', 'Where per-core energy comes from: hsmp (firmware RAPL), perf (the kernel\'s power_core PMU) or msr (the MSR fallback).', [g.target('amd_hsmp_core_energy_source_info{%(sel)s}' % s, '{{source}}')], textMode='name', noValue='none'),
           g.stat('Simulated', 'The simulator profile when the broker is amd-hsmp-sim-broker; never on a production node.', [g.target('amd_hsmp_simulated_info{%(sel)s}' % s, '{{profile}}')], textMode='name', noValue='no', thresholds=g.thresholds([[null, 'orange']])),
           g.stat('Node power', 'Sum of the per-core power of all sockets (instance:amd_hsmp_power_watts:sum_rate5m).', [g.target('instance:amd_hsmp_power_watts:sum_rate5m{%(sel)s}' % s)], 'watt', w=6),
           g.stat('Sockets with PROCHOT', 'Sockets of the node with PROCHOT asserted now.', [g.target('instance:amd_hsmp_prochot_active:sum{%(sel)s}' % s)], w=6, thresholds=g.thresholds([[null, 'green'], [1, 'red']])),
@@ -88,7 +88,7 @@ local g = import 'lib.libsonnet';
             g.target('amd_hsmp_scrape_duration_seconds{%(sel)s}' % s, 'collection'),
             g.target('scrape_duration_seconds{%(sel)s}' % s, 'scrape'),
           ], 's', w=12),
-          g.timeseries('Energy counter resets', 'Core energy counters that went back, per socket, in the last hour: broker restarts with the MSR source, or counters restarted after a possibly missed wrap.', [
+          g.timeseries('Energy counter resets', 'Core energy counters that went back, per socket, in the last hour: broker restarts with the perf or MSR source, or counters restarted after a possibly missed wrap.', [
             g.target('sum without (core) (resets(amd_hsmp_core_energy_joules_total{%(sel)s}[1h]))' % s, 'socket {{socket}}'),
           ], 'short', w=12),
           g.timeseries('Exporter memory', 'Resident memory of amd-hsmp-exporter.', [

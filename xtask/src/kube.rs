@@ -53,6 +53,8 @@ pub fn run(args: &[String]) -> Result<()> {
             (json!({"serviceMonitor": {"metricRelabeling": []}}), "metricRelabeling"),
             (json!({"serviceMonitor": {"instanceLabel": "hostname"}}), "instanceLabel"),
             (json!({"podMonitor": {"targetLabels": ["a"]}}), "targetLabels"),
+            (json!({"broker": {"coreEnergy": {"source": ["perf"]}}}), "source"),
+            (json!({"broker": {"coreEnergy": {"sources": ["msr"]}}}), "sources"),
         ]
         .into_iter()
         .chain(chart::NODE_EXPORTER_ONLY.map(|key| (json!({key: {}}), key)))

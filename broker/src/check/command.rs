@@ -4,6 +4,7 @@
 
 use super::{Account, Accounts};
 use crate::cli::Args;
+use amd_hsmp_device::{HsmpOpener, MsrOpener, PmuLocator};
 use amd_hsmp_proto::Topology;
 use std::path::Path;
 use std::process::ExitCode;
@@ -16,7 +17,9 @@ pub(crate) fn run(
     program: &str,
     cli: &Args,
     simulated: Option<Topology>,
-    (hsmp, msr, perf): crate::daemon::Devices,
+    hsmp: Box<dyn HsmpOpener>,
+    msr: Box<dyn MsrOpener>,
+    perf: Box<dyn PmuLocator>,
 ) -> ExitCode {
     let sources = cli.energy_sources();
     let msr = sources.contains(&crate::energy::SourceName::Msr).then_some(msr);

@@ -514,3 +514,99 @@ fn lines_are_handed_out_as_they_are_decided() {
     let lines = run.join().unwrap();
     assert_eq!(rx.try_iter().count() + early.len(), lines.len());
 }
+
+/// A root with `etc` and, if `unit`, the packaged broker unit in `usr/lib/systemd/system`.
+fn system_root(unit: bool) -> tempfile::TempDir {
+    let root = tempfile::tempdir().unwrap();
+    fs::create_dir_all(root.path().join("etc/systemd/system")).unwrap();
+    fs::create_dir_all(root.path().join("proc/sys/kernel")).unwrap();
+    fs::write(root.path().join("proc/sys/kernel/osrelease"), "7.3.4+deb13-amd64\n").unwrap();
+    fs::write(root.path().join("proc/sys/kernel/perf_event_paranoid"), "2\n").unwrap();
+    if unit {
+        let lib = root.path().join("usr/lib/systemd/system");
+        fs::create_dir_all(&lib).unwrap();
+        fs::write(lib.join("amd-hsmp-broker.service"), "[Service]\n").unwrap();
+    }
+    root
+}
+
+fn perf_line(machine: &Arc<Machine>, root: &Path) -> (Line, bool) {
+    let etc = root.join("etc");
+    let (line, energy) =
+        perf(&machine.perf_locator(), machine.topology(), &root.join("proc"), Some(&etc));
+    (line, energy.is_some())
+}
+
+#[test]
+fn the_perf_line_fails_where_the_packaged_unit_does_not_grant_cap_perfmon() {
+    let machine = static_machine(Profile::Genoa2p);
+    let root = system_root(true);
+    let (l, energy) = perf_line(&machine, root.path());
+    assert_eq!(l.verdict, Verdict::Fail, "{l}");
+    assert!(!energy, "the broker will not have it: no energy line from it");
+    assert!(l.found.contains("kernel 7.3.4+deb13-amd64, perf_event_paranoid 2"), "{l}");
+    assert!(fix(&l).contains("perf-energy.conf") && fix(&l).contains("daemon-reload"), "{l}");
+
+    let drop_in = root.path().join("etc/systemd/system/amd-hsmp-broker.service.d");
+    fs::create_dir_all(&drop_in).unwrap();
+    fs::write(drop_in.join("perf-energy.conf"), "[Service]\n").unwrap();
+    let (l, energy) = perf_line(&machine, root.path());
+    assert_eq!(l.verdict, Verdict::Pass, "{l}");
+    assert!(energy && l.found.contains("the perf drop-in grants CAP_PERFMON"), "{l}");
+}
+
+#[test]
+fn without_the_packaged_unit_the_perf_line_is_this_process_s_own_open() {
+    // A container: the check runs with the broker container's capabilities.
+    let machine = static_machine(Profile::Genoa2p);
+    let (l, energy) = perf_line(&machine, system_root(false).path());
+    assert_eq!(l.verdict, Verdict::Pass, "{l}");
+    assert!(energy);
+    machine
+        .set_faults(amd_hsmp_sim::Faults { perf_open: Some(libc::EACCES), ..Default::default() });
+    let (l, energy) = perf_line(&machine, system_root(false).path());
+    assert_eq!(l.verdict, Verdict::Fail, "{l}");
+    assert!(!energy && l.found.contains("CAP_PERFMON"), "{l}");
+}
+
+#[test]
+fn a_kernel_without_the_pmu_warns_and_names_the_msr_fallback() {
+    let machine = static_machine(Profile::Genoa2p);
+    let mut faults = amd_hsmp_sim::Faults::default();
+    faults.unsupported.insert(Family::Perf);
+    machine.set_faults(faults);
+    let (l, energy) = perf_line(&machine, system_root(true).path());
+    assert_eq!(l.verdict, Verdict::Warn, "{l}");
+    assert!(!energy && l.found.contains("has no power_core PMU"), "{l}");
+    assert!(l.found.contains("6.14") && fix(&l).contains("MSR fallback"), "{l}");
+}
+
+#[test]
+fn on_a_part_without_hsmp_rapl_the_energy_line_reads_the_perf_counter() {
+    let machine = static_machine(Profile::Genoa2p);
+    let dir = tempfile::tempdir().unwrap();
+    let (hsmp, perf) = (machine.hsmp_opener(), machine.perf_locator());
+    let accounts = Accounts::default();
+    let no_labels = |_: &Path| None;
+    let mut wait = two_watts(&machine);
+    let mut inputs = Inputs {
+        procfs: &dir.path().join("proc"),
+        sysfs: &dir.path().join("sys"),
+        hsmp_device: &dir.path().join("hsmp"),
+        hsmp: &hsmp,
+        msr: None,
+        perf: Some(&perf),
+        msr_root: &dir.path().join("cpu"),
+        etc: &dir.path().join("etc"),
+        socket: &dir.path().join("broker.sock"),
+        accounts: &accounts,
+        labels: &no_labels,
+        energy_wait: &mut wait,
+        simulated: Some(machine.topology().clone()),
+    };
+    let lines = run(&mut inputs);
+    assert_eq!(line(&lines, "perf").verdict, Verdict::Pass, "{lines:#?}");
+    let energy = line(&lines, "energy");
+    assert_eq!(energy.verdict, Verdict::Pass, "{energy}");
+    assert!(energy.found.starts_with("perf power_core: 64 of 64 cores advancing"), "{energy}");
+}

@@ -59,7 +59,7 @@ mod workers;
 #[cfg(test)]
 mod tests;
 
-use crate::energy::CoreCounters;
+use crate::counters::CoreCounters;
 use amd_hsmp_device::errno::means_device_gone;
 use amd_hsmp_device::{self as device, HsmpOpener, HsmpTransport, messages};
 use amd_hsmp_proto::{

@@ -5,6 +5,10 @@ complete -c amd-hsmp-broker -l allow-gid -d 'Serve peers whose effective gid is 
 complete -c amd-hsmp-broker -l allow-user -d 'Serve peers running as this user (repeatable); resolved once at start-up' -r
 complete -c amd-hsmp-broker -l allow-group -d 'Serve peers whose effective group is this (repeatable); resolved once at start-up' -r
 complete -c amd-hsmp-broker -l hsmp.device -d 'The HSMP device node' -r -F
+complete -c amd-hsmp-broker -l collector.core-energy.sources -d 'Where per-core energy may come from, tried in this order whatever the order given: hsmp (the firmware\'s RAPL messages, where it answers them), perf (the kernel\'s power_core PMU, Linux 6.14+; needs CAP_PERFMON at start-up), msr (the MSR devices; needs CAP_SYS_RAWIO at start-up). List one to choose it, leave one out to refuse it' -r -f -a "hsmp\t'HSMP `GET_RAPL_CORE_COUNTER`'
+perf\t'The kernel\'s `power_core` PMU (`perf_event_open`, `CAP_PERFMON`)'
+msr\t'The MSR driver (`/dev/cpu/N/msr`, `CAP_SYS_RAWIO`)'"
+complete -c amd-hsmp-broker -l perf.pmu-root -d 'Directory listing the kernel\'s PMUs (the power_core PMU\'s description is read there)' -r -F
 complete -c amd-hsmp-broker -l msr.device-root -d 'Directory holding <cpu>/msr device nodes' -r -F
 complete -c amd-hsmp-broker -l msr.poll-interval -d 'How often the 32-bit MSR energy counters are read to extend them to 64 bits. Shortened to a quarter of the shortest wrap at 100 W a core (164 s at the usual ESU of 16); a core not read for a whole wrap period restarts its count and the reset is counted' -r
 complete -c amd-hsmp-broker -l sample.max-age -d 'Freshness bound: every value the broker returns was read no earlier than this before the request arrived. Requests within it share reads, and it caps the mailbox load any peer can cause at one read of each item per this interval. 0 shares only reads that begin after a request arrived' -r
@@ -20,7 +24,7 @@ warn\t'Problems that cost telemetry'
 error\t'Only what stops the process'"
 complete -c amd-hsmp-broker -l log.format -d 'Output format of log messages: `logfmt` (`text` is accepted for it) or `json`, one record per line on standard error' -r -f -a "logfmt\t'`key=value` pairs, as Prometheus and node_exporter log by default'
 json\t'One JSON object per line'"
-complete -c amd-hsmp-broker -l collector.core-energy.msr-fallback -d 'Read per-core energy from the MSR devices where HSMP lacks the RAPL messages (needs CAP_SYS_RAWIO at start-up; dropped right after the devices are opened)'
+complete -c amd-hsmp-broker -l collector.core-energy.msr-fallback -d 'Also read per-core energy from the MSR devices where HSMP lacks the RAPL messages and the perf counter cannot be opened: adds msr to --collector.core-energy.sources (needs CAP_SYS_RAWIO at start-up; dropped right after the devices are opened)'
 complete -c amd-hsmp-broker -l check -d 'Check every precondition of a scrape on this machine (CPU, driver, /dev/hsmp, SELinux, the firmware\'s answers, energy, the socket), print one line each with its verdict and fix, and exit: 0 when nothing a scrape needs fails, 1 otherwise. Starts no server; run it as root with the flags of /etc/sysconfig/amd-hsmp-broker'
 complete -c amd-hsmp-broker -s V -l version -d 'Print the version, revision, build date and toolchain, then exit'
 complete -c amd-hsmp-broker -s h -l help -d 'Print help (see more with \'--help\')'

@@ -383,6 +383,134 @@ fn no_perf_event_is_opened_after_start_up_the_filter_kills_the_call() {
     assert!(out.stdout.is_empty(), "perf_event_open returned: {printed}");
 }
 
+// ---- The perf energy source through the real kernel interface ----
+
+/// A PMU description in `power_core`'s shape under a temporary root, for the real broker on
+/// this machine's own CPUs: the software PMU's `cpu-clock` stands in for `energy-core` (every
+/// kernel has it; it counts nanoseconds, here read as 2^-32 J, about 0.23 W a CPU). The real
+/// `perf_event_open` and `read(2)` then run under the broker's real lockdown.
+fn software_pmu() -> tempfile::TempDir {
+    let root = tempfile::tempdir().unwrap();
+    let pmu = root.path().join("power_core");
+    std::fs::create_dir_all(pmu.join("events")).unwrap();
+    std::fs::create_dir_all(pmu.join("format")).unwrap();
+    let software = std::fs::read_to_string("/sys/bus/event_source/devices/software/type").unwrap();
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+    for (file, text) in [
+        ("type", software.as_str()),
+        ("cpumask", online.as_str()),
+        ("events/energy-core", "event=0x00\n"),
+        ("events/energy-core.scale", "2.3283064365386962890625e-10\n"),
+        ("events/energy-core.unit", "Joules\n"),
+        ("format/event", "config:0-63\n"),
+    ] {
+        std::fs::write(pmu.join(file), text).unwrap();
+    }
+    root
+}
+
+/// The real broker on this machine's topology and no `/dev/hsmp`, its PMU under `pmu`, started
+/// through `prefix` (e.g. `setpriv` to withhold a capability).
+fn broker_on_this_machine(prefix: &[&str], pmu: &Path) -> Broker {
+    let dir = tempfile::tempdir().unwrap();
+    let args: Vec<String> = [
+        "--path.procfs",
+        "/proc",
+        "--path.sysfs",
+        "/sys",
+        "--hsmp.device",
+        &path(&dir.path().join("no-hsmp")),
+        "--perf.pmu-root",
+        &path(pmu),
+        "--sample.max-age",
+        "0",
+        "--log.format",
+        "json",
+    ]
+    .map(String::from)
+    .to_vec();
+    Broker::spawn_with(prefix, &args, dir)
+}
+
+#[test]
+#[ignore = "needs root (system-wide perf events): cargo xtask test runs it"]
+fn the_real_broker_reads_energy_through_the_real_perf_event_open() {
+    let _alone = one_at_a_time();
+    let pmu = software_pmu();
+    let broker = broker_on_this_machine(&[], pmu.path());
+    let mut client = broker.client();
+    let cores = client.topology().cores.len();
+    let what = Families { core_energy: true, ..Families::default() };
+    let first = client.sample(what, DEADLINE_MS);
+    assert_eq!(first.energy_source, Some(proto::EnergySource::Perf), "{}", broker.log());
+    let first = values(&first.energy);
+    assert_eq!(first.len(), cores);
+    // Time passes on every CPU's clock: the counts only grow.
+    until("every count grows", || {
+        let now = values(&client.sample(what, DEADLINE_MS).energy);
+        now.iter()
+            .zip(&first)
+            .all(|(n, f)| n.as_ref().unwrap().counter > f.as_ref().unwrap().counter)
+    });
+    // The counts are the kernel's (cpu-clock's nanoseconds, whatever its clock does on this
+    // machine), carried in the PMU's unit, 2^-32 J.
+    let last = values(&client.sample(what, DEADLINE_MS).energy);
+    assert!(last.iter().all(|l| l.as_ref().is_ok_and(|l| l.esu == 32)), "{last:?}");
+    let log = broker.log();
+    assert!(
+        log.contains("core energy source chosen") && log.contains("\"source\":\"perf\""),
+        "{log}"
+    );
+    assert!(log.contains("seccomp filter installed"), "{log}");
+}
+
+#[test]
+#[ignore = "needs root (withholds its capabilities with setpriv): cargo xtask test runs it"]
+fn without_cap_perfmon_the_broker_passes_perf_over_and_exports_no_energy() {
+    let _alone = one_at_a_time();
+    let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").unwrap();
+    assert!(paranoid.trim().parse::<i32>().unwrap() > 0, "this test needs perf_event_paranoid > 0");
+    let pmu = software_pmu();
+    let withheld = ["setpriv", "--bounding-set", "-perfmon,-sys_admin", "--inh-caps", "-all"];
+    let broker = broker_on_this_machine(&withheld, pmu.path());
+    let what = Families { core_energy: true, ..Families::default() };
+    let sample = broker.client().sample(what, DEADLINE_MS);
+    assert_eq!(sample.energy_source, None, "never a value from a source that did not open");
+    assert!(!matches!(sample.energy, Readings::Values(_)), "{:?}", sample.energy);
+    let log = broker.log();
+    assert!(log.contains("no core energy source at start-up"), "{log}");
+    assert!(log.contains("CAP_PERFMON") && log.contains("perf-energy.conf"), "{log}");
+}
+
+#[test]
+#[ignore = "needs root (the broker serves root, not the test's uid): cargo xtask test runs it"]
+fn a_pmu_description_that_would_block_or_lies_never_stops_the_start() {
+    let _alone = one_at_a_time();
+    for (file, make) in
+        [("type", "fifo"), ("cpumask", "oversized"), ("events/energy-core.scale", "1e-10")]
+    {
+        let pmu = software_pmu();
+        let target = pmu.path().join("power_core").join(file);
+        std::fs::remove_file(&target).unwrap();
+        match make {
+            "fifo" => {
+                let fifo = rustix::fs::FileType::Fifo;
+                let mode = rustix::fs::Mode::from_raw_mode(0o600);
+                rustix::fs::mknodat(rustix::fs::CWD, &target, fifo, mode, 0).unwrap();
+            }
+            "oversized" => std::fs::write(&target, "0,".repeat(1 << 20)).unwrap(),
+            lie => std::fs::write(&target, lie).unwrap(),
+        }
+        // Spawning waits until the socket serves: a start stuck on the FIFO would fail here.
+        let broker = broker_on_this_machine(&[], pmu.path());
+        let sample = broker.client().sample(Families::ALL, DEADLINE_MS);
+        assert_eq!(sample.energy_source, None, "{file}");
+        let log = broker.log();
+        let named = format!("power_core/{file}");
+        assert!(log.contains("perf_passed_over") && log.contains(&named), "{file}: {log}");
+    }
+}
+
 // ---- Signals ----
 
 #[test]
@@ -927,7 +1055,8 @@ fn an_msr_fallback_that_cannot_open_is_logged_with_its_os_error() {
     let log = rig.broker_log();
     let line = log
         .lines()
-        .find(|l| l.contains("MSR fallback unavailable"))
-        .unwrap_or_else(|| panic!("no MSR fallback line in\n{log}"));
-    assert!(line.contains("(os error "), "the OS error is dropped: {line}");
+        .find(|l| l.contains("no core energy source at start-up"))
+        .unwrap_or_else(|| panic!("no energy source line in\n{log}"));
+    let msr = line.split("msr_passed_over=").nth(1).unwrap_or_else(|| panic!("{line}"));
+    assert!(msr.contains("(os error "), "the OS error is dropped: {line}");
 }

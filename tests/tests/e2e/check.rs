@@ -33,9 +33,20 @@ fn the_check_prints_one_line_per_precondition_and_fails_without_the_socket() {
         .collect();
     assert_eq!(
         names,
-        ["cpu", "driver", "protocol", "cores", "boost", "frequency-limit", "energy", "socket"],
+        [
+            "cpu",
+            "driver",
+            "protocol",
+            "cores",
+            "boost",
+            "frequency-limit",
+            "perf",
+            "energy",
+            "socket"
+        ],
         "{text}"
     );
+    assert!(text.contains("skip  perf      not needed: energy comes from HSMP RAPL"), "{text}");
     assert!(text.contains("ok    protocol  HSMP protocol 7 on 2 socket(s)"), "{text}");
     assert!(text.contains("GET_SOCKET_FREQ_LIMIT answered: socket 0 3700 MHz (opn_max)"), "{text}");
     let socket_line =

@@ -103,6 +103,8 @@ pub struct Variant {
     pub values: Value,
     pub privileged: bool,
     pub msr: bool,
+    /// `perf` among `broker.coreEnergy.sources`.
+    pub perf: bool,
     /// `--collector.core-owner`: the host's cgroup hierarchy mounted into the exporter.
     pub core_owner: bool,
     /// `hostNetwork`: the pod in the node's network namespace.
@@ -129,6 +131,7 @@ pub fn variants(python: &Path, root: &Path) -> Result<Vec<Variant>> {
             values,
             privileged: merged["broker"]["deviceAccess"] == "privileged",
             msr: merged["broker"]["msrFallback"] == true,
+            perf: energy_sources(merged).contains(&"perf"),
             core_owner: merged["exporter"]["collectors"]["coreOwner"]["enabled"] == true,
             host_network: merged["hostNetwork"] == true,
             merged: merged.clone(),
@@ -139,7 +142,7 @@ pub fn variants(python: &Path, root: &Path) -> Result<Vec<Variant>> {
 }
 
 /// Values the chart must refuse when rendering, with a part of the message each gives.
-pub const REFUSED: [(&str, &str); 3] = [
+pub const REFUSED: [(&str, &str); 4] = [
     (
         r#"{"service": {"enabled": false}, "serviceMonitor": {"enabled": true}}"#,
         "needs service.enabled",
@@ -149,6 +152,9 @@ pub const REFUSED: [(&str, &str); 3] = [
         r#"{"hostNetwork": true, "networkPolicy": {"enabled": true}}"#,
         "does not apply to a pod in the node's network",
     ),
+    // Helm drops a key set to null before the schema sees it: the template refuses it instead
+    // of passing the broker an empty list.
+    (r#"{"broker": {"coreEnergy": {"sources": null}}}"#, "list hsmp, perf or both"),
 ];
 
 /// Keys of prometheus-node-exporter's chart that have no meaning here: the schema refuses each,
@@ -238,6 +244,7 @@ pub fn check_variant(
     }
     operator_objects(&objects, &variant.merged)?;
     carried_over(&objects, &variant.merged)?;
+    energy_sources_and_capabilities(&objects, variant)?;
     let rendered = Rendered { objects };
     let template = &rendered.daemonset()?["spec"]["template"];
     let found: BTreeSet<String> = outside_restricted(template).into_iter().collect();
@@ -423,9 +430,63 @@ fn carried_over(objects: &[Value], merged: &Value) -> Result<()> {
     Ok(())
 }
 
+/// `broker.coreEnergy.sources` of the merged values.
+fn energy_sources(merged: &Value) -> Vec<&str> {
+    let sources = merged["broker"]["coreEnergy"]["sources"].as_array();
+    sources.into_iter().flatten().filter_map(Value::as_str).collect()
+}
+
+/// The capabilities the broker container adds: in `devicePlugin` mode `SYS_RAWIO` with the MSR
+/// fallback and `PERFMON` with the perf source; none in `privileged` mode, whose container holds
+/// every capability already.
+pub fn broker_capabilities(variant: &Variant) -> Vec<&'static str> {
+    let wanted = [("SYS_RAWIO", variant.msr), ("PERFMON", variant.perf)];
+    let added = wanted.into_iter().filter(|(_, on)| *on && !variant.privileged);
+    added.map(|(cap, _)| cap).collect()
+}
+
+/// The broker is given the energy sources of the values (`--collector.core-energy.sources`, and
+/// `--collector.core-energy.msr-fallback` with `msrFallback`) and adds exactly
+/// [`broker_capabilities`]; the exporter container drops every capability and adds none,
+/// whatever the values.
+fn energy_sources_and_capabilities(objects: &[Value], variant: &Variant) -> Result<()> {
+    let ds = objects.iter().find(|o| o["kind"] == "DaemonSet").context("no DaemonSet")?;
+    let containers =
+        ds["spec"]["template"]["spec"]["containers"].as_array().context("containers")?;
+    let container = |name: &str| {
+        containers
+            .iter()
+            .find(|c| c["name"] == name)
+            .with_context(|| format!("no {name} container"))
+    };
+    let broker = container("broker")?;
+    let args: Vec<&str> =
+        broker["args"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    let sources =
+        format!("--collector.core-energy.sources={}", energy_sources(&variant.merged).join(","));
+    ensure!(args.contains(&sources.as_str()), "the broker's flags lack {sources}: {args:?}");
+    let fallback = args.contains(&"--collector.core-energy.msr-fallback");
+    ensure!(
+        fallback == variant.msr,
+        "--collector.core-energy.msr-fallback given: {fallback}, msrFallback: {}",
+        variant.msr
+    );
+    let added = |c: &Value| -> Vec<String> {
+        let add = c["securityContext"]["capabilities"]["add"].as_array();
+        add.into_iter().flatten().map(|c| c.as_str().unwrap_or("?").to_owned()).collect()
+    };
+    let want = broker_capabilities(variant);
+    ensure!(added(broker) == want, "the broker container adds {:?}, not {want:?}", added(broker));
+    let exporter = container("exporter")?;
+    ensure!(added(exporter).is_empty(), "the exporter container adds {:?}", added(exporter));
+    let drop = &exporter["securityContext"]["capabilities"]["drop"];
+    ensure!(drop == &json!(["ALL"]), "the exporter container drops {drop}, not ALL");
+    Ok(())
+}
+
 /// A documented field outside "restricted": the field as [`outside_restricted`] names it, and
-/// when it appears (`always`, `coreOwner`, or `privileged`/`devicePlugin`, optionally
-/// `+ msrFallback`).
+/// when it appears (`always`, `coreOwner`, `hostNetwork`, or `privileged`/`devicePlugin`,
+/// optionally `+ msrFallback` or `+ perf`).
 #[derive(Debug, Clone)]
 pub struct Outside {
     pub field: String,
@@ -439,12 +500,17 @@ impl Outside {
             "privileged" => v.privileged,
             "devicePlugin" => !v.privileged,
             "msrFallback" => v.msr,
+            "perf" => v.perf,
             "coreOwner" => v.core_owner,
             "hostNetwork" => v.host_network,
             _ => false,
         })
     }
 }
+
+/// The conditions of the table's `when` column, joined by `+`.
+const CONDITIONS: [&str; 7] =
+    ["always", "privileged", "devicePlugin", "msrFallback", "perf", "coreOwner", "hostNetwork"];
 
 /// The table of docs/kubernetes.md between the markers: `| \`field\` | when | why |` rows.
 pub fn documented_outside(root: &Path) -> Result<Vec<Outside>> {
@@ -457,11 +523,7 @@ pub fn documented_outside(root: &Path) -> Result<Vec<Outside>> {
         let field = cells.first().map(|c| c.trim_start_matches("| ").trim_matches('`'));
         let (Some(field), Some(when)) = (field, cells.get(1)) else { bail!("bad row {line}") };
         for c in when.split('+').map(str::trim) {
-            ensure!(
-                ["always", "privileged", "devicePlugin", "msrFallback", "coreOwner", "hostNetwork"]
-                    .contains(&c),
-                "unknown condition {c:?} in {line}"
-            );
+            ensure!(CONDITIONS.contains(&c), "unknown condition {c:?} in {line}");
         }
         ensure!(cells.get(2).is_some_and(|why| why.len() > 10), "no reason in {line}");
         rows.push(Outside { field: field.to_owned(), when: when.trim().to_owned() });
@@ -810,6 +872,7 @@ mod tests {
             values: json!({}),
             privileged: true,
             msr: false,
+            perf: false,
             core_owner: false,
             host_network: false,
             merged: json!({}),
@@ -818,6 +881,88 @@ mod tests {
         let applying = |v: &Variant| rows.iter().filter(|r| r.applies(v)).count();
         assert_eq!(applying(&default), 5);
         assert_eq!(applying(&plugin), 2);
+        // The perf source adds one field (CAP_PERFMON) in devicePlugin mode, none in privileged.
+        assert_eq!(applying(&Variant { perf: true, ..default.clone() }), 5);
+        assert_eq!(applying(&Variant { perf: true, ..plugin.clone() }), 3);
+        assert_eq!(applying(&Variant { perf: true, msr: true, ..plugin }), 4);
+    }
+
+    /// A variant of `sources` and the rendered DaemonSet's two containers: the broker's flags
+    /// and added capabilities, the exporter's added capabilities.
+    fn rendered(
+        privileged: bool,
+        msr: bool,
+        sources: &[&str],
+        broker_add: &[&str],
+        exporter_add: &[&str],
+    ) -> (Variant, Vec<Value>) {
+        let merged = json!({"broker": {"coreEnergy": {"sources": sources}, "msrFallback": msr}});
+        let variant = Variant {
+            name: "v".into(),
+            values: json!({}),
+            privileged,
+            msr,
+            perf: sources.contains(&"perf"),
+            core_owner: false,
+            host_network: false,
+            merged,
+        };
+        let mut args = vec![format!("--collector.core-energy.sources={}", sources.join(","))];
+        if msr {
+            args.push("--collector.core-energy.msr-fallback".into());
+        }
+        let container = |name: &str, args: &[String], add: &[&str]| {
+            let mut caps = json!({"drop": ["ALL"]});
+            if !add.is_empty() {
+                caps["add"] = json!(add);
+            }
+            json!({"name": name, "args": args, "securityContext": {"capabilities": caps}})
+        };
+        let ds = json!({"kind": "DaemonSet", "spec": {"template": {"spec": {"containers": [
+            container("broker", &args, broker_add),
+            container("exporter", &[], exporter_add),
+        ]}}}});
+        (variant, vec![ds])
+    }
+
+    #[test]
+    fn the_perf_source_adds_perfmon_to_the_broker_alone_and_only_in_device_plugin_mode() {
+        for (privileged, msr, perf, want) in [
+            (true, false, false, vec![]),
+            (true, true, true, vec![]),
+            (false, false, false, vec![]),
+            (false, false, true, vec!["PERFMON"]),
+            (false, true, false, vec!["SYS_RAWIO"]),
+            (false, true, true, vec!["SYS_RAWIO", "PERFMON"]),
+        ] {
+            let sources: &[&str] = if perf { &["hsmp", "perf"] } else { &["hsmp"] };
+            let (variant, _) = rendered(privileged, msr, sources, &[], &[]);
+            assert_eq!(broker_capabilities(&variant), want, "{privileged} {msr} {perf}");
+        }
+        let (variant, objects) = rendered(false, false, &["hsmp", "perf"], &["PERFMON"], &[]);
+        energy_sources_and_capabilities(&objects, &variant).unwrap();
+        let (variant, objects) = rendered(true, false, &["perf"], &[], &[]);
+        energy_sources_and_capabilities(&objects, &variant).unwrap();
+    }
+
+    #[test]
+    fn a_capability_on_the_exporter_or_one_the_sources_do_not_ask_for_is_refused() {
+        let perf: &[&str] = &["hsmp", "perf"];
+        for (privileged, sources, broker_add, exporter_add, why) in [
+            (false, perf, &["PERFMON"][..], &["PERFMON"][..], "the exporter container adds"),
+            (false, perf, &[], &[], "the broker container adds []"),
+            (false, &["hsmp"][..], &["PERFMON"], &[], "the broker container adds [\"PERFMON\"]"),
+            (true, perf, &["PERFMON"], &[], "the broker container adds [\"PERFMON\"]"),
+        ] {
+            let (variant, objects) = rendered(privileged, false, sources, broker_add, exporter_add);
+            let e = energy_sources_and_capabilities(&objects, &variant).unwrap_err().to_string();
+            assert!(e.contains(why), "{sources:?} {broker_add:?} {exporter_add:?}: {e}");
+        }
+        // The flag must name the values' sources.
+        let (mut variant, objects) = rendered(false, false, &["hsmp"], &[], &[]);
+        variant.merged["broker"]["coreEnergy"]["sources"] = json!(["hsmp", "perf"]);
+        let e = energy_sources_and_capabilities(&objects, &variant).unwrap_err().to_string();
+        assert!(e.contains("lack --collector.core-energy.sources=hsmp,perf"), "{e}");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 mod counts;
 mod measure;
+mod reads;
 mod report;
 
 use anyhow::{Context, Result, bail};
@@ -40,6 +41,11 @@ pub struct Cli {
     /// --collector.core-owner, measured like the first at each latency (0: no such run).
     #[arg(long, value_name = "N", default_value_t = 1000)]
     cgroups: usize,
+
+    /// Rounds of per-core energy readings through the kernel's two paths (a perf event's
+    /// read(2), the MSR driver's pread(2)) on every CPU of this machine (0: none).
+    #[arg(long = "energy-reads", value_name = "N", default_value_t = 2000)]
+    energy_reads: usize,
 
     /// Also write the figures as JSON to this file.
     #[arg(long, value_name = "FILE")]

@@ -56,8 +56,17 @@ pub fn run(cli: &Cli, bins: &Binaries) -> Result<Report> {
         cli.startups
     );
     let startup = startup(bins, largest, cli.startups).context("start-up")?;
+    let reads = match cli.energy_reads {
+        0 => None,
+        rounds => {
+            eprintln!("bench: {rounds} rounds of energy readings through perf and the MSR driver");
+            Some(crate::reads::measure(rounds).context("energy readings")?)
+        }
+    };
     let command = command_line(std::env::args().skip(1));
-    Ok(Report::new(host(), command, cli.scrapes, fixtures_out, startup))
+    let mut report = Report::new(host(), command, cli.scrapes, fixtures_out, startup);
+    report.reads = reads;
+    Ok(report)
 }
 
 /// The command that reran this benchmark: its arguments without the `--bin-dir` that
@@ -713,7 +722,9 @@ fn start_once(
     listener.set_read_timeout(Some(Duration::from_secs(30)))?;
     let mut args = broker_args(device, name, &socket);
     if msr {
-        args.push("--collector.core-energy.msr-fallback".into());
+        // The MSR source chosen outright: where HSMP answers RAPL (the largest fixture is a
+        // Turin), a fallback alone would not be opened.
+        args.push("--collector.core-energy.sources=msr".into());
     }
     let log = dir.join(format!("broker-{run}-{msr}.log"));
     let err = std::fs::File::create(&log)?;

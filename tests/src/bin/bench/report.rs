@@ -19,6 +19,8 @@ pub struct Report {
     pub fixtures: Vec<FixtureReport>,
     /// Broker start-up on the largest fixture.
     pub startup: Startup,
+    /// One energy reading through perf and through the MSR driver, on this machine.
+    pub reads: Option<crate::reads::Reads>,
 }
 
 impl Report {
@@ -33,7 +35,7 @@ impl Report {
         for f in &mut fixtures {
             f.targets = targets(f);
         }
-        Report { host, command, scrapes, fixtures, startup }
+        Report { host, command, scrapes, fixtures, startup, reads: None }
     }
 }
 
@@ -382,13 +384,28 @@ pub fn table(r: &Report) -> String {
         "  {:<22} {:>9} {:>9} {:>9} {:>12}",
         "", "median ms", "min ms", "max ms", "peak RSS KiB"
     );
-    for (name, x) in [("without MSR fallback", &s.without_msr), ("with MSR fallback", &s.with_msr)]
+    for (name, x) in
+        [("without the MSR source", &s.without_msr), ("with the MSR source", &s.with_msr)]
     {
         let _ = writeln!(
             out,
             "  {name:<22} {:>9.1} {:>9.1} {:>9.1} {:>12}",
             x.ready_ms_median, x.ready_ms_min, x.ready_ms_max, x.peak_rss_kib
         );
+    }
+    if let Some(r) = &r.reads {
+        let _ = writeln!(
+            out,
+            "\none energy reading, {} CPUs, {} rounds, through the device crate's transports:",
+            r.cpus, r.rounds
+        );
+        let _ = writeln!(out, "  {:<52} {:>9} {:>9}", "", "wall µs", "CPU µs");
+        let msr = format!("msr: pread(2) of {}", r.msr_path);
+        let perf = format!("perf: read(2) of {}", r.perf_event);
+        for (name, x) in [(perf.as_str(), &r.perf), (msr.as_str(), &r.msr)] {
+            let _ = writeln!(out, "  {name:<52} {:>9.2} {:>9.2}", x.wall_us, x.cpu_us);
+        }
+        let _ = writeln!(out, "  {:<52} {:>9.2} {:>9.2}", "perf / msr", r.wall_ratio, r.cpu_ratio);
     }
     out
 }
