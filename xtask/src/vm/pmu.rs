@@ -12,8 +12,6 @@
 //! guest reads a stable table between two changes the test makes.
 
 use super::mailbox::{WINDOW_BASE, WINDOW_SIZE};
-use super::responder::GuestTopology;
-use super::sim::Machine;
 use anyhow::{Context, Result};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -24,17 +22,17 @@ pub const TABLE_OFFSET: u64 = 0x8_0000;
 /// The table's first word, "PWRC" in memory; the module refuses to load without it.
 pub const TABLE_MAGIC: u32 = 0x4352_5750;
 
-/// The words of socket `socket`'s table as the simulator has them now.
-pub fn table(machine: &Machine, topology: GuestTopology, socket: u32) -> Result<Vec<u32>> {
-    let fw = machine.firmware();
-    let esu = u32::from(machine.spec().esu);
-    let mut words = vec![TABLE_MAGIC, topology.cores];
-    for core in 0..topology.cores {
+/// The words of one socket's table: its cores' 64-bit counters (in core id order) and their
+/// energy status unit.
+pub fn table(counters: &[u64], esu: u8) -> Vec<u32> {
+    let cores = u32::try_from(counters.len()).unwrap_or(u32::MAX);
+    let mut words = vec![TABLE_MAGIC, cores];
+    for counter in counters {
         // The low 32 bits, as the MSR holds them: truncation is the point.
-        words.push(fw.energy_counter(socket, core)? as u32);
-        words.push(esu);
+        words.push(*counter as u32);
+        words.push(u32::from(esu));
     }
-    Ok(words)
+    words
 }
 
 /// Writes `words` at socket `socket`'s table in the guest RAM file, each word only where the
@@ -55,7 +53,6 @@ pub fn sync(ram: &File, socket: u32, words: &[u32]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vm::sim::FirmwareConfig;
 
     #[test]
     fn the_table_holds_each_core_s_low_32_bits_and_unit_where_the_module_reads_them() {
@@ -63,10 +60,7 @@ mod tests {
         let path = dir.path().join("ram");
         let ram = File::options().read(true).write(true).create_new(true).open(&path).unwrap();
         ram.set_len(WINDOW_BASE + 2 * WINDOW_SIZE).unwrap();
-        let topo = GuestTopology { sockets: 2, cores: 3 };
-        let machine = Machine::new(topo.spec(5), FirmwareConfig::static_values());
-        machine.firmware().set_energy_counter(1, 2, (7 << 32) | 0xDEAD_BEEF).unwrap();
-        sync(&ram, 1, &table(&machine, topo, 1).unwrap()).unwrap();
+        sync(&ram, 1, &table(&[1, 2, (7 << 32) | 0xDEAD_BEEF], 16)).unwrap();
         let word = |socket: u64, off: u64| {
             let mut b = [0u8; 4];
             let at = WINDOW_BASE + socket * WINDOW_SIZE + TABLE_OFFSET + off;
@@ -78,7 +72,8 @@ mod tests {
         assert_eq!(&word(1, 0).to_le_bytes(), b"PWRC");
         assert_eq!(word(1, 4), 3);
         assert_eq!(word(1, 8 + 2 * 8), 0xDEAD_BEEF);
-        assert_eq!(word(1, 8 + 2 * 8 + 4), u32::from(topo.spec(5).esu));
+        assert_eq!(word(1, 8 + 2 * 8 + 4), 16);
+        assert_eq!(word(1, 8), 1);
         // Socket 0's window is untouched until its own table is written.
         assert_eq!(word(0, 0), 0);
     }

@@ -232,7 +232,10 @@ fn keep_tables(shared: &Shared, ram: &std::fs::File) -> Result<()> {
     while !shared.stop.load(Ordering::Relaxed) {
         let machine = Arc::clone(&shared.machine.read().unwrap_or_else(PoisonError::into_inner));
         for socket in 0..shared.topology.sockets {
-            pmu::sync(ram, socket, &pmu::table(&machine, shared.topology, socket)?)?;
+            let counters = (0..shared.topology.cores)
+                .map(|core| machine.firmware().energy_counter(socket, core))
+                .collect::<Result<Vec<u64>, _>>()?;
+            pmu::sync(ram, socket, &pmu::table(&counters, machine.spec().esu))?;
         }
         std::thread::sleep(TABLE_INTERVAL);
     }
