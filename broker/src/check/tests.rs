@@ -136,7 +136,7 @@ fn accounts() -> Accounts {
 }
 
 fn char_node(gid: u32, mode: u32) -> Node {
-    Node { char_device: true, socket: false, uid: 0, gid, mode }
+    Node { char_device: true, socket: false, fuse: false, uid: 0, gid, mode }
 }
 
 #[test]
@@ -144,6 +144,24 @@ fn the_packaged_device_node_passes() {
     let l =
         device_node(Path::new("/dev/hsmp"), Some(char_node(BROKER_GID, 0o640)), &accounts(), false);
     assert_eq!(l.verdict, Verdict::Pass, "{l}");
+}
+
+/// Issue 28: a file a FUSE filesystem serves (the test suite's fake device) is not the driver's
+/// node: with the packaged ownership it is a warning saying so, never a pass; without it, the
+/// same failure as a character device's. A plain file stays a failure.
+#[test]
+fn a_fuse_node_with_the_packaged_ownership_warns_that_it_is_no_driver_node() {
+    let fuse =
+        |gid, mode| Node { char_device: false, socket: false, fuse: true, uid: 0, gid, mode };
+    let l = device_node(Path::new("/dev/hsmp"), Some(fuse(BROKER_GID, 0o640)), &accounts(), false);
+    assert_eq!(l.verdict, Verdict::Warn, "{l}");
+    assert!(l.found.contains("served by a FUSE filesystem, not the driver's character device"));
+    let l = device_node(Path::new("/dev/hsmp"), Some(fuse(0, 0o600)), &accounts(), false);
+    assert_eq!(l.verdict, Verdict::Fail, "{l}");
+    let plain = Node { fuse: false, ..fuse(BROKER_GID, 0o640) };
+    let l = device_node(Path::new("/dev/hsmp"), Some(plain), &accounts(), false);
+    assert_eq!(l.verdict, Verdict::Fail, "{l}");
+    assert!(l.found.ends_with("is not a character device"), "{l}");
 }
 
 #[test]
@@ -232,7 +250,8 @@ fn a_device_with_the_generic_label_fails_naming_restorecon() {
 fn a_socket_the_exporters_group_cannot_write_fails_naming_the_group() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("broker.sock");
-    let root_only = Node { char_device: false, socket: true, uid: 0, gid: 0, mode: 0o660 };
+    let root_only =
+        Node { char_device: false, socket: true, fuse: false, uid: 0, gid: 0, mode: 0o660 };
     let l = socket(&path, Some(root_only), &accounts());
     assert_eq!(l.verdict, Verdict::Fail, "{l}");
     assert!(l.found.contains("through group amd-hsmp-exporter"), "{l}");
@@ -272,7 +291,8 @@ fn a_reachable_socket_passes_once_the_broker_answers() {
         let topology = static_machine(Profile::Milan1p).topology().clone();
         Reply::Topology(topology).write(&mut conn).unwrap();
     });
-    let group_rw = Node { char_device: false, socket: true, uid: 0, gid: 991, mode: 0o660 };
+    let group_rw =
+        Node { char_device: false, socket: true, fuse: false, uid: 0, gid: 991, mode: 0o660 };
     let l = socket(&path, Some(group_rw), &accounts());
     server.join().unwrap();
     assert_eq!(l.verdict, Verdict::Pass, "{l}");
