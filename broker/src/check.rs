@@ -752,6 +752,7 @@ fn protocol(t: &dyn HsmpTransport, topo: &Topology) -> (Line, Probe) {
     let rapl = messages::rapl_esu(t, first).map(drop);
     let has_rapl = rapl.is_ok();
     note("RAPL energy", rapl);
+    note("package energy", messages::rapl_package_counter(t, first).map(drop));
     let mut found = format!(
         "HSMP protocol {version} on {} socket(s); answering: {}",
         versions.len(),

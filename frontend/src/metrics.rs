@@ -229,6 +229,13 @@ impl Collector for ReportCollector {
                 Some(&hertz),
                 t.core_frequency_limit_hertz.iter().map(|(c, hz)| gauge(core_labels(c), *hz)),
             )?;
+            family(
+                &mut e,
+                "amd_hsmp_package_energy",
+                "Energy consumed by the socket's package (its cores, the uncore, memory controllers and I/O die), in joules",
+                Some(&Unit::Joules),
+                t.package_energy_joules.iter().map(|(s, j)| counter([("socket", *s)], *j)),
+            )?;
         }
 
         family(

@@ -49,6 +49,10 @@ pub mod version {
     /// limit ([`Sample::core_frequency_limit`](crate::Sample::core_frequency_limit)), asked
     /// for by two more [`Families`](crate::Families) flags.
     pub const V3: u32 = 3;
+    /// One more family: each socket's package energy counter
+    /// ([`Sample::package_energy`](crate::Sample::package_energy)), asked for by one more
+    /// [`Families`](crate::Families) flag.
+    pub const V4: u32 = 4;
 }
 
 /// Where the packaged socket unit (`amd-hsmp-broker.socket`) puts the broker's socket: the
@@ -56,7 +60,7 @@ pub mod version {
 pub const DEFAULT_SOCKET: &str = "/run/amd-hsmp/broker.sock";
 
 /// Version of this protocol. Bumped on any change an older peer cannot decode.
-pub const PROTOCOL_VERSION: u32 = version::V3;
+pub const PROTOCOL_VERSION: u32 = version::V4;
 
 impl Message for Request {
     /// Requests are a few bytes.
@@ -125,6 +129,9 @@ pub struct Families {
     pub frequency_limit: bool,
     /// Since [`version::V3`]. Per-core frequency limit (HSMP `GET_CCLK_CORE_LIMIT`).
     pub core_frequency_limit: bool,
+    /// Since [`version::V4`]. Per-socket package energy counter (HSMP
+    /// `GET_RAPL_PACKAGE_COUNTER`).
+    pub package_energy: bool,
 }
 
 impl Families {
@@ -135,6 +142,7 @@ impl Families {
         prochot: true,
         frequency_limit: true,
         core_frequency_limit: true,
+        package_energy: true,
     };
 
     /// The families in `list`.
@@ -154,6 +162,7 @@ impl Families {
             Family::Prochot => self.prochot,
             Family::FrequencyLimit => self.frequency_limit,
             Family::CoreFrequencyLimit => self.core_frequency_limit,
+            Family::PackageEnergy => self.package_energy,
         }
     }
 
@@ -165,6 +174,7 @@ impl Families {
             Family::Prochot => &mut self.prochot,
             Family::FrequencyLimit => &mut self.frequency_limit,
             Family::CoreFrequencyLimit => &mut self.core_frequency_limit,
+            Family::PackageEnergy => &mut self.package_energy,
         };
         *flag = on;
     }
@@ -192,6 +202,8 @@ pub enum Family {
     FrequencyLimit,
     /// Since [`version::V3`]. Per-core frequency limit ([`Sample::core_frequency_limit`]).
     CoreFrequencyLimit,
+    /// Since [`version::V4`]. Per-socket package energy counter ([`Sample::package_energy`]).
+    PackageEnergy,
 }
 
 /// What one value of a family belongs to.
@@ -205,12 +217,13 @@ pub enum Scope {
 
 impl Family {
     /// Every family, in the order of their variants.
-    pub const ALL: [Family; 5] = [
+    pub const ALL: [Family; 6] = [
         Family::CoreEnergy,
         Family::BoostLimit,
         Family::Prochot,
         Family::FrequencyLimit,
         Family::CoreFrequencyLimit,
+        Family::PackageEnergy,
     ];
 
     /// The number of families.
@@ -225,6 +238,7 @@ impl Family {
             Family::Prochot => "prochot",
             Family::FrequencyLimit => "frequency-limit",
             Family::CoreFrequencyLimit => "core-frequency-limit",
+            Family::PackageEnergy => "package-energy",
         }
     }
 
@@ -232,7 +246,7 @@ impl Family {
     pub const fn scope(self) -> Scope {
         match self {
             Family::CoreEnergy | Family::BoostLimit | Family::CoreFrequencyLimit => Scope::Core,
-            Family::Prochot | Family::FrequencyLimit => Scope::Socket,
+            Family::Prochot | Family::FrequencyLimit | Family::PackageEnergy => Scope::Socket,
         }
     }
 
@@ -398,6 +412,10 @@ pub struct Sample {
     /// Since [`version::V3`]. Per-core frequency limit in MHz, aligned with
     /// [`Topology::cores`].
     pub core_frequency_limit: Readings<u32>,
+    /// Since [`version::V4`]. Per-socket package energy (HSMP `GET_RAPL_PACKAGE_COUNTER`, in
+    /// the same units as the core counters), aligned with [`Topology::sockets`]: the cores and
+    /// what draws beside them in the package (the uncore, memory controllers, I/O die).
+    pub package_energy: Readings<Energy>,
     /// Since [`version::V1`]. Energy counter resets since this broker instance started: each
     /// time a core's count restarted from 0 because a wrap of its 32-bit MSR counter may have
     /// gone unseen. Cumulative, so a lost reply loses no reset; 0 without the MSR fallback.

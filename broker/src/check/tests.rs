@@ -308,7 +308,10 @@ fn a_healthy_turin_passes_every_device_check() {
     }
     let protocol = line(&lines, "protocol");
     assert!(protocol.found.starts_with("HSMP protocol 7 on 2 socket(s)"), "{protocol}");
-    assert!(protocol.found.contains("boost limit, PROCHOT, RAPL energy"), "{protocol}");
+    assert!(
+        protocol.found.contains("boost limit, PROCHOT, RAPL energy, package energy"),
+        "{protocol}"
+    );
     assert!(line(&lines, "energy").found.contains("384 of 384 cores advancing"), "{lines:#?}");
     assert!(line(&lines, "energy").found.contains("(2.00 W per core on average)"));
     // Nothing listens on the socket: the one failure, and the run fails.
@@ -510,8 +513,8 @@ fn a_slow_mailbox_costs_the_cores_line_one_message_not_one_per_core() {
     assert!(fix(cores).contains("SMU mailbox answers slowly"), "{cores}");
     let energy = line(&lines, "energy");
     assert_eq!(energy.verdict, Verdict::Skip, "{energy}");
-    // GET_PROTO_VER of both sockets, the three family probes of the first, one boost limit.
-    assert_eq!(sent() - before, 2 + 3 + 1, "{lines:#?}");
+    // GET_PROTO_VER of both sockets, the four family probes of the first, one boost limit.
+    assert_eq!(sent() - before, 2 + 4 + 1, "{lines:#?}");
 }
 
 /// Each line reaches the caller as soon as it is decided: while the mailbox holds the first

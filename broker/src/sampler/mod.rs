@@ -476,7 +476,9 @@ impl Shared {
         let reads = PerFamily::from_fn(|family| {
             let asked = what.contains(family);
             match family::reading(family) {
-                Reading::Message(_) => self.decide(asked, family, open).map(Reader::Hsmp),
+                Reading::Message(_) | Reading::Counter(_) => {
+                    self.decide(asked, family, open).map(Reader::Hsmp)
+                }
                 Reading::Energy => self.energy_reader(asked, open),
             }
         });

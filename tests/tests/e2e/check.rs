@@ -281,7 +281,7 @@ fn the_check_on_a_venice_like_machine_passes_with_a_warning_for_the_model() {
         ("driver", "hsmp_acpi loaded (ACPI device AMDI0097)"),
         (
             "protocol",
-            "HSMP protocol 7 on 2 socket(s); answering: boost limit, PROCHOT, RAPL energy",
+            "HSMP protocol 7 on 2 socket(s); answering: boost limit, PROCHOT, RAPL energy, package energy",
         ),
         ("cores", "all 256 cores answer by APIC id on their socket (2 socket(s))"),
         ("energy", "256 cores"),
