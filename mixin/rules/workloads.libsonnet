@@ -84,14 +84,21 @@ local undoDashes(expr, n) =
       },
       {
         // What the package draws beside its cores (the I/O die, memory controllers, fabric,
-        // and the cores' share HSMP does not count), per socket, from node_exporter's RAPL
-        // collector where it runs on the same host: the package zone's rate minus the cores'.
-        // node_exporter's index is the powercap package zone's number, which is the socket.
+        // and the cores' share HSMP does not count), per socket: the package's rate minus the
+        // cores'. The package is HSMP's own counter where the firmware answers it (Turin and
+        // later: the same series' labels, so a plain subtraction); elsewhere node_exporter's
+        // RAPL collector where it runs on the same host, whose index is the powercap package
+        // zone's number, which is the socket. `or` keeps HSMP's for a socket that has both.
         name: 'amd-hsmp.remainder.rules',
         rules: [
           {
             record: 'instance_socket:amd_hsmp_package_minus_cores_power_watts:rate5m',
             expr: |||
+              (
+                rate(amd_hsmp_package_energy_joules_total{%(amdHsmpSelector)s}[5m])
+                - instance_socket:amd_hsmp_power_watts:sum_rate5m{%(amdHsmpSelector)s}
+              )
+              or
               sum without (node) (
                 max by (node, socket) (
                   label_replace(
