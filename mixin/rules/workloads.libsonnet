@@ -30,22 +30,26 @@ local undoDashes(expr, n) =
           },
           {
             // A libvirt guest's cores (its vCPU threads' cgroups are threaded, so the guest's
-            // scope is their owner), with the domain name: systemd's \x2d escapes undone, up
-            // to vmNameDashes of them.
+            // scope is their owner), with the domain name the exporter decodes from the scope
+            // (amd_hsmp_core_owner_info's vm label: every systemd escape undone). Deprecated,
+            // kept for this release only (CHANGELOG.md): for an exporter that does not label
+            // vm, the name is taken from the owner here, up to vmNameDashes escapes undone.
             record: 'instance_vm:amd_hsmp_power_watts:sum_rate5m',
             expr: |||
               sum without (owner) (
+                instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%s,vm!=""}
+                or
                 %s
               )
-            ||| % undoDashes(
+            ||| % [$._config.amdHsmpSelector, undoDashes(
               |||
                 label_replace(
-                  instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,owner=~"%(vmRegex)s"},
+                  instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,owner=~"%(vmRegex)s",vm=""},
                   "vm", "$1", "owner", "%(vmRegex)s"
                 )
               ||| % $._config,
               $._config.vmNameDashes
-            ),
+            )],
           },
           {
             // Per pod, named as kube-state-metrics names it (namespace, pod).
