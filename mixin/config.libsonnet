@@ -67,7 +67,8 @@
     // libvirt (systemd's machine.slice): the escaped domain name of
     // machine-qemu\x2d<id>\x2d<name>.scope, written for a PromQL string (a backslash twice).
     vmRegex: @'.*/machine-qemu\\\\x2d[0-9]+\\\\x2d(.+)[.]scope(?:/.*)?',
-    // How many of systemd's \x2d escapes (a '-' of the domain name) the vm label has undone.
+    // Deprecated with vmRegex, for one release: the exporter labels vm itself. How many of
+    // systemd's \x2d escapes (a '-' of the domain name) the fallback undoes.
     vmNameDashes: 8,
     // A container's runtime id in its cgroup (containerd, CRI-O or Docker under either cgroup
     // driver), as kube-state-metrics' container_id has it after "<runtime>://".

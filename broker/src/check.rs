@@ -156,6 +156,9 @@ pub(crate) struct Node {
     pub char_device: bool,
     /// Whether it is a socket.
     pub socket: bool,
+    /// Whether a FUSE filesystem serves it (a user-space stand-in for the driver, such as the
+    /// test suite's fake device), whatever type it claims.
+    pub fuse: bool,
     /// Owner uid.
     pub uid: u32,
     /// Group gid.
@@ -171,6 +174,7 @@ impl Node {
         Some(Node {
             char_device: meta.file_type().is_char_device(),
             socket: meta.file_type().is_socket(),
+            fuse: rustix::fs::statfs(path).is_ok_and(|fs| fs.f_type == libc::FUSE_SUPER_MAGIC),
             uid: meta.uid(),
             gid: meta.gid(),
             mode: meta.mode() & 0o7777,
@@ -586,7 +590,7 @@ pub(crate) fn device_node(
              options); else modprobe amd_hsmp",
         );
     };
-    if !node.char_device {
+    if !node.char_device && !node.fuse {
         return Line::fail(
             "device",
             format!("{p} is not a character device"),
@@ -605,6 +609,19 @@ pub(crate) fn device_node(
                    --sysname-match=hsmp_cdev (the packaged rule \
                    /usr/lib/udev/rules.d/60-amd-hsmp.rules makes it root:amd-hsmp-broker 0640)";
     if node.gid == gid && node.mode & 0o040 != 0 && node.mode & 0o007 == 0 {
+        if node.fuse && !node.char_device {
+            // The broker's ioctl works on it (the test suite's fake device is one), but it is
+            // not the driver's node: said, never passed as one.
+            return Line::warn(
+                "device",
+                format!(
+                    "{found}: readable by group {BROKER_GROUP} only, but a file served by a FUSE \
+                     filesystem, not the driver's character device"
+                ),
+                "none for a stand-in on purpose (a test's fake device); else unmount it and load \
+                 the driver (modprobe amd_hsmp)",
+            );
+        }
         Line::pass("device", format!("{found}: readable by group {BROKER_GROUP} only"))
     } else if node.mode & 0o004 != 0 {
         Line::warn(
@@ -761,6 +778,7 @@ fn protocol(t: &dyn HsmpTransport, topo: &Topology) -> (Line, Probe) {
     let rapl = messages::rapl_esu(t, first).map(drop);
     let has_rapl = rapl.is_ok();
     note("RAPL energy", rapl);
+    note("package energy", messages::rapl_package_counter(t, first).map(drop));
     let mut found = format!(
         "HSMP protocol {version} on {} socket(s); answering: {}",
         versions.len(),

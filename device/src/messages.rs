@@ -30,6 +30,10 @@ pub enum Message {
     /// words 0 and 1 = low and high half of a 64-bit energy counter. The uapi comment says
     /// `response_sz = 1`, but the descriptor table the driver checks says 2.
     GetRaplCoreCounter = id::GET_RAPL_CORE_COUNTER,
+    /// `HSMP_GET_RAPL_PACKAGE_COUNTER` (protocol 7): no argument; reply words 0 and 1 = low and
+    /// high half of the socket's 64-bit package energy counter, in the units of
+    /// [`Message::GetRaplUnits`] as the core counters.
+    GetRaplPackageCounter = id::GET_RAPL_PACKAGE_COUNTER,
     /// `HSMP_GET_SOCKET_FREQ_LIMIT` (protocol 5): no argument; reply word 0 = the socket's
     /// current frequency limit in MHz in bits 31:16 and the limiters imposing it in bits 15:0,
     /// see [`socket_freq_limit`].
@@ -50,7 +54,7 @@ const _: () = {
 
 impl Message {
     /// Every message the broker may send.
-    pub const ALL: [Message; 7] = [
+    pub const ALL: [Message; 8] = [
         Message::GetProtoVer,
         Message::GetBoostLimit,
         Message::GetProcHot,
@@ -58,6 +62,7 @@ impl Message {
         Message::GetRaplCoreCounter,
         Message::GetSocketFreqLimit,
         Message::GetCclkCoreLimit,
+        Message::GetRaplPackageCounter,
     ];
 
     /// The message id (`msg_id`).
@@ -94,6 +99,7 @@ impl Message {
             Message::GetRaplCoreCounter => "GET_RAPL_CORE_COUNTER",
             Message::GetSocketFreqLimit => "GET_SOCKET_FREQ_LIMIT",
             Message::GetCclkCoreLimit => "GET_CCLK_CORE_LIMIT",
+            Message::GetRaplPackageCounter => "GET_RAPL_PACKAGE_COUNTER",
         }
     }
 
@@ -179,6 +185,12 @@ pub fn rapl_core_counter(
         return Err(ItemError::Rejected);
     }
     let words = call(transport, Message::GetRaplCoreCounter, socket, apic_id)?;
+    Ok(u64::from(words[0]) | u64::from(words[1]) << 32)
+}
+
+/// 64-bit package energy counter of socket `socket` (`GET_RAPL_PACKAGE_COUNTER`).
+pub fn rapl_package_counter(transport: &dyn HsmpTransport, socket: u32) -> Result<u64, ItemError> {
+    let words = call(transport, Message::GetRaplPackageCounter, socket, 0)?;
     Ok(u64::from(words[0]) | u64::from(words[1]) << 32)
 }
 
@@ -335,7 +347,8 @@ mod tests {
                 (0x30, 0, 1),
                 (0x31, 1, 2),
                 (0x19, 0, 1),
-                (0x1A, 1, 1)
+                (0x1A, 1, 1),
+                (0x32, 0, 2)
             ]
         );
         assert_eq!(Message::from_id(0x31), Some(Message::GetRaplCoreCounter));
@@ -426,6 +439,13 @@ mod tests {
         let t = Scripted::new(Ok([0x89ab_cdef, 0x0123_4567]));
         assert_eq!(rapl_core_counter(&t, 1, 0x21), Ok(0x0123_4567_89ab_cdef));
         assert_eq!(t.only_sent(), (0x31, 1, 2, 0x21, 1));
+    }
+
+    #[test]
+    fn rapl_package_counter_asks_two_words_of_the_socket_and_joins_them() {
+        let t = Scripted::new(Ok([0x89ab_cdef, 0x0123_4567]));
+        assert_eq!(rapl_package_counter(&t, 1), Ok(0x0123_4567_89ab_cdef));
+        assert_eq!(t.only_sent(), (0x32, 0, 2, 0, 1));
     }
 
     #[test]

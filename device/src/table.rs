@@ -142,6 +142,7 @@ mod tests {
         assert_eq!(msg_desc(id::GET_CCLK_CORE_LIMIT), Some(d(1, 1, MsgKind::Get)));
         assert_eq!(msg_desc(id::GET_RAPL_UNITS), Some(d(0, 1, MsgKind::Get)));
         assert_eq!(msg_desc(id::GET_RAPL_CORE_COUNTER), Some(d(1, 2, MsgKind::Get)));
+        assert_eq!(msg_desc(id::GET_RAPL_PACKAGE_COUNTER), Some(d(0, 2, MsgKind::Get)));
         assert_eq!(msg_desc(id::SET_BOOST_LIMIT), Some(d(1, 0, MsgKind::Set)));
         assert_eq!(msg_desc(0x33), None);
         let reserved: Vec<u32> = (0..0x33)

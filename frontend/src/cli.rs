@@ -204,6 +204,7 @@ mod tests {
                 prochot: true,
                 frequency_limit: true,
                 core_frequency_limit: false,
+                package_energy: true,
             }
         );
     }

@@ -74,6 +74,12 @@ impl Collector {
                 "Do not export per-core frequency limits; the broker is not asked for them (the \
                  default)",
             ),
+            Collector::Family(Family::PackageEnergy) => (
+                true,
+                "per-socket package energy, the cores and the uncore beside them (HSMP \
+                 GET_RAPL_PACKAGE_COUNTER, where the firmware answers it)",
+                "Do not export per-socket package energy; the broker is not asked for it",
+            ),
             Collector::CoreOwner => (
                 false,
                 "which workload each physical core is assigned to, from the cgroup v2 cpusets \

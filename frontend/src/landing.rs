@@ -56,6 +56,8 @@ struct RecentSamples {
 struct Power {
     /// Watts of each core whose energy was read in both samples and did not go back.
     watts: Vec<(CoreLabel, f64)>,
+    /// Watts of each socket's package, where its package energy was read in both samples.
+    package_watts: Vec<(u32, f64)>,
     /// Time between the two samples.
     interval: Duration,
 }
@@ -116,7 +118,18 @@ fn power_between(prev: &Stamped, last: &Stamped) -> Power {
             (joules >= earlier && seconds > 0.0).then(|| (*label, (joules - earlier) / seconds))
         })
         .collect();
-    Power { watts, interval }
+    let package_before: BTreeMap<u32, f64> =
+        prev.telemetry.package_energy_joules.iter().copied().collect();
+    let package_watts = last
+        .telemetry
+        .package_energy_joules
+        .iter()
+        .filter_map(|&(socket, joules)| {
+            let earlier = package_before.get(&socket)?;
+            (joules >= *earlier && seconds > 0.0).then(|| (socket, (joules - earlier) / seconds))
+        })
+        .collect();
+    Power { watts, package_watts, interval }
 }
 
 /// `GET /`, with the page's own state: the recent answers `exporter` tells it of from now on.
@@ -392,16 +405,23 @@ fn sockets(html: &mut String, t: &Telemetry, power: Option<&Power>) {
     for (socket, cores) in &by_socket {
         let prochot = t.prochot.iter().find(|(s, _)| s == socket).map(|&(_, a)| a);
         let watts: Vec<f64> = cores.values().filter_map(|c| c.watts).collect();
+        let package =
+            power.and_then(|p| p.package_watts.iter().find(|(s, _)| s == socket)).map(|&(_, w)| w);
         let boosts: Vec<f64> = cores.values().filter_map(|c| c.mhz).collect();
         let _ = write!(
             html,
             "<section class=\"socket\" data-socket=\"{socket}\">\n<h2>Socket {socket}: {n} cores\
              {power}{boost}{hot}</h2>\n<div class=\"maps\">\n",
             n = cores.len(),
-            power = if watts.is_empty() {
-                String::new()
-            } else {
-                format!(", {:.0} W", watts.iter().sum::<f64>())
+            power = match (watts.is_empty(), package) {
+                (true, None) => String::new(),
+                (true, Some(package)) => format!(", package {package:.0} W"),
+                (false, None) => format!(", {:.0} W", watts.iter().sum::<f64>()),
+                (false, Some(package)) => format!(
+                    ", {:.0} W of the package's <span class=\"package-power\" \
+                     data-socket=\"{socket}\">{package:.0} W</span>",
+                    watts.iter().sum::<f64>()
+                ),
             },
             boost = if boosts.is_empty() {
                 String::new()
@@ -649,6 +669,43 @@ mod tests {
         assert!(!html.contains("src=") && !html.contains("href=\"http"), "no external asset");
     }
 
+    /// Issue 28: where the package counter is read, each socket's heading gives its cores'
+    /// power as a part of the package's.
+    #[test]
+    fn a_socket_heading_gives_its_cores_power_as_part_of_the_package() {
+        let with_package = |joules: f64, package: f64| {
+            let t = telemetry(joules, None);
+            Arc::new(Telemetry {
+                package_energy_joules: vec![(0, package), (1, 2.0 * package)],
+                ..(*t).clone()
+            })
+        };
+        let recent = RecentSamples::default();
+        let t0 = Instant::now();
+        recent.record_at(t0, &with_package(100.0, 1000.0));
+        let last = with_package(110.0, 1100.0);
+        recent.record_at(t0 + Duration::from_secs(10), &last);
+        let power = recent.power().unwrap();
+        assert_eq!(power.package_watts, vec![(0, 10.0), (1, 20.0)]);
+        let html = render(&report(last), Some(&power), "/metrics", VIEW);
+        let heading = "Socket 0: 2 cores, 3 W of the package's <span class=\"package-power\" \
+                       data-socket=\"0\">10 W</span>";
+        assert!(html.contains(heading), "{html}");
+        // Without the package counter the heading is the cores' alone.
+        let bare = |joules| {
+            Arc::new(Telemetry {
+                package_energy_joules: Vec::new(),
+                ..(*telemetry(joules, None)).clone()
+            })
+        };
+        let recent = RecentSamples::default();
+        recent.record_at(t0, &bare(100.0));
+        let last = bare(110.0);
+        recent.record_at(t0 + Duration::from_secs(10), &last);
+        let html = render(&report(last), recent.power().as_ref(), "/metrics", VIEW);
+        assert!(html.contains("Socket 0: 2 cores, 3 W, boost limit"), "{html}");
+    }
+
     #[test]
     fn a_family_not_read_has_no_map_and_says_why() {
         // Rome with the MSR fallback: energy, no boost limit (and no frequency limit, which
@@ -676,10 +733,11 @@ mod tests {
         assert!(html.contains("Boost limit per core: not read: no usable /dev/hsmp"), "{html}");
         assert!(html.contains("Power per core (0.00 to 2.00 W over the last 1.0 s)"), "{html}");
 
-        // Milan without the fallback: boost limit, no energy.
+        // Milan without the fallback: boost limit, no energy (nor the package's).
         let t = Telemetry {
             energy_source: None,
             energy_joules: Vec::new(),
+            package_energy_joules: Vec::new(),
             unread: vec![(Family::CoreEnergy, Unread::Unsupported)],
             ..(*telemetry(100.0, None)).clone()
         };

@@ -3,6 +3,7 @@
 //!
 //! Names, types, labels and HELP texts are a public contract, listed in `docs/metrics.md`.
 
+use crate::owner::libvirt_domain;
 use crate::scrape::ScrapeReport;
 use crate::translate::CoreLabel;
 use amd_hsmp_proto::LimitReason;
@@ -80,13 +81,25 @@ fn core_labels(c: &CoreLabel) -> [(&'static str, u32); 2] {
 struct OwnerLabels<'a> {
     core: &'a CoreLabel,
     owner: &'a str,
+    /// The libvirt domain when the owner is a QEMU guest's scope ([`libvirt_domain`]).
+    vm: Option<String>,
+}
+
+impl<'a> OwnerLabels<'a> {
+    fn new(core: &'a CoreLabel, owner: &'a str) -> OwnerLabels<'a> {
+        OwnerLabels { core, owner, vm: libvirt_domain(owner) }
+    }
 }
 
 impl EncodeLabelSet for OwnerLabels<'_> {
     fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
         ("core", self.core.core).encode(encoder.encode_label())?;
         ("owner", self.owner).encode(encoder.encode_label())?;
-        ("socket", self.core.socket).encode(encoder.encode_label())
+        ("socket", self.core.socket).encode(encoder.encode_label())?;
+        match &self.vm {
+            Some(vm) => ("vm", vm.as_str()).encode(encoder.encode_label()),
+            None => Ok(()),
+        }
     }
 }
 
@@ -229,14 +242,24 @@ impl Collector for ReportCollector {
                 Some(&hertz),
                 t.core_frequency_limit_hertz.iter().map(|(c, hz)| gauge(core_labels(c), *hz)),
             )?;
+            family(
+                &mut e,
+                "amd_hsmp_package_energy",
+                "Energy consumed by the socket's package (its cores, the uncore, memory controllers and I/O die), in joules",
+                Some(&Unit::Joules),
+                t.package_energy_joules.iter().map(|(s, j)| counter([("socket", *s)], *j)),
+            )?;
         }
 
         family(
             &mut e,
             "amd_hsmp_core_owner_info",
-            "The workload (owner: its cgroup path) a physical core is assigned to by cpuset, constant 1; absent for a core no single workload holds",
+            "The workload (owner: its cgroup path; vm: the libvirt domain of a QEMU guest's scope) a physical core is assigned to by cpuset, constant 1; absent for a core no single workload holds",
             None,
-            report.core_owners.iter().map(|(core, owner)| gauge(OwnerLabels { core, owner }, 1i64)),
+            report
+                .core_owners
+                .iter()
+                .map(|(core, owner)| gauge(OwnerLabels::new(core, owner), 1i64)),
         )?;
         family(
             &mut e,
@@ -397,6 +420,10 @@ mod tests {
         on.core_owners = vec![
             (CoreLabel { socket: 1, core: 3 }, "/system.slice/slurmstepd.scope/job_4242".into()),
             (CoreLabel { socket: 1, core: 4 }, "/machine.slice/machine-qemu\\x2d1.scope".into()),
+            (
+                CoreLabel { socket: 1, core: 5 },
+                "/machine.slice/machine-qemu\\x2d7\\x2dbuild\\x2dvm.scope".into(),
+            ),
         ];
         for format in [Format::Text, Format::OpenMetrics] {
             let text = render(Arc::new(on.clone()), format).unwrap();
@@ -412,6 +439,13 @@ mod tests {
             );
             // A backslash of a systemd escape is escaped in the exposition.
             assert!(text.contains("owner=\"/machine.slice/machine-qemu\\\\x2d1.scope\""), "{text}");
+            // A libvirt guest's scope names its domain, the escapes undone.
+            assert!(
+                text.contains(
+                    "amd_hsmp_core_owner_info{core=\"5\",owner=\"/machine.slice/machine-qemu\\\\x2d7\\\\x2dbuild\\\\x2dvm.scope\",socket=\"1\",vm=\"build-vm\"} 1\n"
+                ),
+                "{text}"
+            );
         }
         let empty = ScrapeReport { core_owners: Vec::new(), ..on };
         let text = render(Arc::new(empty), Format::Text).unwrap();

@@ -37,6 +37,45 @@ use tokio::sync::watch;
 /// `NR_CPUS` is at most 8192 on x86-64), and the bound keeps a hostile list from costing memory.
 const MAX_CPUS: u32 = 1 << 16;
 
+/// The longest cgroup name Linux allows (`NAME_MAX`): a libvirt scope's name is one path element,
+/// so no domain name decoded from one is longer.
+const MAX_CGROUP_NAME: usize = 255;
+
+/// The libvirt domain of owner `owner` (a cgroup path from the hierarchy root), when one of its
+/// elements is a QEMU guest's scope as systemd names it under `machine.slice`:
+/// `machine-qemu\x2d<id>\x2d<name>.scope`, `<name>` in systemd's escaping (`\xNN` for a byte:
+/// `-` is `\x2d`). The name with its escapes undone, or `None`: no such element (the last one
+/// counts, as the deepest scope), an element longer than a cgroup name can be, an escape that
+/// is not two hex digits, bytes that are not UTF-8 or a control character (a hostile cgroup
+/// name never becomes a label it could break). The cost is one pass over `owner`.
+pub(crate) fn libvirt_domain(owner: &str) -> Option<String> {
+    let scope = owner.rsplit('/').find(|e| e.starts_with(r"machine-qemu\x2d"))?;
+    if scope.len() > MAX_CGROUP_NAME {
+        return None;
+    }
+    let rest = scope.strip_prefix(r"machine-qemu\x2d")?.strip_suffix(".scope")?;
+    let (id, escaped) = rest.split_once(r"\x2d")?;
+    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) || escaped.is_empty() {
+        return None;
+    }
+    let mut bytes = Vec::with_capacity(escaped.len());
+    let mut rest = escaped.as_bytes();
+    while let Some((&b, tail)) = rest.split_first() {
+        if b == b'\\' {
+            let (hex, tail) = tail.split_first_chunk::<3>()?;
+            let [b'x', hi, lo] = *hex else { return None };
+            let digit = |c: u8| char::from(c).to_digit(16);
+            bytes.push(u8::try_from(digit(hi)? * 16 + digit(lo)?).ok()?);
+            rest = tail;
+        } else {
+            bytes.push(b);
+            rest = tail;
+        }
+    }
+    let name = String::from_utf8(bytes).ok()?;
+    (!name.chars().any(char::is_control)).then_some(name)
+}
+
 /// Why the hierarchy gave no owners.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum OwnerError {

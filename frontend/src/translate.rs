@@ -149,6 +149,8 @@ pub(crate) struct Telemetry {
     pub frequency_limit: Vec<(u32, FrequencyLimit)>,
     /// Per-core frequency limit in hertz.
     pub core_frequency_limit_hertz: Vec<(CoreLabel, f64)>,
+    /// Per-socket package energy in joules.
+    pub package_energy_joules: Vec<(u32, f64)>,
     /// Some items were not read because the broker's deadline passed.
     pub deadline_exceeded: bool,
     /// The families the broker read none of, and why, in the order of [`Family::ALL`].
@@ -207,6 +209,10 @@ pub(crate) fn translate(
         read.collect(Family::FrequencyLimit, &sample.frequency_limit, &topology.sockets, |l| l);
     out.core_frequency_limit_hertz =
         read.collect(Family::CoreFrequencyLimit, &sample.core_frequency_limit, &cores, hertz);
+    out.package_energy_joules =
+        read.collect(Family::PackageEnergy, &sample.package_energy, &topology.sockets, |e| {
+            e.joules()
+        });
     out.deadline_exceeded = read.deadline_exceeded;
     out.unread = read.unread;
     out
@@ -420,6 +426,22 @@ mod tests {
         assert_eq!(t.frequency_limit, vec![(1, limit)]);
         assert_eq!(count(&errors, ErrorSource::Family(Family::FrequencyLimit)), 1);
         assert_eq!(count(&errors, ErrorSource::Family(Family::CoreFrequencyLimit)), 0);
+    }
+
+    /// Issue 28: the package counter in joules per socket; where the firmware does not answer
+    /// it the family is absent, without an error.
+    #[test]
+    fn package_energy_is_in_joules_per_socket_and_absent_where_unsupported() {
+        let errors = ErrorCounters::default();
+        let t = translate(&info(), &topology(), &sample(), &errors);
+        let joules = |s: u32| (amd_hsmp_proto::testing::PACKAGE_JOULES + u64::from(s)) as f64;
+        assert_eq!(t.package_energy_joules, vec![(0, joules(0)), (1, joules(1))]);
+        let s =
+            Sample { package_energy: Readings::Unavailable(Unavailable::Unsupported), ..sample() };
+        let t = translate(&info(), &topology(), &s, &errors);
+        assert!(t.package_energy_joules.is_empty());
+        assert_eq!(t.unread(Family::PackageEnergy), Some(Unread::Unsupported));
+        assert_eq!(count(&errors, ErrorSource::Family(Family::PackageEnergy)), 0);
     }
 
     #[test]

@@ -86,7 +86,8 @@
       {
         // Power per workload, from the cores each workload is assigned by cpuset
         // (amd_hsmp_core_owner_info, --collector.core-owner): exact for those cores, absent for
-        // shared ones. An owner's series ends with its assignment.
+        // shared ones. An owner's series ends with its assignment. A libvirt guest's owner
+        // carries its domain name as vm, decoded by the exporter.
         name: 'amd-hsmp.owner.rules',
         rules: [
           {
@@ -94,7 +95,7 @@
             expr: |||
               sum without (socket, core) (
                 rate(amd_hsmp_core_energy_joules_total{%(amdHsmpSelector)s}[5m])
-                * on (job, instance, socket, core) group_left (owner)
+                * on (job, instance, socket, core) group_left (owner, vm)
                   amd_hsmp_core_owner_info{%(amdHsmpSelector)s}
               )
             ||| % $._config,

@@ -30,22 +30,26 @@ local undoDashes(expr, n) =
           },
           {
             // A libvirt guest's cores (its vCPU threads' cgroups are threaded, so the guest's
-            // scope is their owner), with the domain name: systemd's \x2d escapes undone, up
-            // to vmNameDashes of them.
+            // scope is their owner), with the domain name the exporter decodes from the scope
+            // (amd_hsmp_core_owner_info's vm label: every systemd escape undone). Deprecated,
+            // kept for this release only (CHANGELOG.md): for an exporter that does not label
+            // vm, the name is taken from the owner here, up to vmNameDashes escapes undone.
             record: 'instance_vm:amd_hsmp_power_watts:sum_rate5m',
             expr: |||
               sum without (owner) (
+                instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%s,vm!=""}
+                or
                 %s
               )
-            ||| % undoDashes(
+            ||| % [$._config.amdHsmpSelector, undoDashes(
               |||
                 label_replace(
-                  instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,owner=~"%(vmRegex)s"},
+                  instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,owner=~"%(vmRegex)s",vm=""},
                   "vm", "$1", "owner", "%(vmRegex)s"
                 )
               ||| % $._config,
               $._config.vmNameDashes
-            ),
+            )],
           },
           {
             // Per pod, named as kube-state-metrics names it (namespace, pod).
@@ -84,14 +88,21 @@ local undoDashes(expr, n) =
       },
       {
         // What the package draws beside its cores (the I/O die, memory controllers, fabric,
-        // and the cores' share HSMP does not count), per socket, from node_exporter's RAPL
-        // collector where it runs on the same host: the package zone's rate minus the cores'.
-        // node_exporter's index is the powercap package zone's number, which is the socket.
+        // and the cores' share HSMP does not count), per socket: the package's rate minus the
+        // cores'. The package is HSMP's own counter where the firmware answers it (Turin and
+        // later: the same series' labels, so a plain subtraction); elsewhere node_exporter's
+        // RAPL collector where it runs on the same host, whose index is the powercap package
+        // zone's number, which is the socket. `or` keeps HSMP's for a socket that has both.
         name: 'amd-hsmp.remainder.rules',
         rules: [
           {
             record: 'instance_socket:amd_hsmp_package_minus_cores_power_watts:rate5m',
             expr: |||
+              (
+                rate(amd_hsmp_package_energy_joules_total{%(amdHsmpSelector)s}[5m])
+                - instance_socket:amd_hsmp_power_watts:sum_rate5m{%(amdHsmpSelector)s}
+              )
+              or
               sum without (node) (
                 max by (node, socket) (
                   label_replace(

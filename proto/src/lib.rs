@@ -51,7 +51,10 @@ pub mod version {
     pub const V3: u32 = 3;
     /// A third energy source, the kernel's `power_core` PMU
     /// ([`EnergySource::Perf`](crate::EnergySource::Perf)), whose counts are in units of
-    /// 2^-32 J ([`Energy::esu`](crate::Energy::esu) up to 63).
+    /// 2^-32 J ([`Energy::esu`](crate::Energy::esu) up to 63); and one more family, each
+    /// socket's package energy counter
+    /// ([`Sample::package_energy`](crate::Sample::package_energy)), asked for by one more
+    /// [`Families`](crate::Families) flag.
     pub const V4: u32 = 4;
 }
 
@@ -129,6 +132,9 @@ pub struct Families {
     pub frequency_limit: bool,
     /// Since [`version::V3`]. Per-core frequency limit (HSMP `GET_CCLK_CORE_LIMIT`).
     pub core_frequency_limit: bool,
+    /// Since [`version::V4`]. Per-socket package energy counter (HSMP
+    /// `GET_RAPL_PACKAGE_COUNTER`).
+    pub package_energy: bool,
 }
 
 impl Families {
@@ -139,6 +145,7 @@ impl Families {
         prochot: true,
         frequency_limit: true,
         core_frequency_limit: true,
+        package_energy: true,
     };
 
     /// The families in `list`.
@@ -158,6 +165,7 @@ impl Families {
             Family::Prochot => self.prochot,
             Family::FrequencyLimit => self.frequency_limit,
             Family::CoreFrequencyLimit => self.core_frequency_limit,
+            Family::PackageEnergy => self.package_energy,
         }
     }
 
@@ -169,6 +177,7 @@ impl Families {
             Family::Prochot => &mut self.prochot,
             Family::FrequencyLimit => &mut self.frequency_limit,
             Family::CoreFrequencyLimit => &mut self.core_frequency_limit,
+            Family::PackageEnergy => &mut self.package_energy,
         };
         *flag = on;
     }
@@ -196,6 +205,8 @@ pub enum Family {
     FrequencyLimit,
     /// Since [`version::V3`]. Per-core frequency limit ([`Sample::core_frequency_limit`]).
     CoreFrequencyLimit,
+    /// Since [`version::V4`]. Per-socket package energy counter ([`Sample::package_energy`]).
+    PackageEnergy,
 }
 
 /// What one value of a family belongs to.
@@ -209,12 +220,13 @@ pub enum Scope {
 
 impl Family {
     /// Every family, in the order of their variants.
-    pub const ALL: [Family; 5] = [
+    pub const ALL: [Family; 6] = [
         Family::CoreEnergy,
         Family::BoostLimit,
         Family::Prochot,
         Family::FrequencyLimit,
         Family::CoreFrequencyLimit,
+        Family::PackageEnergy,
     ];
 
     /// The number of families.
@@ -229,6 +241,7 @@ impl Family {
             Family::Prochot => "prochot",
             Family::FrequencyLimit => "frequency-limit",
             Family::CoreFrequencyLimit => "core-frequency-limit",
+            Family::PackageEnergy => "package-energy",
         }
     }
 
@@ -236,7 +249,7 @@ impl Family {
     pub const fn scope(self) -> Scope {
         match self {
             Family::CoreEnergy | Family::BoostLimit | Family::CoreFrequencyLimit => Scope::Core,
-            Family::Prochot | Family::FrequencyLimit => Scope::Socket,
+            Family::Prochot | Family::FrequencyLimit | Family::PackageEnergy => Scope::Socket,
         }
     }
 
@@ -402,6 +415,10 @@ pub struct Sample {
     /// Since [`version::V3`]. Per-core frequency limit in MHz, aligned with
     /// [`Topology::cores`].
     pub core_frequency_limit: Readings<u32>,
+    /// Since [`version::V4`]. Per-socket package energy (HSMP `GET_RAPL_PACKAGE_COUNTER`, in
+    /// the same units as the core counters), aligned with [`Topology::sockets`]: the cores and
+    /// what draws beside them in the package (the uncore, memory controllers, I/O die).
+    pub package_energy: Readings<Energy>,
     /// Since [`version::V1`]. Energy counter resets since this broker instance started: each
     /// time a core's count restarted from 0 because a wrap of its 32-bit MSR counter may have
     /// gone unseen. Cumulative, so a lost reply loses no reset; 0 without the MSR fallback.

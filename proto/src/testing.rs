@@ -10,6 +10,10 @@ use crate::{
 /// Energy status unit exponent of the examples (RAPL's usual 2^-16 J).
 pub const ESU: u8 = 16;
 
+/// The package energy of socket 0 in [`Sample::healthy`], in joules: above the cores' sum
+/// of a machine of up to 64 cores, as a package's must be.
+pub const PACKAGE_JOULES: u64 = 100_000;
+
 /// A Zen 5 machine of `sockets` × `cores_per_socket` cores, one thread each; core ids step by
 /// 2 (sparse, as on real parts) and APIC ids differ from CPU numbers.
 pub fn topology(sockets: u32, cores_per_socket: u32) -> Topology {
@@ -35,7 +39,8 @@ impl Sample {
     /// has used 1000 + `i` J of energy (HSMP RAPL, [`ESU`]) and has a boost limit of 3700 MHz;
     /// PROCHOT is asserted on socket 1 only, so both of its values appear; the frequency limit
     /// is 3700 MHz set by the OPN maximum, except on socket 1, where it is 1500 MHz set by
-    /// PROCHOT; each core's frequency limit is 3700 MHz. Every value was read
+    /// PROCHOT; each core's frequency limit is 3700 MHz; socket `s` has used
+    /// [`PACKAGE_JOULES`] + `s` J of package energy. Every value was read
     /// after the request arrived, within a freshness bound of 500 ms.
     pub fn healthy(topology: &Topology, what: Families) -> Sample {
         fn read<T>(asked: bool, values: impl Iterator<Item = T>) -> Readings<T> {
@@ -59,6 +64,13 @@ impl Sample {
                 }),
             ),
             core_frequency_limit: read(what.core_frequency_limit, cores.clone().map(|_| 3700)),
+            package_energy: read(
+                what.package_energy,
+                topology
+                    .sockets
+                    .iter()
+                    .map(|&s| Energy { counter: (PACKAGE_JOULES + u64::from(s)) << ESU, esu: ESU }),
+            ),
             energy_resets: 0,
             max_age_ms: 500,
             oldest_read_us: 0,

@@ -49,15 +49,13 @@ fn device_status() -> impl Strategy<Value = DeviceStatus> {
 }
 
 fn families() -> impl Strategy<Value = Families> {
-    (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()).prop_map(
-        |(core_energy, boost_limit, prochot, frequency_limit, core_frequency_limit)| Families {
-            core_energy,
-            boost_limit,
-            prochot,
-            frequency_limit,
-            core_frequency_limit,
-        },
-    )
+    prop::collection::vec(any::<bool>(), Family::COUNT).prop_map(|on| {
+        let mut families = Families::default();
+        for (family, on) in Family::ALL.into_iter().zip(on) {
+            families.set(family, on);
+        }
+        families
+    })
 }
 
 fn request() -> impl Strategy<Value = Request> {
@@ -110,15 +108,15 @@ fn reply() -> impl Strategy<Value = Reply> {
         (
             device_status(),
             energy_source(),
-            readings(energy),
+            readings(energy.clone()),
             readings(any::<u32>()),
             readings(any::<bool>()),
-            (readings(frequency_limit), readings(any::<u32>())),
+            (readings(frequency_limit), readings(any::<u32>()), readings(energy)),
             (any::<u64>(), any::<u32>(), any::<u32>())
         )
             .prop_map(
                 |(hsmp, energy_source, energy, boost_limit, prochot, limits, freshness)| {
-                    let (frequency_limit, core_frequency_limit) = limits;
+                    let (frequency_limit, core_frequency_limit, package_energy) = limits;
                     let (energy_resets, max_age_ms, oldest_read_us) = freshness;
                     Reply::Sample(Sample {
                         hsmp,
@@ -128,6 +126,7 @@ fn reply() -> impl Strategy<Value = Reply> {
                         prochot,
                         frequency_limit,
                         core_frequency_limit,
+                        package_energy,
                         energy_resets,
                         max_age_ms,
                         oldest_read_us,
@@ -216,11 +215,11 @@ fn oversized_length_is_refused_before_allocation() {
 fn overlong_varint_is_refused_so_each_value_has_one_encoding() {
     // Found by the frame_request fuzz target: [0x96, 0x00] is an overlong varint for 22, which
     // postcard accepts; a Sample's deadline_ms decoded from it re-encoded as [22].
-    let canonical = [2, 1, 1, 1, 1, 1, 22];
+    let canonical = [2, 1, 1, 1, 1, 1, 1, 22];
     assert!(Request::decode(&canonical).is_ok());
-    let overlong = [2, 1, 1, 1, 1, 1, 0x96, 0x00];
+    let overlong = [2, 1, 1, 1, 1, 1, 1, 0x96, 0x00];
     assert!(matches!(Request::decode(&overlong), Err(FrameError::NotCanonical)));
-    let frame = [8, 0, 0, 0, 2, 1, 1, 1, 1, 1, 0x96, 0x00];
+    let frame = [9, 0, 0, 0, 2, 1, 1, 1, 1, 1, 1, 0x96, 0x00];
     assert!(matches!(Request::read(&mut Cursor::new(&frame[..])), Err(FrameError::NotCanonical)));
 }
 
@@ -324,6 +323,7 @@ fn every_family_is_listed_once_in_all_in_variant_order() {
         Family::Prochot => 2,
         Family::FrequencyLimit => 3,
         Family::CoreFrequencyLimit => 4,
+        Family::PackageEnergy => 5,
     };
     let positions: Vec<usize> = Family::ALL.iter().map(|&family| position(family)).collect();
     assert_eq!(positions, (0..Family::COUNT).collect::<Vec<_>>());
@@ -372,6 +372,7 @@ fn a_per_family_table_is_indexed_by_family() {
             (Family::Prochot, "changed"),
             (Family::FrequencyLimit, "frequency-limit"),
             (Family::CoreFrequencyLimit, "core-frequency-limit"),
+            (Family::PackageEnergy, "package-energy"),
         ]
     );
 }

@@ -10,8 +10,8 @@ use std::time::Duration;
 pub const DRIVER_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// A group of messages or registers that fail together. Scenario files name them in
-/// kebab case (`proto-version`, `boost-limit`, `proc-hot`, `rapl`, `frequency-limit`,
-/// `core-frequency-limit`, `msr`, `perf`).
+/// kebab case (`proto-version`, `boost-limit`, `proc-hot`, `rapl`, `rapl-package`,
+/// `frequency-limit`, `core-frequency-limit`, `msr`, `perf`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Family {
@@ -25,8 +25,11 @@ pub enum Family {
     BoostLimit,
     /// `HSMP_GET_PROC_HOT`.
     ProcHot,
-    /// `HSMP_GET_RAPL_UNITS`, `HSMP_GET_RAPL_CORE_COUNTER`, `HSMP_GET_RAPL_PACKAGE_COUNTER`.
+    /// `HSMP_GET_RAPL_UNITS`, `HSMP_GET_RAPL_CORE_COUNTER`: without them the package counter,
+    /// in the same units, is read as absent too.
     Rapl,
+    /// `HSMP_GET_RAPL_PACKAGE_COUNTER` alone, for firmware that has the core counters only.
+    RaplPackage,
     /// `HSMP_GET_SOCKET_FREQ_LIMIT`.
     FrequencyLimit,
     /// `HSMP_GET_CCLK_CORE_LIMIT`.
@@ -47,9 +50,8 @@ impl Family {
             id::GET_PROTO_VER => Family::ProtoVersion,
             id::GET_BOOST_LIMIT => Family::BoostLimit,
             id::GET_PROC_HOT => Family::ProcHot,
-            id::GET_RAPL_UNITS | id::GET_RAPL_CORE_COUNTER | id::GET_RAPL_PACKAGE_COUNTER => {
-                Family::Rapl
-            }
+            id::GET_RAPL_UNITS | id::GET_RAPL_CORE_COUNTER => Family::Rapl,
+            id::GET_RAPL_PACKAGE_COUNTER => Family::RaplPackage,
             id::GET_SOCKET_FREQ_LIMIT => Family::FrequencyLimit,
             id::GET_CCLK_CORE_LIMIT => Family::CoreFrequencyLimit,
             _ => return None,

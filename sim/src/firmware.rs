@@ -18,6 +18,9 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// Time unit exponent reported in RAPL units (1/1024 s), as on every EPYC so far.
 const TIME_UNIT: u32 = 0xA;
+/// [`Mode::Static`]: what each socket's package counter holds beyond its cores' counters, J
+/// (the I/O die's and uncore's energy; it moves only with the cores').
+pub const STATIC_UNCORE_J: u64 = 50_000;
 /// Power unit exponent reported in the RAPL power unit MSR (1/8 W).
 const POWER_UNIT: u32 = 0x3;
 
@@ -109,6 +112,8 @@ struct StaticState {
     boost: Vec<u32>,
     prochot: Vec<bool>,
     freq_limit: Vec<SocketFreqLimit>,
+    /// Per socket, what its package counter holds beyond its cores' counters.
+    uncore: Vec<u64>,
 }
 
 /// The simulated firmware of one machine. Thread-safe; see the module documentation.
@@ -174,6 +179,7 @@ impl Firmware {
                 };
                 spec.sockets as usize
             ],
+            uncore: vec![STATIC_UNCORE_J << esu; spec.sockets as usize],
         };
         Firmware {
             sockets: spec.sockets,
@@ -238,9 +244,7 @@ impl Firmware {
                 out[1] = (counter >> 32) as u32;
             }
             id::GET_RAPL_PACKAGE_COUNTER if self.rapl => {
-                let counter = (0..self.cores.len())
-                    .filter(|&i| self.cores[i].socket == socket)
-                    .fold(0u64, |sum, i| sum.wrapping_add(self.energy_at(i, t)));
+                let counter = self.package_energy_at(socket, t);
                 out[0] = counter as u32;
                 out[1] = (counter >> 32) as u32;
             }
@@ -275,6 +279,15 @@ impl Firmware {
     pub fn energy_counter(&self, socket: u32, core: u32) -> Result<u64, SimError> {
         let i = self.core_index(socket, core)?;
         Ok(self.energy_at(i, self.elapsed_s()))
+    }
+
+    /// The socket's 64-bit package energy counter as the firmware would answer it now (whether
+    /// or not it has the RAPL messages): its cores' counters and the I/O die's and uncore's.
+    pub fn package_energy_counter(&self, socket: u32) -> Result<u64, SimError> {
+        if socket >= self.sockets {
+            return Err(SimError::NoSuchSocket(socket));
+        }
+        Ok(self.package_energy_at(socket, self.elapsed_s()))
     }
 
     /// The core's boost limit in MHz as the firmware would answer it now.
@@ -414,6 +427,19 @@ impl Firmware {
         }
     }
 
+    fn package_energy_at(&self, socket: u32, t: f64) -> u64 {
+        let cores = (0..self.cores.len())
+            .filter(|&i| self.cores[i].socket == socket)
+            .fold(0u64, |sum, i| sum.wrapping_add(self.energy_at(i, t)));
+        let uncore = match self.mode {
+            Mode::Static => self.lock().uncore.get(socket as usize).copied().unwrap_or_default(),
+            Mode::Live => {
+                (self.live.uncore_energy_j(t) * f64::from(1u32 << self.esu)).floor() as u64
+            }
+        };
+        cores.wrapping_add(uncore)
+    }
+
     fn boost_at(&self, i: usize, t: f64) -> u32 {
         match self.mode {
             Mode::Static => self.lock().boost[i],
@@ -527,6 +553,45 @@ mod tests {
         // Bits 31:16 of the argument are not part of the APIC id.
         let words = fw.answer(1, id::GET_RAPL_CORE_COUNTER, &args(0xABCD_0000 | apic)).unwrap();
         assert_eq!((words[0], words[1]), (0x2345_6789, 1));
+    }
+
+    /// Issue 28: the package counter is its cores' counters plus the I/O die's and uncore's,
+    /// in both modes, in the units of `GET_RAPL_UNITS`.
+    #[test]
+    fn the_package_counter_holds_its_cores_and_the_uncore() {
+        let spec = Profile::Turin2p.spec();
+        let fw = Firmware::new(&spec, Mode::Static, 0);
+        let esu = spec.esu;
+        let cores_of = |fw: &Firmware, socket: u32| -> u64 {
+            spec.core_ids.iter().map(|&c| fw.energy_counter(socket, c).unwrap()).sum()
+        };
+        for socket in 0..2 {
+            let words = fw.answer(socket as u16, id::GET_RAPL_PACKAGE_COUNTER, &args(0)).unwrap();
+            let package = u64::from(words[0]) | u64::from(words[1]) << 32;
+            assert_eq!(package, cores_of(&fw, socket) + (STATIC_UNCORE_J << esu));
+        }
+        fw.advance_all_energy(2.0).unwrap();
+        let cores = spec.core_ids.len() as u64;
+        assert_eq!(
+            fw.package_energy_counter(1).unwrap(),
+            cores_of(&fw, 1) + (STATIC_UNCORE_J << esu)
+        );
+        assert_eq!(
+            cores_of(&fw, 1),
+            cores_of(&Firmware::new(&spec, Mode::Static, 0), 1) + ((2 * cores) << esu)
+        );
+        assert_eq!(fw.package_energy_counter(2), Err(SimError::NoSuchSocket(2)));
+
+        let clock = ManualClock::at(Duration::from_secs(5));
+        let manual = Clock::Manual(clock.clone());
+        let live = Firmware::with_clock(&spec, Mode::Live, 7, Scenario::Normal, manual);
+        let (p0, c0) = (live.package_energy_counter(0).unwrap(), cores_of(&live, 0));
+        clock.advance(Duration::from_secs(10));
+        let (p1, c1) = (live.package_energy_counter(0).unwrap(), cores_of(&live, 0));
+        assert!(p0 > c0 && p1 > c1, "the package holds more than its cores");
+        let uncore_j = (p1 - c1).abs_diff(p0 - c0) as f64 / f64::from(1u32 << esu);
+        let want = live.live().uncore_w() * 10.0;
+        assert!((uncore_j - want).abs() < 0.01, "{uncore_j} J of uncore in 10 s, want {want}");
     }
 
     #[test]

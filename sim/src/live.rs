@@ -12,6 +12,8 @@
 //!   the TDP ([`CORE_SHARE_OF_TDP`]) divided among the socket's cores and `idle` is
 //!   [`IDLE_SHARE`] of it, so the cores of a socket never draw more than 75 % of its TDP (the
 //!   rest is the I/O die's); under PROCHOT it is [`PROCHOT_POWER`] of that;
+//! - package energy of a socket: its cores' energy plus the I/O die and uncore, which draw a
+//!   constant [`UNCORE_SHARE`] of the TDP the cores leave them, since the epoch;
 //! - energy: what a hardware counter holds, which a restart of the simulating process does not
 //!   reset: a starting offset drawn from the seed (up to one 32-bit MSR wrap, so wraps come at
 //!   different times) plus the integral of the power since a fixed epoch (the Unix epoch: the
@@ -43,6 +45,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Share of a socket's TDP its cores draw at full load; the rest is the I/O die and uncore.
 pub const CORE_SHARE_OF_TDP: f64 = 0.75;
+/// The power the I/O die and uncore draw beside the cores, as a share of the TDP the cores
+/// leave them (1 − [`CORE_SHARE_OF_TDP`]): constant, so a socket never draws above its TDP.
+pub const UNCORE_SHARE: f64 = 0.6;
 /// A core's idle power as a share of its full-load power.
 pub const IDLE_SHARE: f64 = 0.15;
 /// Socket load above which the socket is at its power limit and trims its loaded cores' boost.
@@ -272,6 +277,7 @@ pub struct Live {
     boost_mhz: u32,
     core_max_w: f64,
     idle_w: f64,
+    uncore_w: f64,
     socket_waves: Vec<SocketWave>,
     cores: Vec<CoreWave>,
     /// Seconds from the counters' epoch to `t` = 0: the load waves run on the time since it.
@@ -315,6 +321,7 @@ impl Live {
             boost_mhz: spec.boost_mhz,
             core_max_w,
             idle_w: IDLE_SHARE * core_max_w,
+            uncore_w: UNCORE_SHARE * (1.0 - CORE_SHARE_OF_TDP) * f64::from(spec.tdp_w),
             socket_waves,
             epoch_s: 0.0,
             integrals: cores.iter().map(|_| Mutex::new(Integral::default())).collect(),
@@ -411,6 +418,17 @@ impl Live {
         let partial = t - whole as f64 * STEP_S;
         let withheld = integral.joules + self.withheld_w(i, whole as f64 * STEP_S) * partial;
         self.cores[i].offset_j + self.unthrottled_energy_j(i, t) - withheld
+    }
+
+    /// The energy the I/O die and uncore of one socket have counted at `t`, J (since the
+    /// epoch, like the cores'): the package energy less its cores'.
+    pub fn uncore_energy_j(&self, t: f64) -> f64 {
+        self.uncore_w * (self.epoch_s + t.max(0.0))
+    }
+
+    /// The power the I/O die and uncore of one socket draw, W.
+    pub fn uncore_w(&self) -> f64 {
+        self.uncore_w
     }
 
     /// The boost limit of core `i` at `t`, MHz.

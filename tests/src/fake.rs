@@ -164,6 +164,8 @@ enum Handle {
 struct Shared {
     config: FakeConfig,
     hsmp_state: Mutex<NodeState>,
+    /// The `hsmp` node's group and permission bits (its owner is root).
+    hsmp_owner: Mutex<(u32, u16)>,
     msr_state: Mutex<NodeState>,
     /// Bumped each time the `hsmp` node is replaced.
     hsmp_generation: AtomicU64,
@@ -215,7 +217,8 @@ impl Shared {
         match ino {
             ROOT => Some(self.attr(ROOT, FileType::Directory, 0o755, 0)),
             HSMP if *lock(&self.hsmp_state) != NodeState::Absent => {
-                Some(self.attr(HSMP, FileType::RegularFile, 0o600, 0))
+                let (gid, mode) = *lock(&self.hsmp_owner);
+                Some(FileAttr { gid, ..self.attr(HSMP, FileType::RegularFile, mode, 0) })
             }
             CPU_DIR if self.msr_present() => {
                 Some(self.attr(CPU_DIR, FileType::Directory, 0o755, 0))
@@ -525,6 +528,7 @@ impl FakeDevice {
         std::fs::create_dir(&mountpoint)?;
         let shared = Arc::new(Shared {
             hsmp_state: Mutex::new(config.hsmp_state),
+            hsmp_owner: Mutex::new((0, 0o600)),
             msr_state: Mutex::new(config.msr_state),
             hsmp_generation: AtomicU64::new(0),
             config,
@@ -575,6 +579,12 @@ impl FakeDevice {
     /// Makes the `hsmp` node appear, vanish or refuse opens, from now on.
     pub fn set_hsmp_state(&self, state: NodeState) {
         *lock(&self.shared.hsmp_state) = state;
+    }
+
+    /// Gives the `hsmp` node group `gid` and permission bits `mode` (root owns it), as the
+    /// packaged udev rule does to the driver's node (`root:amd-hsmp-broker 0640`).
+    pub fn set_hsmp_owner(&self, gid: u32, mode: u16) {
+        *lock(&self.shared.hsmp_owner) = (gid, mode);
     }
 
     /// Makes the MSR nodes appear, vanish or refuse opens, from now on.

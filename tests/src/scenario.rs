@@ -314,9 +314,13 @@ impl FaultSpec {
                     Target::Apic(core_of(topology, e.socket, core)?.apic_id)
                 }
                 (Family::Msr, Some(core)) => Target::Cpu(core_of(topology, e.socket, core)?.cpu),
-                (Family::ProtoVersion | Family::ProcHot | Family::FrequencyLimit, None) => {
-                    Target::Socket(e.socket)
-                }
+                (
+                    Family::ProtoVersion
+                    | Family::ProcHot
+                    | Family::FrequencyLimit
+                    | Family::RaplPackage,
+                    None,
+                ) => Target::Socket(e.socket),
                 (family, core) => bail!("{family:?} fault with core {core:?} makes no sense"),
             };
             faults.errno.insert((e.family, target), errno);

@@ -137,7 +137,7 @@ fn accounts() -> Accounts {
 }
 
 fn char_node(gid: u32, mode: u32) -> Node {
-    Node { char_device: true, socket: false, uid: 0, gid, mode }
+    Node { char_device: true, socket: false, fuse: false, uid: 0, gid, mode }
 }
 
 #[test]
@@ -145,6 +145,24 @@ fn the_packaged_device_node_passes() {
     let l =
         device_node(Path::new("/dev/hsmp"), Some(char_node(BROKER_GID, 0o640)), &accounts(), false);
     assert_eq!(l.verdict, Verdict::Pass, "{l}");
+}
+
+/// Issue 28: a file a FUSE filesystem serves (the test suite's fake device) is not the driver's
+/// node: with the packaged ownership it is a warning saying so, never a pass; without it, the
+/// same failure as a character device's. A plain file stays a failure.
+#[test]
+fn a_fuse_node_with_the_packaged_ownership_warns_that_it_is_no_driver_node() {
+    let fuse =
+        |gid, mode| Node { char_device: false, socket: false, fuse: true, uid: 0, gid, mode };
+    let l = device_node(Path::new("/dev/hsmp"), Some(fuse(BROKER_GID, 0o640)), &accounts(), false);
+    assert_eq!(l.verdict, Verdict::Warn, "{l}");
+    assert!(l.found.contains("served by a FUSE filesystem, not the driver's character device"));
+    let l = device_node(Path::new("/dev/hsmp"), Some(fuse(0, 0o600)), &accounts(), false);
+    assert_eq!(l.verdict, Verdict::Fail, "{l}");
+    let plain = Node { fuse: false, ..fuse(BROKER_GID, 0o640) };
+    let l = device_node(Path::new("/dev/hsmp"), Some(plain), &accounts(), false);
+    assert_eq!(l.verdict, Verdict::Fail, "{l}");
+    assert!(l.found.ends_with("is not a character device"), "{l}");
 }
 
 #[test]
@@ -233,7 +251,8 @@ fn a_device_with_the_generic_label_fails_naming_restorecon() {
 fn a_socket_the_exporters_group_cannot_write_fails_naming_the_group() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("broker.sock");
-    let root_only = Node { char_device: false, socket: true, uid: 0, gid: 0, mode: 0o660 };
+    let root_only =
+        Node { char_device: false, socket: true, fuse: false, uid: 0, gid: 0, mode: 0o660 };
     let l = socket(&path, Some(root_only), &accounts());
     assert_eq!(l.verdict, Verdict::Fail, "{l}");
     assert!(l.found.contains("through group amd-hsmp-exporter"), "{l}");
@@ -273,7 +292,8 @@ fn a_reachable_socket_passes_once_the_broker_answers() {
         let topology = static_machine(Profile::Milan1p).topology().clone();
         Reply::Topology(topology).write(&mut conn).unwrap();
     });
-    let group_rw = Node { char_device: false, socket: true, uid: 0, gid: 991, mode: 0o660 };
+    let group_rw =
+        Node { char_device: false, socket: true, fuse: false, uid: 0, gid: 991, mode: 0o660 };
     let l = socket(&path, Some(group_rw), &accounts());
     server.join().unwrap();
     assert_eq!(l.verdict, Verdict::Pass, "{l}");
@@ -289,7 +309,10 @@ fn a_healthy_turin_passes_every_device_check() {
     }
     let protocol = line(&lines, "protocol");
     assert!(protocol.found.starts_with("HSMP protocol 7 on 2 socket(s)"), "{protocol}");
-    assert!(protocol.found.contains("boost limit, PROCHOT, RAPL energy"), "{protocol}");
+    assert!(
+        protocol.found.contains("boost limit, PROCHOT, RAPL energy, package energy"),
+        "{protocol}"
+    );
     assert!(line(&lines, "energy").found.contains("384 of 384 cores advancing"), "{lines:#?}");
     assert!(line(&lines, "energy").found.contains("(2.00 W per core on average)"));
     // Nothing listens on the socket: the one failure, and the run fails.
@@ -492,8 +515,8 @@ fn a_slow_mailbox_costs_the_cores_line_one_message_not_one_per_core() {
     assert!(fix(cores).contains("SMU mailbox answers slowly"), "{cores}");
     let energy = line(&lines, "energy");
     assert_eq!(energy.verdict, Verdict::Skip, "{energy}");
-    // GET_PROTO_VER of both sockets, the three family probes of the first, one boost limit.
-    assert_eq!(sent() - before, 2 + 3 + 1, "{lines:#?}");
+    // GET_PROTO_VER of both sockets, the four family probes of the first, one boost limit.
+    assert_eq!(sent() - before, 2 + 4 + 1, "{lines:#?}");
 }
 
 /// Each line reaches the caller as soon as it is decided: while the mailbox holds the first

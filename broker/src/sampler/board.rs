@@ -452,6 +452,7 @@ mod tests {
         let want = [
             kind(Family::Prochot, 0),
             kind(Family::FrequencyLimit, 0),
+            kind(Family::PackageEnergy, 0),
             kind(Family::CoreEnergy, 0),
             kind(Family::CoreEnergy, 1),
             kind(Family::BoostLimit, 0),

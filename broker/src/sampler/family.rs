@@ -21,21 +21,35 @@ pub(super) enum Value {
     FrequencyLimit(FrequencyLimit),
     /// MHz.
     CoreFrequencyLimit(u32),
+    PackageEnergy(Energy),
 }
 
 /// Reads one item of an HSMP family: the transport, the socket's id and the core's APIC id
 /// (0 for a family read per socket).
 pub(super) type ReadItem = fn(&dyn HsmpTransport, u32, u32) -> Result<Value, ItemError>;
 
+/// Reads one item of an HSMP RAPL counter family: the transport, the socket's id, the core's
+/// APIC id (0 for a family read per socket) and the socket's energy status unit.
+pub(super) type ReadCounter = fn(&dyn HsmpTransport, u32, u32, u8) -> Result<Value, ItemError>;
+
 /// How a family's items are read.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Reading {
     /// One HSMP message per item.
     Message(ReadItem),
-    /// The core energy counters: HSMP RAPL with the socket's energy unit (`GET_RAPL_UNITS`),
-    /// or the MSR fallback.
+    /// One HSMP RAPL counter message per item, in the socket's energy status unit
+    /// (`GET_RAPL_UNITS`, asked once per device).
+    Counter(ReadCounter),
+    /// The core energy counters: HSMP RAPL as a [`Reading::Counter`] ([`CORE_COUNTER`]), or
+    /// the MSR fallback.
     Energy,
 }
+
+/// How [`Reading::Energy`] reads a core's counter through HSMP.
+pub(super) const CORE_COUNTER: ReadCounter = |t, socket, apic_id, esu| {
+    messages::rapl_core_counter(t, socket, apic_id)
+        .map(|counter| Value::CoreEnergy(Energy { counter, esu }))
+};
 
 /// How `family`'s items are read; what they belong to (a core or a socket) is
 /// [`Family::scope`].
@@ -53,6 +67,10 @@ pub(super) fn reading(family: Family) -> Reading {
         }),
         Family::CoreFrequencyLimit => Reading::Message(|t, socket, apic_id| {
             messages::core_freq_limit_mhz(t, socket, apic_id).map(Value::CoreFrequencyLimit)
+        }),
+        Family::PackageEnergy => Reading::Counter(|t, socket, _, esu| {
+            messages::rapl_package_counter(t, socket)
+                .map(|counter| Value::PackageEnergy(Energy { counter, esu }))
         }),
     }
 }
@@ -85,6 +103,10 @@ pub(super) fn sample(
         }),
         core_frequency_limit: typed(&readings[Family::CoreFrequencyLimit], |v| match v {
             Value::CoreFrequencyLimit(mhz) => Some(mhz),
+            _ => None,
+        }),
+        package_energy: typed(&readings[Family::PackageEnergy], |v| match v {
+            Value::PackageEnergy(energy) => Some(energy),
             _ => None,
         }),
         energy_resets,

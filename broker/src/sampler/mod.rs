@@ -3,8 +3,8 @@
 //! requester answered at its own deadline.
 //!
 //! Costs: after the one-time probes (`GET_PROTO_VER`, then `GET_RAPL_UNITS` per socket, when the
-//! device is opened) a sample of every family sends exactly 3 × cores + 2 × sockets mailbox
-//! messages (2 × cores + 2 × sockets without the per-core frequency limit, which the exporter
+//! device is opened) a sample of every family sends exactly 3 × cores + 3 × sockets mailbox
+//! messages (2 × cores + 3 × sockets without the per-core frequency limit, which the exporter
 //! does not ask for by default); a family not asked for, or remembered unsupported, sends none.
 //!
 //! How a request is served (see [`Sampler::sample`]): every socket has a board
@@ -45,7 +45,7 @@
 //!   The compiler asks for the arm (an exhaustive `match` on `Family`) and for the field
 //!   (the `Sample` literal).
 //! - `tests.rs`: a test of the family like the PROCHOT ones, and the message counts of
-//!   `a_full_sample_costs_three_messages_per_core_and_two_per_socket` (and the cost above).
+//!   `a_full_sample_costs_three_messages_per_core_and_three_per_socket` (and the cost above).
 //!
 //! The plan (`Shared::plan`), the unsupported flags, the boards (`board.rs`) and the workers
 //! (`workers.rs`) hold one entry per family in a `PerFamily` table and name no family; only
@@ -514,7 +514,9 @@ impl Shared {
         let reads = PerFamily::from_fn(|family| {
             let asked = what.contains(family);
             match family::reading(family) {
-                Reading::Message(_) => self.decide(asked, family, open).map(Reader::Hsmp),
+                Reading::Message(_) | Reading::Counter(_) => {
+                    self.decide(asked, family, open).map(Reader::Hsmp)
+                }
                 Reading::Energy => self.energy_reader(asked, open),
             }
         });

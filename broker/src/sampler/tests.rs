@@ -23,6 +23,7 @@ const V2_FAMILIES: Families = Families {
     prochot: true,
     frequency_limit: false,
     core_frequency_limit: false,
+    package_energy: false,
 };
 
 /// How long a test waits for a gate before it fails; never reached when the code is right.
@@ -243,6 +244,13 @@ fn energy_of(machine: &Machine) -> Vec<Result<Energy, ItemError>> {
     machine.topology().cores.iter().map(|c| Ok(Energy { counter: counter(c), esu: 16 })).collect()
 }
 
+/// The package energy every socket of `machine` should read now, in topology order.
+fn package_energy_of(machine: &Machine) -> Vec<Result<Energy, ItemError>> {
+    let fw = machine.firmware();
+    let counter = |&s: &u32| fw.package_energy_counter(s).unwrap();
+    machine.topology().sockets.iter().map(|s| Ok(Energy { counter: counter(s), esu: 16 })).collect()
+}
+
 /// Items of `readings` on socket `socket` (by the topology of `machine`).
 fn on_socket<T: Clone + std::fmt::Debug>(
     machine: &Machine,
@@ -299,7 +307,7 @@ fn spawn<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> std::thre
 }
 
 #[test]
-fn a_full_sample_costs_three_messages_per_core_and_two_per_socket() {
+fn a_full_sample_costs_three_messages_per_core_and_three_per_socket() {
     let machine = turin(3);
     machine.firmware().set_prochot(1, true).unwrap();
     let ppt = SocketFreqLimit { mhz: 3100, reasons: LimitReasons::PPT };
@@ -310,7 +318,7 @@ fn a_full_sample_costs_three_messages_per_core_and_two_per_socket() {
 
     for round in 1..=3 {
         let sample = sampler.sample(Families::ALL, soon());
-        assert_eq!(opener.count(), 3 + round * (3 * 6 + 2 * 2), "round {round}");
+        assert_eq!(opener.count(), 3 + round * (3 * 6 + 3 * 2), "round {round}");
         assert_eq!(sample.hsmp, DeviceStatus::Ready { protocol_version: 7 });
         assert_eq!(values(&sample.prochot), [Ok(false), Ok(true)]);
         assert_eq!(sample.energy_source, Some(EnergySource::Hsmp));
@@ -321,21 +329,23 @@ fn a_full_sample_costs_three_messages_per_core_and_two_per_socket() {
         assert_eq!(values(&sample.frequency_limit), [Ok(opn), Ok(limited)]);
         let cores = [3700, 3700, 3700, 3100, 3100, 3100].map(Ok);
         assert_eq!(values(&sample.core_frequency_limit), cores);
+        assert_eq!(values(&sample.package_energy), package_energy_of(&machine));
     }
     assert_eq!(opener.opens(), 1);
-    assert_eq!(machine.counters().mailbox_total(), 3 + 3 * 22);
+    assert_eq!(machine.counters().mailbox_total(), 3 + 3 * 24);
 }
 
 /// The exporter's default collectors: every family but the per-core frequency limit.
 #[test]
-fn a_sample_without_the_core_frequency_limit_costs_two_messages_per_core_and_two_per_socket() {
+fn a_sample_without_the_core_frequency_limit_costs_two_messages_per_core_and_three_per_socket() {
     let machine = turin(3);
     let (opener, sampler) = sampler(&machine);
     let before = opener.count();
     let what = Families { core_frequency_limit: false, ..Families::ALL };
     let sample = sampler.sample(what, soon());
-    assert_eq!(opener.count() - before, 2 * 6 + 2 * 2);
+    assert_eq!(opener.count() - before, 2 * 6 + 3 * 2);
     assert_eq!(opener.count_of(Message::GetSocketFreqLimit), 2);
+    assert_eq!(opener.count_of(Message::GetRaplPackageCounter), 2);
     assert_eq!(opener.count_of(Message::GetCclkCoreLimit), 0);
     assert_eq!(sample.core_frequency_limit, Readings::NotRequested);
 }
@@ -382,6 +392,35 @@ fn frequency_limits_unsupported_on_every_socket_are_remembered_and_asked_no_more
     }
     assert_eq!(opener.count_of(Message::GetSocketFreqLimit), 2, "asked again");
     assert_eq!(opener.count_of(Message::GetCclkCoreLimit), 4, "asked again");
+}
+
+/// Issue 28: the package counter is one message per socket, in the socket's energy unit, with
+/// no gate: firmware that answers it `ENOMSG` (Turin's with the core counters only, or Genoa's
+/// without RAPL) has the family remembered unsupported and asked no more.
+#[test]
+fn the_package_energy_is_read_once_per_socket_and_omitted_where_the_firmware_lacks_it() {
+    let what = Families { package_energy: true, ..Families::default() };
+    let machine = turin(2);
+    let (opener, turin_sampler) = sampler(&machine);
+    let sample = turin_sampler.sample(what, soon());
+    assert_eq!(values(&sample.package_energy), package_energy_of(&machine));
+    assert_eq!(opener.count_of(Message::GetRaplPackageCounter), 2);
+
+    let core_counters_only = turin(2);
+    core_counters_only.update_faults(|f| {
+        f.unsupported.insert(Fault::RaplPackage);
+    });
+    let no_rapl = genoa(2);
+    for machine in [core_counters_only, no_rapl] {
+        let (opener, sampler) = sampler(&machine);
+        for round in 1..=3 {
+            let sample = sampler.sample(Families { core_energy: true, ..what }, soon());
+            let unsupported = Readings::Unavailable(Unavailable::Unsupported);
+            assert_eq!(sample.package_energy, unsupported, "round {round}");
+        }
+        let sent = opener.count_of(Message::GetRaplPackageCounter);
+        assert!(sent <= 2, "asked again: {sent}");
+    }
 }
 
 /// The simulator's `thermal-event` scenario: when the last socket asserts PROCHOT, its

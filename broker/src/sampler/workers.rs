@@ -7,7 +7,7 @@ use super::board::{Board, Item, Read, Source, Task, Waiter};
 use super::family::{self, Reading, Value};
 use super::{Clock, OpenDevice, Reader, lock};
 use amd_hsmp_device::messages;
-use amd_hsmp_proto::{Energy, ItemError, Scope, Topology};
+use amd_hsmp_proto::{ItemError, Scope, Topology};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -207,14 +207,18 @@ fn step(job: &SocketJob, task: &Task, round: &mut Round) -> Step {
         },
     };
     let read = |value| Item { family, index, value };
-    match (family::reading(family), &plan.reads[family]) {
+    let reading = match (family::reading(family), &plan.reads[family]) {
+        (Reading::Energy, Ok(Reader::Hsmp(_))) => Reading::Counter(family::CORE_COUNTER),
+        (reading, _) => reading,
+    };
+    match (reading, &plan.reads[family]) {
         (_, Err(_)) => Step::Skip,
         (Reading::Message(read_item), Ok(Reader::Hsmp(device))) => {
             let t = device.transport.as_ref();
             let r = usable.and_then(|()| heard(device, s, read_item(t, socket, apic_id)));
             Step::Read(read(r), Source::Hsmp(device.id))
         }
-        (Reading::Energy, Ok(Reader::Hsmp(device))) => {
+        (Reading::Counter(read_counter), Ok(Reader::Hsmp(device))) => {
             let esu = match device.esu(s) {
                 Some(Ok(esu)) => Ok(esu),
                 Some(Err(ItemError::Unsupported)) => Err(ItemError::Unsupported),
@@ -222,17 +226,18 @@ fn step(job: &SocketJob, task: &Task, round: &mut Round) -> Step {
                 esu => esu.unwrap_or(Err(ItemError::DeadlineExceeded)),
             };
             let t = device.transport.as_ref();
-            let r = usable.and(esu).and_then(|esu| {
-                let counter = heard(device, s, messages::rapl_core_counter(t, socket, apic_id))?;
-                Ok(Value::CoreEnergy(Energy { counter, esu }))
-            });
+            let r = usable
+                .and(esu)
+                .and_then(|esu| heard(device, s, read_counter(t, socket, apic_id, esu)));
             Step::Read(read(r), Source::Hsmp(device.id))
         }
         (Reading::Energy, Ok(Reader::Counters(counters))) => {
             Step::Read(read(counters.read(index).map(Value::CoreEnergy)), Source::Counters)
         }
-        // The fallback counters read energy only.
-        (Reading::Message(_), Ok(Reader::Counters(_))) => Step::Skip,
+        // The fallback counters read core energy only.
+        (Reading::Message(_) | Reading::Counter(_), Ok(Reader::Counters(_))) => Step::Skip,
+        // Energy through HSMP became a counter above.
+        (Reading::Energy, Ok(Reader::Hsmp(_))) => Step::Skip,
     }
 }
 

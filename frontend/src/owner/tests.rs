@@ -556,3 +556,68 @@ async fn a_walk_holds_the_permit_of_the_scrape_that_asked_for_it_until_it_ends()
         std::thread::yield_now();
     }
 }
+
+/// Issue 28: the `vm` label of a libvirt guest's scope is its domain name, systemd's escapes
+/// undone in the exporter (any number of dashes, any escaped byte), with the `<id>-` prefix
+/// gone; nothing else is a VM.
+#[test]
+fn a_libvirt_scope_names_its_domain_with_every_escape_undone() {
+    let vm = |owner: &str| libvirt_domain(owner);
+    assert_eq!(
+        vm(r"/machine.slice/machine-qemu\x2d1\x2dbuild\x2dvm.scope").as_deref(),
+        Some("build-vm")
+    );
+    let dashes = r"/machine.slice/machine-qemu\x2d42\x2da\x2db\x2dc\x2dd\x2de\x2df\x2dg\x2dh\x2di\x2dj.scope";
+    assert_eq!(
+        vm(dashes).as_deref(),
+        Some("a-b-c-d-e-f-g-h-i-j"),
+        "more dashes than the rule undid"
+    );
+    assert_eq!(
+        vm(r"/machine.slice/machine-qemu\x2d3\x2dcaf\xc3\xa9\x20vm.scope").as_deref(),
+        Some("café vm")
+    );
+    // A custom partition, and the vCPU threads' cgroups below the scope.
+    let nested =
+        r"/machine.slice/machine-tenant.slice/machine-qemu\x2d5\x2dweb.scope/libvirt/vcpu0";
+    assert_eq!(vm(nested).as_deref(), Some("web"));
+    for not_a_vm in [
+        "/system.slice/postgresql.service",
+        r"/machine.slice/machine-qemu\x2d1.scope",
+        r"/machine.slice/machine-qemu\x2dx\x2dname.scope",
+        r"/machine.slice/machine-qemu\x2d1\x2d.scope",
+        r"/machine.slice/machine-qemu\x2d1\x2dname.slice",
+        r"/machine.slice/machine-lxc\x2d1\x2dname.scope",
+    ] {
+        assert_eq!(vm(not_a_vm), None, "{not_a_vm}");
+    }
+}
+
+/// The hostile-table discipline: a name a user could give a cgroup in a delegated subtree never
+/// becomes a label that is oversized, not UTF-8, or breaks a line, and a deep path costs one
+/// pass.
+#[test]
+fn a_hostile_libvirt_like_name_gives_no_vm_label() {
+    let vm = |owner: &str| libvirt_domain(owner);
+    for hostile in [
+        r"/machine.slice/machine-qemu\x2d1\x2dbad\x0aname.scope",
+        r"/machine.slice/machine-qemu\x2d1\x2dbad\x00.scope",
+        r"/machine.slice/machine-qemu\x2d1\x2dnot\xffutf8.scope",
+        r"/machine.slice/machine-qemu\x2d1\x2dcut\x2.scope",
+        r"/machine.slice/machine-qemu\x2d1\x2dbad\xzz.scope",
+        r"/machine.slice/machine-qemu\x2d1\x2dtrailing\.scope",
+    ] {
+        assert_eq!(vm(hostile), None, "{hostile}");
+    }
+    let long = format!(r"/machine.slice/machine-qemu\x2d1\x2d{}.scope", "a".repeat(250));
+    assert_eq!(vm(&long), None, "longer than a cgroup name");
+    let fits = format!(r"/machine.slice/machine-qemu\x2d1\x2d{}.scope", "a".repeat(200));
+    assert_eq!(vm(&fits).map(|n| n.len()), Some(200));
+    let deep = format!("{}{}", "/d".repeat(100_000), r"/machine-qemu\x2d1\x2ddeep.scope");
+    assert_eq!(vm(&deep).as_deref(), Some("deep"));
+    // Lossy names (U+FFFD from a non-UTF-8 cgroup name) pass through as the owner label does.
+    assert_eq!(
+        vm("/machine.slice/machine-qemu\\x2d1\\x2da\u{FFFD}b.scope").as_deref(),
+        Some("a\u{FFFD}b")
+    );
+}

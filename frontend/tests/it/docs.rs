@@ -70,9 +70,11 @@ async fn docs_metrics_table_matches_a_full_scrape() {
     let behaviour = Behaviour { simulated: Some("turin-2p".into()), ..Behaviour::healthy() };
     let _broker = MockBroker::start(&dir.path, behaviour);
     // Every family: every broker family (the per-core frequency limit too, which is off by
-    // default) and the core-owner collector on, with one job holding a core.
+    // default) and the core-owner collector on, with one job holding a core and a libvirt
+    // guest's scope another (its `vm` label).
     let cgroups = cgroup_root();
     cgroup(cgroups.path(), "job_1", "0");
+    cgroup(cgroups.path(), r"machine-qemu\x2d1\x2dvm.scope", "1");
     let answer =
         get(&router(owner_config(&dir.path, cgroups.path())), "/metrics", None, None).await;
     assert!(answer.body.contains("amd_hsmp_core_owner_info{"), "{}", answer.body);

@@ -27,6 +27,8 @@ complete -c amd-hsmp-exporter -l collector.frequency-limit -d 'Export per-socket
 complete -c amd-hsmp-exporter -l no-collector.frequency-limit -d 'Do not export socket frequency limits; the broker is not asked for them'
 complete -c amd-hsmp-exporter -l collector.core-frequency-limit -d 'Export per-core frequency limits, which costs one mailbox message per core a scrape (off by default)'
 complete -c amd-hsmp-exporter -l no-collector.core-frequency-limit -d 'Do not export per-core frequency limits; the broker is not asked for them (the default)'
+complete -c amd-hsmp-exporter -l collector.package-energy -d 'Export per-socket package energy, the cores and the uncore beside them (HSMP GET_RAPL_PACKAGE_COUNTER, where the firmware answers it) (on by default)'
+complete -c amd-hsmp-exporter -l no-collector.package-energy -d 'Do not export per-socket package energy; the broker is not asked for it'
 complete -c amd-hsmp-exporter -l collector.core-owner -d 'Export which workload each physical core is assigned to, from the cgroup v2 cpusets under --path.cgroupfs (off by default)'
 complete -c amd-hsmp-exporter -l no-collector.core-owner -d 'Do not export core owners; the cgroup hierarchy is not read (the default)'
 complete -c amd-hsmp-exporter -s V -l version -d 'Print the version, revision, build date and toolchain, then exit'

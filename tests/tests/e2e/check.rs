@@ -105,7 +105,8 @@ impl Check {
     /// flags; nothing listens on its socket.
     fn start(root: &Path, device: &Path, extra: &[&str]) -> Check {
         let bins = harness::binaries().unwrap();
-        let mut child = Command::new(&bins.broker)
+        let mut command = Command::new(&bins.broker);
+        command
             .arg("--check")
             .arg("--path.procfs")
             .arg(root.join("proc"))
@@ -117,11 +118,13 @@ impl Check {
             .arg(root.join("dev/cpu"))
             .arg("--listen")
             .arg(root.join("broker.sock"))
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+            .args(extra);
+        Check::spawn(command)
+    }
+
+    /// Runs `command` (a `--check`), reading its stdout.
+    fn spawn(mut command: Command) -> Check {
+        let mut child = command.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
         let stdout = child.stdout.take().unwrap();
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
@@ -217,50 +220,90 @@ fn fake_machine(name: &str) -> (Arc<amd_hsmp_sim::Machine>, FakeDevice, tempfile
     (machine, device, root)
 }
 
+/// The accounts the package creates, in files to bind over `/etc/passwd` and `/etc/group`.
+const PACKAGE_PASSWD: &str = "root:x:0:0:root:/root:/bin/sh\n\
+    amd-hsmp-broker:x:990:990::/:/usr/sbin/nologin\n\
+    amd-hsmp-exporter:x:991:991::/:/usr/sbin/nologin\n";
+const PACKAGE_GROUP: &str = "root:x:0:\namd-hsmp-broker:x:990:\namd-hsmp-exporter:x:991:\n";
+const BROKER_GID: u32 = 990;
+const EXPORTER_GID: u32 = 991;
+
 /// Issue 28: a Venice-like machine (family 0x1A model 0x50, APIC ids above 255, HSMP through
-/// the ACPI device and `hsmp_acpi`) failed `cpu` as a family without HSMP. Now every line about
-/// the machine passes, the model being a warning that names what the broker tries; what fails
-/// is this host's accounts and the socket nobody listens on, as on any fixture.
+/// the ACPI device and `hsmp_acpi`) failed `cpu` as a family without HSMP; then it passed every
+/// line about the machine but still failed `device` and `socket`, the check being run beside
+/// no broker on a host without the package's accounts. Now it runs as an operator runs it on
+/// such a machine: the broker serving, its socket as systemd makes it, the device node as the
+/// udev rule leaves it, the package's accounts (bound over `/etc/passwd` and `/etc/group` in a
+/// mount namespace of the check's own). It passes, with the model a warning naming what the
+/// broker tries, and the device a warning that the fake is a FUSE file, not the driver's node.
 #[test]
 #[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
 fn the_check_on_a_venice_like_machine_passes_with_a_warning_for_the_model() {
-    let (machine, device, root) = fake_machine("venice-2p");
+    use std::os::unix::fs::PermissionsExt as _;
+    let toml = "description = \"\"\nmachine = \"venice-2p\"\n[[scrapes]]\n";
+    let rig = Rig::start(&scenario::parse(toml).unwrap()).unwrap();
+    let (machine, device) = (rig.machine(), rig.device());
+    device.set_hsmp_owner(BROKER_GID, 0o640);
+    let socket = rig.broker_socket();
+    std::os::unix::fs::chown(&socket, Some(0), Some(EXPORTER_GID)).unwrap();
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o660)).unwrap();
+    let run_dir = socket.parent().unwrap();
+    std::fs::set_permissions(run_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let etc = tempfile::tempdir().unwrap();
+    std::fs::write(etc.path().join("passwd"), PACKAGE_PASSWD).unwrap();
+    std::fs::write(etc.path().join("group"), PACKAGE_GROUP).unwrap();
+    let tree = fixtures::tree(&fixtures::fixtures_dir(), "venice-2p");
+
     let cores = machine.topology().cores.len();
-    let check = Check::start(root.path(), &device.hsmp_path(), &[]);
+    let counter = Message::GetRaplCoreCounter.id();
+    let before = device.message_counts().get(&counter).copied().unwrap_or(0);
+    let mut command = Command::new("unshare");
+    command
+        .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+        .arg(r#"mount --bind "$1" /etc/passwd && mount --bind "$2" /etc/group && shift 2 && exec "$@""#)
+        .arg("sh")
+        .arg(etc.path().join("passwd"))
+        .arg(etc.path().join("group"))
+        .arg(&harness::binaries().unwrap().broker)
+        .arg("--check")
+        .arg("--listen")
+        .arg(&socket)
+        .args(device.broker_args(&tree));
+    let check = Check::spawn(command);
     // The static firmware's counters move only when told: once the energy line's first read of
     // every core is in, 2 J more each, read again after its window.
-    let counter = Message::GetRaplCoreCounter.id();
     let until = Instant::now() + PATIENCE;
-    while device.message_counts().get(&counter).copied().unwrap_or(0) < cores {
+    while device.message_counts().get(&counter).copied().unwrap_or(0) < before + cores {
         assert!(Instant::now() < until, "the energy line never read every core");
         std::thread::sleep(Duration::from_millis(5));
     }
     machine.firmware().advance_all_energy(2.0).unwrap();
-    let (_code, text) = check.finish(PATIENCE);
+    let (code, text) = check.finish(PATIENCE);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.ends_with("--check: every check a scrape needs passed"), "{text}");
     let cpu = line_of(&text, "cpu");
     assert!(cpu.starts_with("WARN  cpu       AuthenticAMD family 0x1a model 0x50"), "{text}");
     assert!(cpu.contains("omits what the firmware answers ENOMSG"), "{text}");
-    assert!(
-        line_of(&text, "driver")
-            .contains("ok    driver    hsmp_acpi loaded (ACPI device AMDI0097)"),
-        "{text}"
-    );
+    let device_line = line_of(&text, "device");
+    assert!(device_line.starts_with("WARN  device"), "{text}");
+    assert!(device_line.contains("uid 0 gid 990 mode 0640: readable by group amd-hsmp-broker"));
+    assert!(device_line.contains("not the driver's character device"), "{text}");
     for (name, says) in [
+        ("driver", "hsmp_acpi loaded (ACPI device AMDI0097)"),
         (
             "protocol",
-            "HSMP protocol 7 on 2 socket(s); answering: boost limit, PROCHOT, RAPL energy",
+            "HSMP protocol 7 on 2 socket(s); answering: boost limit, PROCHOT, RAPL energy, package energy",
         ),
         ("cores", "all 256 cores answer by APIC id on their socket (2 socket(s))"),
         ("energy", "256 cores"),
+        ("socket", "amd-hsmp-exporter may connect; broker"),
     ] {
         let line = line_of(&text, name);
         assert!(line.starts_with("ok ") && line.contains(says), "{name}: {text}");
     }
-    let machine_lines = ["cpu", "driver", "protocol", "cores", "boost", "energy"];
-    for name in machine_lines {
-        assert!(!line_of(&text, name).starts_with("FAIL"), "{name}: {text}");
-    }
-    drop(device);
+    assert!(line_of(&text, "socket").ends_with("answers, 256 cores"), "{text}");
+    let warned: Vec<&str> = text.lines().filter(|l| l.starts_with("WARN")).collect();
+    assert_eq!(warned.len(), 2, "{text}");
 }
 
 /// Regression (P6): `--check` printed nothing until every check was done, and had no overall

@@ -221,9 +221,9 @@ fn a_page_view_costs_one_sample_as_a_scrape_does() {
     harness::wait_until(&mut broker, "broker socket", || socket.exists()).unwrap();
     let (_exporter, addr) = harness::start_exporter(&socket, &[], None, dir.path()).unwrap();
 
-    // The default collectors: energy and boost limit per core, PROCHOT and frequency limit per
-    // socket.
-    let one_sample = 2 * cores + 2 * sockets;
+    // The default collectors: energy and boost limit per core, PROCHOT, frequency limit and
+    // package energy per socket.
+    let one_sample = 2 * cores + 3 * sockets;
     // The first view after start has no earlier answer to take power from, so it takes a
     // second sample (`MIN_POWER_INTERVAL` after the first); every later view takes one.
     for (path, samples) in [("/", 2), ("/metrics", 1), ("/", 1), ("/", 1)] {

@@ -78,8 +78,8 @@ const MAX_AGE: &str = r#"broker-flags = ["--sample.max-age", "500ms"]"#;
 const MAX_AGE_MS: u64 = 500;
 
 /// Messages a scrape with the default collectors sends to one Turin socket: PROCHOT, the
-/// frequency limit, 192 counters, 192 boost limits.
-const TURIN_SOCKET: u64 = 2 + 2 * 192;
+/// frequency limit, the package counter, 192 core counters, 192 boost limits.
+const TURIN_SOCKET: u64 = 3 + 2 * 192;
 
 /// A scrape of the exporter at `addr` with the scrape timeout header `timeout`.
 fn scrape_at(addr: SocketAddr, timeout: &str) -> Exposition {
@@ -172,9 +172,9 @@ fn a_wedged_socket_keeps_the_healthy_socket_served_and_piles_nothing_up() {
     let m = scrape(&mut rig, &Scrape::default());
     assert!(SOCKET_0.iter().chain(&SOCKET_1).all(|s| m.value(s).is_some()), "{}", rig.logs());
     let to_socket_1 = rig.take_traffic().messages.iter().filter(|m| m.sock_ind == 1).count();
-    // One full scrape of the socket: energy and boost limit per core, PROCHOT and frequency
-    // limit.
-    assert_eq!(to_socket_1, 1 + (2 * 192 + 2), "the held message, then one full sample");
+    // One full scrape of the socket: energy and boost limit per core, PROCHOT, frequency limit
+    // and package energy.
+    assert_eq!(to_socket_1, 1 + (2 * 192 + 3), "the held message, then one full sample");
     assert_eq!(machine.mailbox(1).max_pending, 1);
 }
 
@@ -292,9 +292,9 @@ fn concurrent_samples_with_different_deadlines_share_one_reading() {
     assert!(values(&long.boost_limit).iter().all(Result::is_ok));
     assert_eq!(values(&long.prochot), [Ok(false), Ok(false)]);
     let sent = machine.counters().mailbox_total() - before;
-    // Every family: energy, boost limit and frequency limit per core, PROCHOT and frequency
-    // limit per socket.
-    assert_eq!(sent, 3 * 384 + 2 * 2, "one reading's messages");
+    // Every family: energy, boost limit and frequency limit per core, PROCHOT, frequency limit
+    // and package energy per socket.
+    assert_eq!(sent, 3 * 384 + 3 * 2, "one reading's messages");
 }
 
 /// Regression (N6): with one socket slow, a second scraper (a second Prometheus replica) whose
@@ -438,8 +438,10 @@ fn a_peer_with_a_long_deadline_beside_a_wedged_socket_holds_no_value_for_the_scr
     let held = Held::new(&machine, 1);
     let mut peer = Client::connect(&rig);
     let peer = std::thread::spawn(move || peer.sample(60_000));
-    let read =
-        |b: &amd_hsmp_sim::MailboxState| b.pending == 0 && b.entered == socket_0 + TURIN_SOCKET;
+    // The peer's whole reading of socket 0: every family, the per-core frequency limit too.
+    let read = |b: &amd_hsmp_sim::MailboxState| {
+        b.pending == 0 && b.entered >= socket_0 + TURIN_SOCKET + 192
+    };
     machine.wait_mailbox(0, PATIENCE, read).unwrap();
     std::thread::sleep(Duration::from_millis(MAX_AGE_MS + 100));
     let fw = machine.firmware();
@@ -552,8 +554,8 @@ fn a_peer_looping_on_two_connections_costs_at_most_one_read_per_item_per_bound()
     let samples: u64 = loops.into_iter().map(|l| l.join().unwrap()).sum();
     let elapsed = started.elapsed();
     let sent = machine.counters().mailbox_total() - before;
-    // A sample of every family on a Turin 2P: three messages per core, two per socket.
-    let items = 3 * 384 + 2 * 2;
+    // A sample of every family on a Turin 2P: three messages per core, three per socket.
+    let items = 3 * 384 + 3 * 2;
     let bound = items * (elapsed.as_millis() as u64 / MAX_AGE_MS + 1);
     println!(
         "{samples} peer samples and {scrapes} scrapes in {elapsed:.1?}: {sent} messages, {:.0}/s \

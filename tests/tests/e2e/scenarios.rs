@@ -184,11 +184,12 @@ fn every_core_is_addressed_by_its_apic_id_exactly_once_per_scrape() {
     }
 }
 
-/// The default collectors: two messages per core (energy, boost limit) and two per socket
-/// (PROCHOT, frequency limit); the per-core frequency limit, off by default, sends none.
+/// The default collectors: two messages per core (energy, boost limit) and three per socket
+/// (PROCHOT, frequency limit, package energy): 774 on a Turin 2P; the per-core frequency limit,
+/// off by default, sends none.
 #[test]
 #[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
-fn a_full_scrape_costs_two_messages_per_core_and_two_per_socket() {
+fn a_full_scrape_costs_two_messages_per_core_and_three_per_socket() {
     let mut rig = rig("description = \"\"\nmachine = \"turin-2p\"\n[[scrapes]]\n");
     let (cores, sockets) = {
         let t = rig.machine().topology();
@@ -199,11 +200,13 @@ fn a_full_scrape_costs_two_messages_per_core_and_two_per_socket() {
     for (i, traffic) in scrapes.iter().enumerate() {
         let by_id: BTreeMap<u32, usize> =
             Message::ALL.iter().map(|m| (m.id(), traffic.count(m.id()))).collect();
-        assert_eq!(traffic.messages.len(), 2 * cores + 2 * sockets, "scrape {}: {by_id:?}", i + 1);
+        assert_eq!(traffic.messages.len(), 2 * cores + 3 * sockets, "scrape {}: {by_id:?}", i + 1);
+        assert_eq!(traffic.messages.len(), 774);
         assert_eq!(traffic.count(Message::GetBoostLimit.id()), cores);
         assert_eq!(traffic.count(Message::GetRaplCoreCounter.id()), cores);
         assert_eq!(traffic.count(Message::GetProcHot.id()), sockets);
         assert_eq!(traffic.count(Message::GetSocketFreqLimit.id()), sockets);
+        assert_eq!(traffic.count(Message::GetRaplPackageCounter.id()), sockets);
         assert_eq!(traffic.count(Message::GetCclkCoreLimit.id()), 0);
         assert!(traffic.messages.iter().all(|m| m.result.is_ok()));
     }

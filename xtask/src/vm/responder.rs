@@ -418,6 +418,27 @@ mod tests {
         assert_eq!(answer(&m, &f, &apic, 1, 0x1A, args).unwrap(), Answer::Status(0xFC, None));
     }
 
+    /// Issue 28: the package counter is the socket's (no APIC id), from the simulator: its
+    /// cores and the uncore, in the units of `GET_RAPL_UNITS`; firmware of protocol 5 answers
+    /// "invalid message" as for the other RAPL messages.
+    #[test]
+    fn the_package_counter_comes_from_the_simulator_for_the_guest_s_socket() {
+        let (m, apic) = two_sockets();
+        for socket in 0..2 {
+            let words = match answer(&m, &Faults::default(), &apic, socket, 0x32, [0; 8]).unwrap() {
+                Answer::Status(STATUS_OK, Some(words)) => words,
+                other => panic!("GET_RAPL_PACKAGE_COUNTER answered {other:?}"),
+            };
+            let counter = u64::from(words[0]) | u64::from(words[1]) << 32;
+            assert_eq!(counter, m.firmware().package_energy_counter(socket).unwrap());
+        }
+        let topo = GuestTopology { sockets: 1, cores: 1 };
+        let m5 = Machine::new(topo.spec(5), FirmwareConfig::static_values());
+        let apic = HashMap::from([(0, 0)]);
+        let answered = answer(&m5, &Faults::default(), &apic, 0, 0x32, [0; 8]).unwrap();
+        assert_eq!(answered, Answer::Status(0xFE, None));
+    }
+
     #[test]
     fn protocol_4_has_no_frequency_limit_messages() {
         let topo = GuestTopology { sockets: 1, cores: 1 };

@@ -271,14 +271,16 @@ fn scrape(addr: SocketAddr) -> Result<Scraped> {
 }
 
 /// HSMP messages expected in one steady scrape with the default collectors on: boost limit and
-/// energy per core where the firmware has the RAPL messages (no energy message otherwise: it
-/// comes from the MSRs or is absent), PROCHOT per socket, and the frequency limit per socket
-/// where the firmware has the message (the per-core frequency limit is off by default).
+/// energy per core and package energy per socket where the firmware has the RAPL messages (no
+/// energy message otherwise: core energy comes from the MSRs or is absent, and the package
+/// counter, answered `ENOMSG` on the first scrape, is asked no more), PROCHOT per socket, and
+/// the frequency limit per socket where the firmware has the message (the per-core frequency
+/// limit is off by default).
 fn expected_messages(spec: &MachineSpec, cores: usize, sockets: usize) -> usize {
     let frequency_limit = if spec.freq_limit_messages() { sockets } else { 0 };
     match (spec.hsmp_protocol, spec.rapl_messages) {
         (None, _) => 0,
-        (Some(_), true) => 2 * cores + sockets + frequency_limit,
+        (Some(_), true) => 2 * cores + 2 * sockets + frequency_limit,
         (Some(_), false) => cores + sockets + frequency_limit,
     }
 }
@@ -819,9 +821,9 @@ mod tests {
     }
 
     #[test]
-    fn a_steady_scrape_costs_two_messages_per_core_with_rapl_and_two_per_socket() {
+    fn a_steady_scrape_costs_two_messages_per_core_and_three_per_socket_with_rapl() {
         let turin = fixtures::machine("turin-2p").unwrap();
-        assert_eq!(expected_messages(&turin, 384, 2), 772);
+        assert_eq!(expected_messages(&turin, 384, 2), 774);
         let genoa = fixtures::machine("genoa-2p").unwrap();
         assert_eq!(expected_messages(&genoa, 64, 2), 68);
         let milan = fixtures::machine("milan-1p").unwrap();

@@ -188,11 +188,13 @@ pub(super) fn message_time_ratio(ctx: &mut Ctx<'_>) -> Result<Verdict> {
     let busiest = per_socket.iter().copied().max().unwrap_or(0);
     let floor = per_message * busiest as f64;
     let ratio = scrape_s / floor;
-    let want_per_socket = u64::from(2 * topo.cores + 2);
+    // Per core energy and boost limit; per socket PROCHOT, the frequency limit and the package
+    // energy (protocol 7).
+    let want_per_socket = u64::from(2 * topo.cores + 3);
     ev.check(
         per_socket.iter().all(|&n| n == want_per_socket),
         format!(
-            "messages per socket per scrape {per_socket:?} (2 x cores + 2 = {want_per_socket})"
+            "messages per socket per scrape {per_socket:?} (2 x cores + 3 = {want_per_socket})"
         ),
     );
     ev.check(
