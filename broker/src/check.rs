@@ -1076,7 +1076,12 @@ fn perf(
         Err(e) => {
             let found =
                 format!("power_core PMU present; {facts}; this process cannot open it: {e}");
-            return (Line::fail("perf", found, hints::PERF_DENIED), None);
+            let fix = if hints::paranoid_beyond_perfmon(&paranoid) {
+                hints::PERF_PARANOID
+            } else {
+                hints::PERF_DENIED
+            };
+            return (Line::fail("perf", found, fix), None);
         }
     };
     let found = format!(
@@ -1099,6 +1104,15 @@ fn perf(
     };
     let drop_in = units[0].join(format!("{unit}.d/perf-energy.conf"));
     let open_to_all = paranoid.parse::<i32>().is_ok_and(|p| p <= 0);
+    if drop_in.is_file() && hints::paranoid_beyond_perfmon(&paranoid) {
+        // Root opens the events with CAP_SYS_ADMIN; the broker holds CAP_PERFMON alone.
+        let found = format!(
+            "{found} as root, but the broker holds CAP_PERFMON alone, which a kernel with \
+             Debian's patch refuses at this perf_event_paranoid: the broker will not have this \
+             source there"
+        );
+        return (Line::fail("perf", found, hints::PERF_PARANOID), None);
+    }
     if drop_in.is_file() || open_to_all {
         let grant =
             if drop_in.is_file() { "the perf drop-in grants CAP_PERFMON" } else { "open to all" };

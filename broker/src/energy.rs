@@ -51,6 +51,8 @@ pub(crate) struct Choice {
     pub fallback: Option<Arc<dyn CoreCounters>>,
     /// Set when the MSR fallback is the one chosen: it needs its poller.
     pub msr: Option<Arc<MsrEnergy>>,
+    /// Why the perf source was passed over, if it was.
+    pub perf_passed_over: Option<String>,
 }
 
 /// Chooses the source: `hsmp` is `Ok` when the device at start-up answered RAPL on every
@@ -65,7 +67,12 @@ pub(crate) fn choose(
     let not_listed = || "not in --collector.core-energy.sources".to_owned();
     let allows = |s| allowed.contains(&s);
     let mut passed = [None, None, None];
-    let mut choice = Choice { hsmp_allowed: allows(SourceName::Hsmp), fallback: None, msr: None };
+    let mut choice = Choice {
+        hsmp_allowed: allows(SourceName::Hsmp),
+        fallback: None,
+        msr: None,
+        perf_passed_over: None,
+    };
     let mut chosen = None;
     match hsmp {
         _ if !allows(SourceName::Hsmp) => passed[0] = Some(not_listed()),
@@ -107,6 +114,7 @@ pub(crate) fn choose(
     } else if passed[2].is_none() {
         passed[2] = Some(format!("{} chosen first", name(chosen)));
     }
+    choice.perf_passed_over = passed[1].clone();
     let [hsmp, perf, msr] = passed.each_ref().map(Option::as_deref);
     match chosen {
         Some(source) => tracing::info!(
@@ -152,7 +160,17 @@ fn open_perf(
     match opened {
         Ok(energy) => Ok(Arc::new(energy)),
         Err(e @ perf::PerfOpenError::Unopened { errno: libc::EACCES | libc::EPERM, .. }) => {
-            Err(format!("{}; {}", amd_hsmp_cli::chain(&e), crate::hints::PERF_DENIED))
+            // EPERM: a system call filter (the unit without the drop-in). EACCES: the kernel,
+            // which at Debian's perf_event_paranoid 3 refuses CAP_PERFMON too.
+            let hint = match e {
+                perf::PerfOpenError::Unopened { errno: libc::EACCES, .. } => format!(
+                    "{}; with the drop-in installed: {}",
+                    crate::hints::PERF_DENIED,
+                    crate::hints::PERF_PARANOID
+                ),
+                _ => crate::hints::PERF_DENIED.to_owned(),
+            };
+            Err(format!("{}; {hint}", amd_hsmp_cli::chain(&e)))
         }
         Err(e) => Err(amd_hsmp_cli::chain(&e)),
     }

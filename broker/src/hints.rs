@@ -33,6 +33,21 @@ pub(crate) const PERF_DENIED: &str = "install -D -m 0644 \
      && systemctl restart amd-hsmp-broker (grants CAP_PERFMON at start-up only); under SELinux: \
      ausearch -m avc -c amd-hsmp-broker";
 
+/// Where `kernel.perf_event_paranoid` is 3 or more (Debian's default), kernels that carry Debian's patch refuse
+/// every `perf_event_open` without `CAP_SYS_ADMIN`: `CAP_PERFMON` is not enough. Upstream
+/// treats any value above 2 as 2, so setting 2 changes nothing there and fixes the others.
+pub(crate) const PERF_PARANOID: &str = "kernel.perf_event_paranoid is 3 or more: kernels with \
+     Debian's patch (Debian, Ubuntu) then refuse perf_event_open to every process without \
+     CAP_SYS_ADMIN, CAP_PERFMON included; set upstream's default 2: echo \
+     kernel.perf_event_paranoid=2 > /etc/sysctl.d/60-amd-hsmp-perf.conf && sysctl --system, \
+     then systemctl restart amd-hsmp-broker; or use the MSR fallback";
+
+/// Whether `paranoid` (the text of `perf_event_paranoid`) is the level at which Debian's patch
+/// refuses perf events to all but `CAP_SYS_ADMIN`.
+pub(crate) fn paranoid_beyond_perfmon(paranoid: &str) -> bool {
+    paranoid.trim().parse::<i32>().is_ok_and(|p| p >= 3)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -633,3 +633,25 @@ fn on_a_part_without_hsmp_rapl_the_energy_line_reads_the_perf_counter() {
     assert_eq!(energy.verdict, Verdict::Pass, "{energy}");
     assert!(energy.found.starts_with("perf power_core: 64 of 64 cores advancing"), "{energy}");
 }
+
+/// The VM tier showed it: at Debian's default perf_event_paranoid 3, --check (as root, which
+/// holds CAP_SYS_ADMIN) passed the perf line with the drop-in installed, while the broker,
+/// holding CAP_PERFMON alone, was refused by Debian's patch.
+#[test]
+fn at_paranoid_3_the_drop_in_is_not_enough_and_the_fix_is_upstream_s_2() {
+    let machine = static_machine(Profile::Genoa2p);
+    let root = system_root(true);
+    let drop_in = root.path().join("etc/systemd/system/amd-hsmp-broker.service.d");
+    fs::create_dir_all(&drop_in).unwrap();
+    fs::write(drop_in.join("perf-energy.conf"), "[Service]\n").unwrap();
+    fs::write(root.path().join("proc/sys/kernel/perf_event_paranoid"), "3\n").unwrap();
+    let (l, energy) = perf_line(&machine, root.path());
+    assert_eq!(l.verdict, Verdict::Fail, "{l}");
+    assert!(!energy, "the broker will not have it");
+    assert!(fix(&l).contains("kernel.perf_event_paranoid=2") && fix(&l).contains("MSR"), "{l}");
+    // Refused outright (not root): the same fix.
+    machine
+        .set_faults(amd_hsmp_sim::Faults { perf_open: Some(libc::EACCES), ..Default::default() });
+    let (l, _) = perf_line(&machine, root.path());
+    assert!(fix(&l).contains("kernel.perf_event_paranoid=2"), "{l}");
+}

@@ -1245,3 +1245,20 @@ fn a_perf_counter_that_stops_counting_fails_its_core_alone() {
     assert_eq!(energy[1], Err(ItemError::Io { errno: libc::ENODEV }));
     assert!(energy.iter().enumerate().all(|(i, e)| i == 1 || e.is_ok()), "{energy:?}");
 }
+
+#[test]
+fn a_perf_counter_the_kernel_refuses_names_the_sysctl_and_one_a_filter_refuses_the_drop_in() {
+    let machine = genoa(2);
+    let topo = machine.topology().clone();
+    let (perf, msr) = (machine.perf_locator(), machine.msr_opener());
+    for (errno, sysctl) in [(libc::EACCES, true), (libc::EPERM, false)] {
+        machine.set_faults(Faults { perf_open: Some(errno), ..Faults::default() });
+        let openers = crate::energy::Openers { perf: &perf, msr: &msr };
+        let choice =
+            crate::energy::choose(&[HsmpSource, PerfSource], Err("none".into()), &topo, &openers);
+        assert!(choice.fallback.is_none());
+        let why = choice.perf_passed_over.unwrap();
+        assert!(why.contains("perf-energy.conf"), "{errno}: {why}");
+        assert_eq!(why.contains("kernel.perf_event_paranoid=2"), sysctl, "{errno}: {why}");
+    }
+}
