@@ -16,6 +16,7 @@ mod responder;
 mod sim;
 
 use anyhow::{Context, Result, bail};
+use checks::Guest;
 use prepare::Cache;
 use responder::{GuestTopology, Responder};
 use std::fs;
@@ -165,67 +166,25 @@ pub fn run(args: &[String]) -> Result<()> {
         Ok((ssdts, format!("{SOCKETS} tables compiled")))
     })?;
 
-    let ram = guest::RamFile(PathBuf::from(format!("/dev/shm/amd-hsmp-vm-{}", std::process::id())));
-    let topology = GuestTopology { sockets: SOCKETS, cores: CORES };
-    let responder = steps.run("SMU responder", || {
-        ram.create()?;
-        let responder = Responder::start(&ram.0, topology, 7)?;
-        let fw = responder.machine();
-        // Values the checks recognise: a distinct boost limit per core, PROCHOT on socket 1.
-        for socket in 0..SOCKETS {
-            for core in 0..CORES {
-                fw.firmware().set_boost_limit(socket, core, 3000 + 200 * socket + 25 * core)?;
-            }
-        }
-        fw.firmware().set_prochot(1, true)?;
-        Ok((
-            responder,
-            format!(
-                "{SOCKETS} mailboxes in {}, protocol 7, {CORES} cores per socket",
-                ram.0.display()
-            ),
-        ))
-    })?;
-    let spec = guest::BootSpec {
-        kernel: kernel.dir.join("vmlinuz"),
-        initrd,
-        ssdts,
-        sockets: SOCKETS,
-        cores: CORES,
-        ram: ram.0.clone(),
-        run: run_dir.clone(),
-    };
-    let mut vm = steps.run("boot (TCG) to the agent", || {
-        let vm = guest::Vm::boot(&spec, BOOT_TIMEOUT)?;
-        Ok((vm, format!("console in {}", run_dir.join("console.log").display())))
-    })?;
-    let verdicts = steps.run("checks", || {
-        let verdicts = checks::run_all(&mut vm, &responder, &mut |v| {
-            eprintln!(
-                "vm-test: check {} {}: {}",
-                v.id,
-                if v.pass { "PASS" } else { "FAIL" },
-                v.name
-            );
-            for line in v.detail.lines() {
-                eprintln!("vm-test:     {line}");
-            }
-        });
-        match verdicts {
-            Ok(v) => {
-                let passed = v.iter().filter(|v| v.pass).count();
-                let detail = format!("{passed} of {} passed", v.len());
-                Ok((v, detail))
-            }
-            Err(e) => Err(e.context(format!("guest console:\n{}", vm.console_tail(30)))),
-        }
-    })?;
-    steps.run("power off", || {
-        vm.power_off(Duration::from_secs(60))?;
-        Ok(((), "guest stopped".to_string()))
-    })?;
-    drop(responder);
-    drop(ram);
+    let mut verdicts = Vec::new();
+    for guest in [Guest::Milan, Guest::Venice] {
+        let run = match guest {
+            Guest::Milan => run_dir.clone(),
+            Guest::Venice => run_dir.join("venice"),
+        };
+        fs::create_dir_all(&run)?;
+        let spec = guest::BootSpec {
+            kernel: kernel.dir.join("vmlinuz"),
+            initrd: initrd.clone(),
+            ssdts: ssdts.clone(),
+            sockets: SOCKETS,
+            cores: CORES,
+            cpu: guest.cpu(),
+            ram: PathBuf::from(format!("/dev/shm/amd-hsmp-vm-{}", std::process::id())),
+            run,
+        };
+        verdicts.extend(boot_and_check(&mut steps, guest, &spec)?);
+    }
 
     let summary = steps.summary();
     eprint!("vm-test: {summary}");
@@ -251,6 +210,68 @@ pub fn run(args: &[String]) -> Result<()> {
         bail!("VM checks failed: {}", failed.join(", "));
     }
     Ok(())
+}
+
+/// Boots `guest` as `spec` says, with a responder at protocol 7 on its mailboxes, runs its
+/// checks and powers it off.
+fn boot_and_check(
+    steps: &mut Steps,
+    guest: Guest,
+    spec: &guest::BootSpec,
+) -> Result<Vec<checks::Verdict>> {
+    let ram = guest::RamFile(spec.ram.clone());
+    let topology = GuestTopology { sockets: SOCKETS, cores: CORES };
+    let responder = steps.run(&format!("SMU responder ({guest:?})"), || {
+        ram.create()?;
+        let responder = Responder::start(&ram.0, topology, 7)?;
+        let fw = responder.machine();
+        // Values the checks recognise: a distinct boost limit per core, PROCHOT on socket 1.
+        for socket in 0..SOCKETS {
+            for core in 0..CORES {
+                fw.firmware().set_boost_limit(socket, core, 3000 + 200 * socket + 25 * core)?;
+            }
+        }
+        fw.firmware().set_prochot(1, true)?;
+        Ok((
+            responder,
+            format!(
+                "{SOCKETS} mailboxes in {}, protocol 7, {CORES} cores per socket",
+                ram.0.display()
+            ),
+        ))
+    })?;
+    let mut vm = steps.run(&format!("boot (TCG, -cpu {}) to the agent", spec.cpu), || {
+        let vm = guest::Vm::boot(spec, BOOT_TIMEOUT)?;
+        Ok((vm, format!("console in {}", spec.run.join("console.log").display())))
+    })?;
+    let verdicts = steps.run(&format!("checks ({guest:?})"), || {
+        let verdicts = checks::run_all(guest, &mut vm, &responder, &mut |v| {
+            eprintln!(
+                "vm-test: check {} {}: {}",
+                v.id,
+                if v.pass { "PASS" } else { "FAIL" },
+                v.name
+            );
+            for line in v.detail.lines() {
+                eprintln!("vm-test:     {line}");
+            }
+        });
+        match verdicts {
+            Ok(v) => {
+                let passed = v.iter().filter(|v| v.pass).count();
+                let detail = format!("{passed} of {} passed", v.len());
+                Ok((v, detail))
+            }
+            Err(e) => Err(e.context(format!("guest console:\n{}", vm.console_tail(30)))),
+        }
+    })?;
+    steps.run(&format!("power off ({guest:?})"), || {
+        vm.power_off(Duration::from_secs(60))?;
+        Ok(((), "guest stopped".to_string()))
+    })?;
+    drop(responder);
+    drop(ram);
+    Ok(verdicts)
 }
 
 /// Holds an exclusive lock on the cache for the whole run: two runs would share `run/`.

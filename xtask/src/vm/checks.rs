@@ -9,6 +9,7 @@ mod package;
 mod perf;
 mod selinux;
 mod units;
+mod venice;
 
 use super::guest::{Output, Vm};
 use super::responder::Responder;
@@ -21,6 +22,7 @@ use package::{driver, operator_check, package};
 use perf::{perf_with_drop_in, perf_without_drop_in, power_core_pmu};
 use selinux::{avc_denials, confinement, domains, selinux};
 use units::{sandbox, web_config};
+use venice::venice;
 
 /// Most a guest command may take (TCG is slow; `apt-get install` is the longest).
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
@@ -107,6 +109,37 @@ const CHECKS: &[(&str, Check)] = &[
     ("A", avc_denials),
 ];
 
+/// The checks of the second boot, a Venice-like guest, after [`CHECKS`].
+const VENICE_CHECKS: &[(&str, Check)] = &[("V", venice)];
+
+/// The guests the test boots, one after the other, each with its checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guest {
+    /// A Milan (family 0x19, model 0x01), a part `--check` knows: every check but V.
+    Milan,
+    /// A Venice-like part (family 0x1A, model 0x50, a Zen 6 this release does not know): check V.
+    Venice,
+}
+
+impl Guest {
+    /// QEMU's `-cpu` for it.
+    pub fn cpu(self) -> String {
+        match self {
+            Guest::Milan => "EPYC-Milan".into(),
+            Guest::Venice => {
+                format!("EPYC-Milan,family={},model={}", venice::FAMILY, venice::MODEL)
+            }
+        }
+    }
+
+    fn checks(self) -> &'static [(&'static str, Check)] {
+        match self {
+            Guest::Milan => CHECKS,
+            Guest::Venice => VENICE_CHECKS,
+        }
+    }
+}
+
 /// What the checks share: the guest, the responder, what the set-up found, and what one check
 /// leaves for a later one.
 struct Ctx<'a> {
@@ -136,6 +169,7 @@ struct Ctx<'a> {
 /// Runs the checks in order and returns every verdict; an error is a broken step (the guest
 /// stopped answering), not a failed check.
 pub fn run_all(
+    guest: Guest,
     vm: &mut Vm,
     responder: &Responder,
     report: &mut dyn FnMut(&Verdict),
@@ -144,7 +178,7 @@ pub fn run_all(
     let mut since = std::time::Instant::now();
     let mut ctx = prepare(vm, responder)?;
     let mut verdicts = Vec::new();
-    for (id, check) in CHECKS {
+    for (id, check) in guest.checks() {
         let mut v = check(&mut ctx)?;
         v.id = (*id).to_string();
         v.seconds = since.elapsed().as_secs_f64();
@@ -238,7 +272,7 @@ mod tests {
                 documented.push(m);
             }
         }
-        let ids: Vec<&str> = CHECKS.iter().map(|(id, _)| *id).collect();
+        let ids: Vec<&str> = CHECKS.iter().chain(VENICE_CHECKS).map(|(id, _)| *id).collect();
         let unique: std::collections::BTreeSet<&str> = ids.iter().copied().collect();
         assert_eq!(unique.len(), ids.len(), "{ids:?}");
         assert_eq!(ids, documented);

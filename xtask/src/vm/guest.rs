@@ -30,6 +30,8 @@ pub struct BootSpec {
     pub sockets: u32,
     /// Cores per socket (one thread each).
     pub cores: u32,
+    /// QEMU's `-cpu`: the model and the family and model its CPUID reports.
+    pub cpu: String,
     /// The guest RAM file (created by [`RamFile::create`]).
     pub ram: PathBuf,
     /// The run directory (console log, control socket).
@@ -144,8 +146,7 @@ impl Vm {
         qemu.args(["--pdeathsig", "KILL", "--", "qemu-system-x86_64"]);
         qemu.args(["-nodefaults", "-display", "none", "-no-reboot"])
             .args(["-machine", "q35,accel=tcg,memory-backend=ram"])
-            // An EPYC's family and model (0x19, 0x01), as `amd-hsmp-broker --check` expects.
-            .args(["-cpu", "EPYC-Milan"])
+            .args(["-cpu", &spec.cpu])
             .args(["-m", &format!("{RAM_MIB}M")])
             .arg("-object")
             .arg(format!(

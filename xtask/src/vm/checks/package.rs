@@ -2,7 +2,7 @@
 //! (users, socket, system state), and `amd-hsmp-broker --check` as an operator runs it.
 
 use super::{COMMAND_TIMEOUT, Ctx, Evidence, Verdict, sh};
-use crate::vm::guest::Vm;
+use crate::vm::guest::{Output, Vm};
 use crate::vm::responder::Responder;
 use anyhow::{Context, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,22 +11,8 @@ use std::time::Duration;
 /// Check 1: the driver probes from our SSDT, /dev/hsmp, the udev rule.
 pub(super) fn driver(ctx: &mut Ctx<'_>) -> Result<Verdict> {
     let vm = &mut *ctx.vm;
-    let topo = ctx.responder.topology();
-    let load = &ctx.load;
     let mut ev = Evidence::default();
-    ev.check(
-        load.ok(),
-        format!("udev loaded the driver: {}", load.text.trim().replace('\n', "; ")),
-    );
-    let bound = sh(vm, "ls /sys/bus/platform/drivers/hsmp_acpi/ | grep -c AMDI0097")?;
-    ev.check(
-        bound.text.trim() == topo.sockets.to_string(),
-        format!(
-            "{} AMDI0097 devices bound to hsmp_acpi, {} sockets",
-            bound.text.trim(),
-            topo.sockets
-        ),
-    );
+    bound_through_acpi(&mut ev, vm, &ctx.load, ctx.responder.topology().sockets)?;
     let dmesg = sh(vm, "dmesg | grep -i hsmp | tail -n 8")?;
     ev.check(true, format!("kernel log: {}", dmesg.text.trim().replace('\n', " | ")));
     let node = sh(vm, "stat -c '%F %U:%G %a' /dev/hsmp")?;
@@ -36,6 +22,26 @@ pub(super) fn driver(ctx: &mut Ctx<'_>) -> Result<Verdict> {
         format!("/dev/hsmp is {} (the packaged rule: {rule})", node.text.trim()),
     );
     Ok(ev.verdict("driver probes from the SSDT; /dev/hsmp; udev rule"))
+}
+
+/// Adds to `ev` that udev loaded the driver (`load`, the set-up's) and that one `AMDI0097`
+/// device per socket is bound to `hsmp_acpi`.
+pub(super) fn bound_through_acpi(
+    ev: &mut Evidence,
+    vm: &mut Vm,
+    load: &Output,
+    sockets: u32,
+) -> Result<()> {
+    ev.check(
+        load.ok(),
+        format!("udev loaded the driver: {}", load.text.trim().replace('\n', "; ")),
+    );
+    let bound = sh(vm, "ls /sys/bus/platform/drivers/hsmp_acpi/ | grep -c AMDI0097")?;
+    ev.check(
+        bound.text.trim() == sockets.to_string(),
+        format!("{} AMDI0097 devices bound to hsmp_acpi, {sockets} sockets", bound.text.trim()),
+    );
+    Ok(())
 }
 
 /// Check 2: package, users, socket, system state.

@@ -302,7 +302,7 @@ fn check_perf_line(vm: &mut Vm, responder: &Responder) -> Result<(i32, String, V
 }
 
 /// The source `amd_hsmp_core_energy_source_info` names with 1 in `s`, if any.
-fn source_of(s: &Scrape) -> Option<String> {
+pub(super) fn source_of(s: &Scrape) -> Option<String> {
     s.samples
         .iter()
         .find(|x| x.name == "amd_hsmp_core_energy_source_info" && x.value == 1.0)
