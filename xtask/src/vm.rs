@@ -28,6 +28,9 @@ const SOCKETS: u32 = 2;
 /// Cores per socket: enough that a wedged socket's timeouts (2 x cores + 1 messages of 100 ms)
 /// outlast a scrape timeout the guest can meet under TCG.
 const CORES: u32 = 6;
+/// Cores per socket the Venice-like guest's package has room for, `CORES` of them present: more
+/// than 256 threads a socket, as a Venice, so that socket 1's APIC ids start at 512.
+const VENICE_APIC_CORES: u32 = 384;
 /// How long the guest may take from QEMU's start to its agent's `READY`.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(240);
 
@@ -173,12 +176,17 @@ pub fn run(args: &[String]) -> Result<()> {
             Guest::Venice => run_dir.join("venice"),
         };
         fs::create_dir_all(&run)?;
+        let apic_cores = match guest {
+            Guest::Milan => CORES,
+            Guest::Venice => VENICE_APIC_CORES,
+        };
         let spec = guest::BootSpec {
             kernel: kernel.dir.join("vmlinuz"),
             initrd: initrd.clone(),
             ssdts: ssdts.clone(),
             sockets: SOCKETS,
             cores: CORES,
+            apic_cores,
             cpu: guest.cpu(),
             ram: PathBuf::from(format!("/dev/shm/amd-hsmp-vm-{}", std::process::id())),
             run,
@@ -220,7 +228,8 @@ fn boot_and_check(
     spec: &guest::BootSpec,
 ) -> Result<Vec<checks::Verdict>> {
     let ram = guest::RamFile(spec.ram.clone());
-    let topology = GuestTopology { sockets: SOCKETS, cores: CORES };
+    let topology =
+        GuestTopology { sockets: spec.sockets, cores: spec.cores, apic_cores: spec.apic_cores };
     let responder = steps.run(&format!("SMU responder ({guest:?})"), || {
         ram.create()?;
         let responder = Responder::start(&ram.0, topology, 7)?;

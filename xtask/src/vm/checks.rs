@@ -117,7 +117,8 @@ const VENICE_CHECKS: &[(&str, Check)] = &[("V", venice)];
 pub enum Guest {
     /// A Milan (family 0x19, model 0x01), a part `--check` knows: every check but V.
     Milan,
-    /// A Venice-like part (family 0x1A, model 0x50, a Zen 6 this release does not know): check V.
+    /// A Venice-like part (family 0x1A, model 0x50, a Zen 6 this release does not know, APIC
+    /// ids above 255): check V.
     Venice,
 }
 
@@ -127,7 +128,7 @@ impl Guest {
         match self {
             Guest::Milan => "EPYC-Milan".into(),
             Guest::Venice => {
-                format!("EPYC-Milan,family={},model={}", venice::FAMILY, venice::MODEL)
+                format!("EPYC-Milan,family={},model={},x2apic=on", venice::FAMILY, venice::MODEL)
             }
         }
     }

@@ -28,8 +28,11 @@ pub struct BootSpec {
     pub ssdts: Vec<PathBuf>,
     /// Sockets.
     pub sockets: u32,
-    /// Cores per socket (one thread each).
+    /// Cores present per socket (one thread each).
     pub cores: u32,
+    /// Cores per socket the topology has room for: `cores`, or more, and then only `cores` of
+    /// each socket are placed (see [`smp`]).
+    pub apic_cores: u32,
     /// QEMU's `-cpu`: the model and the family and model its CPUID reports.
     pub cpu: String,
     /// The guest RAM file (created by [`RamFile::create`]).
@@ -107,6 +110,37 @@ pub fn cmdline(sockets: u32) -> String {
     )
 }
 
+/// QEMU's `-smp` and CPU placement for `spec`: when the package has room for more cores than
+/// are present (`apic_cores` above `cores`), `-smp` places socket 0's and one `-device` per core
+/// each further socket's, whose APIC ids then start at socket << (bits for `apic_cores`), above
+/// 255 from 256 cores up. Linux keeps x2APIC, without which it refuses such a CPU ("invalid
+/// APIC ID"), only with interrupt remapping: hence the emulated IOMMU with `eim=on`.
+pub fn smp(spec: &BootSpec) -> Vec<String> {
+    let (sockets, cores, apic_cores) = (spec.sockets, spec.cores, spec.apic_cores);
+    if apic_cores == cores {
+        let smp = format!("{},sockets={sockets},cores={cores},threads=1", sockets * cores);
+        return vec!["-smp".into(), smp];
+    }
+    let (model, features) = spec.cpu.split_once(',').unwrap_or((&spec.cpu, ""));
+    let mut args = vec![
+        "-smp".into(),
+        format!(
+            "{cores},sockets={sockets},cores={apic_cores},threads=1,maxcpus={}",
+            sockets * apic_cores
+        ),
+    ];
+    for socket in 1..sockets {
+        for core in 0..cores {
+            args.push("-device".into());
+            args.push(format!(
+                "{model}-x86_64-cpu,{features},socket-id={socket},core-id={core},thread-id=0"
+            ));
+        }
+    }
+    args.extend(["-device".into(), "intel-iommu,intremap=on,eim=on".into()]);
+    args
+}
+
 /// One command's result.
 #[derive(Debug, Clone)]
 pub struct Output {
@@ -153,13 +187,7 @@ impl Vm {
                 "memory-backend-file,id=ram,size={RAM_MIB}M,mem-path={},share=on",
                 spec.ram.display()
             ))
-            .arg("-smp")
-            .arg(format!(
-                "{},sockets={},cores={},threads=1",
-                spec.sockets * spec.cores,
-                spec.sockets,
-                spec.cores
-            ))
+            .args(smp(spec))
             .arg("-kernel")
             .arg(&spec.kernel)
             .arg("-initrd")
@@ -289,6 +317,36 @@ mod tests {
         assert_eq!(base64(b"fo"), "Zm8=");
         assert_eq!(base64(b"foo"), "Zm9v");
         assert_eq!(base64(b"ls -l /dev/hsmp\n"), "bHMgLWwgL2Rldi9oc21wCg==");
+    }
+
+    #[test]
+    fn cores_beyond_the_present_ones_place_the_second_socket_above_apic_id_255() {
+        let mut spec = BootSpec {
+            kernel: PathBuf::new(),
+            initrd: PathBuf::new(),
+            ssdts: Vec::new(),
+            sockets: 2,
+            cores: 2,
+            apic_cores: 2,
+            cpu: "EPYC-Milan,family=26,model=80,x2apic=on".into(),
+            ram: PathBuf::new(),
+            run: PathBuf::new(),
+        };
+        assert_eq!(smp(&spec), ["-smp", "4,sockets=2,cores=2,threads=1"]);
+        spec.apic_cores = 384;
+        assert_eq!(
+            smp(&spec),
+            [
+                "-smp",
+                "2,sockets=2,cores=384,threads=1,maxcpus=768",
+                "-device",
+                "EPYC-Milan-x86_64-cpu,family=26,model=80,x2apic=on,socket-id=1,core-id=0,thread-id=0",
+                "-device",
+                "EPYC-Milan-x86_64-cpu,family=26,model=80,x2apic=on,socket-id=1,core-id=1,thread-id=0",
+                "-device",
+                "intel-iommu,intremap=on,eim=on",
+            ]
+        );
     }
 
     #[test]

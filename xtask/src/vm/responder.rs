@@ -60,20 +60,24 @@ pub fn status_for_errno(errno: Errno) -> Result<Option<u32>> {
     }))
 }
 
-/// The guest's CPU topology as QEMU builds it: `sockets` × `cores` × 1 thread, APIC id =
-/// socket << (bits for `cores`) | core.
+/// The guest's CPU topology as QEMU builds it: `sockets` × `cores` present × 1 thread, in a
+/// package QEMU sizes for `apic_cores` cores (`-smp cores=`): APIC id = socket << (bits for
+/// `apic_cores`) | core.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GuestTopology {
     /// Sockets (`-smp sockets=`).
     pub sockets: u32,
-    /// Cores per socket (`-smp cores=`).
+    /// Cores present per socket, core ids 0 to `cores - 1`.
     pub cores: u32,
+    /// Cores per socket QEMU's topology has room for (`-smp cores=`): `cores`, or more when
+    /// only some are present (APIC ids above 255 for a second socket).
+    pub apic_cores: u32,
 }
 
 impl GuestTopology {
     /// The APIC id QEMU gives core `core` of socket `socket`.
     pub fn apic_id(self, socket: u32, core: u32) -> u32 {
-        let bits = u32::BITS - self.cores.saturating_sub(1).leading_zeros();
+        let bits = u32::BITS - self.apic_cores.saturating_sub(1).leading_zeros();
         socket << bits | core
     }
 
@@ -328,7 +332,7 @@ mod tests {
     use amd_hsmp_device::messages::{LimitReasons, SocketFreqLimit};
 
     fn two_sockets() -> (Arc<Machine>, HashMap<u32, u32>) {
-        let topo = GuestTopology { sockets: 2, cores: 1 };
+        let topo = GuestTopology { sockets: 2, cores: 1, apic_cores: 1 };
         let spec = topo.spec(7);
         let apic = (0..2).map(|s| (topo.apic_id(s, 0), spec.apic_id(s, 0, 0))).collect();
         (Machine::new(spec, FirmwareConfig::static_values()), apic)
@@ -432,7 +436,7 @@ mod tests {
             let counter = u64::from(words[0]) | u64::from(words[1]) << 32;
             assert_eq!(counter, m.firmware().package_energy_counter(socket).unwrap());
         }
-        let topo = GuestTopology { sockets: 1, cores: 1 };
+        let topo = GuestTopology { sockets: 1, cores: 1, apic_cores: 1 };
         let m5 = Machine::new(topo.spec(5), FirmwareConfig::static_values());
         let apic = HashMap::from([(0, 0)]);
         let answered = answer(&m5, &Faults::default(), &apic, 0, 0x32, [0; 8]).unwrap();
@@ -441,7 +445,7 @@ mod tests {
 
     #[test]
     fn protocol_4_has_no_frequency_limit_messages() {
-        let topo = GuestTopology { sockets: 1, cores: 1 };
+        let topo = GuestTopology { sockets: 1, cores: 1, apic_cores: 1 };
         let m = Machine::new(topo.spec(4), FirmwareConfig::static_values());
         let apic = HashMap::from([(0, 0)]);
         for msg_id in [0x19, 0x1A] {
@@ -465,7 +469,7 @@ mod tests {
 
     #[test]
     fn protocol_5_has_no_rapl_messages() {
-        let topo = GuestTopology { sockets: 1, cores: 1 };
+        let topo = GuestTopology { sockets: 1, cores: 1, apic_cores: 1 };
         let m = Machine::new(topo.spec(5), FirmwareConfig::static_values());
         let apic = HashMap::from([(0, 0)]);
         assert_eq!(
@@ -488,7 +492,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ram = dir.path().join("ram");
         std::fs::File::create(&ram).unwrap().set_len(WINDOW_BASE + 2 * WINDOW_SIZE).unwrap();
-        let topo = GuestTopology { sockets: 2, cores: 2 };
+        let topo = GuestTopology { sockets: 2, cores: 2, apic_cores: 2 };
         let responder = Responder::start(&ram, topo, 5).unwrap();
         let file = std::fs::File::open(&ram).unwrap();
         let raw = |socket: u64, core: u64| {
@@ -517,8 +521,10 @@ mod tests {
 
     #[test]
     fn qemu_apic_ids_pack_cores_below_the_socket() {
-        assert_eq!(GuestTopology { sockets: 2, cores: 1 }.apic_id(1, 0), 1);
-        assert_eq!(GuestTopology { sockets: 2, cores: 2 }.apic_id(1, 1), 3);
-        assert_eq!(GuestTopology { sockets: 2, cores: 3 }.apic_id(1, 0), 4);
+        assert_eq!(GuestTopology { sockets: 2, cores: 1, apic_cores: 1 }.apic_id(1, 0), 1);
+        assert_eq!(GuestTopology { sockets: 2, cores: 2, apic_cores: 2 }.apic_id(1, 1), 3);
+        assert_eq!(GuestTopology { sockets: 2, cores: 3, apic_cores: 3 }.apic_id(1, 0), 4);
+        // A package with room for 384 cores, six present: socket 1 starts at 512.
+        assert_eq!(GuestTopology { sockets: 2, cores: 6, apic_cores: 384 }.apic_id(1, 5), 517);
     }
 }

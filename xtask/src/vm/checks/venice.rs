@@ -1,5 +1,6 @@
 //! Check V, on a second boot: a Venice-like guest (family 0x1A, model 0x50, a Zen 6 this
-//! release does not know), the driver bound through ACPI, the responder at protocol 7.
+//! release does not know) whose second socket's APIC ids are above 255, the driver bound
+//! through ACPI, the responder at protocol 7.
 
 use super::exporter::{healthy, scrape, wait_for_exporter};
 use super::package::{bound_through_acpi, while_energy_advances};
@@ -13,7 +14,7 @@ pub(crate) const FAMILY: u32 = 0x1A;
 /// See [`FAMILY`].
 pub(crate) const MODEL: u32 = 0x50;
 
-/// Check V: the guest's CPU is family 0x1A model 0x50; both AMDI0097 devices bound to
+/// Check V: the guest's CPU is family 0x1A model 0x50, socket 1's APIC ids above 255; both AMDI0097 devices bound to
 /// hsmp_acpi; the broker serves exact values and energy from HSMP RAPL; `--check` exits 0 with
 /// a WARN `cpu` line naming the family and model.
 pub(super) fn venice(ctx: &mut Ctx<'_>) -> Result<Verdict> {
@@ -21,7 +22,7 @@ pub(super) fn venice(ctx: &mut Ctx<'_>) -> Result<Verdict> {
     let responder = ctx.responder;
     let topo = responder.topology();
     let mut ev = Evidence::default();
-    let cpuinfo = sh(vm, "grep -E '^(cpu family|model)\\s' /proc/cpuinfo | sort | uniq -c")?;
+    let cpuinfo = sh(vm, "grep -E '^(cpu family|model)\\s*:' /proc/cpuinfo | sort | uniq -c")?;
     let cpus = topo.sockets * topo.cores;
     let want = format!("{cpus} cpu family\t: {FAMILY}\n{cpus} model\t\t: {MODEL}");
     let got: Vec<String> =
@@ -29,6 +30,13 @@ pub(super) fn venice(ctx: &mut Ctx<'_>) -> Result<Verdict> {
     let want: Vec<String> =
         want.lines().map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")).collect();
     ev.check(got == want, format!("/proc/cpuinfo: {got:?} (expected {want:?})"));
+    // The set-up compared every APIC id with the responder's; socket 1's are above 255 here.
+    let apic = sh(vm, "awk -F': ' '/^apicid/ {print $2}' /proc/cpuinfo | tr '\\n' ' '")?;
+    let high = topo.apic_id(topo.sockets - 1, 0);
+    ev.check(
+        high > 255 && apic.text.split_whitespace().any(|a| a == high.to_string()),
+        format!("APIC ids {} (socket {} from {high})", apic.text.trim(), topo.sockets - 1),
+    );
     bound_through_acpi(&mut ev, vm, &ctx.load, topo.sockets)?;
     wait_for_exporter(vm)?;
     let s = scrape(vm, 10.0)?;
