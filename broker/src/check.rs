@@ -401,12 +401,8 @@ fn checks(inputs: &mut Inputs<'_>, report: &mut Report<'_>) {
         }
     };
     if let Some(energy) = perf {
-        let read = || -> Vec<Result<f64, ItemError>> {
-            (0..topo.cores.len()).map(|i| energy.read(i).map(|e| e.joules())).collect()
-        };
-        let before = read();
-        let waited = (inputs.energy_wait)();
-        report.push(energy_rates("perf power_core", &before, &read(), waited));
+        let read = |i| energy.read(i);
+        report.push(energy_over("perf power_core", topo.cores.len(), read, inputs.energy_wait));
     } else if let Some(opener) = inputs.msr {
         report.push(msr_setup(inputs.sysfs, inputs.msr_root, inputs.etc));
         report.push(energy_msr(&topo, opener, inputs.energy_wait));
@@ -998,22 +994,30 @@ pub(crate) fn energy_rates(
 fn energy_hsmp(t: &dyn HsmpTransport, topo: &Topology, wait: &mut dyn FnMut() -> Duration) -> Line {
     let esu: Vec<Result<u8, ItemError>> =
         topo.sockets.iter().map(|&s| messages::rapl_esu(t, s)).collect();
-    let read = || -> Vec<Result<f64, ItemError>> {
-        topo.cores
-            .iter()
-            .map(|core| {
-                let index = topo.sockets.iter().position(|&s| s == core.socket);
-                let esu =
-                    index.and_then(|i| esu.get(i)).copied().unwrap_or(Err(ItemError::Rejected))?;
-                let counter = messages::rapl_core_counter(t, core.socket, core.apic_id)?;
-                Ok(amd_hsmp_proto::Energy { counter, esu }.joules())
-            })
-            .collect()
+    let read = |index: usize| {
+        let core = topo.cores.get(index).ok_or(ItemError::Rejected)?;
+        let socket = topo.sockets.iter().position(|&s| s == core.socket);
+        let esu = socket.and_then(|i| esu.get(i)).copied().unwrap_or(Err(ItemError::Rejected))?;
+        let counter = messages::rapl_core_counter(t, core.socket, core.apic_id)?;
+        Ok(amd_hsmp_proto::Energy { counter, esu })
     };
-    let before = read();
+    energy_over("HSMP RAPL", topo.cores.len(), read, wait)
+}
+
+/// Every core's energy read by `read` (by index into the topology's cores) before and after
+/// `wait`, as rates: the `energy` line of each source.
+fn energy_over(
+    source: &str,
+    cores: usize,
+    read: impl Fn(usize) -> Result<amd_hsmp_proto::Energy, ItemError>,
+    wait: &mut dyn FnMut() -> Duration,
+) -> Line {
+    let all = || -> Vec<Result<f64, ItemError>> {
+        (0..cores).map(|i| read(i).map(amd_hsmp_proto::Energy::joules)).collect()
+    };
+    let before = all();
     let waited = wait();
-    let after = read();
-    energy_rates("HSMP RAPL", &before, &after, waited)
+    energy_rates(source, &before, &all(), waited)
 }
 
 /// Per-core energy through the MSR devices, opened as the broker opens them.
@@ -1024,13 +1028,7 @@ fn energy_msr(topo: &Topology, opener: &dyn MsrOpener, wait: &mut dyn FnMut() ->
             return Line::fail("energy", format!("MSR fallback: {e}"), hints::MSR_UNOPENED);
         }
     };
-    let read = || -> Vec<Result<f64, ItemError>> {
-        (0..topo.cores.len()).map(|i| energy.read(i).map(amd_hsmp_proto::Energy::joules)).collect()
-    };
-    let before = read();
-    let waited = wait();
-    let after = read();
-    energy_rates("MSR", &before, &after, waited)
+    energy_over("MSR", topo.cores.len(), |i| energy.read(i), wait)
 }
 
 /// The kernel's `power_core` PMU: whether it exists, the kernel release and

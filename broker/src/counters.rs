@@ -1,7 +1,8 @@
 //! What the per-core energy counters the broker keeps itself (the perf and MSR sources, the
 //! fallbacks to HSMP RAPL) have in common: how the sampler reads them, and their counted resets.
 
-use amd_hsmp_proto::{Energy, EnergySource, ItemError};
+use amd_hsmp_device::Errno;
+use amd_hsmp_proto::{Core, Energy, EnergySource, ItemError, Topology};
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -51,4 +52,35 @@ impl<R> Resets<R> {
             log(&cores, self.total());
         }
     }
+}
+
+/// Opens one counter per core of `topology` with `open`, a core that fails kept as its error.
+/// `Err` with the first core's errno (`EIO` for an error that carries none) when no core
+/// opened; when only some failed, one warning names how many and the first, `what` saying what
+/// could not be opened.
+pub(crate) fn open_cores<T>(
+    topology: &Topology,
+    what: &str,
+    mut open: impl FnMut(&Core) -> Result<T, ItemError>,
+) -> Result<Vec<Result<T, ItemError>>, Errno> {
+    let cores: Vec<_> = topology.cores.iter().map(&mut open).collect();
+    let mut failed =
+        topology.cores.iter().zip(&cores).filter_map(|(c, r)| Some((c.cpu, *r.as_ref().err()?)));
+    if let Some((cpu, error)) = failed.next() {
+        let failed = 1 + failed.count();
+        if failed == cores.len() {
+            return Err(match error {
+                ItemError::Io { errno } => errno,
+                _ => libc::EIO,
+            });
+        }
+        tracing::warn!(
+            failed,
+            cores = cores.len(),
+            first_cpu = cpu,
+            %error,
+            "some cores' {what}; their energy will be missing",
+        );
+    }
+    Ok(cores)
 }

@@ -250,33 +250,13 @@ impl MsrEnergy {
         opener: &dyn MsrOpener,
         clock: Box<dyn Clock>,
     ) -> Result<MsrEnergy, MsrOpenError> {
-        let cores: Vec<_> =
-            topology.cores.iter().map(|core| open_core(opener, core.cpu, clock.as_ref())).collect();
-        let failed: Vec<_> = topology
-            .cores
-            .iter()
-            .zip(&cores)
-            .filter_map(|(core, r)| r.as_ref().err().map(|e| (core.cpu, *e)))
-            .collect();
-        if let Some(&(cpu, error)) = failed.first() {
-            if failed.len() == cores.len() {
-                let errno = match error {
-                    ItemError::Io { errno } => errno,
-                    _ => libc::EIO,
-                };
-                return Err(MsrOpenError::unreadable(errno));
-            }
-            tracing::warn!(
-                failed = failed.len(),
-                cores = cores.len(),
-                first_cpu = cpu,
-                %error,
-                "some cores' energy MSRs cannot be read; their energy will be missing",
-            );
-        }
-        if cores.is_empty() {
+        if topology.cores.is_empty() {
             return Err(MsrOpenError::EmptyTopology);
         }
+        let what = "energy MSRs cannot be read";
+        let open = |core: &amd_hsmp_proto::Core| open_core(opener, core.cpu, clock.as_ref());
+        let cores =
+            crate::counters::open_cores(topology, what, open).map_err(MsrOpenError::unreadable)?;
         Ok(MsrEnergy {
             cores,
             clock,

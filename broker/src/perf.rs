@@ -18,7 +18,7 @@
 //! answers nothing) has its item unavailable; when it counts again its count restarts from 0,
 //! counted as a reset.
 
-use crate::counters::{CoreCounters, Resets};
+use crate::counters::{CoreCounters, Resets, open_cores};
 use crate::msr::{Clock, MAX_CORE_WATTS, RESTART_TOLERANCE};
 use amd_hsmp_device::perf::{Pmu, PmuError};
 use amd_hsmp_device::{Errno, PerfCounter, PerfOpener, PerfReading};
@@ -122,34 +122,12 @@ impl PerfEnergy {
         if topology.cores.is_empty() {
             return Err(PerfOpenError::EmptyTopology);
         }
-        let cores: Vec<_> = topology
-            .cores
-            .iter()
-            .map(|core| open_core(opener, counting_cpu(core, pmu), clock.as_ref()))
-            .collect();
-        let failed: Vec<_> = topology
-            .cores
-            .iter()
-            .zip(&cores)
-            .filter_map(|(core, r)| r.as_ref().err().map(|e| (core.cpu, *e)))
-            .collect();
-        if let Some(&(cpu, error)) = failed.first() {
-            if failed.len() == cores.len() {
-                let errno = match error {
-                    ItemError::Io { errno } => errno,
-                    _ => libc::EIO,
-                };
-                let source = std::io::Error::from_raw_os_error(errno);
-                return Err(PerfOpenError::Unopened { errno, source });
-            }
-            tracing::warn!(
-                failed = failed.len(),
-                cores = cores.len(),
-                first_cpu = cpu,
-                %error,
-                "some cores' energy-core events cannot be opened; their energy will be missing",
-            );
-        }
+        let what = "energy-core events cannot be opened";
+        let open = |core: &Core| open_core(opener, counting_cpu(core, pmu), clock.as_ref());
+        let cores = open_cores(topology, what, open).map_err(|errno| PerfOpenError::Unopened {
+            errno,
+            source: std::io::Error::from_raw_os_error(errno),
+        })?;
         Ok(PerfEnergy { cores, esu: pmu.esu, clock, resets: Resets::default() })
     }
 
