@@ -31,14 +31,60 @@ struct Cli {
     #[arg(long = "simulate.scenario", value_name = "SCENARIO", default_value_t = sim::Scenario::Normal)]
     simulate_scenario: sim::Scenario,
 
+    /// The instant the simulated machine's clock reads at start (RFC 3339, e.g.
+    /// 2026-01-01T03:00:00Z); it runs at the real rate from there. Its load follows the day on
+    /// that clock, so the instant decides whether a socket is at its power peak. Without the
+    /// flag, the variable AMD_HSMP_SIMULATE_TIME; without either, this machine's clock. Each
+    /// start at a fixed instant begins the day there again, counters included: for tests, which
+    /// must not depend on the hour they run at.
+    #[arg(long = "simulate.time", value_name = "RFC3339", value_parser = parse_instant)]
+    simulate_time: Option<f64>,
+
     #[command(flatten)]
     broker: amd_hsmp_broker::cli::Args,
+}
+
+/// The variable `--simulate.time` falls back to.
+const TIME_VARIABLE: &str = "AMD_HSMP_SIMULATE_TIME";
+
+/// An RFC 3339 instant as seconds after the Unix epoch.
+fn parse_instant(text: &str) -> Result<f64, String> {
+    let time = humantime::parse_rfc3339(text)
+        .map_err(|e| format!("{e}: expected an RFC 3339 instant such as 2026-01-01T03:00:00Z"))?;
+    time.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .map_err(|_| "the instant is before 1970".to_owned())
+}
+
+/// Where the simulated clock starts: `--simulate.time`, else [`TIME_VARIABLE`], else the
+/// wall clock; a variable that does not parse is an error, never the wall clock.
+fn clock(flag: Option<f64>, variable: Option<std::ffi::OsString>) -> Result<sim::Clock, String> {
+    if let Some(at) = flag {
+        return Ok(sim::Clock::from_unix(at));
+    }
+    match variable {
+        None => Ok(sim::Clock::wall()),
+        Some(value) => {
+            let text = value.to_str().ok_or(format!("{TIME_VARIABLE} is not UTF-8"))?;
+            parse_instant(text)
+                .map(sim::Clock::from_unix)
+                .map_err(|e| format!("{TIME_VARIABLE}={text:?}: {e}"))
+        }
+    }
+}
+
+/// The instant `clock` reads now, RFC 3339, for the start-up line.
+fn instant(clock: &sim::Clock) -> String {
+    let at = clock.epoch_s() + clock.now_s();
+    let time = std::time::UNIX_EPOCH + Duration::from_secs_f64(at.max(0.0));
+    humantime::format_rfc3339_seconds(time).to_string()
 }
 
 /// The simulated machine of `--simulate` and `--simulate.scenario`.
 struct Simulated {
     profile: sim::Profile,
     scenario: sim::Scenario,
+    clock: sim::Clock,
 }
 
 impl Simulation for Simulated {
@@ -50,6 +96,7 @@ impl Simulation for Simulated {
         tracing::warn!(
             profile = %self.profile,
             scenario = %self.scenario,
+            time = %instant(&self.clock),
             "SIMULATION: serving the built-in firmware simulator, not this machine's devices"
         );
         // A real mailbox round trip takes ~100 µs (the driver sleeps before its first poll), so
@@ -57,11 +104,14 @@ impl Simulation for Simulated {
         let mut config = sim::FirmwareConfig::live();
         config.faults.latency = Duration::from_micros(100);
         config.scenario = self.scenario;
+        config.clock = self.clock.clone();
         machine(sim::Machine::new(self.profile.spec(), config))
     }
 
     fn check(&self) -> Machine {
-        machine(sim::Machine::new(self.profile.spec(), sim::FirmwareConfig::live()))
+        let config =
+            sim::FirmwareConfig { clock: self.clock.clone(), ..sim::FirmwareConfig::live() };
+        machine(sim::Machine::new(self.profile.spec(), config))
     }
 }
 
@@ -92,7 +142,11 @@ fn main() -> ExitCode {
     };
     match cli.simulate {
         Some(profile) => {
-            let simulated = Simulated { profile, scenario: cli.simulate_scenario };
+            let clock = match clock(cli.simulate_time, std::env::var_os(TIME_VARIABLE)) {
+                Ok(clock) => clock,
+                Err(e) => command().error(ErrorKind::ValueValidation, e).exit(),
+            };
+            let simulated = Simulated { profile, scenario: cli.simulate_scenario, clock };
             amd_hsmp_broker::daemon::main(PROGRAM, cli.broker, Some(&simulated))
         }
         // `--version` alone: answered before anything is opened.
@@ -125,6 +179,32 @@ mod tests {
             .map_err(|e| e.to_string())
             .and_then(|m| Cli::from_arg_matches(&m).map_err(|e| e.to_string()));
         assert!(matches!(m, Ok(Cli { simulate: Some(sim::Profile::Milan1p), .. })), "{m:?}");
+    }
+
+    #[test]
+    fn the_simulated_instant_comes_from_the_flag_then_the_variable_and_a_bad_one_is_an_error() {
+        let at = |flag: Option<f64>, var: Option<&str>| {
+            clock(flag, var.map(Into::into)).map(|c| (c.epoch_s() / 60.0).round() * 60.0)
+        };
+        let three = 1_767_236_400.0; // 2026-01-01T03:00:00Z
+        assert_eq!(parse_instant("2026-01-01T03:00:00Z"), Ok(three));
+        assert_eq!(at(Some(three), Some("2026-01-01T19:00:00Z")), Ok(three));
+        assert_eq!(at(None, Some("2026-01-01T19:00:00Z")), Ok(three + 16.0 * 3600.0));
+        let e = at(None, Some("19:00"));
+        assert!(
+            e.as_ref().is_err_and(|e| e.contains(TIME_VARIABLE) && e.contains("RFC 3339")),
+            "{e:?}"
+        );
+        assert!(parse_instant("yesterday").is_err());
+        assert_eq!(instant(&sim::Clock::from_unix(three)), "2026-01-01T03:00:00Z");
+        let m = command().try_get_matches_from([
+            "x",
+            "--simulate",
+            "milan-1p",
+            "--simulate.time",
+            "03:00",
+        ]);
+        assert!(m.is_err(), "a bad instant is refused by the command line");
     }
 
     #[test]

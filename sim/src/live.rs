@@ -16,14 +16,15 @@
 //!   constant [`UNCORE_SHARE`] of the TDP the cores leave them, since the epoch;
 //! - energy: what a hardware counter holds, which a restart of the simulating process does not
 //!   reset: a starting offset drawn from the seed (up to one 32-bit MSR wrap, so wraps come at
-//!   different times) plus the integral of the power since a fixed epoch (the Unix epoch: the
-//!   system clock, whose nanoseconds order two processes exactly, where `/proc/uptime`'s
-//!   10 ms would not). The load waves run on that time, so the integral of the power without
-//!   PROCHOT or clamping has a closed form at any instant and a new process continues where
-//!   the last one was; what PROCHOT and the clamp withheld from it during this
-//!   process is integrated in steps of one second and subtracted. That part restarts with the
-//!   process, so a restart moves the counter forward by what the last process withheld (a
-//!   PROCHOT episode's saving), never back;
+//!   different times) plus, at the simulation's start, the closed-form integral of the power
+//!   without PROCHOT or clamping since a fixed epoch (the Unix epoch of the simulated clock), so
+//!   that a new process on the real clock continues where the last one was, never back; from
+//!   the start on, each step of [`STEP_S`] adds the step's energy (Simpson's rule over the
+//!   clamped power, PROCHOT included: positive weights, so never more than the step's highest
+//!   power allows), spread evenly over the step. The counter therefore never advances faster
+//!   than a core's cap over any window, however short: an integral of the clamped power by
+//!   left rectangles, as this model had before, ran above the cap within a step as the load
+//!   rose into the clamp (up to 1.962 W of Turin's 1.953 W over one second);
 //! - boost limit: the SKU's maximum, except during a power event (the socket's load above
 //!   [`POWER_EVENT_LOAD`]: its loaded cores lose 100 to 400 MHz, redrawn every 30 s) and under
 //!   PROCHOT (every core of the socket at [`PROCHOT_BOOST`] of the maximum);
@@ -164,12 +165,13 @@ fn in_window(t: f64, start: f64, len: f64, period: f64) -> bool {
 /// Where the live firmware reads the time from.
 #[derive(Debug, Clone)]
 pub enum Clock {
-    /// Wall-clock time since `start`, which was `epoch_s` seconds after the Unix epoch: what
-    /// `--simulate` uses.
+    /// Real time since `start`, on a simulated clock that read `epoch_s` seconds after the Unix
+    /// epoch at `start`: the real day for the demo ([`Clock::wall`]), a chosen instant of the
+    /// day for tests ([`Clock::from_unix`], `--simulate.time`).
     Wall {
         /// When the simulation started.
         start: Instant,
-        /// Seconds from the Unix epoch to `start`.
+        /// Seconds from the Unix epoch to `start` on the simulated clock.
         epoch_s: f64,
     },
     /// Time set by a test, shared with every clone of the handle; the counters' epoch is the
@@ -178,10 +180,16 @@ pub enum Clock {
 }
 
 impl Clock {
-    /// Wall-clock time from now on.
+    /// Wall-clock time from now on: the simulated day is this machine's.
     pub fn wall() -> Clock {
         let epoch_s = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-        Clock::Wall { start: Instant::now(), epoch_s: epoch_s.as_secs_f64() }
+        Clock::from_unix(epoch_s.as_secs_f64())
+    }
+
+    /// A clock that reads `epoch_s` seconds after the Unix epoch now and runs at the real rate
+    /// from there: the instant of the simulated day is an input, whatever the wall clock says.
+    pub fn from_unix(epoch_s: f64) -> Clock {
+        Clock::Wall { start: Instant::now(), epoch_s: epoch_s.max(0.0) }
     }
 
     /// Seconds since the simulation started: the time scenarios are scheduled on.
@@ -261,7 +269,7 @@ struct CoreWave {
     offset_j: f64,
 }
 
-/// A core's energy integrated up to a whole step.
+/// A core's energy since `t` = 0, counted up to a whole step.
 #[derive(Debug, Clone, Copy, Default)]
 struct Integral {
     steps: u64,
@@ -282,7 +290,7 @@ pub struct Live {
     cores: Vec<CoreWave>,
     /// Seconds from the counters' epoch to `t` = 0: the load waves run on the time since it.
     epoch_s: f64,
-    /// Per core, the energy PROCHOT and the clamp withheld since `t` = 0.
+    /// Per core, the energy counted since `t` = 0 over whole steps.
     integrals: Vec<Mutex<Integral>>,
 }
 
@@ -377,7 +385,8 @@ impl Live {
     }
 
     /// The energy core `i` would have counted from the epoch to `t` without PROCHOT and the clamp,
-    /// J: the closed-form integral of its unclamped load's waves.
+    /// J: the closed-form integral of its unclamped load's waves (≥ the clamped energy: the
+    /// raw load never falls below 0, so the clamp only takes power away).
     fn unthrottled_energy_j(&self, i: usize, t: f64) -> f64 {
         let c = &self.cores[i];
         let Some(w) = self.socket_waves.get(c.socket as usize) else { return 0.0 };
@@ -391,17 +400,21 @@ impl Live {
         self.idle_w * t + (self.core_max_w - self.idle_w) * load
     }
 
-    /// What PROCHOT and the clamp withhold from core `i`'s unthrottled power at `t`, W (≥ 0:
-    /// the raw load never falls below 0).
-    fn withheld_w(&self, i: usize, t: f64) -> f64 {
-        let unthrottled = self.idle_w + (self.core_max_w - self.idle_w) * self.raw_load(i, t);
-        (unthrottled - self.power_w(i, t)).max(0.0)
+    /// The energy core `i` counts over step `k` (from `k` × [`STEP_S`]), J: Simpson's rule
+    /// over its power, clamp and PROCHOT included. The weights are positive and add up to one
+    /// step, so the step never counts more than its highest power for a step.
+    fn step_energy_j(&self, i: usize, k: u64) -> f64 {
+        let t0 = k as f64 * STEP_S;
+        let p = |t: f64| self.power_w(i, t);
+        (p(t0) + 4.0 * p(t0 + 0.5 * STEP_S) + p(t0 + STEP_S)) * STEP_S / 6.0
     }
 
-    /// The energy core `i` has counted at `t`, J: the offset plus the energy since the epoch
-    /// without PROCHOT and the clamp, less what they withheld since `t` = 0 (integrated in
-    /// steps of [`STEP_S`]). Never decreases as `t` grows, and a model started later (a
-    /// restart of the simulating process: [`Live::since_epoch`]) never counts less.
+    /// The energy core `i` has counted at `t`, J: the offset, the closed-form energy from the
+    /// epoch to the simulation's start, and each step's energy since ([`Live::step_energy_j`]),
+    /// the current step's spread evenly over it. Never decreases as `t` grows, never advances
+    /// faster than the core's highest power over any window, and a model started later (a
+    /// restart of the simulating process: [`Live::since_epoch`]) never counts less, since the
+    /// clamp and PROCHOT only ever take power away.
     pub fn energy_j(&self, i: usize, t: f64) -> f64 {
         let t = t.max(0.0);
         let whole = (t / STEP_S).floor() as u64;
@@ -412,12 +425,12 @@ impl Live {
             *integral = Integral::default();
         }
         while integral.steps < whole {
-            integral.joules += self.withheld_w(i, integral.steps as f64 * STEP_S) * STEP_S;
+            integral.joules += self.step_energy_j(i, integral.steps);
             integral.steps += 1;
         }
-        let partial = t - whole as f64 * STEP_S;
-        let withheld = integral.joules + self.withheld_w(i, whole as f64 * STEP_S) * partial;
-        self.cores[i].offset_j + self.unthrottled_energy_j(i, t) - withheld
+        let partial = (t - whole as f64 * STEP_S) / STEP_S;
+        let current = self.step_energy_j(i, whole) * partial;
+        self.cores[i].offset_j + self.unthrottled_energy_j(i, 0.0) + integral.joules + current
     }
 
     /// The energy the I/O die and uncore of one socket have counted at `t`, J (since the
@@ -577,6 +590,94 @@ mod tests {
         assert!((e1 - e0 - expected).abs() < 1e-2 * expected, "{} vs {expected}", e1 - e0);
         // Reading an earlier time again gives the same answer (a manual clock set back).
         assert_eq!(live.energy_j(5, 1000.0), e0);
+    }
+
+    /// 2026-01-01T00:00:00Z: midnight (UTC) of a day on the simulated clock.
+    const MIDNIGHT: f64 = 1_767_225_600.0;
+
+    /// The instants of the day a sweep visits for `live`: every hour on the hour and the peak
+    /// of socket 0's load (found to the minute), as seconds after [`MIDNIGHT`].
+    fn day_instants(live: &Live) -> Vec<f64> {
+        assert_eq!(live.epoch_s, 0.0, "a model on the epoch itself");
+        let load = |s: f64| live.socket_load(0, MIDNIGHT + s);
+        let peak = (0..1440)
+            .map(|m| f64::from(m) * 60.0)
+            .max_by(|a, b| load(*a).total_cmp(&load(*b)))
+            .expect("a day has minutes");
+        (0..24).map(|h| f64::from(h) * 3600.0).chain([peak]).collect()
+    }
+
+    #[test]
+    fn no_core_counts_above_its_cap_over_any_window_at_any_hour_of_the_day() {
+        // The windows the exporter takes power over: one mailbox round trip, the sample a page
+        // view takes, the landing page's second sample (`MIN_POWER_INTERVAL` later, give or
+        // take the sample itself), a scrape interval; each started part-way into a step.
+        let windows = [0.01, 0.3, 0.96, 1.0, 1.04, 15.0];
+        for profile in [Profile::Turin2p, Profile::Genoa2p, Profile::Milan1p] {
+            let spec = profile.spec();
+            let probe = Live::new(&spec, 0, Scenario::Normal);
+            let cap = probe.core_max_w();
+            let tdp = f64::from(spec.tdp_w);
+            let mut at_cap = 0;
+            for at in day_instants(&probe) {
+                let live = Live::new(&spec, 0, Scenario::Normal).since_epoch(MIDNIGHT + at);
+                let mut socket_j = vec![0.0; spec.sockets as usize];
+                for i in 0..live.cores.len() {
+                    let mut last = live.energy_j(i, 0.0);
+                    let j = live.energy_j(i, 16.0) - live.energy_j(i, 1.0);
+                    socket_j[live.cores[i].socket as usize] += j;
+                    // In the order of time from here: a read earlier than the last integrates
+                    // again from the start.
+                    for (k, &w) in windows.iter().enumerate() {
+                        let from = 0.37 * k as f64 + 0.5;
+                        let (e0, e1) = (live.energy_j(i, from), live.energy_j(i, from + w));
+                        // What f64 can hold of a counter this size, not a looser bound.
+                        let ulps = 4.0 * f64::EPSILON * e1;
+                        assert!(e1 >= e0 && e0 >= last, "{profile} {at} core {i}: went back");
+                        last = e0;
+                        let watts = (e1 - e0) / w;
+                        assert!(
+                            e1 - e0 <= cap * w + ulps,
+                            "{profile} at {at} s core {i}: {watts} W over {w} s, cap {cap} W"
+                        );
+                        at_cap += usize::from(watts > 0.999 * cap);
+                    }
+                }
+                for (s, j) in socket_j.iter().enumerate() {
+                    let w = j / 15.0 + live.uncore_w();
+                    assert!(w <= tdp, "{profile} at {at} s: socket {s} draws {w} W of {tdp} W");
+                }
+            }
+            // The sweep reaches the clamp, where a rectangle rule ran over it.
+            assert!(at_cap > 0, "{profile}: no core near its cap all day");
+        }
+    }
+
+    #[test]
+    fn the_energy_of_a_step_is_its_power_and_the_clamp_holds_within_it() {
+        // The core of Turin 2P that the landing page caught above its cap at 19:00 UTC, at
+        // every step of the minutes around the peak: the count is linear within a step and its
+        // slope is the step's power, never above the cap.
+        let spec = Profile::Turin2p.spec();
+        let probe = Live::new(&spec, 0, Scenario::Normal);
+        let peak = *day_instants(&probe).last().expect("the peak");
+        let live = Live::new(&spec, 0, Scenario::Normal).since_epoch(MIDNIGHT + peak - 600.0);
+        for i in 0..spec.core_ids.len() {
+            for k in 0..1200u32 {
+                let t = f64::from(k);
+                // In the order of time: an earlier read integrates again from the start.
+                let (e0, e_half, e1) =
+                    (live.energy_j(i, t), live.energy_j(i, t + 0.5), live.energy_j(i, t + 1.0));
+                let (step, half) = (e1 - e0, e_half - e0);
+                let tol = 4.0 * f64::EPSILON * e1;
+                assert!((2.0 * half - step).abs() <= 2.0 * tol, "core {i} step {k}");
+                assert!(step <= live.core_max_w() + tol, "core {i} step {k}: {step} J");
+                let (lo, hi) = (live.power_w(i, t), live.power_w(i, t + 1.0));
+                let mid = live.power_w(i, t + 0.5);
+                let (min, max) = (lo.min(hi).min(mid), lo.max(hi).max(mid));
+                assert!(step >= min - tol && step <= max + tol, "core {i} step {k}");
+            }
+        }
     }
 
     #[test]

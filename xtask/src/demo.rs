@@ -77,6 +77,9 @@ fn serve(bin: &Path, dir: &Path, scenario: Option<&str>) -> Result<()> {
             .args(["--simulate", PROFILE, "--listen"])
             .arg(&socket)
             .args(scenario.iter().flat_map(|s| ["--simulate.scenario", *s]))
+            // .cargo/config.toml pins the simulated instant for the tests; the demo follows
+            // the real day.
+            .env_remove("AMD_HSMP_SIMULATE_TIME")
             .spawn()
             .with_context(|| format!("cannot start {}", sim_broker.display()))?,
     );
