@@ -107,8 +107,17 @@ fn build_binaries() -> Result<Binaries> {
     Ok(bins)
 }
 
-/// `$CARGO build --quiet <what>` for the profile and target directory of `dir`.
+/// Set (to `1`) by `cargo xtask test-as-user`, which built this profile's binaries and the
+/// broker's examples from this tree before it ran the tests as an ordinary user, who cannot run
+/// root's toolchain: the tests use them as they are instead of building.
+pub const PREBUILT_VARIABLE: &str = "AMD_HSMP_E2E_PREBUILT";
+
+/// `$CARGO build --quiet <what>` for the profile and target directory of `dir`, unless the
+/// caller built them already ([`PREBUILT_VARIABLE`]).
 fn cargo_build(dir: &Path, what: &[&str]) -> Result<()> {
+    if std::env::var_os(PREBUILT_VARIABLE).is_some_and(|v| v == "1") {
+        return Ok(());
+    }
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.args(["build", "--quiet"]).args(what);

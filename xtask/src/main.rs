@@ -1,7 +1,8 @@
 //! `cargo xtask <task>`: the project's automation, in Rust instead of a Makefile.
 //!
 //! Tasks: `demo` (both processes on the simulated machine), `test` (the whole suite, installing
-//! the Debian packages it needs when run as root), `deps` (only the installs), `packaging` (the
+//! the Debian packages it needs when run as root), `test-as-user` (as root: the suite's tests
+//! again as uid 65534 without `/dev/fuse`, from the same build; `as_user.rs`), `deps` (only the installs), `packaging` (the
 //! packaging checks alone), `man OUTDIR` (man pages and shell completions, see `man.rs`), `mixin [--live]` (the monitoring mixin's checks alone; `--live` adds
 //! a real Prometheus scraping the simulated machine, which `test` always runs), `vm-test` (the
 //! real driver and the package under systemd in a QEMU guest whose SMU is the simulator; see
@@ -11,6 +12,7 @@
 
 #![forbid(unsafe_code)]
 
+mod as_user;
 mod bench;
 mod demo;
 mod deps;
@@ -30,7 +32,7 @@ use std::path::Path;
 use std::process::ExitCode;
 use workspace::{cargo, root};
 
-const USAGE: &str = "usage: cargo xtask <demo [--scenario NAME]|test|deps|packaging|man OUTDIR|\
+const USAGE: &str = "usage: cargo xtask <demo [--scenario NAME]|test|test-as-user|deps|packaging|man OUTDIR|\
                      mixin [--live]|vm-test|bench [--help]|image [--reproducible]|kube-test [--no-pods]>";
 
 fn main() -> ExitCode {
@@ -58,6 +60,7 @@ fn run() -> Result<()> {
         },
         Some("mixin") => mixin::check(&root(), args.get(1).is_some_and(|a| a == "--live")),
         Some("vm-test") => vm::run(&args[1..]),
+        Some("test-as-user") => as_user::run(),
         Some("test") => {
             deps::install()?;
             // The tests that need root, /dev/fuse, cgroup writes or the tools `deps` installs

@@ -23,6 +23,11 @@ pub fn cargo(args: &[&str]) -> Result<()> {
     run_cmd(&mut cargo_command(args))
 }
 
+/// Runs cargo with `args` in the workspace root and returns its standard output.
+pub fn cargo_stdout(args: &[&str]) -> Result<String> {
+    stdout_of(&mut cargo_command(args))
+}
+
 /// Variables `cargo run` sets for xtask itself (its manifest and package), by name or prefix.
 /// A build script may watch one (ring's `rerun-if-env-changed=CARGO_MANIFEST_DIR`), so a
 /// build that inherited them and a plain `cargo build` would each find the other's output

@@ -19,8 +19,9 @@ fn the_check_prints_one_line_per_precondition_and_fails_without_the_socket() {
     let bins = harness::binaries().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("broker.sock");
+    // Off the power peak, whatever the hour this runs at.
     let out = Command::new(&bins.sim_broker)
-        .args(["--check", "--simulate", "turin-2p", "--listen"])
+        .args(["--check", "--simulate", "turin-2p", "--simulate.time", OFF_PEAK, "--listen"])
         .arg(&socket)
         .output()
         .unwrap();
@@ -62,6 +63,148 @@ fn the_check_prints_one_line_per_precondition_and_fails_without_the_socket() {
         verdict, "amd-hsmp-sim-broker --check: a scrape cannot work as it should; see FAIL above",
         "{text}"
     );
+
+    // At the peak of the simulated day, the same line names the package power limit.
+    let peak = simulated_day(&[model(0.0).daily_peak_s(0)]).pop().unwrap();
+    assert!(
+        peak.answered.contains("socket 0 ") && peak.answered.contains(" MHz (ppt)"),
+        "{peak:?}"
+    );
+}
+
+/// 03:00 UTC, when the simulated Turin 2P of seed 0 is far from its power peak.
+const OFF_PEAK: &str = "2026-01-01T03:00:00Z";
+
+/// What `amd-hsmp-sim-broker --check --simulate turin-2p --simulate.time T` serves from, `at`
+/// seconds after midnight of 2026-01-01: the model (seed 0, the normal scenario) started then.
+fn model(at: f64) -> amd_hsmp_sim::live::Live {
+    let spec = amd_hsmp_sim::Profile::Turin2p.spec();
+    amd_hsmp_sim::live::Live::new(&spec, 0, amd_hsmp_sim::Scenario::Normal)
+        .since_epoch(amd_hsmp_sim::live::DAY_2026_01_01 + at)
+}
+
+/// One `--check` at an instant of the simulated day, and what the model holds around it.
+#[derive(Debug)]
+struct CheckAt {
+    /// Seconds after midnight.
+    at: f64,
+    /// The frequency-limit line's text after "GET_SOCKET_FREQ_LIMIT answered: ".
+    answered: String,
+    /// The boost line's lowest and highest MHz.
+    boost: (u32, u32),
+    /// The energy line's total W.
+    watts: f64,
+    /// The whole output, for messages.
+    text: String,
+}
+
+/// `--check` at each of `instants` (seconds after midnight of 2026-01-01 on the simulated
+/// clock), a few at a time.
+fn simulated_day(instants: &[f64]) -> Vec<CheckAt> {
+    let bins = harness::binaries().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let run = |at: f64| {
+        let epoch = std::time::UNIX_EPOCH
+            + Duration::from_secs_f64(amd_hsmp_sim::live::DAY_2026_01_01 + at);
+        let time = humantime::format_rfc3339_seconds(epoch).to_string();
+        let out = Command::new(&bins.sim_broker)
+            .args(["--check", "--simulate", "turin-2p", "--simulate.time", &time, "--listen"])
+            .arg(dir.path().join(format!("{at}.sock")))
+            .output()
+            .unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        let line = |name: &str| {
+            let line = text.lines().find(|l| l.get(6..).is_some_and(|r| r.starts_with(name)));
+            line.unwrap_or_else(|| panic!("no {name} line at {time}:\n{text}")).to_owned()
+        };
+        let answered = line("frequency-limit");
+        let answered = answered.split_once("answered: ").map(|(_, a)| a.to_owned());
+        let boost = line("boost");
+        let mhz: Vec<u32> = boost
+            .split_whitespace()
+            .skip_while(|w| *w != "limits")
+            .filter_map(|w| w.parse().ok())
+            .take(2)
+            .collect();
+        let energy = line("energy");
+        let watts = energy.split(", ").nth(1).and_then(|w| w.split(" W").next());
+        CheckAt {
+            at,
+            answered: answered.unwrap_or_else(|| panic!("{text}")),
+            boost: (mhz[0], mhz[1]),
+            watts: watts.and_then(|w| w.parse().ok()).unwrap_or_else(|| panic!("{text}")),
+            text,
+        }
+    };
+    let mut out = Vec::new();
+    for chunk in instants.chunks(5) {
+        std::thread::scope(|scope| {
+            let runs: Vec<_> = chunk.iter().map(|&at| scope.spawn(move || run(at))).collect();
+            out.extend(runs.into_iter().map(|r| r.join().unwrap()));
+        });
+    }
+    out
+}
+
+#[test]
+fn the_check_agrees_with_the_simulated_machine_at_every_hour_of_its_day_and_its_peak() {
+    let spec = amd_hsmp_sim::Profile::Turin2p.spec();
+    let cores = 2 * spec.core_ids.len();
+    let instants: Vec<f64> =
+        (0..24).map(|h| f64::from(h) * 3600.0).chain([model(0.0).daily_peak_s(0)]).collect();
+    let (mut ppt, mut opn_max) = (0, 0);
+    for check in simulated_day(&instants) {
+        let (at, text) = (check.at, &check.text);
+        let live = model(at);
+        // The model around the check's reads: it starts at `at` and reads within a few seconds.
+        let moments: Vec<f64> = (0..60).map(|k| f64::from(k) * 0.05).collect();
+        let limits: Vec<String> = moments
+            .iter()
+            .map(|&t| {
+                (0..2)
+                    .map(|s| {
+                        let limit =
+                            amd_hsmp_proto::FrequencyLimit::from(live.socket_freq_limit(s, t));
+                        let by: Vec<&str> = limit.limiters().map(|r| r.name()).collect();
+                        format!("socket {s} {} MHz ({})", limit.mhz, by.join(", "))
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            })
+            .collect();
+        assert!(
+            limits.contains(&check.answered),
+            "at {at} s: {:?} not in {limits:?}\n{text}",
+            check.answered
+        );
+        ppt += usize::from(check.answered.contains("(ppt)"));
+        opn_max += usize::from(check.answered.contains("(opn_max)"));
+        let boost = |t: f64| {
+            let all = (0..cores).map(|i| live.boost_mhz(i, t));
+            (all.clone().min().unwrap(), all.max().unwrap())
+        };
+        assert!(
+            moments.iter().any(|&t| boost(t) == check.boost),
+            "at {at} s: {:?}\n{text}",
+            check.boost
+        );
+        // Every core within its cap, so the machine within its cores' share of the TDP.
+        let cap_w = amd_hsmp_sim::live::CORE_SHARE_OF_TDP * f64::from(spec.tdp_w) * 2.0;
+        assert!(check.watts <= cap_w, "at {at} s: {} W of {cap_w} W\n{text}", check.watts);
+        // And what the model counted over the check's 2 s window, to the check's rounding and
+        // the few milliseconds its reads take.
+        let counted = |t: f64| {
+            (0..cores).map(|i| live.energy_j(i, t + 2.0) - live.energy_j(i, t)).sum::<f64>() / 2.0
+        };
+        let (lo, hi) = (counted(0.0).min(counted(1.0)), counted(0.0).max(counted(1.0)));
+        assert!(
+            check.watts >= 0.99 * lo && check.watts <= 1.01 * hi,
+            "at {at} s: {} W, the model {lo} to {hi} W\n{text}",
+            check.watts
+        );
+    }
+    // Both of the limiters the day goes through, every run.
+    assert!(ppt >= 2 && opn_max >= 12, "{ppt} at ppt, {opn_max} at opn_max");
 }
 
 #[test]
