@@ -103,33 +103,62 @@ impl RecentSamples {
     }
 }
 
+/// Power between two samples: each value's energy over the time between its two reads, where
+/// the broker says when it read them (since protocol 5), else over the time between the two
+/// answers. The answers' times are not the reads': a sample takes tens of milliseconds, and
+/// the first after start longer, so over a second's interval they put a core at its cap up to
+/// 5 % above it.
 fn power_between(prev: &Stamped, last: &Stamped) -> Power {
     let interval = last.at.saturating_duration_since(prev.at);
-    let seconds = interval.as_secs_f64();
-    let before: BTreeMap<(u32, u32), f64> =
-        prev.telemetry.energy_joules.iter().map(|(l, j)| ((l.socket, l.core), *j)).collect();
-    let watts = last
+    let answers = interval.as_secs_f64();
+    // Joules over seconds: `None` for a counter that went back (a broker restart with the MSR
+    // source) or reads not in order.
+    let watts = |earlier: (f64, Option<u64>), later: (f64, Option<u64>)| {
+        let seconds = match (earlier.1, later.1) {
+            (Some(a), Some(b)) if b > a => (b - a) as f64 / 1e6,
+            (Some(_), Some(_)) => return None,
+            _ => answers,
+        };
+        (later.0 >= earlier.0 && seconds > 0.0).then(|| (later.0 - earlier.0) / seconds)
+    };
+    let at = |times: &[Option<u64>], i: usize| times.get(i).copied().flatten();
+    let before: BTreeMap<(u32, u32), (f64, Option<u64>)> = prev
         .telemetry
         .energy_joules
         .iter()
-        .filter_map(|(label, joules)| {
-            let earlier = before.get(&(label.socket, label.core))?;
-            // A counter that went back (a broker restart with the MSR source) has no power.
-            (joules >= earlier && seconds > 0.0).then(|| (*label, (joules - earlier) / seconds))
+        .enumerate()
+        .map(|(i, (l, j))| ((l.socket, l.core), (*j, at(&prev.telemetry.energy_read_at_us, i))))
+        .collect();
+    let watts_of_cores = last
+        .telemetry
+        .energy_joules
+        .iter()
+        .enumerate()
+        .filter_map(|(i, (label, joules))| {
+            let earlier = *before.get(&(label.socket, label.core))?;
+            let w = watts(earlier, (*joules, at(&last.telemetry.energy_read_at_us, i)))?;
+            Some((*label, w))
         })
         .collect();
-    let package_before: BTreeMap<u32, f64> =
-        prev.telemetry.package_energy_joules.iter().copied().collect();
+    let package_before: BTreeMap<u32, (f64, Option<u64>)> = prev
+        .telemetry
+        .package_energy_joules
+        .iter()
+        .enumerate()
+        .map(|(i, &(s, j))| (s, (j, at(&prev.telemetry.package_energy_read_at_us, i))))
+        .collect();
     let package_watts = last
         .telemetry
         .package_energy_joules
         .iter()
-        .filter_map(|&(socket, joules)| {
-            let earlier = package_before.get(&socket)?;
-            (joules >= *earlier && seconds > 0.0).then(|| (socket, (joules - earlier) / seconds))
+        .enumerate()
+        .filter_map(|(i, &(socket, joules))| {
+            let earlier = *package_before.get(&socket)?;
+            let w = watts(earlier, (joules, at(&last.telemetry.package_energy_read_at_us, i)))?;
+            Some((socket, w))
         })
         .collect();
-    Power { watts, package_watts, interval }
+    Power { watts: watts_of_cores, package_watts, interval }
 }
 
 /// `GET /`, with the page's own state: the recent answers `exporter` tells it of from now on.
@@ -575,9 +604,12 @@ mod tests {
         CoreLabel { socket, core }
     }
 
+    /// Telemetry without read times (power over the answers' times), unless a test says.
     fn telemetry(joules: f64, simulated: Option<&str>) -> Arc<Telemetry> {
         Arc::new(Telemetry {
             simulated: simulated.map(str::to_owned),
+            energy_read_at_us: Vec::new(),
+            package_energy_read_at_us: Vec::new(),
             energy_joules: vec![
                 (label(0, 0), joules),
                 (label(0, 1), 2.0 * joules),
@@ -621,6 +653,39 @@ mod tests {
         let power = recent.power().unwrap();
         assert_eq!(power.interval, Duration::from_secs(2));
         assert_eq!(power.watts, vec![(label(0, 0), 2.0), (label(0, 1), 4.0), (label(1, 0), 0.0)]);
+    }
+
+    /// Regression (issue 42): the page divided by the time between the answers, so a core
+    /// at its cap read up to 5 % above it when one sample took longer than the other; power is
+    /// now energy over the time between the core's two reads, as the broker stamps them.
+    #[test]
+    fn power_is_taken_over_the_time_between_the_reads_not_the_answers() {
+        let read_at = |joules: f64, first_us: u64| {
+            Arc::new(Telemetry {
+                energy_read_at_us: vec![Some(first_us), Some(first_us + 10), None],
+                package_energy_joules: vec![(0, 10.0 * joules)],
+                package_energy_read_at_us: vec![Some(first_us)],
+                ..(*telemetry(joules, None)).clone()
+            })
+        };
+        let recent = RecentSamples::default();
+        let t0 = Instant::now();
+        // The first answer landed 50 ms after its reads, the second at once: 1.0 s between
+        // the answers, 1.05 s between the reads.
+        recent.record_at(t0, &read_at(100.0, 5_000_000));
+        recent.record_at(t0 + Duration::from_secs(1), &read_at(102.1, 6_050_000));
+        let power = recent.power().unwrap();
+        let w = |l: CoreLabel| power.watts.iter().find(|(c, _)| *c == l).map(|&(_, w)| w);
+        assert!((w(label(0, 0)).unwrap() - 2.0).abs() < 1e-9, "{:?}", power.watts);
+        assert!((w(label(0, 1)).unwrap() - 4.0).abs() < 1e-9, "{:?}", power.watts);
+        // A core the broker gave no time for: the answers' interval.
+        assert_eq!(w(label(1, 0)), Some(0.0));
+        assert!((power.package_watts[0].1 - 20.0).abs() < 1e-9, "{:?}", power.package_watts);
+        // Reads out of order (another machine's clock) give no power rather than a wrong one.
+        recent.record_at(t0 + Duration::from_secs(2), &read_at(104.0, 1_000));
+        let power = recent.power().unwrap();
+        assert_eq!(power.watts, vec![(label(1, 0), 0.0)]);
+        assert!(power.package_watts.is_empty());
     }
 
     #[test]

@@ -141,6 +141,9 @@ pub(crate) struct Telemetry {
     pub energy_source: Option<EnergySource>,
     /// Per-core energy in joules.
     pub energy_joules: Vec<(CoreLabel, f64)>,
+    /// When each of [`Telemetry::energy_joules`] was read, µs of `CLOCK_MONOTONIC` (aligned
+    /// with it; `None` where the broker did not say): what power is taken over.
+    pub energy_read_at_us: Vec<Option<u64>>,
     /// Per-core boost limit in hertz.
     pub boost_limit_hertz: Vec<(CoreLabel, f64)>,
     /// Per-socket PROCHOT.
@@ -151,6 +154,9 @@ pub(crate) struct Telemetry {
     pub core_frequency_limit_hertz: Vec<(CoreLabel, f64)>,
     /// Per-socket package energy in joules.
     pub package_energy_joules: Vec<(u32, f64)>,
+    /// When each of [`Telemetry::package_energy_joules`] was read, as
+    /// [`Telemetry::energy_read_at_us`].
+    pub package_energy_read_at_us: Vec<Option<u64>>,
     /// Some items were not read because the broker's deadline passed.
     pub deadline_exceeded: bool,
     /// The families the broker read none of, and why, in the order of [`Family::ALL`].
@@ -213,9 +219,29 @@ pub(crate) fn translate(
         read.collect(Family::PackageEnergy, &sample.package_energy, &topology.sockets, |e| {
             e.joules()
         });
+    out.energy_read_at_us =
+        read_at(&sample.energy, &sample.energy_read_at_us, out.energy_joules.len());
+    out.package_energy_read_at_us = read_at(
+        &sample.package_energy,
+        &sample.package_energy_read_at_us,
+        out.package_energy_joules.len(),
+    );
     out.deadline_exceeded = read.deadline_exceeded;
     out.unread = read.unread;
     out
+}
+
+/// The read times of the values [`Reader::collect`] kept of `readings` (`kept` of them), from
+/// the sample's `at` (aligned with the items): `None` each where the broker gave no time, or
+/// gave times not aligned with its items.
+fn read_at<T>(readings: &Readings<T>, at: &[Option<u64>], kept: usize) -> Vec<Option<u64>> {
+    let times: Vec<Option<u64>> = match readings {
+        Readings::Values(values) if values.len() == at.len() => {
+            values.iter().zip(at).filter(|(v, _)| v.is_ok()).map(|(_, at)| *at).collect()
+        }
+        _ => Vec::new(),
+    };
+    if times.len() == kept { times } else { vec![None; kept] }
 }
 
 /// A frequency in MHz, as the broker reads it, in hertz.

@@ -56,6 +56,11 @@ pub mod version {
     /// ([`Sample::package_energy`](crate::Sample::package_energy)), asked for by one more
     /// [`Families`](crate::Families) flag.
     pub const V4: u32 = 4;
+    /// When each energy value was read, on the machine's `CLOCK_MONOTONIC`
+    /// ([`Sample::energy_read_at_us`](crate::Sample::energy_read_at_us),
+    /// [`Sample::package_energy_read_at_us`](crate::Sample::package_energy_read_at_us)), so that
+    /// power is energy over the time between two reads, not between two answers.
+    pub const V5: u32 = 5;
 }
 
 /// Where the packaged socket unit (`amd-hsmp-broker.socket`) puts the broker's socket: the
@@ -63,7 +68,7 @@ pub mod version {
 pub const DEFAULT_SOCKET: &str = "/run/amd-hsmp/broker.sock";
 
 /// Version of this protocol. Bumped on any change an older peer cannot decode.
-pub const PROTOCOL_VERSION: u32 = version::V4;
+pub const PROTOCOL_VERSION: u32 = version::V5;
 
 impl Message for Request {
     /// Requests are a few bytes.
@@ -432,6 +437,15 @@ pub struct Sample {
     /// (or nothing was read). Never above `max_age_ms` × 1000. A client that hands this reply
     /// to a request which arrived later can tell whether it is still within the bound.
     pub oldest_read_us: u32,
+    /// Since [`version::V5`]. When each core's energy value in [`Sample::energy`] was read (the
+    /// read's start), in microseconds of the machine's `CLOCK_MONOTONIC`, aligned with
+    /// [`Topology::cores`]; `None` where the core has no value. The same clock for every broker
+    /// process on the machine, so two samples' readings are comparable across a restart; the
+    /// difference between two is the time the counter advanced over.
+    pub energy_read_at_us: Vec<Option<u64>>,
+    /// Since [`version::V5`]. The same for [`Sample::package_energy`], aligned with
+    /// [`Topology::sockets`].
+    pub package_energy_read_at_us: Vec<Option<u64>>,
 }
 
 impl Sample {

@@ -14,6 +14,10 @@ pub const ESU: u8 = 16;
 /// of a machine of up to 64 cores, as a package's must be.
 pub const PACKAGE_JOULES: u64 = 100_000;
 
+/// When core 0's and each socket's package energy were read in [`Sample::healthy`], µs of
+/// `CLOCK_MONOTONIC`: 1 s after boot; core `i` 10 µs × `i` later.
+pub const READ_AT_US: u64 = 1_000_000;
+
 /// A Zen 5 machine of `sockets` × `cores_per_socket` cores, one thread each; core ids step by
 /// 2 (sparse, as on real parts) and APIC ids differ from CPU numbers.
 pub fn topology(sockets: u32, cores_per_socket: u32) -> Topology {
@@ -41,7 +45,7 @@ impl Sample {
     /// is 3700 MHz set by the OPN maximum, except on socket 1, where it is 1500 MHz set by
     /// PROCHOT; each core's frequency limit is 3700 MHz; socket `s` has used
     /// [`PACKAGE_JOULES`] + `s` J of package energy. Every value was read
-    /// after the request arrived, within a freshness bound of 500 ms.
+    /// after the request arrived, within a freshness bound of 500 ms, at [`READ_AT_US`].
     pub fn healthy(topology: &Topology, what: Families) -> Sample {
         fn read<T>(asked: bool, values: impl Iterator<Item = T>) -> Readings<T> {
             if asked { Readings::Values(values.map(Ok).collect()) } else { Readings::NotRequested }
@@ -74,6 +78,17 @@ impl Sample {
             energy_resets: 0,
             max_age_ms: 500,
             oldest_read_us: 0,
+            // Each core read 10 µs after the one before, from 1 s after boot.
+            energy_read_at_us: if what.core_energy {
+                cores.clone().map(|i| Some(READ_AT_US + 10 * i)).collect()
+            } else {
+                Vec::new()
+            },
+            package_energy_read_at_us: if what.package_energy {
+                topology.sockets.iter().map(|_| Some(READ_AT_US)).collect()
+            } else {
+                Vec::new()
+            },
         }
     }
 }

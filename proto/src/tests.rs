@@ -112,12 +112,26 @@ fn reply() -> impl Strategy<Value = Reply> {
             readings(any::<u32>()),
             readings(any::<bool>()),
             (readings(frequency_limit), readings(any::<u32>()), readings(energy)),
-            (any::<u64>(), any::<u32>(), any::<u32>())
+            (any::<u64>(), any::<u32>(), any::<u32>()),
+            (
+                prop::collection::vec(any::<Option<u64>>(), 0..8),
+                prop::collection::vec(any::<Option<u64>>(), 0..4)
+            )
         )
             .prop_map(
-                |(hsmp, energy_source, energy, boost_limit, prochot, limits, freshness)| {
+                |(
+                    hsmp,
+                    energy_source,
+                    energy,
+                    boost_limit,
+                    prochot,
+                    limits,
+                    freshness,
+                    read_at,
+                )| {
                     let (frequency_limit, core_frequency_limit, package_energy) = limits;
                     let (energy_resets, max_age_ms, oldest_read_us) = freshness;
+                    let (energy_read_at_us, package_energy_read_at_us) = read_at;
                     Reply::Sample(Sample {
                         hsmp,
                         energy_source,
@@ -130,6 +144,8 @@ fn reply() -> impl Strategy<Value = Reply> {
                         energy_resets,
                         max_age_ms,
                         oldest_read_us,
+                        energy_read_at_us,
+                        package_energy_read_at_us,
                     })
                 }
             ),

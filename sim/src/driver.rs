@@ -310,19 +310,26 @@ impl HsmpTransport for Driver {
             std::thread::sleep(timeout);
             return Err(libc::ETIMEDOUT);
         }
+        // The SMU answers as the message reaches it; what a message costs is the driver's
+        // polling for that answer: `__hsmp_send_message` (drivers/platform/x86/amd/hsmp/hsmp.c)
+        // writes the arguments and the message id, then reads the response register between
+        // `usleep_range` sleeps until it is no longer NOT_READY. So the values are those of the
+        // instant the message entered, and the latency comes after them: a reading's time is
+        // when its read began, as the broker stamps it.
+        let answered = if let Some(errno) = injected {
+            Err(errno)
+        } else if unsupported {
+            Err(libc::ENOMSG)
+        } else {
+            machine
+                .firmware
+                .answer(msg.sock_ind, msg.msg_id, &msg.args)
+                .map_err(|status| status.errno())
+        };
         if !latency.is_zero() {
             std::thread::sleep(latency);
         }
-        if let Some(errno) = injected {
-            return Err(errno);
-        }
-        if unsupported {
-            return Err(libc::ENOMSG);
-        }
-        let words = machine
-            .firmware
-            .answer(msg.sock_ind, msg.msg_id, &msg.args)
-            .map_err(|status| status.errno())?;
+        let words = answered?;
         let n = usize::from(msg.response_sz).min(words.len());
         msg.args[..n].copy_from_slice(&words[..n]);
         Ok(())

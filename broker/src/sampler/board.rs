@@ -27,23 +27,31 @@ pub(super) struct Item {
 /// Every item of a request, per family aligned with the topology; an item not read (yet) is
 /// [`ItemError::DeadlineExceeded`].
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct Items(pub(super) PerFamily<Vec<Result<Value, ItemError>>>);
+pub(super) struct Items {
+    pub(super) values: PerFamily<Vec<Result<Value, ItemError>>>,
+    /// When each item's read began, aligned with `values`; `None` until it is read.
+    pub(super) at: PerFamily<Vec<Option<Instant>>>,
+}
 
 impl Items {
     fn unread(topology: &Topology) -> Items {
         const UNREAD: ItemError = ItemError::DeadlineExceeded;
-        Items(PerFamily::from_fn(|family| {
-            let items = match family.scope() {
-                Scope::Core => topology.cores.len(),
-                Scope::Socket => topology.sockets.len(),
-            };
-            vec![Err(UNREAD); items]
-        }))
+        let len = |family: Family| match family.scope() {
+            Scope::Core => topology.cores.len(),
+            Scope::Socket => topology.sockets.len(),
+        };
+        Items {
+            values: PerFamily::from_fn(|family| vec![Err(UNREAD); len(family)]),
+            at: PerFamily::from_fn(|family| vec![None; len(family)]),
+        }
     }
 
-    fn put(&mut self, item: Item) {
-        if let Some(slot) = self.0[item.family].get_mut(item.index) {
+    fn put(&mut self, item: Item, at: Instant) {
+        if let Some(slot) = self.values[item.family].get_mut(item.index) {
             *slot = item.value;
+        }
+        if let Some(slot) = self.at[item.family].get_mut(item.index) {
+            *slot = Some(at);
         }
     }
 }
@@ -404,7 +412,7 @@ impl Waiter {
 
     fn deliver(&self, read: &Read, expected: bool) {
         let mut state = lock(&self.state);
-        state.items.put(read.item);
+        state.items.put(read.item, read.at);
         state.oldest = Some(state.oldest.map_or(read.at, |o| o.min(read.at)));
         if expected {
             state.remaining = state.remaining.saturating_sub(1);

@@ -112,6 +112,9 @@ pub(super) fn sample(
         energy_resets,
         max_age_ms: 0,
         oldest_read_us: 0,
+        // When each energy value was read: the sampler's to fill in.
+        energy_read_at_us: Vec::new(),
+        package_energy_read_at_us: Vec::new(),
     }
 }
 

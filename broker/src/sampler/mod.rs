@@ -96,6 +96,20 @@ impl Clock for Monotonic {
     }
 }
 
+/// The machine's `CLOCK_MONOTONIC` now, µs: the clock `Instant` reads, as a number that means
+/// the same in every process on the machine.
+fn monotonic_us() -> u64 {
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    let seconds = u64::try_from(now.tv_sec).unwrap_or_default();
+    let micros = u64::try_from(now.tv_nsec / 1000).unwrap_or_default();
+    seconds.saturating_mul(1_000_000).saturating_add(micros)
+}
+
+/// `d` in whole µs, saturating.
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
 /// The families found unsupported (`ENOMSG` on every item), one flag each.
 #[derive(Debug, Default)]
 struct Unsupported(PerFamily<AtomicBool>);
@@ -304,6 +318,9 @@ struct Shared {
     logged: Mutex<Vec<(&'static str, ItemError)>>,
     /// The id of the next device opened.
     next_device: AtomicU64,
+    /// An instant of [`Shared::clock`] and the machine's `CLOCK_MONOTONIC` then, in µs: how a
+    /// read's instant becomes the wire's [`Sample::energy_read_at_us`].
+    anchor: (Instant, u64),
 }
 
 /// Reads telemetry for the requests of every connection; shared by all connection threads.
@@ -344,6 +361,7 @@ impl Sampler {
         clock: Arc<dyn Clock>,
     ) -> Sampler {
         let workers = Workers::new(&topology, Arc::clone(&clock));
+        let anchor = (clock.now(), monotonic_us());
         let shared = Shared {
             topology,
             opener: hsmp,
@@ -356,6 +374,7 @@ impl Sampler {
             unsupported: Unsupported::default(),
             logged: Mutex::new(Vec::new()),
             next_device: AtomicU64::new(0),
+            anchor,
         };
         let device = shared.open_and_probe();
         log_device(None, &device);
@@ -593,7 +612,7 @@ impl Shared {
         // A device that failed its probes on every socket answers nothing.
         let failed = matches!(hsmp, DeviceStatus::Failed(e) if e != ItemError::DeadlineExceeded);
         let readings = PerFamily::from_fn(|family| {
-            let values = std::mem::take(&mut items.0[family]);
+            let values = std::mem::take(&mut items.values[family]);
             match &plan.reads[family] {
                 _ if !what.contains(family) => Readings::NotRequested,
                 Err(why) => why.clone(),
@@ -617,7 +636,27 @@ impl Shared {
             _ => None,
         };
         let resets = self.fallback.as_ref().map_or(0, |counters| counters.resets());
-        family::sample(hsmp, energy_source, &readings, resets)
+        let mut sample = family::sample(hsmp, energy_source, &readings, resets);
+        sample.energy_read_at_us = self.read_at_us(&sample.energy, &items.at[energy]);
+        sample.package_energy_read_at_us =
+            self.read_at_us(&sample.package_energy, &items.at[Family::PackageEnergy]);
+        sample
+    }
+
+    /// When each item with a value in `readings` was read, in µs of `CLOCK_MONOTONIC`; empty
+    /// when the family has no values.
+    fn read_at_us<T>(&self, readings: &Readings<T>, at: &[Option<Instant>]) -> Vec<Option<u64>> {
+        let Readings::Values(values) = readings else { return Vec::new() };
+        let (instant, us) = self.anchor;
+        let of = |at: Instant| match at.checked_duration_since(instant) {
+            Some(after) => us.saturating_add(micros(after)),
+            None => us.saturating_sub(micros(instant.saturating_duration_since(at))),
+        };
+        values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v.as_ref().ok().and(at.get(i).copied().flatten()).map(of))
+            .collect()
     }
 
     /// Turns one HSMP family's results into its readings: a family every item of which

@@ -1262,3 +1262,37 @@ fn a_perf_counter_the_kernel_refuses_names_the_sysctl_and_one_a_filter_refuses_t
         assert_eq!(why.contains("kernel.perf_event_paranoid=2"), sysctl, "{errno}: {why}");
     }
 }
+
+/// Since protocol 5 each energy value says when it was read, on `CLOCK_MONOTONIC`: in the order
+/// the worker read them, within the request's time, and none for an item without a value.
+#[test]
+fn each_energy_value_carries_when_it_was_read_and_a_failed_one_none() {
+    let machine = turin(3);
+    let topo = machine.topology().clone();
+    let bad = topo.cores[1].apic_id;
+    machine.update_faults(|f| {
+        f.errno.insert((Fault::Rapl, Target::Apic(bad)), libc::EIO);
+    });
+    let (_opener, sampler) = sampler(&machine);
+    let before = monotonic_us();
+    let sample = sampler.sample(Families::ALL, soon());
+    let after = monotonic_us();
+    assert_eq!(values(&sample.energy).len(), 6);
+    let at = &sample.energy_read_at_us;
+    assert_eq!(at.len(), 6, "{at:?}");
+    assert_eq!(at[1], None, "a failed read has no time");
+    for (i, t) in at.iter().enumerate().filter(|&(i, _)| i != 1) {
+        let t = t.unwrap_or_else(|| panic!("core {i} has no read time: {at:?}"));
+        assert!((before..=after).contains(&t), "core {i} at {t}, request {before}..{after}");
+    }
+    // One socket's cores in the order its worker reads them.
+    assert!(at[0] < at[2] && at[3] < at[4] && at[4] < at[5], "{at:?}");
+    let package = &sample.package_energy_read_at_us;
+    assert!(package.len() == 2 && package.iter().all(|t| t.is_some_and(|t| t >= before)));
+    // A later sample's reads are later.
+    let next = sampler.sample(Families::ALL, soon());
+    assert!(next.energy_read_at_us[0] > at[0], "{:?} then {at:?}", next.energy_read_at_us);
+    // Not asked for: no times.
+    let boost_only = Families::of(&[Family::BoostLimit]);
+    assert!(sampler.sample(boost_only, soon()).energy_read_at_us.is_empty());
+}
