@@ -110,55 +110,52 @@ impl RecentSamples {
 /// 5 % above it.
 fn power_between(prev: &Stamped, last: &Stamped) -> Power {
     let interval = last.at.saturating_duration_since(prev.at);
-    let answers = interval.as_secs_f64();
-    // Joules over seconds: `None` for a counter that went back (a broker restart with the MSR
-    // source) or reads not in order.
-    let watts = |earlier: (f64, Option<u64>), later: (f64, Option<u64>)| {
-        let seconds = match (earlier.1, later.1) {
-            (Some(a), Some(b)) if b > a => (b - a) as f64 / 1e6,
-            (Some(_), Some(_)) => return None,
-            _ => answers,
-        };
-        (later.0 >= earlier.0 && seconds > 0.0).then(|| (later.0 - earlier.0) / seconds)
-    };
+    let (p, l) = (&prev.telemetry, &last.telemetry);
+    let core = |c: &CoreLabel| (c.socket, c.core);
+    let watts = rates(
+        (&p.energy_joules, &p.energy_read_at_us),
+        (&l.energy_joules, &l.energy_read_at_us),
+        core,
+        interval,
+    );
+    let package_watts = rates(
+        (&p.package_energy_joules, &p.package_energy_read_at_us),
+        (&l.package_energy_joules, &l.package_energy_read_at_us),
+        |&socket: &u32| socket,
+        interval,
+    );
+    Power { watts, package_watts, interval }
+}
+
+/// Energy counters and when each was read (aligned; `None` where the broker did not say).
+type Counts<'a, L> = (&'a [(L, f64)], &'a [Option<u64>]);
+
+/// Watts of each counter of `last` that `prev` has too (matched by `key`): its joules over the
+/// time between its two reads, or over `answers` (the time between the two answers) where
+/// either read has no time. None for a counter that went back (a broker restart with the MSR
+/// source) or reads not in order.
+fn rates<L: Copy, K: Ord>(
+    prev: Counts<'_, L>,
+    last: Counts<'_, L>,
+    key: impl Fn(&L) -> K,
+    answers: Duration,
+) -> Vec<(L, f64)> {
     let at = |times: &[Option<u64>], i: usize| times.get(i).copied().flatten();
-    let before: BTreeMap<(u32, u32), (f64, Option<u64>)> = prev
-        .telemetry
-        .energy_joules
-        .iter()
-        .enumerate()
-        .map(|(i, (l, j))| ((l.socket, l.core), (*j, at(&prev.telemetry.energy_read_at_us, i))))
-        .collect();
-    let watts_of_cores = last
-        .telemetry
-        .energy_joules
+    let before: BTreeMap<K, (f64, Option<u64>)> =
+        prev.0.iter().enumerate().map(|(i, (l, j))| (key(l), (*j, at(prev.1, i)))).collect();
+    last.0
         .iter()
         .enumerate()
         .filter_map(|(i, (label, joules))| {
-            let earlier = *before.get(&(label.socket, label.core))?;
-            let w = watts(earlier, (*joules, at(&last.telemetry.energy_read_at_us, i)))?;
-            Some((*label, w))
+            let &(earlier, read_before) = before.get(&key(label))?;
+            let seconds = match (read_before, at(last.1, i)) {
+                (Some(a), Some(b)) if b > a => (b - a) as f64 / 1e6,
+                (Some(_), Some(_)) => return None,
+                _ => answers.as_secs_f64(),
+            };
+            (*joules >= earlier && seconds > 0.0).then(|| (*label, (joules - earlier) / seconds))
         })
-        .collect();
-    let package_before: BTreeMap<u32, (f64, Option<u64>)> = prev
-        .telemetry
-        .package_energy_joules
-        .iter()
-        .enumerate()
-        .map(|(i, &(s, j))| (s, (j, at(&prev.telemetry.package_energy_read_at_us, i))))
-        .collect();
-    let package_watts = last
-        .telemetry
-        .package_energy_joules
-        .iter()
-        .enumerate()
-        .filter_map(|(i, &(socket, joules))| {
-            let earlier = *package_before.get(&socket)?;
-            let w = watts(earlier, (joules, at(&last.telemetry.package_energy_read_at_us, i)))?;
-            Some((socket, w))
-        })
-        .collect();
-    Power { watts: watts_of_cores, package_watts, interval }
+        .collect()
 }
 
 /// `GET /`, with the page's own state: the recent answers `exporter` tells it of from now on.
