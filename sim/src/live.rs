@@ -292,6 +292,9 @@ pub struct Live {
     cores: Vec<CoreWave>,
     /// Seconds from the counters' epoch to `t` = 0: the load waves run on the time since it.
     epoch_s: f64,
+    /// Per core, what its counter holds at `t` = 0: its offset and, since the epoch, the
+    /// closed-form energy of [`Live::energy_before_start_j`]; set with the epoch.
+    start_j: Vec<f64>,
     /// Per core, the energy counted since `t` = 0 over whole steps.
     integrals: Vec<Mutex<Integral>>,
 }
@@ -335,6 +338,8 @@ impl Live {
             socket_waves,
             epoch_s: 0.0,
             integrals: cores.iter().map(|_| Mutex::new(Integral::default())).collect(),
+            // At the epoch itself nothing has been counted yet but the offset.
+            start_j: cores.iter().map(|c| c.offset_j).collect(),
             cores,
         }
     }
@@ -345,6 +350,9 @@ impl Live {
     /// ran before it.
     pub fn since_epoch(mut self, epoch_s: f64) -> Live {
         self.epoch_s = epoch_s.max(0.0);
+        self.start_j = (0..self.cores.len())
+            .map(|i| self.cores[i].offset_j + self.energy_before_start_j(i))
+            .collect();
         self
     }
 
@@ -398,13 +406,13 @@ impl Live {
         if self.prochot(c.socket, t) { p * PROCHOT_POWER } else { p }
     }
 
-    /// The energy core `i` would have counted from the epoch to `t` without PROCHOT and the clamp,
-    /// J: the closed-form integral of its unclamped load's waves (≥ the clamped energy: the
-    /// raw load never falls below 0, so the clamp only takes power away).
-    fn unthrottled_energy_j(&self, i: usize, t: f64) -> f64 {
+    /// The energy core `i` would have counted from the epoch to `t` = 0 without PROCHOT and the
+    /// clamp, J: the closed-form integral of its unclamped load's waves (≥ the clamped energy:
+    /// the raw load never falls below 0, so the clamp only takes power away).
+    fn energy_before_start_j(&self, i: usize) -> f64 {
         let c = &self.cores[i];
         let Some(w) = self.socket_waves.get(c.socket as usize) else { return 0.0 };
-        let t = self.epoch_s + t;
+        let t = self.epoch_s;
         // ∫₀ᵗ sin(ωτ + φ) dτ
         let wave = |omega: f64, phase: f64| (phase.cos() - (omega * t + phase).cos()) / omega;
         let load = (0.55 + c.bias) * t
@@ -423,8 +431,8 @@ impl Live {
         (p(t0) + 4.0 * p(t0 + 0.5 * STEP_S) + p(t0 + STEP_S)) * STEP_S / 6.0
     }
 
-    /// The energy core `i` has counted at `t`, J: the offset, the closed-form energy from the
-    /// epoch to the simulation's start, and each step's energy since ([`Live::step_energy_j`]),
+    /// The energy core `i` has counted at `t`, J: what it held at the simulation's start
+    /// (the offset and the closed-form energy from the epoch), and each step's energy since ([`Live::step_energy_j`]),
     /// the current step's spread evenly over it. Never decreases as `t` grows, never advances
     /// faster than the core's highest power over any window, and a model started later (a
     /// restart of the simulating process: [`Live::since_epoch`]) never counts less, since the
@@ -444,7 +452,7 @@ impl Live {
         }
         let partial = (t - whole as f64 * STEP_S) / STEP_S;
         let current = self.step_energy_j(i, whole) * partial;
-        self.cores[i].offset_j + self.unthrottled_energy_j(i, 0.0) + integral.joules + current
+        self.start_j[i] + integral.joules + current
     }
 
     /// The energy the I/O die and uncore of one socket have counted at `t`, J (since the
@@ -600,7 +608,7 @@ mod tests {
         let e0 = live.energy_j(5, 1000.0);
         let e1 = live.energy_j(5, 1010.0);
         let expected: f64 = (1000..1010).map(|s| live.power_w(5, f64::from(s))).sum();
-        // The unthrottled part is integrated exactly, the power above in one-second steps.
+        // Each second is Simpson's rule over the power, spread evenly over the second.
         assert!((e1 - e0 - expected).abs() < 1e-2 * expected, "{} vs {expected}", e1 - e0);
         // Reading an earlier time again gives the same answer (a manual clock set back).
         assert_eq!(live.energy_j(5, 1000.0), e0);
