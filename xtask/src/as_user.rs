@@ -13,7 +13,7 @@
 //! above the workspace or the target directory does not let others search it (a clone under
 //! `/root`), search permission for others is added for the run and taken back after it.
 
-use crate::workspace::{cargo, cargo_stdout, root, target_dir};
+use crate::workspace::{build_bins, cargo, cargo_stdout, root, target_dir};
 use anyhow::{Context, Result, bail, ensure};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -46,18 +46,7 @@ pub fn run() -> Result<()> {
     let exes = test_executables(&json)?;
     ensure!(!exes.is_empty(), "cargo listed no test executable");
     // What the e2e harness builds itself when it can (harness::PREBUILT_VARIABLE).
-    cargo(&[
-        "build",
-        "--locked",
-        "--quiet",
-        "-p",
-        "amd-hsmp-broker",
-        "-p",
-        "amd-hsmp-sim-broker",
-        "-p",
-        "amd-hsmp-exporter",
-        "--bins",
-    ])?;
+    build_bins(&["amd-hsmp-broker", "amd-hsmp-sim-broker", "amd-hsmp-exporter"])?;
     cargo(&["build", "--locked", "--quiet", "-p", "amd-hsmp-broker", "--examples"])?;
 
     let home = tempfile::Builder::new().prefix("amd-hsmp-as-user-").tempdir()?;

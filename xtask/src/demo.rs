@@ -52,16 +52,7 @@ pub fn run(args: &[String]) -> Result<()> {
 
 /// Builds the simulating broker and the exporter (debug); returns the directory that holds them.
 pub fn build() -> Result<PathBuf> {
-    crate::workspace::cargo(&[
-        "build",
-        "--quiet",
-        "-p",
-        "amd-hsmp-sim-broker",
-        "-p",
-        "amd-hsmp-exporter",
-        "--bins",
-    ])?;
-    Ok(crate::workspace::target_dir(&crate::workspace::root()).join("debug"))
+    crate::workspace::build_bins(&["amd-hsmp-sim-broker", "amd-hsmp-exporter"])
 }
 
 fn serve(bin: &Path, dir: &Path, scenario: Option<&str>) -> Result<()> {

@@ -23,6 +23,15 @@ pub fn cargo(args: &[&str]) -> Result<()> {
     run_cmd(&mut cargo_command(args))
 }
 
+/// Builds the binaries of `packages` (debug) and returns the directory that holds them.
+pub fn build_bins(packages: &[&str]) -> Result<PathBuf> {
+    let mut args = vec!["build", "--quiet"];
+    args.extend(packages.iter().flat_map(|p| ["-p", *p]));
+    args.push("--bins");
+    cargo(&args)?;
+    Ok(target_dir(&root()).join("debug"))
+}
+
 /// Runs cargo with `args` in the workspace root and returns its standard output.
 pub fn cargo_stdout(args: &[&str]) -> Result<String> {
     stdout_of(&mut cargo_command(args))
