@@ -141,9 +141,12 @@ impl Admission {
         })
     }
 
-    /// A slot for a connection from `peer`, or why there is none. When the table is full, the
-    /// oldest connection that has not completed a request head is told to close and its place
-    /// given to `peer`.
+    /// A slot for a connection from `peer`, or why there is none. When the table is full, a
+    /// connection that has not completed a request head is told to close and its place given
+    /// to `peer`: the oldest such connection of the address holding the most connections. A
+    /// crowd of silent connections from many addresses, reconnecting as fast as it is closed,
+    /// thus evicts itself and never a scraper holding one connection, however slow its
+    /// handshake.
     pub fn admit(self: &Arc<Self>, peer: IpAddr) -> Result<Slot, Refusal> {
         let client = client_key(peer);
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
@@ -152,11 +155,7 @@ impl Admission {
         }
         let mut made_room = None;
         if open.total >= self.limits.max_connections {
-            let victim = open
-                .table
-                .iter()
-                .find(|(_, (_, watch))| !watch.served.load(Ordering::SeqCst))
-                .map(|(id, _)| *id);
+            let victim = open.victim();
             let Some((victim_client, watch)) = victim.and_then(|id| open.table.remove(&id)) else {
                 return Err(Refusal::Full);
             };
@@ -209,6 +208,23 @@ impl Admission {
 }
 
 impl Open {
+    /// The connection to close to make room: among those without a complete request head,
+    /// the oldest of the address holding the most connections.
+    fn victim(&self) -> Option<u64> {
+        let mut victim: Option<(u64, usize)> = None;
+        for (id, (client, watch)) in &self.table {
+            if watch.served.load(Ordering::SeqCst) {
+                continue;
+            }
+            let held = self.per_client.get(client).copied().unwrap_or(0);
+            // Oldest first: a later connection wins only by an address holding strictly more.
+            if victim.is_none_or(|(_, most)| held > most) {
+                victim = Some((*id, held));
+            }
+        }
+        victim.map(|(id, _)| id)
+    }
+
     fn release(&mut self, client: IpAddr) {
         self.total = self.total.saturating_sub(1);
         if let Some(held) = self.per_client.get_mut(&client) {
@@ -624,6 +640,45 @@ mod tests {
         drop(held);
         assert_eq!(admission.open(), 1);
         drop(newcomer);
+        assert_eq!(admission.open(), 0);
+    }
+
+    #[test]
+    fn a_crowd_reconnecting_from_many_addresses_evicts_itself_not_a_lone_scraper() {
+        let admission = Admission::new(limits(4, 8));
+        // Two addresses of a crowd hold the oldest connections; a scraper comes last.
+        let mut crowd: Vec<Slot> =
+            [2, 3, 2].iter().map(|i| admission.admit(ip(*i)).unwrap()).collect();
+        let scraper = admission.admit(ip(200)).unwrap();
+        // The crowd reconnects, again and again, long before the scraper's request head.
+        for round in 0..12u8 {
+            crowd.push(admission.admit(ip(2 + round % 2)).unwrap());
+            assert!(
+                !scraper.watch.evicted.load(Ordering::SeqCst),
+                "the scraper was evicted at round {round}"
+            );
+        }
+        assert_eq!((admission.open(), admission.evicted()), (4, 12));
+        // Among the crowd, the address holding more loses its oldest connection first.
+        let open = admission.open.lock().unwrap();
+        assert_eq!(open.per_client.get(&ip(200)), Some(&1));
+        assert_eq!(open.per_client.values().sum::<usize>(), 4);
+        drop(open);
+        drop((crowd, scraper));
+        assert_eq!(admission.open(), 0);
+    }
+
+    #[test]
+    fn eviction_takes_the_oldest_silent_connection_of_the_busiest_address() {
+        let admission = Admission::new(limits(4, 4));
+        let held: Vec<Slot> =
+            [1, 2, 2, 3].iter().map(|i| admission.admit(ip(*i)).unwrap()).collect();
+        let newcomer = admission.admit(ip(9)).unwrap();
+        // 127.0.0.2 holds two: its older connection (admission 1) goes, not the oldest (0).
+        assert!(held[1].watch.evicted.load(Ordering::SeqCst));
+        assert!(!held[0].watch.evicted.load(Ordering::SeqCst));
+        assert!(!held[2].watch.evicted.load(Ordering::SeqCst));
+        drop((held, newcomer));
         assert_eq!(admission.open(), 0);
     }
 
