@@ -654,14 +654,20 @@ mod tests {
     }
 
     #[test]
-    fn live_counter_grows() {
-        let fw = Firmware::new(&Profile::Turin2p.spec(), Mode::Live, 0);
-        let first = fw.energy_counter(1, 191).unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        let second = fw.energy_counter(1, 191).unwrap();
-        // A Turin core idles at 15 % of its 1.95 W (0.29 W; 0.16 W under PROCHOT): at least
-        // 0.003 J in 20 ms, 209 units at ESU 16.
-        assert!(second >= first + 200, "{first} -> {second}");
+    fn live_counter_grows_over_20_ms_at_every_hour_of_the_day() {
+        let clock = ManualClock::at(Duration::ZERO);
+        let manual = Clock::Manual(clock.clone());
+        let fw =
+            Firmware::with_clock(&Profile::Turin2p.spec(), Mode::Live, 0, Scenario::Normal, manual);
+        for hour in 0..24u64 {
+            clock.set(Duration::from_secs(hour * 3600));
+            let first = fw.energy_counter(1, 191).unwrap();
+            clock.set(Duration::from_secs(hour * 3600) + Duration::from_millis(20));
+            let second = fw.energy_counter(1, 191).unwrap();
+            // A Turin core idles at 15 % of its 1.95 W (0.29 W; 0.16 W under PROCHOT): at
+            // least 0.003 J in 20 ms, 209 units at ESU 16.
+            assert!(second >= first + 200, "{hour}:00: {first} -> {second}");
+        }
     }
 
     #[test]
