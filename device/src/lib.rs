@@ -7,6 +7,7 @@
 //! - [`msr`]: the RAPL model-specific registers;
 //! - [`perf`]: the kernel's `power_core` PMU (per-core energy counted by the kernel), found in
 //!   sysfs and opened with `perf_event_open`;
+//! - [`cpus`]: which CPUs are online now, read again through a descriptor opened once;
 //! - [`files`]: the broker's inputs opened without blocking, as the kind of file each must be,
 //!   and read up to a size cap;
 //! - the transport traits ([`HsmpTransport`], [`MsrTransport`], [`PerfCounter`] and their
@@ -21,6 +22,7 @@
 #![deny(unsafe_code)]
 
 pub mod abi;
+pub mod cpus;
 mod dev;
 pub mod errno;
 pub mod files;
@@ -32,6 +34,7 @@ mod sys;
 pub mod table;
 
 pub use abi::{HSMP_IOCTL_CMD, HSMP_MAX_MSG_LEN, HsmpMessage};
+pub use cpus::{OnlineCpus, SysfsOnline};
 pub use dev::{
     DEFAULT_HSMP_PATH, DEFAULT_MSR_ROOT, DevHsmp, DevMsr, HsmpDeviceOpener, MsrDeviceOpener,
     errno_of,
