@@ -17,6 +17,11 @@ pub(crate) trait CoreCounters: Debug + Send + Sync {
     fn log_resets(&self);
     /// What the readings are reported as.
     fn source(&self) -> EnergySource;
+    /// The cores (indices into [`Topology::cores`]) whose counters cannot count again while
+    /// the broker serves: only a fresh start opens them again ([`crate::hotplug`]).
+    fn lost(&self) -> Vec<usize> {
+        Vec::new()
+    }
 }
 
 /// Counter resets of a broker-kept source: the total, and the cores not yet logged with why.

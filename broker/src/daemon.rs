@@ -2,7 +2,9 @@
 //! this machine's devices, and `amd-hsmp-sim-broker`, which serves a [`Simulation`] instead.
 //!
 //! Exit codes: 0 after `SIGTERM` or `SIGINT` (the `--listen` socket file removed), 1 start-up
-//! failure (the message names the step), 2 bad command line (clap's, in the binaries). `SIGHUP`,
+//! failure (the message names the step), 2 bad command line (clap's, in the binaries), 75
+//! ([`hotplug::EXIT_FRESH_START`]) to start afresh after CPU hotplug, once the reply that saw it
+//! is written. `SIGHUP`,
 //! `SIGUSR1` and `SIGUSR2` are ignored (logged once each). A `SIGTERM` or `SIGINT` during
 //! start-up, before the capabilities are dropped and the socket taken, ends the broker by the
 //! signal's default action (no exit code: "killed by SIGTERM", which systemd counts as a clean
@@ -11,9 +13,11 @@
 
 use crate::cli::Args;
 use crate::server::{self, Backend, Identity, ServerConfig};
-use crate::{energy, lockdown, msr, sampler::Sampler, topology};
+use crate::{energy, hotplug, lockdown, msr, sampler::Sampler, topology};
 use amd_hsmp_device::perf::SysfsPmu;
-use amd_hsmp_device::{HsmpDeviceOpener, HsmpOpener, MsrDeviceOpener, MsrOpener, PmuLocator};
+use amd_hsmp_device::{
+    HsmpDeviceOpener, HsmpOpener, MsrDeviceOpener, MsrOpener, OnlineCpus, PmuLocator, SysfsOnline,
+};
 use anyhow::{Context, Result, bail};
 use nix::sys::signal::{SigSet, Signal};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -48,7 +52,7 @@ pub fn main(program: &str, args: Args, simulation: Option<&dyn Simulation>) -> E
     if args.check {
         // The serving path below holds no --check code: it is all in `check::command`.
         let (simulated, (hsmp, msr, perf)) = match simulation.map(Simulation::check) {
-            Some(Machine { topology, hsmp, msr, perf }) => (Some(topology), (hsmp, msr, perf)),
+            Some(Machine { topology, hsmp, msr, perf, .. }) => (Some(topology), (hsmp, msr, perf)),
             None => (None, devices(&args)),
         };
         return crate::check::command::run(program, &args, simulated, hsmp, msr, perf);
@@ -73,16 +77,54 @@ pub struct Machine {
     pub msr: Box<dyn MsrOpener>,
     /// Finds the kernel's `power_core` PMU and opens its events.
     pub perf: Box<dyn PmuLocator>,
+    /// The CPUs online now, read again while serving to follow CPU hotplug; `None` follows
+    /// none.
+    pub online: Option<Box<dyn OnlineCpus>>,
 }
 
-fn machine(cli: &Args, simulation: Option<&dyn Simulation>) -> Result<Machine> {
+/// The machine to serve and, where the online CPUs can be read, their list at start-up, read
+/// before the topology (see [`hotplug::Hotplug::start`]).
+fn machine(
+    cli: &Args,
+    simulation: Option<&dyn Simulation>,
+) -> Result<(Machine, Option<hotplug::Started>)> {
     if let Some(simulation) = simulation {
-        return Ok(simulation.serve());
+        let mut machine = simulation.serve();
+        let started = start_hotplug(machine.online.take());
+        return Ok((machine, started));
     }
+    let online = match SysfsOnline::open(&cli.sysfs) {
+        Ok(online) => Some(Box::new(online) as Box<dyn OnlineCpus>),
+        Err(e) => {
+            tracing::warn!(
+                error = %e,
+                path = %cli.sysfs.join(amd_hsmp_device::cpus::ONLINE).display(),
+                "cannot open the online CPU list: CPUs that come back online are not followed \
+                 until the broker restarts"
+            );
+            None
+        }
+    };
+    let started = start_hotplug(online);
     let topology =
         topology::discover(&cli.procfs, &cli.sysfs).context("cannot discover topology")?;
     let (hsmp, msr, perf) = devices(cli);
-    Ok(Machine { topology, hsmp, msr, perf })
+    Ok((Machine { topology, hsmp, msr, perf, online: None }, started))
+}
+
+/// Reads the online list at start-up; a failure is a warning and follows no hotplug.
+fn start_hotplug(online: Option<Box<dyn OnlineCpus>>) -> Option<hotplug::Started> {
+    match hotplug::Hotplug::start(online?) {
+        Ok(started) => Some(started),
+        Err(errno) => {
+            tracing::warn!(
+                error = %std::io::Error::from_raw_os_error(errno),
+                "cannot read the online CPU list: CPUs that come back online are not followed \
+                 until the broker restarts"
+            );
+            None
+        }
+    }
 }
 
 /// How the broker reaches its devices: `/dev/hsmp`, the MSR devices, the perf PMU.
@@ -198,7 +240,7 @@ fn run(cli: Args, simulation: Option<&dyn Simulation>) -> Result<()> {
         }
     }
     tracing::info!(uids = ?allow_uids, gids = ?allow_gids, "peers allowed besides root");
-    let machine = machine(&cli, simulation)?;
+    let (machine, hotplug) = machine(&cli, simulation)?;
     let topo = &machine.topology;
     tracing::info!(
         sockets = topo.sockets.len(),
@@ -226,6 +268,9 @@ fn run(cli: Args, simulation: Option<&dyn Simulation>) -> Result<()> {
         Sampler::with_max_age(machine.topology.clone(), machine.hsmp, None, cli.sample_max_age);
     let openers = energy::Openers { perf: machine.perf.as_ref(), msr: machine.msr.as_ref() };
     let msr_energy = sampler.choose_energy(&cli.energy_sources(), &openers);
+    if let Some(started) = hotplug {
+        sampler.watch_hotplug(started.watch(&machine.topology, std::time::Instant::now()));
+    }
 
     lockdown::drop_privileges().context("cannot drop privileges")?;
     // From here a SIGTERM removes the socket file the next step creates (the signal thread

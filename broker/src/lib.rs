@@ -27,6 +27,7 @@ mod counters;
 pub mod daemon;
 mod energy;
 mod hints;
+pub mod hotplug;
 pub mod lockdown;
 mod msr;
 mod perf;

@@ -10,6 +10,11 @@
 //! between the readings, plus [`RESTART_TOLERANCE`] (a drop taken as a wrap, or a rise), the
 //! hardware counter restarted. In both cases the core's count restarts from 0 (a counter reset,
 //! as Prometheus understands it) and the reset is counted ([`MsrEnergy::resets`]).
+//!
+//! **CPU hotplug:** a read of an offline CPU fails `ENXIO` and the descriptor reads again once
+//! the CPU is back (`device/tests/hotplug.rs`). The item is unavailable meanwhile, and since
+//! nothing says what the counter did while it could not be read, the first reading after the
+//! CPU's return restarts the count from 0, counted like the others.
 
 use amd_hsmp_device::msr::{MSR_CORE_ENERGY_STAT, MSR_RAPL_PWR_UNIT, energy_status_unit};
 use amd_hsmp_device::{Errno, MsrOpener, MsrTransport};
@@ -151,6 +156,8 @@ fn hint(errno: Errno) -> &'static str {
 struct CoreCount {
     counter: WrapCounter,
     last_ok: Duration,
+    /// The last read failed `ENXIO`: the CPU was offline.
+    offline: bool,
 }
 
 /// One core's open device, its energy unit and its extended counter.
@@ -169,6 +176,8 @@ enum Reset {
     Unread,
     /// The counter moved further than the core can draw in the time between the readings.
     Restarted,
+    /// The core's CPU was offline since the last reading.
+    Offline,
 }
 
 type Resets = crate::counters::Resets<Reset>;
@@ -180,7 +189,14 @@ impl MsrCore {
         // taken would look like a wrap of almost 2^32 units.
         let mut count = self.count.lock().unwrap_or_else(PoisonError::into_inner);
         let started = clock.now().map_err(io)?;
-        let raw = self.device.read(MSR_CORE_ENERGY_STAT).map_err(io)?;
+        let raw = match self.device.read(MSR_CORE_ENERGY_STAT) {
+            Ok(raw) => raw,
+            Err(libc::ENXIO) => {
+                count.offline = true;
+                return Err(io(libc::ENXIO));
+            }
+            Err(errno) => return Err(io(errno)),
+        };
         let ended = clock.now().map_err(io)?;
         // A reading that itself took longer than a wrap can take (the process was stopped,
         // frozen or suspended inside it) holds a value from an unknown moment of that span: as
@@ -195,7 +211,9 @@ impl MsrCore {
         count.last_ok = started;
         // Only bits 31:0 hold the counter.
         let raw = raw as u32;
-        let reset = if gap > self.window {
+        let reset = if std::mem::take(&mut count.offline) {
+            Some(Reset::Offline)
+        } else if gap > self.window {
             Some(Reset::Unread)
         } else if count.counter.step(raw).is_some_and(|units| units > self.most_units(gap)) {
             Some(Reset::Restarted)
@@ -286,17 +304,18 @@ impl MsrEnergy {
     /// Logs the resets not yet logged, as one line for all the cores they touched.
     fn log_resets(&self) {
         self.resets.log(|cores, total| {
-            let restarted = cores.iter().filter(|(_, why)| *why == Reset::Restarted).count();
+            let of = |kind| cores.iter().filter(|(_, why)| *why == kind).count();
             tracing::warn!(
                 cores = cores.len(),
                 first_core_index = cores.first().map(|(i, _)| *i),
-                unread_for_a_window = cores.len() - restarted,
-                hardware_restarts = restarted,
+                unread_for_a_window = of(Reset::Unread),
+                hardware_restarts = of(Reset::Restarted),
+                back_online = of(Reset::Offline),
                 total,
                 window = ?self.shortest_wrap(),
                 "energy counters restarted from 0: no reading for longer than a wrap can take \
-                 (a stop or a suspend), or a counter that moved more than the core can draw \
-                 (the hardware restarted it)"
+                 (a stop or a suspend), a counter that moved more than the core can draw (the \
+                 hardware restarted it), or a core whose CPU was offline"
             );
         });
     }
@@ -361,7 +380,7 @@ fn open_core(opener: &dyn MsrOpener, cpu: u32, clock: &dyn Clock) -> Result<MsrC
     let device = opener.open(cpu).map_err(io)?;
     let esu = energy_status_unit(device.read(MSR_RAPL_PWR_UNIT).map_err(io)?);
     let last_ok = clock.now().map_err(io)?;
-    let count = Mutex::new(CoreCount { counter: WrapCounter::new(), last_ok });
+    let count = Mutex::new(CoreCount { counter: WrapCounter::new(), last_ok, offline: false });
     let core = MsrCore { device, esu, window: wrap_window(esu), count };
     core.read(0, &Resets::default(), clock)?;
     Ok(core)
@@ -464,6 +483,9 @@ mod tests {
         /// The next energy read moves the clock this far, as one the process was stopped inside
         /// would.
         stall_next: Option<(FakeClock, Duration)>,
+        /// The CPU is offline: every read fails `ENXIO`, as the MSR driver's cross-CPU call
+        /// does (`device/tests/hotplug.rs`).
+        offline: bool,
     }
 
     #[derive(Debug, Clone, Default)]
@@ -512,6 +534,9 @@ mod tests {
     impl MsrTransport for FakeCpu {
         fn read(&self, msr: u32) -> Result<u64, Errno> {
             let mut regs = self.0.lock().unwrap();
+            if regs.offline {
+                return Err(libc::ENXIO);
+            }
             if msr == MSR_CORE_ENERGY_STAT {
                 regs.energy_reads += 1;
                 if std::mem::take(&mut regs.panic_next) {
@@ -580,6 +605,35 @@ mod tests {
         assert_eq!(energy.read(1), Ok(Energy { counter: 0, esu: 14 }));
         a.advance(65_536);
         assert_eq!(energy.read(0).unwrap().joules(), 1.0);
+    }
+
+    #[test]
+    fn a_core_whose_cpu_was_offline_is_unavailable_then_back_from_zero_with_one_counted_reset() {
+        let clock = FakeClock::default();
+        let (a, b) = (FakeCpu::new(16, 1_000), FakeCpu::new(16, 0));
+        let energy = open_on(&clock, &[(0, a.clone()), (1, b.clone())], &[0, 1]).unwrap();
+        clock.advance(Duration::from_secs(1));
+        a.advance(65_536);
+        assert_eq!(energy.read(0).unwrap().joules(), 1.0);
+        a.0.lock().unwrap().offline = true;
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(energy.read(0), Err(ItemError::Io { errno: libc::ENXIO }));
+        energy.poll_all();
+        assert_eq!(energy.read(0), Err(ItemError::Io { errno: libc::ENXIO }));
+        assert_eq!(energy.resets(), 0, "nothing is reset while the CPU is away");
+        // Back online, the same descriptor reads again; what the counter did meanwhile is
+        // unknown, so the count restarts from 0, counted once.
+        a.0.lock().unwrap().offline = false;
+        a.advance(3 * 65_536);
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(energy.read(0).unwrap().counter, 0);
+        assert_eq!(energy.resets(), 1);
+        a.advance(2 * 65_536);
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(energy.read(0).unwrap().joules(), 2.0);
+        assert_eq!(energy.resets(), 1);
+        b.advance(65_536);
+        assert_eq!(energy.read(1).unwrap().joules(), 1.0);
     }
 
     #[test]

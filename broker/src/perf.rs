@@ -13,10 +13,13 @@
 //! of energy never drawn. A step larger than [`MAX_CORE_WATTS`] allows over the time between
 //! the readings plus [`RESTART_TOLERANCE`] is therefore a counted reset (the count restarts from
 //! 0), and the time is `CLOCK_MONOTONIC` ([`Running`]), which stops while the machine sleeps: a
-//! core draws nothing while suspended, so a suspend adds no allowance. A core whose event has
-//! stopped counting (its CPUs are offline: the running time stands still, or the kernel
-//! answers nothing) has its item unavailable; when it counts again its count restarts from 0,
-//! counted as a reset.
+//! core draws nothing while suspended, so a suspend adds no allowance.
+//!
+//! **CPU hotplug:** when the last online CPU of a core goes offline the kernel detaches the
+//! core's event and never adds it back, not even when the CPU returns (`device/tests/hotplug.rs`
+//! pins this on a real kernel): its running time stands still, or it answers nothing. Such a
+//! core is lost: its reset is counted when the loss is first seen, its item is `ENODEV` from
+//! then on, and [`crate::hotplug`] starts the broker afresh once one of its CPUs is online.
 
 use crate::counters::{CoreCounters, Resets, open_cores};
 use crate::msr::{Clock, MAX_CORE_WATTS, RESTART_TOLERANCE};
@@ -78,8 +81,8 @@ struct State {
     at: Duration,
     /// Energy since the count last started from 0, in the PMU's units.
     total: u64,
-    /// The event has stopped counting; its next reading that counts restarts the count.
-    stopped: bool,
+    /// The event was lost (its CPUs went offline): it never counts again.
+    lost: bool,
 }
 
 /// One core's open event.
@@ -92,8 +95,9 @@ struct PerfCore {
 /// Why a core's count restarted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Reset {
-    /// The event counted again after it had stopped (its CPUs came back online).
-    Resumed,
+    /// The event was lost when its CPUs went offline; a fresh start of the broker counts it
+    /// from 0 again.
+    Lost,
     /// The count moved further than the core can draw in the time between the readings.
     Restarted,
 }
@@ -147,27 +151,26 @@ impl PerfEnergy {
         // Read under the lock: an older reading taken after a newer one would look like a
         // jump of almost 2^64 units.
         let mut state = core.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if state.lost {
+            return Err(io(libc::ENODEV));
+        }
         let started = self.clock.now().map_err(io)?;
         let reading = core.event.read();
         let ended = self.clock.now().map_err(io)?;
         let reading = match reading {
             Ok(r) if r.running_ns != state.last.running_ns => r,
-            // The running time stood still since the last reading: the event is not counting.
+            // The running time stood still since the last reading, or the kernel answered
+            // nothing: the event was detached from its CPU, for good.
             Ok(_) | Err(libc::ENODEV) => {
-                state.stopped = true;
+                state.lost = true;
+                self.resets.count(index, Reset::Lost);
                 return Err(io(libc::ENODEV));
             }
             Err(errno) => return Err(io(errno)),
         };
         let step = reading.value.wrapping_sub(state.last.value);
         let gap = ended.saturating_sub(state.at);
-        let reset = if state.stopped {
-            Some(Reset::Resumed)
-        } else if step > most_units(gap, self.esu) {
-            Some(Reset::Restarted)
-        } else {
-            None
-        };
+        let reset = if step > most_units(gap, self.esu) { Some(Reset::Restarted) } else { None };
         state.total = match reset {
             Some(why) => {
                 self.resets.count(index, why);
@@ -177,22 +180,22 @@ impl PerfEnergy {
         };
         state.last = reading;
         state.at = started;
-        state.stopped = false;
         Ok(Energy { counter: state.total, esu: self.esu })
     }
 
     /// Logs the resets not yet logged, as one line for all the cores they touched.
     pub(crate) fn log_resets(&self) {
         self.resets.log(|cores, total| {
-            let resumed = cores.iter().filter(|(_, why)| *why == Reset::Resumed).count();
+            let lost = cores.iter().filter(|(_, why)| *why == Reset::Lost).count();
             tracing::warn!(
                 cores = cores.len(),
                 first_core_index = cores.first().map(|(i, _)| *i),
-                cpus_back_online = resumed,
-                hardware_restarts = cores.len() - resumed,
+                lost_offline = lost,
+                hardware_restarts = cores.len() - lost,
                 total,
-                "energy counters restarted from 0: a core's CPUs came back online, or a count \
-                 moved more than the core can draw (the firmware restarted the counter)"
+                "energy counters reset: a core's event was lost when its CPUs went offline \
+                 (counted again from 0 after the broker's fresh start), or a count moved more \
+                 than the core can draw (the firmware restarted the counter)"
             );
         });
     }
@@ -213,6 +216,13 @@ impl CoreCounters for PerfEnergy {
 
     fn source(&self) -> EnergySource {
         EnergySource::Perf
+    }
+
+    fn lost(&self) -> Vec<usize> {
+        let lost = |core: &Result<PerfCore, ItemError>| {
+            core.as_ref().is_ok_and(|c| c.state.lock().unwrap_or_else(PoisonError::into_inner).lost)
+        };
+        self.cores.iter().enumerate().filter(|(_, c)| lost(c)).map(|(i, _)| i).collect()
     }
 }
 
@@ -235,7 +245,7 @@ fn open_core(opener: &dyn PerfOpener, cpu: u32, clock: &dyn Clock) -> Result<Per
     let event = opener.open(cpu).map_err(io)?;
     let at = clock.now().map_err(io)?;
     let last = event.read().map_err(io)?;
-    let state = Mutex::new(State { last, at, total: 0, stopped: false });
+    let state = Mutex::new(State { last, at, total: 0, lost: false });
     Ok(PerfCore { event, state })
 }
 
@@ -246,7 +256,7 @@ mod tests {
     use std::sync::Arc;
 
     /// What one fake event answers, set by hand; the running time moves with each read
-    /// unless the event is stopped.
+    /// unless the event is stopped (detached from its offline CPU).
     #[derive(Debug, Default)]
     struct EventState {
         value: u64,
@@ -419,32 +429,42 @@ mod tests {
     }
 
     #[test]
-    fn an_offline_core_is_unavailable_and_its_return_a_counted_reset() {
-        let (energy, a, _, clock) = open();
+    fn a_core_whose_cpus_went_offline_is_lost_for_good_with_one_counted_reset() {
+        let (energy, a, b, clock) = open();
         clock.advance(Duration::from_secs(1));
         a.add_joules(5);
         assert_eq!(energy.read(0).unwrap().joules(), 5.0);
-        // Its CPUs go offline: the kernel stops the event, its running time stands still.
+        assert_eq!(CoreCounters::lost(&energy), Vec::<usize>::new());
+        // Its CPUs go offline: the kernel detaches the event, its running time stands still
+        // (device/tests/hotplug.rs).
         a.set(|e| e.stopped = true);
         clock.advance(Duration::from_secs(1));
         assert_eq!(energy.read(0), Err(ItemError::Io { errno: libc::ENODEV }));
-        assert_eq!(energy.read(0), Err(ItemError::Io { errno: libc::ENODEV }));
-        // Or answers nothing at all (error state).
-        a.set(|e| e.empty = true);
-        assert_eq!(energy.read(0), Err(ItemError::Io { errno: libc::ENODEV }));
-        // Back online: counting from 0 again, counted once.
+        assert_eq!(energy.resets(), 1, "the loss is counted once, when it is seen");
+        assert_eq!(CoreCounters::lost(&energy), [0]);
+        // Back online, the kernel still never counts it: nor does the broker, which no longer
+        // reads the event at all.
+        let reads = a.0.lock().unwrap().reads;
         a.set(|e| {
             e.stopped = false;
-            e.empty = false;
             e.value += 9 << 32;
         });
         clock.advance(Duration::from_secs(1));
-        assert_eq!(energy.read(0).unwrap().counter, 0);
+        assert_eq!(energy.read(0), Err(ItemError::Io { errno: libc::ENODEV }));
+        assert_eq!(a.0.lock().unwrap().reads, reads);
         assert_eq!(energy.resets(), 1);
-        a.add_joules(2);
+        // The other core counts on.
+        b.add_joules(2);
+        assert_eq!(energy.read(1).unwrap().joules(), 2.0);
+    }
+
+    #[test]
+    fn an_event_that_answers_nothing_is_lost_too() {
+        let (energy, a, _, clock) = open();
+        a.set(|e| e.empty = true);
         clock.advance(Duration::from_secs(1));
-        assert_eq!(energy.read(0).unwrap().joules(), 2.0);
-        assert_eq!(energy.resets(), 1);
+        assert_eq!(energy.read(0), Err(ItemError::Io { errno: libc::ENODEV }));
+        assert_eq!((energy.resets(), CoreCounters::lost(&energy)), (1, vec![0]));
     }
 
     #[test]

@@ -33,6 +33,11 @@ pub(crate) trait Backend: Send + Sync {
         deadline: Instant,
         gone: &dyn Fn() -> bool,
     ) -> proto::Sample;
+    /// Why the broker should stop for a fresh start, once a reply is written
+    /// ([`crate::hotplug`]); `None` to serve on.
+    fn fresh_start(&self) -> Option<crate::hotplug::Return> {
+        None
+    }
 }
 
 /// Fixed facts sent in the handshake.
@@ -561,6 +566,9 @@ pub(crate) fn handle(
             }
         };
         send(stream, &reply)?;
+        if let Some(why) = backend.fresh_start() {
+            crate::hotplug::exit(why);
+        }
     }
 }
 

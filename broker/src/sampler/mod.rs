@@ -335,6 +335,8 @@ struct Shared {
 pub struct Sampler {
     shared: Shared,
     workers: Workers,
+    /// The online CPUs against those at start-up, looked at after each sample.
+    hotplug: Option<crate::hotplug::Hotplug>,
 }
 
 impl Sampler {
@@ -379,7 +381,7 @@ impl Sampler {
         let device = shared.open_and_probe();
         log_device(None, &device);
         *lock(&shared.device) = device;
-        Sampler { shared, workers }
+        Sampler { shared, workers, hotplug: None }
     }
 
     /// Whether the device opened at start-up reads energy: `Err` says why not (no device, or
@@ -423,6 +425,12 @@ impl Sampler {
         shared.hsmp_energy = choice.hsmp_allowed;
         shared.fallback = choice.fallback;
         choice.msr
+    }
+
+    /// Looks at the online CPUs through `hotplug` after each sample, so that a core that
+    /// cannot come back in place asks for a fresh start ([`crate::hotplug`]).
+    pub(crate) fn watch_hotplug(&mut self, hotplug: crate::hotplug::Hotplug) {
+        self.hotplug = Some(hotplug);
     }
 
     /// The machine this sampler reads.
@@ -713,7 +721,16 @@ impl crate::server::Backend for Sampler {
     }
 
     fn sample(&self, what: Families, deadline: Instant, gone: &dyn Fn() -> bool) -> Sample {
-        Sampler::sample_while(self, what, deadline, gone)
+        let sample = Sampler::sample_while(self, what, deadline, gone);
+        if let Some(hotplug) = &self.hotplug {
+            let lost = self.shared.fallback.as_ref().map(|c| c.lost()).unwrap_or_default();
+            hotplug.check(&lost, std::time::Instant::now());
+        }
+        sample
+    }
+
+    fn fresh_start(&self) -> Option<crate::hotplug::Return> {
+        self.hotplug.as_ref().and_then(crate::hotplug::Hotplug::wanted)
     }
 }
 
