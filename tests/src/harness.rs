@@ -656,3 +656,73 @@ mod tests {
         assert!(!Path::new(&format!("/proc/{pid}")).exists());
     }
 }
+
+/// A CPU of this machine taken offline through `/sys/devices/system/cpu/cpuN/online`, put back
+/// online when dropped (a failing test included). Root only.
+#[derive(Debug)]
+pub struct OfflineCpu {
+    cpu: u32,
+}
+
+impl OfflineCpu {
+    /// The highest-numbered CPU that can go offline (never CPU 0), or why there is none: not
+    /// root, one CPU, or no writable `online` file (a container's read-only sysfs). A CPU left
+    /// offline by an earlier run is put back first.
+    pub fn candidate() -> std::result::Result<u32, String> {
+        if !rustix::process::geteuid().is_root() {
+            return Err("not root: taking a CPU offline needs root".into());
+        }
+        let present = std::fs::read_to_string("/sys/devices/system/cpu/present")
+            .map_err(|e| format!("cannot read the present CPUs: {e}"))?;
+        let last = present
+            .trim()
+            .rsplit([',', '-'])
+            .next()
+            .and_then(|n| n.parse::<u32>().ok())
+            .ok_or_else(|| format!("cannot parse the present CPUs {present:?}"))?;
+        for cpu in (1..=last).rev() {
+            let file = online_file(cpu);
+            let Ok(state) = std::fs::read_to_string(&file) else { continue };
+            if state.trim() == "0" {
+                std::fs::write(&file, "1")
+                    .map_err(|e| format!("cannot put CPU {cpu} back: {e}"))?;
+            }
+            let writable = std::fs::OpenOptions::new().write(true).open(&file).is_ok();
+            if writable {
+                return Ok(cpu);
+            }
+        }
+        Err("no CPU of this machine can go offline (one CPU, or sysfs read-only)".into())
+    }
+
+    /// Takes `cpu` offline.
+    pub fn take(cpu: u32) -> Result<OfflineCpu> {
+        std::fs::write(online_file(cpu), "0")
+            .with_context(|| format!("cannot offline CPU {cpu}"))?;
+        Ok(OfflineCpu { cpu })
+    }
+
+    /// Puts the CPU back online now (also done on drop).
+    pub fn online(self) {}
+}
+
+impl Drop for OfflineCpu {
+    fn drop(&mut self) {
+        // Retried: a CPU that is still going down may refuse for a moment (EBUSY).
+        for _ in 0..100 {
+            if std::fs::write(online_file(self.cpu), "1").is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        eprintln!(
+            "CPU {} could not be put back online: write 1 to {}",
+            self.cpu,
+            online_file(self.cpu).display()
+        );
+    }
+}
+
+fn online_file(cpu: u32) -> PathBuf {
+    PathBuf::from(format!("/sys/devices/system/cpu/cpu{cpu}/online"))
+}

@@ -511,6 +511,115 @@ fn a_pmu_description_that_would_block_or_lies_never_stops_the_start() {
     }
 }
 
+// ---- CPU hotplug through the real kernel ----
+
+/// This machine's CPU that can go offline, the only thread of its core in `topology`, and that
+/// core's index; `None` (the reason printed) where none can.
+fn hotplug_core(topology: &proto::Topology) -> Option<(u32, usize)> {
+    let cpu = match harness::OfflineCpu::candidate() {
+        Ok(cpu) => cpu,
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            return None;
+        }
+    };
+    match topology.cores.iter().position(|core| core.threads == [cpu]) {
+        Some(index) => Some((cpu, index)),
+        None => {
+            eprintln!(
+                "skipped: CPU {cpu} shares its core with another thread, which keeps the core online"
+            );
+            None
+        }
+    }
+}
+
+/// Samples core energy until the broker exits after one of the answers, which it does once it
+/// starts afresh; returns the last answer and the exit status.
+fn sample_until_the_fresh_start(broker: &mut Broker) -> (proto::Sample, std::process::ExitStatus) {
+    let what = Families { core_energy: true, ..Families::default() };
+    let mut client = broker.client();
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let sample = client.sample(what, DEADLINE_MS);
+        // The broker exits right after writing the answer that saw the return.
+        if let Ok(status) = broker.proc.wait_exit(Duration::from_millis(300)) {
+            return (sample, status);
+        }
+        assert!(Instant::now() < deadline, "no fresh start after {PATIENCE:?}: {}", broker.log());
+    }
+}
+
+#[test]
+#[ignore = "needs root (takes a CPU offline and back): cargo xtask test runs it"]
+fn a_perf_core_whose_cpu_goes_offline_and_back_returns_after_a_fresh_start_with_one_counted_reset()
+{
+    let _alone = one_at_a_time();
+    let pmu = software_pmu();
+    let mut broker = broker_on_this_machine(&[], pmu.path());
+    let mut client = broker.client();
+    let Some((cpu, core)) = hotplug_core(&client.topology()) else { return };
+    let what = Families { core_energy: true, ..Families::default() };
+    let first = client.sample(what, DEADLINE_MS);
+    assert_eq!(first.energy_source, Some(proto::EnergySource::Perf), "{}", broker.log());
+    assert!(values(&first.energy).iter().all(Result::is_ok), "{:?}", first.energy);
+    let offline = harness::OfflineCpu::take(cpu).unwrap();
+    // Absent while offline (the first reading may still see the time it ran before), its
+    // loss counted once; the other cores count on.
+    let mut gone = client.sample(what, DEADLINE_MS);
+    until("the offline core is absent", || {
+        gone = client.sample(what, DEADLINE_MS);
+        values(&gone.energy)[core].is_err()
+    });
+    let gone = client.sample(what, DEADLINE_MS);
+    let items = values(&gone.energy);
+    assert_eq!(items[core], Err(proto::ItemError::Io { errno: libc::ENODEV }), "{items:?}");
+    assert!(items.iter().enumerate().all(|(i, v)| i == core || v.is_ok()), "{items:?}");
+    assert_eq!(gone.energy_resets, 1);
+    // Back online: the kernel never resumes the event, so the broker starts afresh.
+    offline.online();
+    let (last, status) = sample_until_the_fresh_start(&mut broker);
+    assert_eq!(status.code(), Some(75), "{}", broker.log());
+    assert_eq!(last.energy_resets, 1, "one counted reset, not one per sample");
+    let log = broker.log();
+    assert!(log.contains("energy event was lost") && log.contains("fresh start"), "{log}");
+    // The fresh start (what systemd's socket unit does on the next connection) counts the
+    // core again.
+    let again = broker_on_this_machine(&[], pmu.path());
+    let mut client = again.client();
+    let start = values(&client.sample(what, DEADLINE_MS).energy);
+    until("the returned core counts again", || {
+        let now = client.sample(what, DEADLINE_MS);
+        now.energy_resets == 0
+            && values(&now.energy)[core]
+                .as_ref()
+                .is_ok_and(|e| e.counter > start[core].as_ref().map_or(u64::MAX, |s| s.counter))
+    });
+}
+
+#[test]
+#[ignore = "needs root (takes a CPU offline and back): cargo xtask test runs it"]
+fn a_cpu_offline_at_start_up_is_read_after_a_fresh_start_once_it_comes_online() {
+    let _alone = one_at_a_time();
+    let pmu = software_pmu();
+    let probe = broker_on_this_machine(&[], pmu.path());
+    let Some((cpu, _)) = hotplug_core(&probe.client().topology()) else { return };
+    let cores = probe.client().topology().cores.len();
+    drop(probe);
+    let offline = harness::OfflineCpu::take(cpu).unwrap();
+    let mut broker = broker_on_this_machine(&[], pmu.path());
+    assert_eq!(broker.client().topology().cores.len(), cores - 1, "an offline CPU has no core");
+    offline.online();
+    let (_, status) = sample_until_the_fresh_start(&mut broker);
+    assert_eq!(status.code(), Some(75), "{}", broker.log());
+    assert!(broker.log().contains("offline at start-up"), "{}", broker.log());
+    let again = broker_on_this_machine(&[], pmu.path());
+    let mut client = again.client();
+    assert_eq!(client.topology().cores.len(), cores);
+    let what = Families { core_energy: true, ..Families::default() };
+    assert!(values(&client.sample(what, DEADLINE_MS).energy).iter().all(Result::is_ok));
+}
+
 // ---- Signals ----
 
 #[test]
