@@ -91,7 +91,7 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("devices/system/cpu");
         fs::create_dir_all(&dir).unwrap();
-        rustix::fs::mkfifoat(rustix::fs::CWD, &dir.join("online"), rustix::fs::Mode::RWXU).unwrap();
+        rustix::fs::mkfifoat(rustix::fs::CWD, dir.join("online"), rustix::fs::Mode::RWXU).unwrap();
         assert!(SysfsOnline::open(root.path()).is_err());
     }
 
