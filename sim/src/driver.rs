@@ -356,12 +356,19 @@ impl SimMsr {
 }
 
 impl MsrTransport for SimMsr {
-    /// `pread(fd, buf, 8, msr)`: `EIO` for a register the machine does not have.
+    /// `pread(fd, buf, 8, msr)`: `EIO` for a register the machine does not have; `ENXIO` while
+    /// the CPU is offline ([`Faults::offline`](crate::Faults::offline)), as the kernel's
+    /// cross-CPU call refuses an offline CPU (`arch/x86/kernel/msr.c`, `msr_read()`), and a
+    /// value again once it is back, through the same transport (pinned by
+    /// `device/tests/hotplug.rs`).
     fn read(&self, msr: u32) -> Result<u64, Errno> {
         let machine = &self.machine;
         machine.counters.msr_reads[msr_slot(msr)].fetch_add(1, Ordering::Relaxed);
         let energy_msr = matches!(msr, MSR_RAPL_PWR_UNIT | MSR_CORE_ENERGY_STAT);
         let fault = machine.with_faults(|f| {
+            if f.offline.contains(&self.cpu) {
+                return Some(libc::ENXIO);
+            }
             f.errno
                 .get(&(Family::Msr, Target::Cpu(self.cpu)))
                 .copied()
@@ -506,6 +513,26 @@ mod tests {
         assert_eq!(opener.open(3).map(|_| ()), Err(libc::ENXIO));
         m.set_faults(Faults { msr_open: Some(libc::EPERM), ..Faults::default() });
         assert_eq!(opener.open(0).map(|_| ()), Err(libc::EPERM));
+    }
+
+    #[test]
+    fn an_msr_read_of_a_cpu_taken_offline_is_enxio_and_the_same_transport_reads_once_it_is_back() {
+        let m = machine(Profile::Milan1p, Mode::Static);
+        let opener = m.msr_opener();
+        let (msr, other) = (opener.open(7).unwrap(), opener.open(8).unwrap());
+        let value = msr.read(MSR_CORE_ENERGY_STAT).unwrap();
+        m.update_faults(|f| {
+            f.offline.insert(7);
+        });
+        assert_eq!(msr.read(MSR_CORE_ENERGY_STAT), Err(libc::ENXIO));
+        assert_eq!(msr.read(MSR_RAPL_PWR_UNIT), Err(libc::ENXIO));
+        assert_eq!(opener.open(7).map(|_| ()), Err(libc::ENXIO));
+        assert!(other.read(MSR_CORE_ENERGY_STAT).is_ok(), "CPU 8 went offline too");
+        m.update_faults(|f| {
+            f.offline.remove(&7);
+        });
+        assert_eq!(msr.read(MSR_CORE_ENERGY_STAT), Ok(value));
+        assert!(opener.open(7).is_ok());
     }
 
     #[test]

@@ -98,8 +98,26 @@ pub struct Faults {
     /// If set, opening any `power_core` event fails with this errno (`EACCES` without
     /// `CAP_PERFMON`).
     pub perf_open: Option<Errno>,
-    /// CPUs whose `power_core` event has stopped counting (the core's CPUs went offline).
-    pub perf_stopped: BTreeSet<u32>,
+    /// CPUs taken offline at run time (CPU hotplug), on top of the machine's
+    /// [`offline_cpus`](crate::MachineSpec::offline_cpus), as the kernel's hotplug leaves them
+    /// (each pinned on a real kernel by `device/tests/hotplug.rs`,
+    /// `a_cpu_going_offline_freezes_its_perf_events_for_good_and_fails_its_device_reads_until_it_returns`):
+    ///
+    /// - a `power_core` event opened on the CPU is lost for good once the CPU has been offline
+    ///   at any moment after its open, even if it is online again at the next read: its reads
+    ///   succeed, count and times standing still (`kernel/events/core.c`,
+    ///   `perf_event_exit_cpu_context()` detaches it at offline, nothing attaches it again at
+    ///   online); an event opened while the CPU is offline is refused `ENODEV`
+    ///   (`perf_event_open()`); see [`SimPerfOpener`](crate::perf::SimPerfOpener);
+    /// - a read of one of its MSRs fails `ENXIO` (`arch/x86/kernel/msr.c`, `msr_read()`: the
+    ///   cross-CPU call refuses an offline CPU), and the same open transport reads again once the
+    ///   CPU is back; opening its MSR device fails `ENXIO`, as `msr_open()` answers for an
+    ///   offline CPU (the real node is also removed at offline, so an open by path finds none,
+    ///   `ENOENT`); see [`Machine::open_msr`](crate::Machine::open_msr);
+    /// - it is missing from [`Machine::online_cpus`](crate::Machine::online_cpus).
+    ///
+    /// Taking a CPU out of the set puts it back online.
+    pub offline: BTreeSet<u32>,
 }
 
 impl Default for Faults {
@@ -113,7 +131,7 @@ impl Default for Faults {
             hsmp_open: None,
             msr_open: None,
             perf_open: None,
-            perf_stopped: BTreeSet::new(),
+            offline: BTreeSet::new(),
         }
     }
 }

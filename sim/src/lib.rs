@@ -37,9 +37,10 @@ pub use firmware::{Firmware, FwStatus, Mode, SimError};
 pub use live::{Clock, ManualClock, Scenario, UnknownScenario};
 pub use profile::{Cpu, MachineSpec, Profile, UnknownProfile};
 
-use amd_hsmp_device::{Errno, HsmpOpener, HsmpTransport, MsrOpener, MsrTransport};
+use amd_hsmp_device::{Errno, HsmpOpener, HsmpTransport, MsrOpener, MsrTransport, OnlineCpus};
 use amd_hsmp_proto::Topology;
 use driver::Mailboxes;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -94,6 +95,9 @@ pub struct Machine {
     socket_locks: Vec<Mutex<()>>,
     mailboxes: Mailboxes,
     counters: Counters,
+    /// For each CPU, how many times it has gone offline at run time: a CPU put into
+    /// [`Faults::offline`] that was not in it. Changed only under the faults' write lock.
+    offline_generations: Vec<AtomicU64>,
 }
 
 impl Machine {
@@ -101,6 +105,7 @@ impl Machine {
     pub fn new(spec: MachineSpec, config: FirmwareConfig) -> Arc<Machine> {
         let firmware =
             Firmware::with_clock(&spec, config.mode, config.seed, config.scenario, config.clock);
+        let spec_cpus = spec.cpu_count();
         Arc::new(Machine {
             topology: spec.topology(),
             socket_locks: (0..spec.sockets).map(|_| Mutex::new(())).collect(),
@@ -109,6 +114,7 @@ impl Machine {
             faults: RwLock::new(config.faults),
             mailboxes: Mailboxes::default(),
             counters: Counters::default(),
+            offline_generations: (0..spec_cpus).map(|_| AtomicU64::new(0)).collect(),
         })
     }
 
@@ -169,14 +175,29 @@ impl Machine {
         self.with_faults(Faults::clone)
     }
 
-    /// Replaces the injected faults; they apply from the next message or read.
+    /// Replaces the injected faults; they apply from the next message or read. A CPU put into
+    /// [`Faults::offline`] goes offline at once: the events opened on it are lost, even if a
+    /// later call puts it back before they are read.
     pub fn set_faults(&self, faults: Faults) {
-        *self.faults.write().unwrap_or_else(PoisonError::into_inner) = faults;
+        self.update_faults(|f| *f = faults);
     }
 
-    /// Changes the injected faults in place.
+    /// Changes the injected faults in place, as [`Machine::set_faults`] does.
     pub fn update_faults(&self, change: impl FnOnce(&mut Faults)) {
-        change(&mut self.faults.write().unwrap_or_else(PoisonError::into_inner));
+        let mut faults = self.faults.write().unwrap_or_else(PoisonError::into_inner);
+        let before = faults.offline.clone();
+        change(&mut faults);
+        for &cpu in faults.offline.difference(&before) {
+            if let Some(generation) = self.offline_generations.get(cpu as usize) {
+                generation.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// How many times `cpu` has gone offline at run time. Read it with the faults it goes with
+    /// (inside [`Machine::with_faults`]), as both change under the same lock.
+    fn offline_generation(&self, cpu: u32) -> u64 {
+        self.offline_generations.get(cpu as usize).map_or(0, |g| g.load(Ordering::Relaxed))
     }
 
     fn with_faults<T>(&self, read: impl FnOnce(&Faults) -> T) -> T {
@@ -197,16 +218,19 @@ impl Machine {
     }
 
     /// `open("/dev/cpu/<cpu>/msr", O_RDONLY)`: `ENOENT` for a CPU the machine does not have,
-    /// `ENXIO` for an offline one (`msr_open()`), the injected [`Faults::msr_open`] errno if
-    /// any.
+    /// `ENXIO` for one offline now, from the start or at run time ([`Faults::offline`]), as
+    /// `msr_open()` answers (`arch/x86/kernel/msr.c`; the kernel also removes the node of an
+    /// offline CPU, which an open by path finds missing, `ENOENT`, as `device/tests/hotplug.rs`
+    /// pins), the injected [`Faults::msr_open`] errno if any.
     pub fn open_msr(self: &Arc<Self>, cpu: u32) -> Result<SimMsr, Errno> {
-        if let Some(errno) = self.with_faults(|f| f.msr_open) {
+        let (fault, offline) = self.with_faults(|f| (f.msr_open, f.offline.contains(&cpu)));
+        if let Some(errno) = fault {
             return Err(errno);
         }
         if cpu >= self.spec.cpu_count() {
             return Err(libc::ENOENT);
         }
-        if self.spec.offline_cpus.contains(&cpu) {
+        if offline || self.spec.offline_cpus.contains(&cpu) {
             return Err(libc::ENXIO);
         }
         Ok(SimMsr::new(Arc::clone(self), cpu))
@@ -225,6 +249,30 @@ impl Machine {
     /// The `power_core` PMU of this machine, as the kernel would offer it.
     pub fn perf_locator(self: &Arc<Self>) -> perf::SimPmu {
         perf::SimPmu { machine: Arc::clone(self) }
+    }
+
+    /// The CPUs online now, as the kernel's `/sys/devices/system/cpu/online` lists them.
+    pub fn online_cpus(self: &Arc<Self>) -> SimOnline {
+        SimOnline { machine: Arc::clone(self) }
+    }
+}
+
+/// The simulated machine's online CPUs, read afresh on each call: all its CPUs but those
+/// offline from the start ([`MachineSpec::offline_cpus`]) and those taken offline at run time
+/// ([`Faults::offline`]).
+#[derive(Debug, Clone)]
+pub struct SimOnline {
+    machine: Arc<Machine>,
+}
+
+impl OnlineCpus for SimOnline {
+    fn online(&self) -> Result<Vec<u32>, Errno> {
+        let machine = &self.machine;
+        Ok(machine.with_faults(|f| {
+            (0..machine.spec.cpu_count())
+                .filter(|cpu| !f.offline.contains(cpu) && !machine.spec.offline_cpus.contains(cpu))
+                .collect()
+        }))
     }
 }
 
@@ -257,6 +305,22 @@ impl MsrOpener for SimMsrOpener {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_online_cpus_are_the_machine_s_but_those_offline_from_the_start_or_at_run_time() {
+        let mut spec = profile::Profile::Milan1p.spec();
+        spec.offline_cpus = vec![3];
+        let m = Machine::new(spec, FirmwareConfig::static_values());
+        let online = m.online_cpus();
+        let all_but = |gone: &[u32]| (0..128).filter(|cpu| !gone.contains(cpu)).collect();
+        assert_eq!(online.online(), Ok(all_but(&[3])));
+        m.update_faults(|f| f.offline.extend([5, 127, 4096]));
+        assert_eq!(online.online(), Ok(all_but(&[3, 5, 127])));
+        m.update_faults(|f| {
+            f.offline.remove(&5);
+        });
+        assert_eq!(online.online(), Ok(all_but(&[3, 127])));
+    }
 
     #[test]
     fn a_simulator_started_after_another_continues_its_energy_counters_at_every_hour() {

@@ -42,16 +42,22 @@ pub struct SimPerfOpener {
 
 impl PerfOpener for SimPerfOpener {
     /// The injected [`Faults::perf_open`](crate::Faults::perf_open) errno (`EACCES` without
-    /// CAP_PERFMON), `EINVAL` for a CPU the machine does not have, `ENODEV` for an offline one.
+    /// CAP_PERFMON), `EINVAL` for a CPU the machine does not have, `ENODEV` for one offline
+    /// now, from the start or at run time ([`Faults::offline`](crate::Faults::offline)), as
+    /// the kernel's `perf_event_open()` refuses a CPU whose perf context is not online (pinned
+    /// by `device/tests/hotplug.rs`).
     fn open(&self, cpu: u32) -> Result<Box<dyn PerfCounter>, Errno> {
         let machine = &self.machine;
-        if let Some(errno) = machine.with_faults(|f| f.perf_open) {
+        let (fault, offline, generation) = machine.with_faults(|f| {
+            (f.perf_open, f.offline.contains(&cpu), machine.offline_generation(cpu))
+        });
+        if let Some(errno) = fault {
             return Err(errno);
         }
         if cpu >= machine.spec.cpu_count() {
             return Err(libc::EINVAL);
         }
-        if machine.spec.offline_cpus.contains(&cpu) {
+        if offline || machine.spec.offline_cpus.contains(&cpu) {
             return Err(libc::ENODEV);
         }
         let esu = energy_status_unit(machine.firmware.read_msr(cpu, MSR_RAPL_PWR_UNIT)?);
@@ -60,6 +66,7 @@ impl PerfOpener for SimPerfOpener {
         Ok(Box::new(SimPerfEvent {
             machine: Arc::clone(machine),
             cpu,
+            generation,
             shift: 32u32.saturating_sub(u32::from(esu)),
             state: Mutex::new(state),
         }))
@@ -79,26 +86,39 @@ struct Count {
 struct SimPerfEvent {
     machine: Arc<Machine>,
     cpu: u32,
+    /// How many times its CPU had gone offline before the open
+    /// ([`Machine::offline_generation`]): once that moves, the event is lost.
+    generation: u64,
     /// `32 - esu`: the shift from hardware units to 2^-32 J.
     shift: u32,
     state: Mutex<Count>,
 }
 
 impl PerfCounter for SimPerfEvent {
+    /// The count and times, or the injected errno of [`Family::Perf`] for the CPU.
+    ///
+    /// An event whose CPU is offline now, or has been offline at any moment since the open
+    /// ([`Faults::offline`](crate::Faults::offline)), is lost for good: it reads as it last
+    /// did, its count and times standing still, even once the CPU is back. The kernel detaches
+    /// a CPU's events when it goes offline (`kernel/events/core.c`,
+    /// `perf_event_exit_cpu_context()`) and attaches none again when it comes back; pinned by
+    /// `device/tests/hotplug.rs`. The simulator counts at reads, so the frozen count is the one
+    /// of the last read before the offline, where the kernel's is the one at the offline.
     fn read(&self) -> Result<PerfReading, Errno> {
         let machine = &self.machine;
         machine.counters.perf_reads.fetch_add(1, Ordering::Relaxed);
-        let (fault, stopped) = machine.with_faults(|f| {
+        let (fault, lost) = machine.with_faults(|f| {
             (
                 f.errno.get(&(Family::Perf, Target::Cpu(self.cpu))).copied(),
-                f.perf_stopped.contains(&self.cpu),
+                f.offline.contains(&self.cpu)
+                    || machine.offline_generation(self.cpu) != self.generation,
             )
         });
         if let Some(errno) = fault {
             return Err(errno);
         }
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if !stopped {
+        if !lost {
             let raw = machine.firmware.read_msr(self.cpu, MSR_CORE_ENERGY_STAT)? as u32;
             let step = u64::from(raw.wrapping_sub(state.prev)) << self.shift;
             state.count = state.count.wrapping_add(step);
@@ -122,6 +142,7 @@ mod tests {
     use crate::firmware::Mode;
     use crate::profile::Profile;
     use crate::{Faults, FirmwareConfig};
+    use std::time::Duration;
 
     #[test]
     fn the_count_is_the_msr_s_steps_in_two_to_the_minus_32_joules() {
@@ -144,12 +165,59 @@ mod tests {
         let (_, opener) = m.perf_locator().locate().unwrap();
         assert_eq!(opener.open(0).map(|_| ()), Err(libc::EACCES));
         faults.perf_open = None;
-        faults.perf_stopped.insert(0);
         m.set_faults(faults.clone());
         let event = opener.open(0).unwrap();
-        assert_eq!(event.read().unwrap().running_ns, event.read().unwrap().running_ns);
+        event.read().unwrap();
+        // CPU 0 goes offline: the event reads, standing still; a new one is refused.
+        faults.offline.insert(0);
+        m.set_faults(faults.clone());
+        let frozen = event.read().unwrap();
+        assert_eq!(event.read().unwrap(), frozen);
+        assert_eq!(opener.open(0).map(|_| ()), Err(libc::ENODEV));
+        // Back online: the old event never resumes; a new one counts.
+        faults.offline.remove(&0);
+        m.set_faults(faults.clone());
+        assert_eq!(event.read().unwrap(), frozen, "the event resumed after the online");
+        assert_eq!(event.read().unwrap(), frozen, "the event resumed after the online");
+        let renewed = opener.open(0).unwrap();
+        let first = renewed.read().unwrap();
+        assert!(renewed.read().unwrap().running_ns > first.running_ns, "the new event counts");
         faults.unsupported.insert(Family::Perf);
         m.set_faults(faults);
         assert!(matches!(m.perf_locator().locate(), Err(PmuError::Absent(_))));
+    }
+
+    #[test]
+    fn an_event_whose_cpu_went_offline_and_back_between_two_reads_is_lost_all_the_same() {
+        let m = Machine::new(Profile::Genoa2p.spec(), FirmwareConfig::new(Mode::Static));
+        let (_, opener) = m.perf_locator().locate().unwrap();
+        let (lost, other) = (opener.open(2).unwrap(), opener.open(3).unwrap());
+        let frozen = lost.read().unwrap();
+        let before = other.read().unwrap();
+        // Offline and online again before either event is read.
+        m.update_faults(|f| {
+            f.offline.insert(2);
+        });
+        m.update_faults(|f| {
+            f.offline.remove(&2);
+        });
+        assert_eq!(lost.read().unwrap(), frozen);
+        assert!(other.read().unwrap().running_ns > before.running_ns, "CPU 3's event stopped");
+        // Faults set again without the CPU going offline once more lose nothing new.
+        let renewed = opener.open(2).unwrap();
+        let first = renewed.read().unwrap();
+        m.set_faults(Faults { latency: Duration::from_millis(1), ..Faults::default() });
+        assert!(renewed.read().unwrap().running_ns > first.running_ns, "the new event stopped");
+        assert_eq!(lost.read().unwrap(), frozen);
+    }
+
+    #[test]
+    fn an_event_on_a_cpu_offline_from_the_start_is_refused_enodev_and_a_missing_cpu_einval() {
+        let mut spec = Profile::Genoa2p.spec();
+        spec.offline_cpus = vec![5];
+        let m = Machine::new(spec, FirmwareConfig::new(Mode::Static));
+        let (_, opener) = m.perf_locator().locate().unwrap();
+        assert_eq!(opener.open(5).map(|_| ()), Err(libc::ENODEV));
+        assert_eq!(opener.open(m.spec().cpu_count()).map(|_| ()), Err(libc::EINVAL));
     }
 }

@@ -1239,8 +1239,9 @@ fn a_perf_counter_refused_falls_to_the_msrs_only_where_enabled() {
 fn a_perf_counter_that_stops_counting_fails_its_core_alone() {
     let machine = genoa(2);
     let (_, sampler) = chosen(&machine, &[HsmpSource, PerfSource]);
-    let stopped = machine.topology().cores[1].cpu;
-    machine.set_faults(Faults { perf_stopped: [stopped].into(), ..Faults::default() });
+    // The core's CPU goes offline: the kernel freezes its event, which reads standing still.
+    let cpu = machine.topology().cores[1].cpu;
+    machine.set_faults(Faults { offline: [cpu].into(), ..Faults::default() });
     let energy = values(&sampler.sample(V2_FAMILIES, soon()).energy);
     assert_eq!(energy[1], Err(ItemError::Io { errno: libc::ENODEV }));
     assert!(energy.iter().enumerate().all(|(i, e)| i == 1 || e.is_ok()), "{energy:?}");
