@@ -121,7 +121,7 @@ fn machine(machine: std::sync::Arc<sim::Machine>) -> Machine {
         hsmp: Box::new(machine.hsmp_opener()),
         msr: Box::new(machine.msr_opener()),
         perf: Box::new(machine.perf_locator()),
-        online: None,
+        online: Some(Box::new(machine.online_cpus())),
     }
 }
 
