@@ -19,7 +19,7 @@ use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// How long a process may take to start serving.
@@ -184,6 +184,28 @@ impl Proc {
         log: PathBuf,
         nofile: Option<u64>,
     ) -> Result<Proc> {
+        Proc::spawn_full(name, program, args, log, nofile, Stdio::null())
+    }
+
+    /// Starts `program args` with `stdin` as its standard input, logging to `log`.
+    pub fn spawn_with_stdin(
+        name: &'static str,
+        program: &Path,
+        args: &[String],
+        log: PathBuf,
+        stdin: Stdio,
+    ) -> Result<Proc> {
+        Proc::spawn_full(name, program, args, log, None, stdin)
+    }
+
+    fn spawn_full(
+        name: &'static str,
+        program: &Path,
+        args: &[String],
+        log: PathBuf,
+        nofile: Option<u64>,
+        stdin: Stdio,
+    ) -> Result<Proc> {
         let err = File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
         let mut line: Vec<std::ffi::OsString> = Vec::new();
         if let Some(n) = nofile {
@@ -196,7 +218,7 @@ impl Proc {
         line.push(program.into());
         let mut cmd = Command::new(&line[0]);
         cmd.args(&line[1..]);
-        cmd.args(args).stdin(Stdio::null()).stdout(err.try_clone()?).stderr(err);
+        cmd.args(args).stdin(stdin).stdout(err.try_clone()?).stderr(err);
         let child = cmd.spawn().with_context(|| format!("cannot start {}", program.display()))?;
         Ok(Proc { name, child, log })
     }
@@ -725,4 +747,155 @@ impl Drop for OfflineCpu {
 
 fn online_file(cpu: u32) -> PathBuf {
     PathBuf::from(format!("/sys/devices/system/cpu/cpu{cpu}/online"))
+}
+
+/// A broker run as systemd's socket unit runs it (`packaging/systemd/amd-hsmp-broker.socket`):
+/// the harness holds the listening socket and passes it (`LISTEN_FDS`) to each broker it starts;
+/// a broker that stops for a fresh start (exit status 75, `SuccessExitStatus=` of the unit) is
+/// started again on the same socket, so that connections wait in its queue meanwhile instead of
+/// being refused. Any other exit ends the supervision.
+#[derive(Debug)]
+pub struct ActivatedBroker {
+    socket: PathBuf,
+    state: Arc<Mutex<Activation>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    supervisor: Option<std::thread::JoinHandle<()>>,
+}
+
+/// The running broker and what came before it.
+#[derive(Debug, Default)]
+struct Activation {
+    current: Option<Proc>,
+    /// Brokers started so far.
+    starts: usize,
+    /// Exit statuses of the brokers that ended, in order.
+    exits: Vec<Option<i32>>,
+    /// The logs of the brokers that ended.
+    logs: String,
+}
+
+impl ActivatedBroker {
+    /// Binds `dir/broker.sock` and starts the broker with `args` (no `--listen`) on it.
+    pub fn start(args: &[String], dir: &Path) -> Result<ActivatedBroker> {
+        let socket = dir.join("broker.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&socket)
+            .with_context(|| format!("cannot bind {}", socket.display()))?;
+        let state = Arc::new(Mutex::new(Activation::default()));
+        let spawn = {
+            let (args, dir) = (args.to_vec(), dir.to_owned());
+            move |n: usize| -> Result<Proc> {
+                // The socket becomes descriptor 3 of the broker through its standard input, and
+                // LISTEN_PID names the broker itself, as systemd passes it.
+                let script = r#"exec 3<&0 </dev/null; LISTEN_PID=$$ LISTEN_FDS=1 exec "$0" "$@""#;
+                let mut argv = vec!["-c".to_owned(), script.to_owned()];
+                argv.push(binaries()?.broker.display().to_string());
+                argv.extend(args.iter().cloned());
+                let fd = std::os::fd::OwnedFd::from(listener.try_clone()?);
+                let log = dir.join(format!("broker.{n}.log"));
+                Proc::spawn_with_stdin(
+                    "amd-hsmp-broker",
+                    Path::new("/bin/sh"),
+                    &argv,
+                    log,
+                    fd.into(),
+                )
+            }
+        };
+        let first = spawn(0)?;
+        {
+            let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+            state.current = Some(first);
+            state.starts = 1;
+        }
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let supervisor = {
+            let (state, stop) = (Arc::clone(&state), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(5));
+                    let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+                    let Some(proc) = state.current.as_mut() else { return };
+                    let Some(status) = proc.exited() else { continue };
+                    let log = proc.log();
+                    state.logs.push_str(&log);
+                    state.exits.push(status.code());
+                    state.current = None;
+                    if status.code() != Some(75) {
+                        return;
+                    }
+                    let n = state.starts;
+                    match spawn(n) {
+                        Ok(next) => {
+                            state.current = Some(next);
+                            state.starts += 1;
+                        }
+                        Err(e) => {
+                            state.logs.push_str(&format!("cannot start the broker again: {e:#}\n"));
+                            return;
+                        }
+                    }
+                }
+            })
+        };
+        Ok(ActivatedBroker { socket, state, stop, supervisor: Some(supervisor) })
+    }
+
+    /// The socket the exporter connects to.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Brokers started so far.
+    pub fn starts(&self) -> usize {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).starts
+    }
+
+    /// Exit statuses of the brokers that ended.
+    pub fn exits(&self) -> Vec<Option<i32>> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).exits.clone()
+    }
+
+    /// Every broker's log, the running one's last.
+    pub fn log(&self) -> String {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let current = state.current.as_ref().map(Proc::log).unwrap_or_default();
+        format!("{}{current}", state.logs)
+    }
+}
+
+impl Drop for ActivatedBroker {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(supervisor) = self.supervisor.take() {
+            let _ = supervisor.join();
+        }
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(mut proc) = state.current.take() {
+            proc.kill();
+        }
+    }
+}
+
+/// A PMU description in `power_core`'s shape under a temporary root, for the real broker on
+/// this machine's own CPUs: the software PMU's `cpu-clock` stands in for `energy-core` (every
+/// kernel has it; it counts nanoseconds, here read as 2^-32 J, about 0.23 W a CPU). The real
+/// `perf_event_open` and `read(2)` then run under the broker's real lockdown.
+pub fn software_pmu() -> Result<tempfile::TempDir> {
+    let root = tempfile::tempdir()?;
+    let pmu = root.path().join("power_core");
+    std::fs::create_dir_all(pmu.join("events"))?;
+    std::fs::create_dir_all(pmu.join("format"))?;
+    let software = std::fs::read_to_string("/sys/bus/event_source/devices/software/type")?;
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online")?;
+    for (file, text) in [
+        ("type", software.as_str()),
+        ("cpumask", online.as_str()),
+        ("events/energy-core", "event=0x00\n"),
+        ("events/energy-core.scale", "2.3283064365386962890625e-10\n"),
+        ("events/energy-core.unit", "Joules\n"),
+        ("format/event", "config:0-63\n"),
+    ] {
+        std::fs::write(pmu.join(file), text)?;
+    }
+    Ok(root)
 }

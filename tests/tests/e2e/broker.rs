@@ -385,28 +385,9 @@ fn no_perf_event_is_opened_after_start_up_the_filter_kills_the_call() {
 
 // ---- The perf energy source through the real kernel interface ----
 
-/// A PMU description in `power_core`'s shape under a temporary root, for the real broker on
-/// this machine's own CPUs: the software PMU's `cpu-clock` stands in for `energy-core` (every
-/// kernel has it; it counts nanoseconds, here read as 2^-32 J, about 0.23 W a CPU). The real
-/// `perf_event_open` and `read(2)` then run under the broker's real lockdown.
+/// The software PMU standing in for `power_core` ([`harness::software_pmu`]).
 fn software_pmu() -> tempfile::TempDir {
-    let root = tempfile::tempdir().unwrap();
-    let pmu = root.path().join("power_core");
-    std::fs::create_dir_all(pmu.join("events")).unwrap();
-    std::fs::create_dir_all(pmu.join("format")).unwrap();
-    let software = std::fs::read_to_string("/sys/bus/event_source/devices/software/type").unwrap();
-    let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
-    for (file, text) in [
-        ("type", software.as_str()),
-        ("cpumask", online.as_str()),
-        ("events/energy-core", "event=0x00\n"),
-        ("events/energy-core.scale", "2.3283064365386962890625e-10\n"),
-        ("events/energy-core.unit", "Joules\n"),
-        ("format/event", "config:0-63\n"),
-    ] {
-        std::fs::write(pmu.join(file), text).unwrap();
-    }
-    root
+    harness::software_pmu().unwrap()
 }
 
 /// The real broker on this machine's topology and no `/dev/hsmp`, its PMU under `pmu`, started

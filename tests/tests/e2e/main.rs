@@ -10,6 +10,7 @@ mod conventions;
 mod demo;
 mod frontend;
 mod hostile;
+mod hotplug;
 mod sampler_faults;
 mod scenarios;
 mod web;
