@@ -60,11 +60,28 @@ fn a_perf_core_lost_to_hotplug_returns_under_socket_activation_with_every_scrape
     let before = scrape(addr);
     let all = energy(&before);
     assert!(all.len() >= 2, "one series a core: {}\n{}", before.text, broker.log());
+    let all_len = all.len();
     let gone = all.keys().find(|s| s.contains(&format!("core=\"{cpu}\""))).cloned();
     let Some(gone) = gone else {
         return eprintln!("skipped: CPU {cpu} is not its core's only thread here");
     };
     let errors_before = before.errors("core-energy");
+    // Scrapes back to back from another client throughout, so that the CPU goes offline and
+    // comes back during scrapes too: each must be whole.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let background = {
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut answered = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let got = scrape(addr);
+                assert_eq!(got.value("amd_hsmp_broker_up"), Some(1.0), "{}", got.text);
+                assert!(energy(&got).len() + 1 >= all_len, "{}", got.text);
+                answered += 1;
+            }
+            answered
+        })
+    };
     let offline = OfflineCpu::take(cpu).unwrap();
     // While offline: the core's series absent, every other one there, the broker up.
     let deadline = Instant::now() + PATIENCE;
@@ -99,4 +116,54 @@ fn a_perf_core_lost_to_hotplug_returns_under_socket_activation_with_every_scrape
     assert_eq!(after.errors("core-energy"), errors, "{}", after.text);
     assert_eq!(energy(&after).len(), all.len());
     assert!(after.value(&gone).unwrap() > last.value(&gone).unwrap(), "{}", after.text);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let answered = background.join().expect("a scrape during the hotplug was not whole");
+    assert!(answered > 0);
+}
+
+/// The MSR source on the FUSE fake device of a Rome 1P, one core's first thread taken offline
+/// in the simulator (every read of it `ENXIO`, as the MSR driver's cross-CPU call answers) and
+/// brought back: no fresh start is needed, the same descriptor reads again.
+#[test]
+#[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
+fn an_msr_core_whose_cpu_goes_offline_is_absent_then_back_from_zero_with_one_counted_reset() {
+    let _alone = one_at_a_time();
+    let scenario = amd_hsmp_e2e::scenario::parse(
+        "description = \"\"\nmachine = \"rome-1p\"\n\
+         broker-flags = [\"--collector.core-energy.msr-fallback\"]\n[[scrapes]]\n",
+    )
+    .unwrap();
+    let rig = amd_hsmp_e2e::scenario::Rig::start(&scenario).unwrap();
+    let machine = rig.machine();
+    let core = machine.topology().cores[3].clone();
+    let series = format!("{ENERGY}{{core=\"{}\",socket=\"{}\"}}", core.core, core.socket);
+    let set_offline = |offline: &[u32]| {
+        let mut faults = machine.faults();
+        faults.offline = offline.iter().copied().collect();
+        machine.set_faults(faults);
+    };
+    machine.firmware().advance_all_energy(10.0).unwrap();
+    let before = scrape(rig.addr());
+    assert_eq!(before.value(&series), Some(10.0), "{}", before.text);
+    let cores = energy(&before).len();
+    set_offline(&[core.cpu]);
+    machine.firmware().advance_all_energy(5.0).unwrap();
+    let gone = scrape(rig.addr());
+    assert_eq!(gone.value(&series), None, "absent while offline: {}", gone.text);
+    assert_eq!(energy(&gone).len(), cores - 1);
+    assert!(gone.errors("core-energy") > before.errors("core-energy"));
+    set_offline(&[]);
+    machine.firmware().advance_all_energy(1.0).unwrap();
+    // What the counter did while it could not be read is unknown: the count restarts from 0
+    // at the first reading after the return, counted once, and follows the hardware again.
+    let back = scrape(rig.addr());
+    assert_eq!(back.value(&series), Some(0.0), "{}", back.text);
+    let other = format!("{ENERGY}{{core=\"{}\",socket=\"{}\"}}", 0, core.socket);
+    assert_eq!(back.value(&other), Some(16.0), "the other cores never stopped");
+    let errors = back.errors("core-energy");
+    assert!(errors > gone.errors("core-energy"), "the reset is counted: {}", back.text);
+    machine.firmware().advance_all_energy(2.0).unwrap();
+    let after = scrape(rig.addr());
+    assert_eq!(after.value(&series), Some(2.0), "{}", after.text);
+    assert_eq!(after.errors("core-energy"), errors, "nothing more is counted");
 }
