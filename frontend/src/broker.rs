@@ -30,6 +30,16 @@ pub(crate) const REPLY_GRACE: Duration = Duration::from_secs(2);
 /// free its slot (50 ms), so an exporter restarted with requests in flight gets in.
 const REFUSED_PAUSE: Duration = Duration::from_millis(250);
 
+/// How long a request whose reused connection the broker closed waits for the broker to listen
+/// again, within its deadline: a broker that stops for a fresh start (CPU hotplug, exit status
+/// 75) is started again by its container runtime without a socket held meanwhile (under
+/// systemd the socket unit holds it and the connection waits in its queue). Only after a lost
+/// connection: a broker that is simply not running is reported at once.
+pub(crate) const RESTART_PATIENCE: Duration = Duration::from_secs(5);
+
+/// How often the socket is tried again while waiting for a restarted broker.
+const RESTART_POLL: Duration = Duration::from_millis(50);
+
 /// At most one "turned away" warning per this interval; the others are counted in the next.
 const REFUSED_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -229,7 +239,7 @@ impl BrokerClient {
         let result = match conn.sample(what, deadline, reply_by).await {
             Err(e) if reused && e.is_connection_lost() => {
                 tracing::debug!(error = %amd_hsmp_cli::chain(&e), "broker connection lost, reconnecting");
-                conn = self.connect_by(deadline, reply_by).await?;
+                conn = self.reconnect_by(deadline, reply_by).await?;
                 sent = Instant::now();
                 conn.sample(what, deadline, reply_by).await
             }
@@ -278,6 +288,30 @@ impl BrokerClient {
             );
         }
         result
+    }
+
+    /// [`BrokerClient::connect_by`] after a lost connection: while nothing listens on the
+    /// socket (refused, or its file not there yet), tries again every [`RESTART_POLL`] for up
+    /// to [`RESTART_PATIENCE`], never past `deadline`.
+    async fn reconnect_by(
+        &self,
+        deadline: Instant,
+        by: Instant,
+    ) -> Result<Connection, BrokerError> {
+        let patience = deadline.min(Instant::now() + RESTART_PATIENCE);
+        loop {
+            match self.connect_by(deadline, by).await {
+                Err(BrokerError::Connect { source, .. })
+                    if matches!(
+                        source.kind(),
+                        io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound
+                    ) && Instant::now() + RESTART_POLL < patience =>
+                {
+                    tokio::time::sleep(RESTART_POLL).await;
+                }
+                other => return other,
+            }
+        }
     }
 
     async fn connect(&self) -> Result<Connection, BrokerError> {

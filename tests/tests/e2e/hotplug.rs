@@ -167,3 +167,27 @@ fn an_msr_core_whose_cpu_goes_offline_is_absent_then_back_from_zero_with_one_cou
     assert_eq!(after.value(&series), Some(2.0), "{}", after.text);
     assert_eq!(after.errors("core-energy"), errors, "nothing more is counted");
 }
+
+/// Where no socket is held while the broker is down (a container runtime restarting the
+/// broker's container after its fresh start), a scrape whose connection the broker closed
+/// waits for the broker to listen again instead of reporting it down.
+#[test]
+fn a_broker_restarted_without_a_held_socket_costs_no_scrape_within_the_patience() {
+    let _alone = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("broker.sock");
+    let log = |n: u32| dir.path().join(format!("broker.{n}.log"));
+    let mut broker = harness::start_simulated_broker("milan-1p", &socket, &[], log(0)).unwrap();
+    let (_exporter, addr) = harness::start_exporter(&socket, &[], None, dir.path()).unwrap();
+    assert_eq!(scrape(addr).value("amd_hsmp_broker_up"), Some(1.0));
+    // The broker goes away with the exporter's connection pooled, and its successor listens
+    // half a second later (its socket file replaced meanwhile: refused, then absent). The
+    // successor is started on this thread: a child dies with the thread that started it.
+    broker.kill();
+    let during = std::thread::spawn(move || scrape(addr));
+    std::thread::sleep(Duration::from_millis(500));
+    let _next = harness::start_simulated_broker("milan-1p", &socket, &[], log(1)).unwrap();
+    let during = during.join().unwrap();
+    assert_eq!(during.value("amd_hsmp_broker_up"), Some(1.0), "{}", during.text);
+    assert_eq!(during.errors("broker"), 0.0, "{}", during.text);
+}
