@@ -33,7 +33,7 @@ use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 /// The exit status of a broker that stops for a fresh start (`EX_TEMPFAIL`).
-pub const EXIT_FRESH_START: u8 = 75;
+pub(crate) const EXIT_FRESH_START: u8 = 75;
 
 /// The least time the broker serves before it starts afresh for a CPU's return.
 pub(crate) const MIN_UPTIME: Duration = Duration::from_secs(3);

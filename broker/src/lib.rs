@@ -27,7 +27,7 @@ mod counters;
 pub mod daemon;
 mod energy;
 mod hints;
-pub mod hotplug;
+mod hotplug;
 pub mod lockdown;
 mod msr;
 mod perf;

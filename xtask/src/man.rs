@@ -32,8 +32,10 @@ fn binaries() -> [Page; 2] {
             command: amd_hsmp_broker::cli::command(),
             section: "8",
             exit_status: "0 after SIGTERM or SIGINT (a socket file created with \\-\\-listen is removed); \
-             1 when start\\-up fails (the message names the step); 2 for a bad command line. \
-             SIGHUP, SIGUSR1 and SIGUSR2 are ignored. A missing /dev/hsmp is not a start\\-up \
+             1 when start\\-up fails (the message names the step); 2 for a bad command line; \
+             75 to start afresh after CPU hotplug (a core whose energy event was lost, or a CPU \
+             offline at start\\-up, is online again; the unit takes it as a clean stop and its \
+             socket starts the broker again). SIGHUP, SIGUSR1 and SIGUSR2 are ignored. A missing /dev/hsmp is not a start\\-up \
              failure: the broker serves and reports amd_hsmp_up 0.",
             files: ".TP\n/run/amd\\-hsmp/broker.sock\nThe socket systemd listens on for the broker \
              (amd\\-hsmp\\-broker.socket: mode 0660, group amd\\-hsmp\\-exporter).\n\
