@@ -876,6 +876,29 @@ impl Drop for ActivatedBroker {
     }
 }
 
+/// The flags of a real broker on this machine's topology (`/proc`, `/sys`) with no `/dev/hsmp`
+/// (`no_hsmp` names a path that does not exist), its PMU described under `pmu`
+/// ([`software_pmu`]), reading afresh for every sample, logging JSON.
+pub fn this_machine_broker_args(pmu: &Path, no_hsmp: &Path) -> Vec<String> {
+    let (pmu, no_hsmp) = (pmu.display().to_string(), no_hsmp.display().to_string());
+    [
+        "--path.procfs",
+        "/proc",
+        "--path.sysfs",
+        "/sys",
+        "--hsmp.device",
+        &no_hsmp,
+        "--perf.pmu-root",
+        &pmu,
+        "--sample.max-age",
+        "0",
+        "--log.format",
+        "json",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 /// A PMU description in `power_core`'s shape under a temporary root, for the real broker on
 /// this machine's own CPUs: the software PMU's `cpu-clock` stands in for `energy-core` (every
 /// kernel has it; it counts nanoseconds, here read as 2^-32 J, about 0.23 W a CPU). The real

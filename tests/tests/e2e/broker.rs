@@ -394,22 +394,7 @@ fn software_pmu() -> tempfile::TempDir {
 /// through `prefix` (e.g. `setpriv` to withhold a capability).
 fn broker_on_this_machine(prefix: &[&str], pmu: &Path) -> Broker {
     let dir = tempfile::tempdir().unwrap();
-    let args: Vec<String> = [
-        "--path.procfs",
-        "/proc",
-        "--path.sysfs",
-        "/sys",
-        "--hsmp.device",
-        &path(&dir.path().join("no-hsmp")),
-        "--perf.pmu-root",
-        &path(pmu),
-        "--sample.max-age",
-        "0",
-        "--log.format",
-        "json",
-    ]
-    .map(String::from)
-    .to_vec();
+    let args = harness::this_machine_broker_args(pmu, &dir.path().join("no-hsmp"));
     Broker::spawn_with(prefix, &args, dir)
 }
 

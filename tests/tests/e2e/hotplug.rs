@@ -38,22 +38,7 @@ fn a_perf_core_lost_to_hotplug_returns_under_socket_activation_with_every_scrape
     };
     let pmu = harness::software_pmu().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let args: Vec<String> = [
-        "--path.procfs",
-        "/proc",
-        "--path.sysfs",
-        "/sys",
-        "--hsmp.device",
-        &dir.path().join("no-hsmp").display().to_string(),
-        "--perf.pmu-root",
-        &pmu.path().display().to_string(),
-        "--sample.max-age",
-        "0",
-        "--log.format",
-        "json",
-    ]
-    .map(String::from)
-    .to_vec();
+    let args = harness::this_machine_broker_args(pmu.path(), &dir.path().join("no-hsmp"));
     let broker = ActivatedBroker::start(&args, dir.path()).unwrap();
     let (_exporter, addr) =
         harness::start_exporter(broker.socket(), &[], None, dir.path()).unwrap();
