@@ -47,20 +47,21 @@ impl SysfsOnline {
 
 impl OnlineCpus for SysfsOnline {
     fn online(&self) -> Result<Vec<u32>, Errno> {
-        let mut buf = vec![0u8; CAP];
-        let mut len = 0;
-        while len < buf.len() {
-            match self.file.read_at(&mut buf[len..], len as u64) {
+        // Read in small steps: a real list is a few bytes ("0-383").
+        let mut text = Vec::new();
+        let mut chunk = [0u8; 256];
+        loop {
+            match self.file.read_at(&mut chunk, text.len() as u64) {
                 Ok(0) => break,
-                Ok(n) => len += n,
+                Ok(n) => text.extend_from_slice(chunk.get(..n).unwrap_or_default()),
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(crate::errno_of(&e)),
             }
+            if text.len() > CAP {
+                return Err(libc::EFBIG);
+            }
         }
-        if len == buf.len() {
-            return Err(libc::EFBIG);
-        }
-        let text = std::str::from_utf8(&buf[..len]).map_err(|_| libc::EINVAL)?;
+        let text = std::str::from_utf8(&text).map_err(|_| libc::EINVAL)?;
         parse_cpulist(text.trim()).map_err(|_| libc::EINVAL)
     }
 }
@@ -84,6 +85,8 @@ mod tests {
         assert_eq!(online.online(), Ok(vec![0, 2]));
         fs::write(dir.join("online"), "0-x\n").unwrap();
         assert_eq!(online.online(), Err(libc::EINVAL));
+        fs::write(dir.join("online"), "0,".repeat(CAP)).unwrap();
+        assert_eq!(online.online(), Err(libc::EFBIG), "refused past the cap, never parsed");
     }
 
     #[test]
