@@ -90,35 +90,29 @@ fn machine(
 ) -> Result<(Machine, Option<hotplug::Started>)> {
     if let Some(simulation) = simulation {
         let mut machine = simulation.serve();
-        let started = start_hotplug(machine.online.take());
+        // The simulator's list is never unreadable.
+        let started = machine.online.take().and_then(|o| hotplug::Hotplug::start(o).ok());
         return Ok((machine, started));
     }
-    let online = match SysfsOnline::open(&cli.sysfs) {
-        Ok(online) => Some(Box::new(online) as Box<dyn OnlineCpus>),
-        Err(e) => {
-            tracing::warn!(
-                error = %e,
-                path = %cli.sysfs.join(amd_hsmp_device::cpus::ONLINE).display(),
-                "cannot open the online CPU list: CPUs that come back online are not followed \
-                 until the broker restarts"
-            );
-            None
-        }
-    };
-    let started = start_hotplug(online);
+    let started = start_hotplug(&cli.sysfs);
     let topology =
         topology::discover(&cli.procfs, &cli.sysfs).context("cannot discover topology")?;
     let (hsmp, msr, perf) = devices(cli);
     Ok((Machine { topology, hsmp, msr, perf, online: None }, started))
 }
 
-/// Reads the online list at start-up; a failure is a warning and follows no hotplug.
-fn start_hotplug(online: Option<Box<dyn OnlineCpus>>) -> Option<hotplug::Started> {
-    match hotplug::Hotplug::start(online?) {
+/// Opens and reads this machine's online list under `sysfs` at start-up; a failure is a
+/// warning and follows no hotplug.
+fn start_hotplug(sysfs: &Path) -> Option<hotplug::Started> {
+    let started = SysfsOnline::open(sysfs).and_then(|online| {
+        hotplug::Hotplug::start(Box::new(online)).map_err(std::io::Error::from_raw_os_error)
+    });
+    match started {
         Ok(started) => Some(started),
-        Err(errno) => {
+        Err(e) => {
             tracing::warn!(
-                error = %std::io::Error::from_raw_os_error(errno),
+                error = %e,
+                path = %sysfs.join(amd_hsmp_device::cpus::ONLINE).display(),
                 "cannot read the online CPU list: CPUs that come back online are not followed \
                  until the broker restarts"
             );

@@ -57,8 +57,6 @@ pub(crate) enum Return {
 struct Seen {
     /// When the online list was last read.
     checked: Option<Instant>,
-    /// Lost cores already logged.
-    logged: Vec<usize>,
     /// The online list could not be read (logged once).
     failed: bool,
 }
@@ -85,10 +83,11 @@ impl Hotplug {
         Ok(Started { online, at_start })
     }
 
-    /// Looks at the online list, at most once per [`CHECK_INTERVAL`], with `lost` the cores
-    /// whose counters cannot come back in place; returns why a fresh start is wanted, once it
-    /// is (and from then on).
-    pub(crate) fn check(&self, lost: &[usize], now: Instant) -> Option<Return> {
+    /// Looks at the online list, at most once per [`CHECK_INTERVAL`], with `lost` giving the
+    /// cores whose counters cannot come back in place (asked only when the list is read);
+    /// returns why a fresh start is wanted, once it is (and from then on). The loss itself is
+    /// logged where it is seen, with the counted reset.
+    pub(crate) fn check(&self, lost: impl FnOnce() -> Vec<usize>, now: Instant) -> Option<Return> {
         if let Some(why) = self.wanted.get() {
             return Some(*why);
         }
@@ -113,25 +112,11 @@ impl Hotplug {
         let is_online = |cpu: &u32| online.binary_search(cpu).is_ok();
         let returned = online.iter().find(|cpu| self.at_start.binary_search(cpu).is_err());
         let why = returned.map(|&cpu| Return::Offline { cpu }).or_else(|| {
-            lost.iter().find_map(|&core| {
+            lost().into_iter().find_map(|core| {
                 let cpu = self.threads.get(core)?.iter().copied().find(is_online)?;
                 Some(Return::Lost { core, cpu })
             })
-        });
-        for &core in lost {
-            if seen.logged.contains(&core) {
-                continue;
-            }
-            seen.logged.push(core);
-            tracing::warn!(
-                core_index = core,
-                cpus = ?self.threads.get(core),
-                "a core's energy event was lost when its CPUs went offline: the kernel never \
-                 resumes it and the serving broker cannot open it again; once one of its CPUs is \
-                 back online the broker starts afresh"
-            );
-        }
-        let why = why?;
+        })?;
         if now.saturating_duration_since(self.started) < MIN_UPTIME {
             // Seen again at a later sample.
             seen.checked = None;
@@ -260,10 +245,10 @@ mod tests {
         let t0 = Instant::now();
         let hotplug = watch(&online, t0);
         let later = t0 + MIN_UPTIME;
-        assert_eq!(hotplug.check(&[], later), None);
+        assert_eq!(hotplug.check(Vec::new, later), None);
         online.set(&[0, 1, 2, 3]);
         let then = later + CHECK_INTERVAL;
-        assert_eq!(hotplug.check(&[], then), Some(Return::Offline { cpu: 3 }));
+        assert_eq!(hotplug.check(Vec::new, then), Some(Return::Offline { cpu: 3 }));
         assert_eq!(hotplug.wanted(), Some(Return::Offline { cpu: 3 }));
     }
 
@@ -274,10 +259,10 @@ mod tests {
         let hotplug = watch(&online, t0);
         online.set(&[0, 2]);
         let mut now = t0 + MIN_UPTIME;
-        assert_eq!(hotplug.check(&[1], now), None, "CPU 1 is still offline");
+        assert_eq!(hotplug.check(|| vec![1], now), None, "CPU 1 is still offline");
         online.set(&[0, 1, 2]);
         now += CHECK_INTERVAL;
-        assert_eq!(hotplug.check(&[1], now), Some(Return::Lost { core: 1, cpu: 1 }));
+        assert_eq!(hotplug.check(|| vec![1], now), Some(Return::Lost { core: 1, cpu: 1 }));
     }
 
     #[test]
@@ -289,7 +274,7 @@ mod tests {
         for list in [&[0, 2][..], &[0, 1, 2][..], &[0][..], &[0, 1, 2][..]] {
             online.set(list);
             now += CHECK_INTERVAL;
-            assert_eq!(hotplug.check(&[], now), None);
+            assert_eq!(hotplug.check(Vec::new, now), None);
         }
         assert_eq!(hotplug.wanted(), None);
     }
@@ -302,10 +287,10 @@ mod tests {
         assert_eq!(online.reads(), 1, "the read at start-up");
         let now = t0 + MIN_UPTIME;
         for ms in 0..100 {
-            hotplug.check(&[], now + Duration::from_millis(ms));
+            hotplug.check(Vec::new, now + Duration::from_millis(ms));
         }
         assert_eq!(online.reads(), 2);
-        hotplug.check(&[], now + CHECK_INTERVAL);
+        hotplug.check(Vec::new, now + CHECK_INTERVAL);
         assert_eq!(online.reads(), 3);
     }
 
@@ -315,9 +300,9 @@ mod tests {
         let t0 = Instant::now();
         let hotplug = watch(&online, t0);
         online.set(&[0, 1, 2, 3]);
-        assert_eq!(hotplug.check(&[], t0 + Duration::from_millis(10)), None);
+        assert_eq!(hotplug.check(Vec::new, t0 + Duration::from_millis(10)), None);
         // Not held back by the interval: the return was seen, only the uptime was short.
-        assert_eq!(hotplug.check(&[], t0 + MIN_UPTIME), Some(Return::Offline { cpu: 3 }));
+        assert_eq!(hotplug.check(Vec::new, t0 + MIN_UPTIME), Some(Return::Offline { cpu: 3 }));
     }
 
     #[test]
@@ -326,9 +311,9 @@ mod tests {
         let t0 = Instant::now();
         let hotplug = watch(&online, t0);
         online.fail(libc::EIO);
-        assert_eq!(hotplug.check(&[1], t0 + MIN_UPTIME), None);
+        assert_eq!(hotplug.check(|| vec![1], t0 + MIN_UPTIME), None);
         online.set(&[0, 1, 2]);
         let back = t0 + MIN_UPTIME + CHECK_INTERVAL;
-        assert_eq!(hotplug.check(&[1], back), Some(Return::Lost { core: 1, cpu: 1 }));
+        assert_eq!(hotplug.check(|| vec![1], back), Some(Return::Lost { core: 1, cpu: 1 }));
     }
 }

@@ -193,9 +193,10 @@ impl PerfEnergy {
                 lost_offline = lost,
                 hardware_restarts = cores.len() - lost,
                 total,
-                "energy counters reset: a core's event was lost when its CPUs went offline \
-                 (counted again from 0 after the broker's fresh start), or a count moved more \
-                 than the core can draw (the firmware restarted the counter)"
+                "energy counters reset: a core's energy event was lost when its CPUs went \
+                 offline (the kernel never resumes it; once one of its CPUs is back the broker \
+                 starts afresh and counts it from 0), or a count moved more than the core can \
+                 draw (the firmware restarted the counter)"
             );
         });
     }

@@ -723,8 +723,8 @@ impl crate::server::Backend for Sampler {
     fn sample(&self, what: Families, deadline: Instant, gone: &dyn Fn() -> bool) -> Sample {
         let sample = Sampler::sample_while(self, what, deadline, gone);
         if let Some(hotplug) = &self.hotplug {
-            let lost = self.shared.fallback.as_ref().map(|c| c.lost()).unwrap_or_default();
-            hotplug.check(&lost, std::time::Instant::now());
+            let lost = || self.shared.fallback.as_ref().map(|c| c.lost()).unwrap_or_default();
+            hotplug.check(lost, std::time::Instant::now());
         }
         sample
     }

@@ -569,8 +569,9 @@ fn a_cpu_offline_at_start_up_is_read_after_a_fresh_start_once_it_comes_online() 
     let _alone = one_at_a_time();
     let pmu = software_pmu();
     let probe = broker_on_this_machine(&[], pmu.path());
-    let Some((cpu, _)) = hotplug_core(&probe.client().topology()) else { return };
-    let cores = probe.client().topology().cores.len();
+    let topology = probe.client().topology();
+    let Some((cpu, _)) = hotplug_core(&topology) else { return };
+    let cores = topology.cores.len();
     drop(probe);
     let offline = harness::OfflineCpu::take(cpu).unwrap();
     let mut broker = broker_on_this_machine(&[], pmu.path());
