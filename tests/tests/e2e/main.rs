@@ -4,6 +4,7 @@
 //! binaries built once, `harness::one_at_a_time`).
 
 mod broker;
+mod cardinality;
 mod check;
 mod collectors;
 mod conventions;
