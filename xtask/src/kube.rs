@@ -8,8 +8,10 @@
 //!    object valid against the Kubernetes API schemas of 1.25 and 1.37 (strict: unknown fields
 //!    rejected), the exporter container "restricted", the pod's fields outside "restricted"
 //!    exactly the table in docs/kubernetes.md (`chart.rs`).
-//! 4. The image: built, and built again from a copy at another path, with the same digest.
-//! 5. The pod in podman, on the simulator and on the FUSE fake device (`pod.rs`).
+//! 4. `helm upgrade --reuse-values` from every earlier chart renders what the operator meant, and
+//!    Chart.yaml's `version` moved with every change under the chart (`upgrade.rs`).
+//! 5. The image: built, and built again from a copy at another path, with the same digest.
+//! 6. The pod in podman, on the simulator and on the FUSE fake device (`pod.rs`).
 //!
 //! Helm and the schemas come from a venv in `~/.cache/amd-hsmp-exporter/kube-venv` that
 //! `cargo xtask deps` makes (the `helm-python-sdk` wheel embeds the Helm SDK; `kubernetes-validate`
@@ -17,6 +19,7 @@
 
 mod chart;
 mod pod;
+mod upgrade;
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::json;
@@ -88,6 +91,8 @@ pub fn run(args: &[String]) -> Result<()> {
             chart::NODE_EXPORTER_ONLY.join(", ")
         ))
     })?;
+    step("chart version", || upgrade::check_version(&root))?;
+    step("helm upgrade --reuse-values", || upgrade::check_reuse_values(&python, &root))?;
     step("refused combinations", || {
         for (values, why) in chart::REFUSED {
             chart::check_refused(&python, &root, &serde_json::from_str(values)?, why)?;

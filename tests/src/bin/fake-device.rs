@@ -1,8 +1,8 @@
 //! `fake-device FIXTURE`: mounts the end-to-end suite's FUSE fake device for fixture machine
 //! `FIXTURE` (static firmware values), prints the path of its `hsmp` node and of the fixture's
 //! procfs/sysfs tree, one per line, and serves until its standard input closes; then prints how
-//! many messages of each id it answered and unmounts. `cargo xtask kube-test` passes the node
-//! into a podman pod as the hostPath `/dev/hsmp`. Needs root, `/dev/fuse` and `fusermount3`.
+//! many messages of each id it answered and unmounts. `cargo xtask kube-test` passes the node's
+//! directory into a podman pod as the hostPath of the host's `/dev`. Needs root, `/dev/fuse` and `fusermount3`.
 
 use anyhow::{Context, Result, bail};
 use std::io::{Read, Write};

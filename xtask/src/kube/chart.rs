@@ -142,7 +142,7 @@ pub fn variants(python: &Path, root: &Path) -> Result<Vec<Variant>> {
 }
 
 /// Values the chart must refuse when rendering, with a part of the message each gives.
-pub const REFUSED: [(&str, &str); 4] = [
+pub const REFUSED: [(&str, &str); 3] = [
     (
         r#"{"service": {"enabled": false}, "serviceMonitor": {"enabled": true}}"#,
         "needs service.enabled",
@@ -152,9 +152,6 @@ pub const REFUSED: [(&str, &str); 4] = [
         r#"{"hostNetwork": true, "networkPolicy": {"enabled": true}}"#,
         "does not apply to a pod in the node's network",
     ),
-    // Helm drops a key set to null before the schema sees it: the template refuses it instead
-    // of passing the broker an empty list.
-    (r#"{"broker": {"coreEnergy": {"sources": null}}}"#, "list hsmp, perf or both"),
 ];
 
 /// Keys of prometheus-node-exporter's chart that have no meaning here: the schema refuses each,
@@ -245,6 +242,8 @@ pub fn check_variant(
     operator_objects(&objects, &variant.merged)?;
     carried_over(&objects, &variant.merged)?;
     energy_sources_and_capabilities(&objects, variant)?;
+    host_paths_every_node_has(&objects, variant)?;
+    unselected_monitors_named(answer["notes"].as_str().context("notes")?, &variant.merged)?;
     let rendered = Rendered { objects };
     let template = &rendered.daemonset()?["spec"]["template"];
     let found: BTreeSet<String> = outside_restricted(template).into_iter().collect();
@@ -280,6 +279,73 @@ pub fn check_variant(
             }
         ),
     ))
+}
+
+/// The install's notes name each monitoring object that has no labels, which a Prometheus
+/// Operator selecting by label (kube-prometheus-stack: `release`) would ignore, and no other.
+fn unselected_monitors_named(notes: &str, merged: &Value) -> Result<()> {
+    for key in ["serviceMonitor", "podMonitor", "prometheusRule"] {
+        let o = &merged[key];
+        let unlabelled =
+            o["enabled"] == true && o["labels"].as_object().is_none_or(serde_json::Map::is_empty);
+        let named = notes.contains(&format!("The {key} has no labels"));
+        ensure!(
+            named == unlabelled,
+            "NOTES.txt on {key} without labels: {named}, want {unlabelled}"
+        );
+    }
+    Ok(())
+}
+
+/// No hostPath can hold a pod on a node that lacks its path: each is of type `Directory` (a
+/// `CharDevice` of a missing `/dev/hsmp` keeps the pod in ContainerCreating; an unchecked type
+/// makes a directory in its place), and in `privileged` mode the broker reads `/dev/hsmp`, and
+/// the MSR nodes, through the host's `/dev`.
+fn host_paths_every_node_has(objects: &[Value], variant: &Variant) -> Result<()> {
+    let ds = objects.iter().find(|o| o["kind"] == "DaemonSet").context("no DaemonSet")?;
+    let spec = &ds["spec"]["template"]["spec"];
+    let mut dev = None;
+    for v in spec["volumes"].as_array().context("volumes")? {
+        let Some(host) = v.get("hostPath") else { continue };
+        ensure!(
+            host["type"] == "Directory",
+            "volume {}: hostPath {} of type {}: a node without it would never run the pod",
+            v["name"],
+            host["path"],
+            host["type"]
+        );
+        if host["path"] == "/dev" {
+            dev = v["name"].as_str();
+        }
+    }
+    let broker = spec["containers"]
+        .as_array()
+        .context("containers")?
+        .iter()
+        .find(|c| c["name"] == "broker")
+        .context("no broker container")?;
+    let args: Vec<&str> =
+        broker["args"].as_array().context("args")?.iter().filter_map(Value::as_str).collect();
+    if !variant.privileged {
+        ensure!(dev.is_none(), "devicePlugin mode mounts the host's /dev");
+        return Ok(());
+    }
+    let dev = dev.context("privileged mode without the host's /dev")?;
+    let mount = broker["volumeMounts"]
+        .as_array()
+        .context("volumeMounts")?
+        .iter()
+        .find(|m| m["name"] == dev && m["readOnly"] == true)
+        .and_then(|m| m["mountPath"].as_str())
+        .context("the broker does not mount the host's /dev read-only")?;
+    let mut wanted = vec![format!("--hsmp.device={mount}/hsmp")];
+    if variant.msr {
+        wanted.push(format!("--msr.device-root={mount}/cpu"));
+    }
+    for flag in wanted {
+        ensure!(args.contains(&flag.as_str()), "the broker's flags lack {flag}: {args:?}");
+    }
+    Ok(())
 }
 
 /// The custom resources, which no schema here covers, and the NetworkPolicy: their references

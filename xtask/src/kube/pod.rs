@@ -1,16 +1,20 @@
 //! The DaemonSet's pod template, rendered from the chart with the default values, run for real
 //! with `podman kube play` (podman 4.3 plays a `Pod`, not a `DaemonSet`: the template is wrapped),
-//! twice: the broker on the simulator (`amd-hsmp-sim-broker --simulate turin-2p`, a static build
-//! next to the image's, mounted into the pod: the image holds only what a node runs), then on the
-//! end-to-end suite's FUSE fake device passed in as the hostPath `/dev/hsmp`. Each run is scraped from the host and checked
-//! with its evidence printed: the full contract (384 energy, 384 boost limit, 2 PROCHOT series),
-//! the exporter's uid 65534, empty capability sets and no-new-privs, the broker's empty capability
-//! sets after start-up, and a third container under another uid refused by the broker.
+//! three times, one for each kind of node ([`Node`]): the broker on the simulator
+//! (`amd-hsmp-sim-broker --simulate turin-2p`, a static build next to the image's, mounted into the
+//! pod: the image holds only what a node runs); on the end-to-end suite's FUSE fake device, whose
+//! directory is passed in as the hostPath of the host's `/dev`; and, as the chart renders it, on
+//! this machine, which has no `/dev/hsmp`: a node of a mixed cluster without the device. Each run
+//! is scraped from the host and checked with its evidence printed: on the first two the full
+//! contract (384 energy, 384 boost limit, 2 PROCHOT series), on the third a Ready pod with
+//! `amd_hsmp_up 0`, no hardware series and the broker's reason; on each the exporter's uid 65534,
+//! empty capability sets and no-new-privs, the broker's empty capability sets after start-up, no
+//! container restarted, and a third container under another uid refused by the broker.
 //!
 //! What the test changes in the rendered pod, and why, is printed with each run: the exporter's
-//! port published on 127.0.0.1 (to scrape it from the host), the third container, and the hostPath
-//! of `/dev/hsmp` (this machine has none: a stand-in character device for the simulator, the fake's
-//! FUSE file, a regular file, for the second run, which also mounts the fixture's procfs/sysfs tree).
+//! port published on 127.0.0.1 (to scrape it from the host), the third container, and, for the
+//! fake device, the hostPath of `/dev` (the fake's FUSE directory, with its `hsmp` file) and the
+//! fixture's procfs/sysfs tree.
 //!
 //! Facts of this machine the set-up answers: podman needs runc (crun refuses the hybrid cgroup
 //! layout) and ulimits within the hard limits, since root lacks CAP_SYS_RESOURCE here
@@ -95,6 +99,17 @@ fn empty_dirs(pod: &Value) -> Vec<String> {
         .collect()
 }
 
+/// The node a pod runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Node {
+    /// The broker serves its simulator: `amd_hsmp_simulated_info`, the full contract.
+    Simulator,
+    /// The broker reads the FUSE fake device: the full contract.
+    FakeDevice,
+    /// The chart's pod as it is, on this machine, which has no `/dev/hsmp`.
+    NoDevice,
+}
+
 /// The fake device program, ended (by closing its stdin) when dropped.
 struct Fake {
     child: Child,
@@ -158,7 +173,7 @@ pub fn require_root() -> Result<()> {
     Ok(())
 }
 
-/// Both runs.
+/// The three runs.
 pub fn run(root: &Path, archive: &crate::image::Archive, daemonset: &Value) -> Result<()> {
     let work = tempfile::Builder::new().prefix("amd-hsmp-kube-").tempdir()?;
     let conf = work.path().join("containers.conf");
@@ -191,11 +206,10 @@ pub fn run(root: &Path, archive: &crate::image::Archive, daemonset: &Value) -> R
     );
 
     let template = &daemonset["spec"]["template"];
-    // A stand-in for /dev/hsmp, which this machine lacks: a character device (1:3, like
-    // /dev/null), so that the hostPath's CharDevice check holds; the simulating broker opens none.
-    let standin = work.path().join("hsmp");
-    let made = Command::new("mknod").arg(&standin).args(["c", "1", "3"]).status()?;
-    ensure!(made.success(), "mknod {} failed", standin.display());
+    ensure!(
+        !Path::new("/dev/hsmp").exists(),
+        "this machine has /dev/hsmp: the run on a node without the device cannot be made here"
+    );
     let ports = (free_port()?, free_port()?);
     println!("kube-test: pod on the simulator");
     let sim_broker = crate::image::sim_broker(root);
@@ -208,18 +222,17 @@ pub fn run(root: &Path, archive: &crate::image::Archive, daemonset: &Value) -> R
              --simulate={PROFILE}",
             sim_broker.display()
         ));
-        set_host_path(spec, "hsmp", &standin, "CharDevice");
-        changes.push(format!("hostPath /dev/hsmp → {} (char 1:3 stand-in)", standin.display()));
     })?;
-    play(&podman, work.path(), "simulator", &pod, ports, true)?;
+    play(&podman, work.path(), "simulator", &pod, ports, Node::Simulator)?;
 
     let fake = Fake::start(root)?;
     println!("kube-test: pod on the fake device");
     let pod = wrap(template, ports, |spec, changes| {
-        set_host_path(spec, "hsmp", &fake.hsmp, "File");
+        let dir = fake.hsmp.parent().unwrap_or(Path::new("/"));
+        set_host_path(spec, "dev", dir, "Directory");
         changes.push(format!(
-            "hostPath /dev/hsmp → {} (the FUSE fake, a regular file: type File)",
-            fake.hsmp.display()
+            "hostPath /dev → {} (the FUSE fake's directory, its hsmp a regular file)",
+            dir.display()
         ));
         add_fixture(spec, &fake.tree);
         changes.push(format!(
@@ -227,7 +240,7 @@ pub fn run(root: &Path, archive: &crate::image::Archive, daemonset: &Value) -> R
             fake.tree.display()
         ));
     })?;
-    play(&podman, work.path(), "fake device", &pod, ports, false)?;
+    play(&podman, work.path(), "fake device", &pod, ports, Node::FakeDevice)?;
     let counts = fake.finish()?;
     println!("kube-test: fake device: the broker's messages, by id:\n{}", counts.trim_end());
     // Every scrape asked each of the 384 cores once for energy and once for its boost limit.
@@ -242,7 +255,10 @@ pub fn run(root: &Path, archive: &crate::image::Archive, daemonset: &Value) -> R
             "message {id} answered {n} times by the fake, not 384 a scrape"
         );
     }
-    Ok(())
+
+    println!("kube-test: pod on a node without /dev/hsmp (this machine), as the chart renders it");
+    let pod = wrap(template, ports, |_, _| {})?;
+    play(&podman, work.path(), "no device", &pod, ports, Node::NoDevice)
 }
 
 /// The pod: the template wrapped as a `Pod`, with the changes every run makes (the exporter's
@@ -352,14 +368,14 @@ fn add_fixture(spec: &mut Value, tree: &Path) {
     }
 }
 
-/// Plays `pod`, checks it (`simulated`: whether the broker serves its simulator), takes it down.
+/// Plays `pod`, checks it as a pod on `node`, takes it down.
 fn play(
     podman: &Podman,
     work: &Path,
     what: &str,
     pod: &Value,
     ports: (u16, u16),
-    simulated: bool,
+    node: Node,
 ) -> Result<()> {
     let yaml = work.join(format!("pod-{}.json", what.replace(' ', "-")));
     std::fs::write(&yaml, serde_json::to_vec_pretty(pod)?)?;
@@ -388,7 +404,7 @@ fn play(
     let started = Instant::now();
     podman.run(&["kube", "play", &yaml.to_string_lossy()])?;
     let played = Played { podman, yaml, volumes };
-    let result = check(podman, started, ports, simulated);
+    let result = check(podman, started, ports, node);
     if result.is_err() {
         for c in ["broker", "exporter", "intruder"] {
             let logs = podman.cmd().args(["logs", &format!("{POD}-{c}")]).output();
@@ -409,7 +425,7 @@ fn check(
     podman: &Podman,
     started: Instant,
     (port, intruder_port): (u16, u16),
-    simulated: bool,
+    node: Node,
 ) -> Result<()> {
     let ready = wait(Duration::from_secs(60), || {
         Ok(http_get(port, "/-/ready").ok().filter(|(status, _)| *status == 200).map(|(_, b)| b))
@@ -425,7 +441,9 @@ fn check(
         Ok(body.lines().any(|l| l == "amd_hsmp_broker_up 1").then_some(body))
     })
     .context("amd_hsmp_broker_up never became 1")?;
+    let device = node != Node::NoDevice;
     for (family, want) in CONTRACT {
+        let want = if device { want } else { 0 };
         let series: Vec<&str> =
             metrics.lines().filter(|l| l.starts_with(&format!("{family}{{"))).collect();
         println!(
@@ -441,9 +459,19 @@ fn check(
     {
         println!("kube-test:   {line}");
     }
-    ensure!(metrics.lines().any(|l| l == "amd_hsmp_up 1"), "amd_hsmp_up is not 1");
+    let up = if device { "amd_hsmp_up 1" } else { "amd_hsmp_up 0" };
+    ensure!(metrics.lines().any(|l| l == up), "no {up}");
     let marked = metrics.lines().any(|l| l.starts_with("amd_hsmp_simulated_info{"));
+    let simulated = node == Node::Simulator;
     ensure!(marked == simulated, "amd_hsmp_simulated_info present: {marked}, want {simulated}");
+    if !device {
+        let logs = logs(podman, "broker")?;
+        let reason = logs
+            .lines()
+            .find(|l| l.contains("HSMP device not usable") && l.contains("Absent"))
+            .context("the broker logged no reason for amd_hsmp_up 0")?;
+        println!("kube-test:   broker log: {reason}");
+    }
     let exporter = status(podman, "exporter")?;
     println!("kube-test:   exporter /proc/PID/status: {}", exporter.join(", "));
     ensure!(field(&exporter, "Uid") == "65534 65534 65534 65534", "exporter uid: {exporter:?}");
@@ -459,17 +487,40 @@ fn check(
     let up = intruder.lines().find(|l| l.starts_with("amd_hsmp_broker_up ")).unwrap_or("none");
     println!("kube-test:   intruder (uid {INTRUDER_UID}) scrape: {up}");
     ensure!(up == "amd_hsmp_broker_up 0", "the broker served uid {INTRUDER_UID}: {up}");
-    let logs = podman.cmd().args(["logs", &format!("{POD}-broker")]).output()?;
-    let logs =
-        String::from_utf8_lossy(&logs.stdout).into_owned() + &String::from_utf8_lossy(&logs.stderr);
-    let refusal = logs
+    let broker_log = logs(podman, "broker")?;
+    let refusal = broker_log
         .lines()
         .find(|l| l.contains("peer not allowed") && l.contains(&format!("uid={INTRUDER_UID}")))
         .context("the broker logged no refusal of the intruder's uid")?;
     println!("kube-test:   broker log: {refusal}");
 
+    // Every check above took its time: neither container restarted, both still run.
+    for c in ["broker", "exporter"] {
+        let state = podman.run(&[
+            "inspect",
+            "--format",
+            "{{.State.Status}} restarts={{.RestartCount}}",
+            &format!("{POD}-{c}"),
+        ])?;
+        println!("kube-test:   {c}: {}", state.trim());
+        ensure!(state.trim() == "running restarts=0", "{c}: {}", state.trim());
+    }
+    // The kubelet's probes, as the chart declares them (podman 4.3 would run an httpGet probe
+    // with curl inside the container, which the image does not have): both 200 at the end.
+    for path in ["/-/healthy", "/-/ready"] {
+        let (status, _) = http_get(port, path)?;
+        println!("kube-test:   {path} at the end: {status}");
+        ensure!(status == 200, "{path} answers {status} at the end");
+    }
+
     memory(podman)?;
     Ok(())
+}
+
+/// A container's log, stdout and stderr.
+fn logs(podman: &Podman, container: &str) -> Result<String> {
+    let out = podman.cmd().args(["logs", &format!("{POD}-{container}")]).output()?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
 }
 
 /// Calls `f` every 200 ms until it returns something or `limit` passes.

@@ -53,7 +53,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{/* The label NFD puts on the nodes with the HSMP driver loaded (nodeFeatureRule). */}}
 {{- define "amd-hsmp-exporter.nodeSelector" -}}
 {{- $selector := deepCopy .Values.nodeSelector -}}
-{{- if .Values.nodeFeatureRule.enabled -}}
+{{- if dig "nodeFeatureRule" "enabled" false .Values.AsMap -}}
 {{- $_ := set $selector .Values.nodeFeatureRule.label "true" -}}
 {{- end -}}
 {{- with $selector }}{{ toYaml . }}{{ end -}}
@@ -85,7 +85,7 @@ podTargetLabels:
 {{- with $m.sampleLimit }}
 sampleLimit: {{ . }}
 {{- end }}
-{{- if $m.attachMetadata.node }}
+{{- if dig "attachMetadata" "node" false $m }}
 attachMetadata:
   node: true
 {{- end }}
@@ -123,7 +123,7 @@ relabelings:
     targetLabel: job
     replacement: amd_hsmp
   {{- end }}
-  {{- if eq $m.instanceLabel "nodeIP" }}
+  {{- if eq (dig "instanceLabel" "nodeName" $m) "nodeIP" }}
   # node_exporter's instance under kube-prometheus-stack: <node IP>:port ([IPv6]:port).
   - action: replace
     sourceLabels: [__meta_kubernetes_pod_host_ip]
