@@ -49,30 +49,34 @@
 
     criticalSeverity: 'critical',
 
-    // Label extraction from amd_hsmp_core_owner_info's owner (a cgroup path) in the per-workload
-    // power rules. Each regex matches the whole path (PromQL anchors it).
-    // Slurm's cgroup v2 plugin: the job id of .../job_<id>[/...].
-    slurmJobRegex: '.*/job_([0-9]+)(/.*)?',
-    // kubelet, systemd and cgroupfs drivers: the five groups of the pod UID.
-    podUidRegex: '.*/(?:kubepods-(?:burstable-|besteffort-)?)?pod([0-9a-f]{8})[_-]([0-9a-f]{4})[_-]([0-9a-f]{4})[_-]([0-9a-f]{4})[_-]([0-9a-f]{12})(?:[.]slice)?(?:/.*)?',
-    // systemd: the last element when it is a service, scope or slice.
-    unitRegex: '.*/([^/]+[.](?:service|scope|slice))',
-    // Container runtimes' scopes (containerd, CRI-O, Docker, Podman): a container, not a unit,
-    // left out of the unit rule (a pod's containers are summed per pod).
-    containerScopeRegex: '.*/(?:cri-containerd|crio|docker|libpod)-[0-9a-f]+[.]scope',
-    // Slurm: the job and the step of .../job_<id>/step_<batch|extern|interactive|N>[/...]; with
-    // --enable-multiple-slurmd the stepd scope is <nodename>_slurmstepd.scope, which the
-    // leading .* takes like any other.
-    slurmStepRegex: '.*/job_([0-9]+)/step_(batch|extern|interactive|[0-9]+)(?:/.*)?',
-    // libvirt (systemd's machine.slice): the escaped domain name of
-    // machine-qemu\x2d<id>\x2d<name>.scope, written for a PromQL string (a backslash twice).
-    vmRegex: @'.*/machine-qemu\\\\x2d[0-9]+\\\\x2d(.+)[.]scope(?:/.*)?',
-    // Deprecated with vmRegex, for one release: the exporter labels vm itself. How many of
-    // systemd's \x2d escapes (a '-' of the domain name) the fallback undoes.
+    // The workload identity labels the exporter puts on amd_hsmp_core_owner_info, from one
+    // table of cgroup layouts (docs/metrics.md, "Labels"): the per-workload rules sum by them.
+    identityLabels: ['hpc_job', 'slurm_sluid', 'step', 'pod_uid', 'container_id', 'vm', 'unit'],
+
+    // Deprecated, for one release: label extraction from amd_hsmp_core_owner_info's owner (a
+    // cgroup path) for an exporter of an earlier release that gives no identity label. Each
+    // regex matches the whole path (PromQL anchors it) and only where the workload's manager
+    // puts its cgroups, as the exporter's table does.
+    // Slurm's cgroup v2 plugin: the job id of /<slices>/[<node>_]slurmstepd.scope/job_<id>[/...]
+    // (the slices not a user's: userSliceRegex).
+    slurmJobRegex: '/(?:[^/]+[.]slice/)+(?:[^/]+_)?slurmstepd[.]scope/job_([0-9]+)(/.*)?',
+    userSliceRegex: '/user[.]slice(/.*)?',
+    // kubelet, systemd and cgroupfs drivers, at the hierarchy's root: the five groups of the
+    // pod UID.
+    podUidRegex: '/kubepods(?:[.]slice)?(?:/kubepods-(?:burstable|besteffort)[.]slice|/burstable|/besteffort)?/(?:kubepods-(?:burstable-|besteffort-)?)?pod([0-9a-f]{8})[_-]([0-9a-f]{4})[_-]([0-9a-f]{4})[_-]([0-9a-f]{4})[_-]([0-9a-f]{12})(?:[.]slice)?(?:/.*)?',
+    // systemd: a service or scope below system.slice, through slices only.
+    unitRegex: '/system[.]slice(?:/[^/]+[.]slice)*/([^/]+[.](?:service|scope))',
+    // Slurm: the job and the step of .../job_<id>/step_<batch|extern|interactive|N|N+M>[/...].
+    slurmStepRegex: '/(?:[^/]+[.]slice/)+(?:[^/]+_)?slurmstepd[.]scope/job_([0-9]+)/step_(batch|extern|interactive|[0-9]+(?:[+][0-9]+)?)(?:/.*)?',
+    // libvirt below machine.slice: the escaped domain name of machine-qemu\x2d<id>\x2d<name>.scope,
+    // written for a PromQL string (a backslash twice); no control character and no U+FFFD (a
+    // byte the owner label could not keep).
+    vmRegex: @'/machine[.]slice/(?:.*/)?machine-qemu\\\\x2d[0-9]+\\\\x2d([^/[:cntrl:]\\x{FFFD}]+)[.]scope(?:/.*)?',
+    // How many of systemd's \x2d escapes (a '-' of the domain name) the fallback undoes.
     vmNameDashes: 8,
-    // A container's runtime id in its cgroup (containerd, CRI-O or Docker under either cgroup
-    // driver), as kube-state-metrics' container_id has it after "<runtime>://".
-    containerIdRegex: '.*/(?:cri-containerd-|crio-|docker-)?([0-9a-f]{64})(?:[.]scope)?',
+    // A container's runtime id in its pod's cgroup (containerd, CRI-O or Docker under either
+    // cgroup driver), as kube-state-metrics' container_id has it after "<runtime>://".
+    containerIdRegex: '/kubepods(?:[.]slice)?/.*/(?:cri-containerd-|crio-|docker-)?([0-9a-f]{64})(?:[.]scope)?',
     // The series the per-pod and per-container rules join for names (the package energy of the
     // package-minus-cores rule is selected with nodeExporterSelector, above).
     kubeStateMetricsSelector: 'job="kube-state-metrics"',

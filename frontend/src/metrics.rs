@@ -3,7 +3,7 @@
 //!
 //! Names, types, labels and HELP texts are a public contract, listed in `docs/metrics.md`.
 
-use crate::owner::libvirt_domain;
+use crate::owner::Owner;
 use crate::scrape::ScrapeReport;
 use crate::translate::CoreLabel;
 use amd_hsmp_proto::LimitReason;
@@ -77,29 +77,22 @@ fn core_labels(c: &CoreLabel) -> [(&'static str, u32); 2] {
     [("core", c.core), ("socket", c.socket)]
 }
 
-/// The labels of `amd_hsmp_core_owner_info`, in the order they are written.
+/// The labels of `amd_hsmp_core_owner_info`, in the order they are written: the core, the owner's
+/// path, the socket, then the owner's identity labels (`Identity`) by name.
 struct OwnerLabels<'a> {
     core: &'a CoreLabel,
-    owner: &'a str,
-    /// The libvirt domain when the owner is a QEMU guest's scope ([`libvirt_domain`]).
-    vm: Option<String>,
-}
-
-impl<'a> OwnerLabels<'a> {
-    fn new(core: &'a CoreLabel, owner: &'a str) -> OwnerLabels<'a> {
-        OwnerLabels { core, owner, vm: libvirt_domain(owner) }
-    }
+    owner: &'a Owner,
 }
 
 impl EncodeLabelSet for OwnerLabels<'_> {
     fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
         ("core", self.core.core).encode(encoder.encode_label())?;
-        ("owner", self.owner).encode(encoder.encode_label())?;
+        ("owner", self.owner.path.as_str()).encode(encoder.encode_label())?;
         ("socket", self.core.socket).encode(encoder.encode_label())?;
-        match &self.vm {
-            Some(vm) => ("vm", vm.as_str()).encode(encoder.encode_label()),
-            None => Ok(()),
+        for label in self.owner.identity.labels() {
+            label.encode(encoder.encode_label())?;
         }
+        Ok(())
     }
 }
 
@@ -254,12 +247,9 @@ impl Collector for ReportCollector {
         family(
             &mut e,
             "amd_hsmp_core_owner_info",
-            "The workload (owner: its cgroup path; vm: the libvirt domain of a QEMU guest's scope) a physical core is assigned to by cpuset, constant 1; absent for a core no single workload holds",
+            "The workload a physical core is assigned to by cpuset (owner: its cgroup path; hpc_job, slurm_sluid, step, pod_uid, container_id, vm, unit: who it is, where its manager's layout says so), constant 1; absent for a core no single workload holds",
             None,
-            report
-                .core_owners
-                .iter()
-                .map(|(core, owner)| gauge(OwnerLabels::new(core, owner), 1i64)),
+            report.core_owners.iter().map(|(core, owner)| gauge(OwnerLabels { core, owner }, 1i64)),
         )?;
         family(
             &mut e,
@@ -417,12 +407,13 @@ mod tests {
         let errors = crate::translate::ErrorCounters::default();
         let mut on = (*report(Some(healthy()))).clone();
         on.errors = errors.snapshot(true);
+        let owner = |path: &str| Arc::new(Owner::from_raw(path.as_bytes()));
         on.core_owners = vec![
-            (CoreLabel { socket: 1, core: 3 }, "/system.slice/slurmstepd.scope/job_4242".into()),
-            (CoreLabel { socket: 1, core: 4 }, "/machine.slice/machine-qemu\\x2d1.scope".into()),
+            (CoreLabel { socket: 1, core: 3 }, owner("/system.slice/slurmstepd.scope/job_4242")),
+            (CoreLabel { socket: 1, core: 4 }, owner("/machine.slice/machine-qemu\\x2d1.scope")),
             (
                 CoreLabel { socket: 1, core: 5 },
-                "/machine.slice/machine-qemu\\x2d7\\x2dbuild\\x2dvm.scope".into(),
+                owner("/machine.slice/machine-qemu\\x2d7\\x2dbuild\\x2dvm.scope"),
             ),
         ];
         for format in [Format::Text, Format::OpenMetrics] {
@@ -433,7 +424,7 @@ mod tests {
             );
             assert!(
                 text.contains(
-                    "amd_hsmp_core_owner_info{core=\"3\",owner=\"/system.slice/slurmstepd.scope/job_4242\",socket=\"1\"} 1\n"
+                    "amd_hsmp_core_owner_info{core=\"3\",owner=\"/system.slice/slurmstepd.scope/job_4242\",socket=\"1\",hpc_job=\"4242\"} 1\n"
                 ),
                 "{text}"
             );

@@ -27,6 +27,7 @@ use crate::translate::CoreLabel;
 use crate::work::Permit;
 use amd_hsmp_proto::{Core, Topology};
 use std::io;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
@@ -37,43 +38,25 @@ use tokio::sync::watch;
 /// `NR_CPUS` is at most 8192 on x86-64), and the bound keeps a hostile list from costing memory.
 const MAX_CPUS: u32 = 1 << 16;
 
-/// The longest cgroup name Linux allows (`NAME_MAX`): a libvirt scope's name is one path element,
-/// so no domain name decoded from one is longer.
-const MAX_CGROUP_NAME: usize = 255;
+mod identity;
 
-/// The libvirt domain of owner `owner` (a cgroup path from the hierarchy root), when one of its
-/// elements is a QEMU guest's scope as systemd names it under `machine.slice`:
-/// `machine-qemu\x2d<id>\x2d<name>.scope`, `<name>` in systemd's escaping (`\xNN` for a byte:
-/// `-` is `\x2d`). The name with its escapes undone, or `None`: no such element (the last one
-/// counts, as the deepest scope), an element longer than a cgroup name can be, an escape that
-/// is not two hex digits, bytes that are not UTF-8 or a control character (a hostile cgroup
-/// name never becomes a label it could break). The cost is one pass over `owner`.
-pub(crate) fn libvirt_domain(owner: &str) -> Option<String> {
-    let scope = owner.rsplit('/').find(|e| e.starts_with(r"machine-qemu\x2d"))?;
-    if scope.len() > MAX_CGROUP_NAME {
-        return None;
+pub(crate) use identity::Identity;
+
+/// A core's owner: its cgroup path, as the `owner` label shows it, and what the path says of
+/// the workload, derived once, from the path's raw bytes, when the walk reads the cgroup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Owner {
+    /// The path from the hierarchy root, `/`-separated; a byte that is not UTF-8 is U+FFFD.
+    pub(crate) path: String,
+    /// The workload's identity labels ([`Identity`]).
+    pub(crate) identity: Identity,
+}
+
+impl Owner {
+    /// The owner at `raw`, a path from the hierarchy root.
+    pub(crate) fn from_raw(raw: &[u8]) -> Owner {
+        Owner { path: String::from_utf8_lossy(raw).into_owned(), identity: Identity::of(raw) }
     }
-    let rest = scope.strip_prefix(r"machine-qemu\x2d")?.strip_suffix(".scope")?;
-    let (id, escaped) = rest.split_once(r"\x2d")?;
-    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) || escaped.is_empty() {
-        return None;
-    }
-    let mut bytes = Vec::with_capacity(escaped.len());
-    let mut rest = escaped.as_bytes();
-    while let Some((&b, tail)) = rest.split_first() {
-        if b == b'\\' {
-            let (hex, tail) = tail.split_first_chunk::<3>()?;
-            let [b'x', hi, lo] = *hex else { return None };
-            let digit = |c: u8| char::from(c).to_digit(16);
-            bytes.push(u8::try_from(digit(hi)? * 16 + digit(lo)?).ok()?);
-            rest = tail;
-        } else {
-            bytes.push(b);
-            rest = tail;
-        }
-    }
-    let name = String::from_utf8(bytes).ok()?;
-    (!name.chars().any(char::is_control)).then_some(name)
 }
 
 /// Why the hierarchy gave no owners.
@@ -195,8 +178,8 @@ impl CpuSet {
 /// A restricting domain cgroup, or one that could not be read.
 #[derive(Debug, Clone)]
 struct Restriction {
-    /// Path from the hierarchy root, `/`-separated, starting with `/`.
-    path: String,
+    /// The cgroup's owner: its path from the hierarchy root and its identity.
+    owner: Arc<Owner>,
     /// Its effective set: an index into [`Hierarchy::sets`].
     set: usize,
     depth: usize,
@@ -226,7 +209,7 @@ pub(crate) struct Hierarchy {
 
 impl Hierarchy {
     /// The owner of each core of `cores` that has one, in the order of `cores`.
-    pub(crate) fn owners(&self, cores: &[Core]) -> Vec<(CoreLabel, String)> {
+    pub(crate) fn owners(&self, cores: &[Core]) -> Vec<(CoreLabel, Arc<Owner>)> {
         let mut out = Vec::new();
         let mut touching: Vec<&Restriction> = Vec::new();
         let empty = CpuSet::default();
@@ -249,7 +232,7 @@ impl Hierarchy {
             }
             let Some(owner) = owner.filter(|o| !o.unread) else { continue };
             if touching.iter().all(|r| r.related(owner)) {
-                out.push((CoreLabel::from(core), owner.path.clone()));
+                out.push((CoreLabel::from(core), Arc::clone(&owner.owner)));
             }
         }
         out
@@ -462,7 +445,8 @@ pub(crate) fn read(root: &Path, limits: Limits) -> Result<Walk, OwnerError> {
     // subtree is a contiguous range of numbers.
     struct Pending {
         dir: PathBuf,
-        path: String,
+        /// The path from the hierarchy root, raw: the owner's identity is read from its bytes.
+        path: Vec<u8>,
         parent: usize,
         depth: usize,
     }
@@ -479,7 +463,7 @@ pub(crate) fn read(root: &Path, limits: Limits) -> Result<Walk, OwnerError> {
         .rev()
         .map(|name| Pending {
             dir: root.join(&name),
-            path: format!("/{}", name.to_string_lossy()),
+            path: [b"/", name.as_bytes()].concat(),
             parent: 0,
             depth: 1,
         })
@@ -508,7 +492,7 @@ pub(crate) fn read(root: &Path, limits: Limits) -> Result<Walk, OwnerError> {
         };
         if restricts != Restricts::No {
             restricting.push(Restriction {
-                path: cgroup.path.clone(),
+                owner: Arc::new(Owner::from_raw(&cgroup.path)),
                 set,
                 depth: cgroup.depth,
                 pre: number,
@@ -521,7 +505,7 @@ pub(crate) fn read(root: &Path, limits: Limits) -> Result<Walk, OwnerError> {
         for name in children.into_iter().rev() {
             stack.push(Pending {
                 dir: cgroup.dir.join(&name),
-                path: format!("{}/{}", cgroup.path, name.to_string_lossy()),
+                path: [&cgroup.path[..], b"/", name.as_bytes()].concat(),
                 parent: number,
                 depth: cgroup.depth + 1,
             });

@@ -128,7 +128,7 @@ pub(crate) struct ScrapeReport {
     pub(crate) errors: Vec<(ErrorSource, u64)>,
     /// The owner of each assigned core (`--collector.core-owner`), in topology order; empty
     /// when the collector is off, the hierarchy could not be read or the broker did not answer.
-    pub(crate) core_owners: Vec<(CoreLabel, String)>,
+    pub(crate) core_owners: Vec<(CoreLabel, Arc<crate::owner::Owner>)>,
     /// Cgroups the walk behind `core_owners` skipped because this process may not read them;
     /// `None` when no walk was served to this scrape.
     pub(crate) core_owner_skipped: Option<u64>,
@@ -319,7 +319,7 @@ impl Exporter {
         &self,
         walk: Option<Result<Arc<Done>, OwnerError>>,
         topology: Option<&Topology>,
-    ) -> (Vec<(CoreLabel, String)>, Option<u64>) {
+    ) -> (Vec<(CoreLabel, Arc<crate::owner::Owner>)>, Option<u64>) {
         let failed = |e: &OwnerError| {
             self.errors.add(ErrorSource::CoreOwner, 1);
             self.owner_log.failed(e);

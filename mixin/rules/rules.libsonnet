@@ -4,6 +4,16 @@
 // The per-socket and per-node rules exist so that a fleet can keep them and drop the per-core
 // series at federation or remote-write (docs/install.md, "Cardinality at fleet scale").
 {
+  // The labels of instance_owner:amd_hsmp_owner_power_watts:sum_rate5m a workload rule sums
+  // away: `owner` and every identity label but `keep`.
+  ownerLabelsBut(keep):: std.join(', ', ['owner'] + [
+    l
+    for l in $._config.identityLabels
+    if !std.member(keep, l)
+  ]),
+  // An owner the exporter gave no identity label (an exporter of an earlier release).
+  unlabelled:: std.join(',', ['%s=""' % l for l in $._config.identityLabels]),
+
   prometheusRules+:: {
     groups+: [
       {
@@ -86,8 +96,12 @@
       {
         // Power per workload, from the cores each workload is assigned by cpuset
         // (amd_hsmp_core_owner_info, --collector.core-owner): exact for those cores, absent for
-        // shared ones. An owner's series ends with its assignment. A libvirt guest's owner
-        // carries its domain name as vm, decoded by the exporter.
+        // shared ones. An owner's series ends with its assignment. The exporter names the
+        // workload from its cgroup's layout (identityLabels: hpc_job, slurm_sluid, step,
+        // pod_uid, container_id, vm, unit); each rule below sums by its own. For one release
+        // (deprecated, CHANGELOG.md) each also takes its labels from `owner` by regex where the
+        // exporter gives none, for an exporter of an earlier release that does not label: the
+        // regexes are anchored where each manager puts its cgroups, as the exporter's table is.
         name: 'amd-hsmp.owner.rules',
         rules: [
           {
@@ -95,56 +109,63 @@
             expr: |||
               sum without (socket, core) (
                 rate(amd_hsmp_core_energy_joules_total{%(amdHsmpSelector)s}[5m])
-                * on (job, instance, socket, core) group_left (owner, vm)
+                * on (job, instance, socket, core) group_left (owner, %(identity)s)
                   amd_hsmp_core_owner_info{%(amdHsmpSelector)s}
               )
-            ||| % $._config,
+            ||| % ($._config { identity: std.join(', ', $._config.identityLabels) }),
           },
           {
-            // Slurm's cgroup v2 plugin: .../job_<id>/step_<id>/user/task_<n>, the stepd scope
-            // slurmstepd.scope or, with --enable-multiple-slurmd, <nodename>_slurmstepd.scope.
-            // hpc_job is dcgm-exporter's job-mapping label; slurm_job, the same value, is kept
-            // for one release (CHANGELOG.md).
+            // Per Slurm job: hpc_job, or slurm_sluid where Slurm 26.05 keys the job's cgroup by
+            // its SLUID. hpc_job is dcgm-exporter's job-mapping label; slurm_job, the same value,
+            // is kept for one release (CHANGELOG.md).
             record: 'instance_slurm_job:amd_hsmp_power_watts:sum_rate5m',
             expr: |||
-              sum without (owner) (
+              sum without (%(others)s) (
+                label_replace(
+                  instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,hpc_job!=""},
+                  "slurm_job", "$1", "hpc_job", "(.+)"
+                )
+                or
+                instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,slurm_sluid!=""}
+                or
                 label_replace(
                   label_replace(
-                    instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,owner=~"%(slurmJobRegex)s"},
+                    instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,%(unlabelled)s,owner=~"%(slurmJobRegex)s",owner!~"%(userSliceRegex)s"},
                     "hpc_job", "$1", "owner", "%(slurmJobRegex)s"
                   ),
                   "slurm_job", "$1", "owner", "%(slurmJobRegex)s"
                 )
               )
-            ||| % $._config,
+            ||| % ($._config { others: $.ownerLabelsBut(['hpc_job', 'slurm_sluid']), unlabelled: $.unlabelled }),
           },
           {
-            // kubelet's systemd driver (.../kubepods-burstable-pod<uid with _>.slice/...) and
-            // cgroupfs driver (/kubepods/burstable/pod<uid>/...): the dashed UID, as
-            // kube-state-metrics' kube_pod_info{uid} has it.
+            // kubelet's pods, under either cgroup driver: the dashed uid, as kube-state-metrics'
+            // kube_pod_info{uid} has it.
             record: 'instance_pod_uid:amd_hsmp_power_watts:sum_rate5m',
             expr: |||
-              sum without (owner) (
+              sum without (%(others)s) (
+                instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,pod_uid!=""}
+                or
                 label_replace(
-                  instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,owner=~"%(podUidRegex)s"},
+                  instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,%(unlabelled)s,owner=~"%(podUidRegex)s"},
                   "pod_uid", "$1-$2-$3-$4-$5", "owner", "%(podUidRegex)s"
                 )
               )
-            ||| % $._config,
+            ||| % ($._config { others: $.ownerLabelsBut(['pod_uid']), unlabelled: $.unlabelled }),
           },
           {
-            // systemd: the owner's last path element when it is a unit (a service, scope or
-            // slice), e.g. postgresql.service or a VM's machine-qemu-...scope; a container
-            // runtime's scope is a container, not a unit.
+            // systemd: a service or scope below system.slice, e.g. postgresql.service.
             record: 'instance_unit:amd_hsmp_power_watts:sum_rate5m',
             expr: |||
-              sum without (owner) (
+              sum without (%(others)s) (
+                instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,unit!=""}
+                or
                 label_replace(
-                  instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,owner=~"%(unitRegex)s",owner!~"%(containerScopeRegex)s"},
+                  instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,%(unlabelled)s,owner=~"%(unitRegex)s"},
                   "unit", "$1", "owner", "%(unitRegex)s"
                 )
               )
-            ||| % $._config,
+            ||| % ($._config { others: $.ownerLabelsBut(['unit']), unlabelled: $.unlabelled }),
           },
         ],
       },

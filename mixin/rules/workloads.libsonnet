@@ -17,37 +17,43 @@ local undoDashes(expr, n) =
           {
             record: 'instance_slurm_step:amd_hsmp_power_watts:sum_rate5m',
             expr: |||
-              sum without (owner) (
+              sum without (%(others)s) (
+                label_replace(
+                  instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,step!=""},
+                  "slurm_step", "$1", "step", "(.+)"
+                )
+                or
                 label_replace(
                   label_replace(
-                    instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,owner=~"%(slurmStepRegex)s"},
+                    instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,%(unlabelled)s,owner=~"%(slurmStepRegex)s",owner!~"%(userSliceRegex)s"},
                     "hpc_job", "$1", "owner", "%(slurmStepRegex)s"
                   ),
                   "slurm_step", "$2", "owner", "%(slurmStepRegex)s"
                 )
               )
-            ||| % $._config,
+            ||| % ($._config { others: $.ownerLabelsBut(['hpc_job', 'slurm_sluid']), unlabelled: $.unlabelled }),
           },
           {
             // A libvirt guest's cores (its vCPU threads' cgroups are threaded, so the guest's
             // scope is their owner), with the domain name the exporter decodes from the scope
-            // (amd_hsmp_core_owner_info's vm label: every systemd escape undone). Deprecated,
-            // kept for this release only (CHANGELOG.md): for an exporter that does not label
-            // vm, the name is taken from the owner here, up to vmNameDashes escapes undone.
+            // below machine.slice (amd_hsmp_core_owner_info's vm label: every systemd escape
+            // undone). Deprecated, kept for this release only (CHANGELOG.md): for an exporter
+            // that does not label vm, the name is taken from the owner here, up to vmNameDashes
+            // escapes undone.
             record: 'instance_vm:amd_hsmp_power_watts:sum_rate5m',
             expr: |||
-              sum without (owner) (
+              sum without (%s) (
                 instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%s,vm!=""}
                 or
                 %s
               )
-            ||| % [$._config.amdHsmpSelector, undoDashes(
+            ||| % [$.ownerLabelsBut(['vm']), $._config.amdHsmpSelector, undoDashes(
               |||
                 label_replace(
-                  instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,owner=~"%(vmRegex)s",vm=""},
+                  instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,%(unlabelled)s,owner=~"%(vmRegex)s"},
                   "vm", "$1", "owner", "%(vmRegex)s"
                 )
-              ||| % $._config,
+              ||| % ($._config { unlabelled: $.unlabelled }),
               $._config.vmNameDashes
             )],
           },
@@ -68,10 +74,17 @@ local undoDashes(expr, n) =
             // kube-state-metrics names it (namespace, pod, container).
             record: 'instance_container:amd_hsmp_power_watts:sum_rate5m',
             expr: |||
-              sum without (owner, container_runtime_id) (
-                label_replace(
-                  instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,owner=~"%(containerIdRegex)s"},
-                  "container_runtime_id", "$1", "owner", "%(containerIdRegex)s"
+              sum without (%(others)s, container_runtime_id) (
+                (
+                  label_replace(
+                    instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,container_id!=""},
+                    "container_runtime_id", "$1", "container_id", "(.+)"
+                  )
+                  or
+                  label_replace(
+                    instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,%(unlabelled)s,owner=~"%(containerIdRegex)s"},
+                    "container_runtime_id", "$1", "owner", "%(containerIdRegex)s"
+                  )
                 )
                 * on (container_runtime_id) group_left (namespace, pod, container)
                   max by (container_runtime_id, namespace, pod, container) (
@@ -82,7 +95,7 @@ local undoDashes(expr, n) =
                     * 0 + 1
                   )
               )
-            ||| % $._config,
+            ||| % ($._config { others: $.ownerLabelsBut([]), unlabelled: $.unlabelled }),
           },
         ],
       },

@@ -33,17 +33,27 @@ pub enum Layout {
     /// (`salloc`, `use_interactive_step`) on two of its four cores, each step with its
     /// `user/task_K`, and `step_extern` in every job.
     SlurmMultipleSlurmd,
+    /// Slurm 26.05's cgroup v2 plugin without `CgroupJobIdPaths=yes` (its default): each job's
+    /// directory is its SLUID (`print_sluid`: `s` and 13 Crockford base-32 digits), not
+    /// `job_<id>`. Job `sEKNKTV3WPV500`, a batch job, owns cores 0-3 of socket 0; job
+    /// `s0F2BKS0J1W800` runs `srun` step 0 on cores 4-7 of its eight (socket 0), the step's.
+    SlurmSluid,
     /// A Kubernetes node, kubelet's static CPU manager and systemd cgroup driver: two
     /// Guaranteed pods with exclusive CPUs (one of two containers), the shared pool across
     /// burstable and best-effort pods.
     Kubelet,
+    /// The kubelet's cgroupfs driver (containerd): a Guaranteed pod's container with exclusive
+    /// cores 0-3 of socket 1, a burstable pod's CRI-O container (`crio-<id>`) with cores 4-5.
+    KubeletCgroupfs,
     /// systemd services and slices with `AllowedCPUs=`, two of them overlapping, a slice whose
     /// services inherit its CPUs, and a libvirt VM whose vCPU threads are pinned.
     Systemd,
     /// A libvirt host: guest `build-vm` (4 vCPUs pinned to cores 0-3 of socket 1, its emulator
     /// floating over them) owns those cores; guest `web-01-prod` (2 vCPUs on cores 4-5, the
     /// emulator pinned to core 8, a housekeeping core guest `db` also has for its emulator)
-    /// owns cores 4-5, and core 8, in two guests' scopes, is unassigned.
+    /// owns cores 4-5, and core 8, in two guests' scopes, is unassigned. Two cgroups named like
+    /// a guest's scope where libvirt never puts one own cores 9 and 10 (hostile test Q3): one in
+    /// a user's own subtree, one inside a pod.
     Libvirt,
     /// A cgroup v1 (hybrid) host: controller hierarchies and no `cgroup.controllers`.
     V1Host,
@@ -298,6 +308,28 @@ fn slurm_multiple(topology: &Topology) -> Hierarchy {
     h
 }
 
+fn slurm_sluid(topology: &Topology) -> Hierarchy {
+    let mut h = Hierarchy::default();
+    h.add("init.scope", vec![])
+        .add("system.slice", vec![])
+        .add("system.slice/slurmd.service", vec![])
+        .add(SLURM, vec![])
+        .add(&format!("{SLURM}/system"), vec![]);
+    let job = threads(topology, 0, 0..4);
+    let dir = format!("{SLURM}/sEKNKTV3WPV500");
+    h.add(&dir, job.clone());
+    slurm_step(&mut h, &dir, "step_extern", &job, &["special"]);
+    slurm_step(&mut h, &dir, "step_batch", &job, &["0"]);
+    let job = threads(topology, 0, 4..12);
+    let dir = format!("{SLURM}/s0F2BKS0J1W800");
+    h.add(&dir, job.clone());
+    slurm_step(&mut h, &dir, "step_extern", &job, &["special"]);
+    slurm_step(&mut h, &dir, "step_batch", &job, &["0"]);
+    slurm_step(&mut h, &dir, "step_0", &threads(topology, 0, 4..8), &["0", "1"]);
+    h.add("user.slice", vec![]).add_plain("user.slice/user-1000.slice");
+    h
+}
+
 /// Pod UIDs as the kubelet's systemd driver writes them (dashes become underscores).
 const POD_A: &str = "0b7f4c3e_2a51_4d8e_9c1a_6f0e5d3b2a10";
 const POD_B: &str = "5d2e9a41_7c3b_4f60_8e2d_1a9b0c4d7e33";
@@ -378,6 +410,23 @@ fn kubelet(topology: &Topology) -> Hierarchy {
     h
 }
 
+fn kubelet_cgroupfs(topology: &Topology) -> Hierarchy {
+    let pod_a = format!("kubepods/pod{}", POD_A.replace('_', "-"));
+    let pod_c = format!("kubepods/burstable/pod{}", POD_C.replace('_', "-"));
+    let mut h = Hierarchy::default();
+    h.add("init.scope", vec![])
+        .add("system.slice", vec![])
+        .add("kubepods", vec![])
+        .add(&pod_a, vec![])
+        .add(&format!("{pod_a}/{}", "4f1d0c2b".repeat(8)), vec![])
+        .add(&format!("{pod_a}/{}", "a1b2c3d4".repeat(8)), threads(topology, 1, 0..4))
+        .add("kubepods/burstable", vec![])
+        .add(&pod_c, vec![])
+        .add(&format!("{pod_c}/crio-{}", "d4e5f607".repeat(8)), threads(topology, 1, 4..6))
+        .add("kubepods/besteffort", vec![]);
+    h
+}
+
 fn systemd(topology: &Topology) -> Hierarchy {
     let postgres = threads(topology, 0, 8..16);
     let nginx = threads(topology, 0, 16..18);
@@ -443,7 +492,22 @@ fn libvirt(topology: &Topology) -> Hierarchy {
     libvirt_guest(&mut h, topology, 1, "build-vm", 0..4, &threads(topology, 1, 0..4));
     libvirt_guest(&mut h, topology, 2, "web-01-prod", 4..6, &housekeeping);
     libvirt_guest(&mut h, topology, 3, "db", 6..8, &housekeeping);
-    h.add("user.slice", vec![]).add_plain("user.slice/user-1000.slice");
+    // Hostile test Q3: a guest's name where libvirt never makes a scope: in a user's own
+    // subtree (cpuset delegated to the user) and inside a pod.
+    let user = "user.slice/user-1000.slice/user@1000.service/app.slice";
+    h.add("user.slice", vec![])
+        .add("user.slice/user-1000.slice", vec![])
+        .add("user.slice/user-1000.slice/user@1000.service", vec![])
+        .add(user, vec![])
+        .add(
+            &format!("{user}/machine-qemu\\x2d99\\x2dprod\\x2ddb.scope"),
+            threads(topology, 1, 9..10),
+        );
+    let pod = format!("kubepods.slice/kubepods-pod{POD_A}.slice");
+    h.add("kubepods.slice", vec![]).add(&pod, vec![]).add(
+        &format!("{pod}/machine-qemu\\x2d98\\x2dprod\\x2ddb.scope"),
+        threads(topology, 1, 10..11),
+    );
     h
 }
 
@@ -499,7 +563,9 @@ pub fn write_layout(layout: Layout, topology: &Topology, root: &Path) -> Result<
         Layout::Slurm => slurm(topology, true).write(root, &online),
         Layout::SlurmOneJobEnded => slurm(topology, false).write(root, &online),
         Layout::SlurmMultipleSlurmd => slurm_multiple(topology).write(root, &online),
+        Layout::SlurmSluid => slurm_sluid(topology).write(root, &online),
         Layout::Kubelet => kubelet(topology).write(root, &online),
+        Layout::KubeletCgroupfs => kubelet_cgroupfs(topology).write(root, &online),
         Layout::Systemd => systemd(topology).write(root, &online),
         Layout::Libvirt => libvirt(topology).write(root, &online),
         Layout::V1Host => {

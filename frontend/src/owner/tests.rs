@@ -58,7 +58,7 @@ impl Tree {
             .hierarchy
             .owners(cores)
             .into_iter()
-            .map(|(c, owner)| (c.socket, c.core, owner))
+            .map(|(c, owner)| (c.socket, c.core, owner.path.clone()))
             .collect()
     }
 }
@@ -407,8 +407,12 @@ fn an_unreadable_cgroup_in_a_subtree_without_cpuset_costs_nothing() {
     // Its parent does not enable cpuset for its children: app.slice cannot restrict, and is
     // not read at all.
     assert_eq!(walk.skipped, 0);
-    let owners: Vec<_> =
-        walk.hierarchy.owners(&smt_cores(4)).into_iter().map(|(c, o)| (c.core, o)).collect();
+    let owners: Vec<_> = walk
+        .hierarchy
+        .owners(&smt_cores(4))
+        .into_iter()
+        .map(|(c, o)| (c.core, o.path.clone()))
+        .collect();
     assert_eq!(
         owners,
         vec![
@@ -431,8 +435,12 @@ fn an_unreadable_cgroup_is_skipped_and_unassigns_only_the_cores_its_parent_holds
     assert_eq!(kind, io::ErrorKind::PermissionDenied);
     // Every other workload keeps its owner; the cores app.slice could hold (its parent's set)
     // are unassigned, not given to an ancestor that might not own them.
-    let owners: Vec<_> =
-        walk.hierarchy.owners(&smt_cores(4)).into_iter().map(|(c, o)| (c.core, o)).collect();
+    let owners: Vec<_> = walk
+        .hierarchy
+        .owners(&smt_cores(4))
+        .into_iter()
+        .map(|(c, o)| (c.core, o.path.clone()))
+        .collect();
     assert_eq!(owners, vec![(0, "/system.slice/job_1.scope".to_owned())]);
 }
 
@@ -562,7 +570,7 @@ async fn a_walk_holds_the_permit_of_the_scrape_that_asked_for_it_until_it_ends()
 /// gone; nothing else is a VM.
 #[test]
 fn a_libvirt_scope_names_its_domain_with_every_escape_undone() {
-    let vm = |owner: &str| libvirt_domain(owner);
+    let vm = |owner: &str| Identity::of(owner.as_bytes()).vm;
     assert_eq!(
         vm(r"/machine.slice/machine-qemu\x2d1\x2dbuild\x2dvm.scope").as_deref(),
         Some("build-vm")
@@ -598,7 +606,7 @@ fn a_libvirt_scope_names_its_domain_with_every_escape_undone() {
 /// pass.
 #[test]
 fn a_hostile_libvirt_like_name_gives_no_vm_label() {
-    let vm = |owner: &str| libvirt_domain(owner);
+    let vm = |owner: &str| Identity::of(owner.as_bytes()).vm;
     for hostile in [
         r"/machine.slice/machine-qemu\x2d1\x2dbad\x0aname.scope",
         r"/machine.slice/machine-qemu\x2d1\x2dbad\x00.scope",
@@ -613,9 +621,14 @@ fn a_hostile_libvirt_like_name_gives_no_vm_label() {
     assert_eq!(vm(&long), None, "longer than a cgroup name");
     let fits = format!(r"/machine.slice/machine-qemu\x2d1\x2d{}.scope", "a".repeat(200));
     assert_eq!(vm(&fits).map(|n| n.len()), Some(200));
-    let deep = format!("{}{}", "/d".repeat(100_000), r"/machine-qemu\x2d1\x2ddeep.scope");
+    let deep = format!(
+        "/machine.slice{}{}",
+        "/d.slice".repeat(100_000),
+        r"/machine-qemu\x2d1\x2ddeep.scope"
+    );
     assert_eq!(vm(&deep).as_deref(), Some("deep"));
-    // Lossy names (U+FFFD from a non-UTF-8 cgroup name) pass through as the owner label does.
+    // A name holding U+FFFD itself is UTF-8 and passes; a raw byte that is not UTF-8 (0xFF) gives
+    // no label (identity.rs), where a lossy path turned it into U+FFFD (hostile test Q8).
     assert_eq!(
         vm("/machine.slice/machine-qemu\\x2d1\\x2da\u{FFFD}b.scope").as_deref(),
         Some("a\u{FFFD}b")

@@ -28,8 +28,9 @@ async fn owner_series_follow_the_hierarchy_at_each_scrape() {
     let m = scrape(&router).await;
     let job = "/system.slice/slurmstepd.scope/job_1";
     for core in ["0", "2"] {
-        let series =
-            format!(r#"amd_hsmp_core_owner_info{{core="{core}",owner="{job}",socket="0"}}"#);
+        let series = format!(
+            r#"amd_hsmp_core_owner_info{{core="{core}",owner="{job}",socket="0",hpc_job="1"}}"#
+        );
         assert_eq!(m.value(&series), Some(1.0), "{}", m.text);
     }
     assert_eq!(m.count("amd_hsmp_core_owner_info"), 2);
@@ -42,7 +43,7 @@ async fn owner_series_follow_the_hierarchy_at_each_scrape() {
     let m = scrape(&router).await;
     assert_eq!(m.count("amd_hsmp_core_owner_info"), 4, "{}", m.text);
     assert!(!m.mentions("job_1"));
-    assert!(m.mentions(r#"amd_hsmp_core_owner_info{core="6",owner="/system.slice/slurmstepd.scope/job_2",socket="1"} 1"#));
+    assert!(m.mentions(r#"amd_hsmp_core_owner_info{core="6",owner="/system.slice/slurmstepd.scope/job_2",socket="1",hpc_job="2"} 1"#));
 }
 
 #[tokio::test]

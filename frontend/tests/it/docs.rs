@@ -70,11 +70,16 @@ async fn docs_metrics_table_matches_a_full_scrape() {
     let behaviour = Behaviour { simulated: Some("turin-2p".into()), ..Behaviour::healthy() };
     let _broker = MockBroker::start(&dir.path, behaviour);
     // Every family: every broker family (the per-core frequency limit too, which is off by
-    // default) and the core-owner collector on, with one job holding a core and a libvirt
-    // guest's scope another (its `vm` label).
+    // default) and the core-owner collector on, with an owner of each layout holding a core,
+    // so that every identity label is in the scrape.
     let cgroups = cgroup_root();
-    cgroup(cgroups.path(), "job_1", "0");
-    cgroup(cgroups.path(), r"machine-qemu\x2d1\x2dvm.scope", "1");
+    cgroup(cgroups.path(), "system.slice/slurmstepd.scope/job_1/step_0", "0");
+    cgroup(cgroups.path(), "system.slice/slurmstepd.scope/sEKNKTV3WPV500", "1");
+    let container = "4f3e2d1c0b9a88776655443322110099aabbccddeeff00112233445566778899";
+    let pod = format!("kubepods/pod0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b/{container}");
+    cgroup(cgroups.path(), &pod, "2");
+    cgroup(cgroups.path(), r"machine.slice/machine-qemu\x2d1\x2dvm.scope", "3");
+    cgroup(cgroups.path(), "system.slice/nginx.service", "4");
     let answer =
         get(&router(owner_config(&dir.path, cgroups.path())), "/metrics", None, None).await;
     assert!(answer.body.contains("amd_hsmp_core_owner_info{"), "{}", answer.body);

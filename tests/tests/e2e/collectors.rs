@@ -350,7 +350,7 @@ fn case_unreadable_source(row: Row) {
             assert_eq!(m.value("amd_hsmp_core_owner_skipped_cgroups"), Some(1.0), "{}", m.text);
             assert_eq!(m.count(row.metric), 2, "job 4243 keeps its two cores: {}", m.text);
             assert!(m.text.contains(
-                r#"core="0",owner="/system.slice/slurmstepd.scope/job_4243",socket="1"} 1"#
+                r#"core="0",owner="/system.slice/slurmstepd.scope/job_4243",socket="1",hpc_job="4243"} 1"#
             ));
             assert!(!m.text.contains("job_4242"), "{}", m.text);
             assert_eq!(m.errors("core-owner"), 0.0);
