@@ -178,8 +178,12 @@ impl CpuSet {
 /// A restricting domain cgroup, or one that could not be read.
 #[derive(Debug, Clone)]
 struct Restriction {
-    /// The cgroup's owner: its path from the hierarchy root and its identity.
-    owner: Arc<Owner>,
+    /// The path from the hierarchy root, raw bytes.
+    path: Box<[u8]>,
+    /// The cgroup as an owner (its label path and identity), made the first time it owns a
+    /// core: most restricting cgroups own none (a pod's containers in the shared pool), and a
+    /// walk of 60,000 cgroups would otherwise hold an identity for each.
+    owner: OnceLock<Arc<Owner>>,
     /// Its effective set: an index into [`Hierarchy::sets`].
     set: usize,
     depth: usize,
@@ -232,7 +236,8 @@ impl Hierarchy {
             }
             let Some(owner) = owner.filter(|o| !o.unread) else { continue };
             if touching.iter().all(|r| r.related(owner)) {
-                out.push((CoreLabel::from(core), Arc::clone(&owner.owner)));
+                let named = owner.owner.get_or_init(|| Arc::new(Owner::from_raw(&owner.path)));
+                out.push((CoreLabel::from(core), Arc::clone(named)));
             }
         }
         out
@@ -492,7 +497,8 @@ pub(crate) fn read(root: &Path, limits: Limits) -> Result<Walk, OwnerError> {
         };
         if restricts != Restricts::No {
             restricting.push(Restriction {
-                owner: Arc::new(Owner::from_raw(&cgroup.path)),
+                path: cgroup.path.clone().into_boxed_slice(),
+                owner: OnceLock::new(),
                 set,
                 depth: cgroup.depth,
                 pre: number,
