@@ -54,6 +54,12 @@ pub struct Args {
     #[arg(long = "path.cgroupfs", value_name = "PATH", default_value = "/sys/fs/cgroup")]
     pub cgroupfs: PathBuf,
 
+    /// Mount point of the procfs: this process's own `process_*` metrics, and where the
+    /// core-owner collector reads the title of a Slurm job's `slurmstepd` when the job's
+    /// cgroup is named by its SLUID.
+    #[arg(long = "path.procfs", value_name = "PATH", default_value = "/proc")]
+    pub procfs: PathBuf,
+
     /// How long one walk of the cgroup hierarchy serves the scrapes that arrive after it began
     /// (at most one walk runs at a time); 0 walks again for every scrape that arrives after a
     /// walk began (e.g. `1s`, `0`, at most 1m).
@@ -152,6 +158,7 @@ mod tests {
         assert!(!args.web.systemd_socket);
         assert_eq!(args.web.web_config_file, None);
         assert_eq!(args.core_owner(), None, "the core-owner collector is off by default");
+        assert_eq!(args.procfs, PathBuf::from("/proc"));
     }
 
     /// Each default is said once, as a constant the code uses; the flag's text is tied to it.

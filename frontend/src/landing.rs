@@ -632,6 +632,7 @@ mod tests {
                 .collect(),
             core_owners: Vec::new(),
             core_owner_skipped: None,
+            core_owner_unresolved: None,
             duration: Duration::from_millis(42),
             process: ProcessStats::default(),
         }

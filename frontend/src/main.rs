@@ -78,7 +78,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         max_scrape_timeout: args.max_scrape_timeout,
         max_requests: args.max_requests,
         telemetry_path: args.telemetry_path.clone(),
-        procfs: "/proc".into(),
+        procfs: args.procfs.clone(),
         core_owner: args.core_owner(),
         core_owner_max_age: args.core_owner_max_age,
     });

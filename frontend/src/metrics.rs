@@ -260,6 +260,13 @@ impl Collector for ReportCollector {
         )?;
         family(
             &mut e,
+            "amd_hsmp_core_owner_unresolved_slurm_jobs",
+            "Slurm jobs owning cores whose cgroup is named by the job's SLUID (Slurm 26.05) and whose numeric id could not be read from their slurmstepd's title: their owner series carry slurm_sluid and no hpc_job",
+            None,
+            report.core_owner_unresolved.and_then(|n| one(i64::try_from(n).unwrap_or(i64::MAX))),
+        )?;
+        family(
+            &mut e,
             "amd_hsmp_scrape_errors",
             "Failed reads since the exporter started, by collector",
             None,
@@ -334,6 +341,7 @@ mod tests {
             errors: ErrorSource::all().map(|s| (s, 0)).collect(),
             core_owners: Vec::new(),
             core_owner_skipped: None,
+            core_owner_unresolved: None,
             duration: Duration::from_millis(12),
             process: ProcessStats::default(),
         })

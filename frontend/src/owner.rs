@@ -39,6 +39,7 @@ use tokio::sync::watch;
 const MAX_CPUS: u32 = 1 << 16;
 
 mod identity;
+mod stepd;
 
 pub(crate) use identity::Identity;
 
@@ -56,6 +57,17 @@ impl Owner {
     /// The owner at `raw`, a path from the hierarchy root.
     pub(crate) fn from_raw(raw: &[u8]) -> Owner {
         Owner { path: String::from_utf8_lossy(raw).into_owned(), identity: Identity::of(raw) }
+    }
+
+    /// The owner at `raw`, a SLUID-keyed job's `hpc_job` taken from `jobs` (SLUID to job id,
+    /// read from the job's stepd: [`stepd`]).
+    fn with_jobs(raw: &[u8], jobs: &std::collections::HashMap<Box<[u8]>, u32>) -> Owner {
+        let mut owner = Owner::from_raw(raw);
+        let id = &mut owner.identity;
+        if let Some(job) = id.slurm_sluid.as_ref().and_then(|s| jobs.get(s.as_bytes())) {
+            id.hpc_job = Some(job.to_string());
+        }
+        owner
     }
 }
 
@@ -209,6 +221,8 @@ pub(crate) struct Hierarchy {
     /// The root's set and each restriction's, each once.
     sets: Vec<CpuSet>,
     restrictions: Vec<Restriction>,
+    /// The numeric id of each SLUID-keyed Slurm job that could be read ([`stepd`]).
+    slurm_jobs: std::collections::HashMap<Box<[u8]>, u32>,
 }
 
 impl Hierarchy {
@@ -236,7 +250,9 @@ impl Hierarchy {
             }
             let Some(owner) = owner.filter(|o| !o.unread) else { continue };
             if touching.iter().all(|r| r.related(owner)) {
-                let named = owner.owner.get_or_init(|| Arc::new(Owner::from_raw(&owner.path)));
+                let named = owner
+                    .owner
+                    .get_or_init(|| Arc::new(Owner::with_jobs(&owner.path, &self.slurm_jobs)));
                 out.push((CoreLabel::from(core), Arc::clone(named)));
             }
         }
@@ -526,7 +542,7 @@ pub(crate) fn read(root: &Path, limits: Limits) -> Result<Walk, OwnerError> {
     for r in &mut restricting {
         r.end = ends[r.pre];
     }
-    walk.hierarchy = Hierarchy { sets, restrictions: restricting };
+    walk.hierarchy = Hierarchy { sets, restrictions: restricting, ..Hierarchy::default() };
     Ok(walk)
 }
 
@@ -578,6 +594,8 @@ pub(crate) struct Walker {
 #[derive(Debug)]
 struct WalkerShared {
     root: PathBuf,
+    /// The procfs a SLUID-keyed Slurm job's stepd is read in (`--path.procfs`).
+    procfs: PathBuf,
     state: Mutex<WalkState>,
     wake: Condvar,
     /// The highest CPU number of the broker's topology, `u32::MAX` while unknown.
@@ -601,12 +619,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Walker {
-    /// A walker whose walks serve scrapes that arrive at most `max_age` after they began.
-    pub(crate) fn with_max_age(root: PathBuf, max_age: Duration) -> Walker {
+    /// A walker of the hierarchy at `root` whose walks serve scrapes that arrive at most
+    /// `max_age` after they began, reading SLUID-keyed Slurm jobs' stepds in `procfs`.
+    pub(crate) fn with_max_age(root: PathBuf, procfs: PathBuf, max_age: Duration) -> Walker {
         let (sender, done) = watch::channel(None);
         Walker {
             shared: Arc::new(WalkerShared {
                 root,
+                procfs,
                 state: Mutex::default(),
                 wake: Condvar::new(),
                 highest_cpu: AtomicU32::new(u32::MAX),
@@ -695,6 +715,7 @@ impl Drop for Walker {
 impl WalkerShared {
     /// The walk thread: one wanted walk at a time, until the walker is dropped.
     fn run(&self, sender: &watch::Sender<Option<Arc<Done>>>) {
+        let mut stepds = stepd::Stepds::new(self.procfs.clone());
         loop {
             let permit = {
                 let mut state = lock(&self.state);
@@ -714,7 +735,10 @@ impl WalkerShared {
             let began = Instant::now();
             let highest = self.highest_cpu.load(Ordering::Relaxed);
             let limits = Limits::for_highest_cpu((highest != u32::MAX).then_some(highest));
-            let result = read(&self.root, limits);
+            let result = read(&self.root, limits).map(|mut walk| {
+                stepds.resolve(&self.root, &mut walk.hierarchy);
+                walk
+            });
             sender.send_replace(Some(Arc::new(Done { began, result })));
             lock(&self.state).running = None;
             // The walk has ended: the place in --web.max-requests it held is free.

@@ -132,6 +132,9 @@ pub(crate) struct ScrapeReport {
     /// Cgroups the walk behind `core_owners` skipped because this process may not read them;
     /// `None` when no walk was served to this scrape.
     pub(crate) core_owner_skipped: Option<u64>,
+    /// Slurm jobs among `core_owners` named by their SLUID whose numeric id could not be read
+    /// from their stepd; `None` when no walk was served to this scrape.
+    pub(crate) core_owner_unresolved: Option<u64>,
     /// Time this scrape spent collecting.
     pub(crate) duration: Duration,
     /// This process' own metrics.
@@ -193,10 +196,9 @@ impl Exporter {
             permits: Permits::new(config.max_requests),
             refusal_log: RateLimit::new(TIMEOUT_LOG_INTERVAL),
             observers: Mutex::default(),
-            walker: config
-                .core_owner
-                .clone()
-                .map(|root| Walker::with_max_age(root, config.core_owner_max_age)),
+            walker: config.core_owner.clone().map(|root| {
+                Walker::with_max_age(root, config.procfs.clone(), config.core_owner_max_age)
+            }),
             owner_log: CauseLog::default(),
             skip_log: SkipLog::default(),
             process: ProcFs::own(&config.procfs),
@@ -300,12 +302,14 @@ impl Exporter {
             Outcome::BrokerFailed => (None, false),
         };
         let (core_owners, core_owner_skipped) = self.core_owners(hierarchy, topology.as_deref());
+        let core_owner_unresolved = core_owner_skipped.map(|_| unresolved_jobs(&core_owners));
         ScrapeReport {
             telemetry,
             broker_up,
             errors: self.errors.snapshot(self.config.core_owner.is_some()),
             core_owners,
             core_owner_skipped,
+            core_owner_unresolved,
             duration: started.elapsed(),
             process: self.process.read(),
         }
@@ -453,4 +457,17 @@ impl Exporter {
             }
         }
     }
+}
+
+/// The Slurm jobs among `owners` named by their SLUID and not by their numeric id, each once.
+fn unresolved_jobs(owners: &[(CoreLabel, Arc<crate::owner::Owner>)]) -> u64 {
+    let mut sluids: Vec<&str> = owners
+        .iter()
+        .map(|(_, owner)| &owner.identity)
+        .filter(|id| id.hpc_job.is_none())
+        .filter_map(|id| id.slurm_sluid.as_deref())
+        .collect();
+    sluids.sort_unstable();
+    sluids.dedup();
+    sluids.len() as u64
 }

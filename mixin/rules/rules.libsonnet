@@ -116,7 +116,8 @@
           },
           {
             // Per Slurm job: hpc_job, or slurm_sluid where Slurm 26.05 keys the job's cgroup by
-            // its SLUID. hpc_job is dcgm-exporter's job-mapping label; slurm_job, the same value,
+            // its SLUID and the exporter could not read the job's number from its slurmstepd
+            // (a job with both is summed once, by hpc_job, its slurm_sluid kept). hpc_job is dcgm-exporter's job-mapping label; slurm_job, the same value,
             // is kept for one release (CHANGELOG.md).
             record: 'instance_slurm_job:amd_hsmp_power_watts:sum_rate5m',
             expr: |||
@@ -126,7 +127,7 @@
                   "slurm_job", "$1", "hpc_job", "(.+)"
                 )
                 or
-                instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,slurm_sluid!=""}
+                instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(amdHsmpSelector)s,slurm_sluid!="",hpc_job=""}
                 or
                 label_replace(
                   label_replace(

@@ -592,6 +592,71 @@ pub fn write_layout(layout: Layout, topology: &Topology, root: &Path) -> Result<
     }
 }
 
+/// A stepd of a layout: its PID, the leaf (`<job>/step_<s>/slurm`, from the hierarchy root)
+/// whose `cgroup.procs` lists it, and its title.
+struct Stepd {
+    pid: u32,
+    leaf: String,
+    title: String,
+}
+
+/// The Slurm stepds a layout's node shows in its procfs: [`Layout::SlurmSluid`]'s job
+/// `sEKNKTV3WPV500` is job 3385, its extern and batch stepds visible; job `s0F2BKS0J1W800`'s
+/// stepds are listed in their leaves but hidden (`hidepid`, `ProtectProc=invisible`).
+fn stepds(layout: Layout) -> (Vec<Stepd>, Vec<(String, u32)>) {
+    let stepd = |pid, job: &str, step: &str, title: &str| Stepd {
+        pid,
+        leaf: format!("{SLURM}/{job}/step_{step}/slurm"),
+        title: format!("slurmstepd: [{title}]"),
+    };
+    match layout {
+        Layout::SlurmSluid => (
+            vec![
+                stepd(41_001, "sEKNKTV3WPV500", "extern", "3385.extern"),
+                stepd(41_017, "sEKNKTV3WPV500", "batch", "3385.batch"),
+            ],
+            ["extern", "batch", "0"]
+                .iter()
+                .enumerate()
+                .map(|(i, step)| {
+                    (format!("{SLURM}/s0F2BKS0J1W800/step_{step}/slurm"), 52_000 + i as u32)
+                })
+                .collect(),
+        ),
+        _ => (Vec::new(), Vec::new()),
+    }
+}
+
+/// Writes the processes `layout`'s node shows: each stepd in its leaf's `cgroup.procs` (under
+/// `cgroup_root`, already written) and, where it is visible, in a procfs under `proc_root`
+/// (its `cgroup` and its `cmdline` as Linux and Slurm's `setproctitle` show them, the title
+/// padded with NULs). The procfs's `self` and `stat` are links to this machine's, for the
+/// exporter's own `process_*` metrics. `false`, and nothing written, for a layout without
+/// processes.
+pub fn write_processes(layout: Layout, cgroup_root: &Path, proc_root: &Path) -> Result<bool> {
+    let (visible, hidden) = stepds(layout);
+    if visible.is_empty() && hidden.is_empty() {
+        return Ok(false);
+    }
+    std::fs::create_dir_all(proc_root)?;
+    std::os::unix::fs::symlink("/proc/self", proc_root.join("self"))?;
+    std::os::unix::fs::symlink("/proc/stat", proc_root.join("stat"))?;
+    for (leaf, pid) in
+        visible.iter().map(|s| (&s.leaf, s.pid)).chain(hidden.iter().map(|(l, p)| (l, *p)))
+    {
+        write(&cgroup_root.join(leaf).join("cgroup.procs"), &format!("{pid}\n"))?;
+    }
+    for stepd in &visible {
+        let dir = proc_root.join(stepd.pid.to_string());
+        std::fs::create_dir(&dir)?;
+        write(&dir.join("cgroup"), &format!("0::/{}\n", stepd.leaf))?;
+        let mut cmdline = stepd.title.clone().into_bytes();
+        cmdline.resize(cmdline.len() + 8, 0);
+        std::fs::write(dir.join("cmdline"), cmdline)?;
+    }
+    Ok(true)
+}
+
 /// Replaces the hierarchy under `root` by `layout`'s.
 pub fn replace_layout(layout: Layout, topology: &Topology, root: &Path) -> Result<()> {
     if root.exists() {

@@ -485,6 +485,10 @@ impl Rig {
             let root = dir.path().join("cgroup");
             cgroups::write_layout(layout, &topology, &root)?;
             exporter_flags.extend(["--path.cgroupfs".into(), path(&root)]);
+            let proc = dir.path().join("proc");
+            if cgroups::write_processes(layout, &root, &proc)? {
+                exporter_flags.extend(["--path.procfs".into(), path(&proc)]);
+            }
             // As for the broker's reads below: a scrape that follows another within the walk's
             // freshness would be answered from the same walk, and a scenario replaces the
             // hierarchy between scrapes. The freshness itself is pinned by the exporter's tests.

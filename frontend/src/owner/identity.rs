@@ -123,12 +123,15 @@ fn step(bytes: &[u8]) -> Option<String> {
     ok.then(|| text(bytes))?
 }
 
+/// Where the first `[<node>_]slurmstepd.scope` is among `elements`.
+fn stepd_scope(elements: &[&[u8]]) -> Option<usize> {
+    elements.iter().position(|e| *e == b"slurmstepd.scope" || e.ends_with(b"_slurmstepd.scope"))
+}
+
 /// Slurm's cgroup/v2 plugin: a `[<node>_]slurmstepd.scope` whose ancestors are all slices,
 /// none of them a user's, then the job, then its step.
 fn slurm(elements: &[&[u8]]) -> Option<Identity> {
-    let at = elements.iter().position(|e| {
-        e.ends_with(b".scope") && (*e == b"slurmstepd.scope" || e.ends_with(b"_slurmstepd.scope"))
-    })?;
+    let at = stepd_scope(elements)?;
     let slices = &elements[..at];
     if slices.is_empty()
         || !slices.iter().all(|e| e.ends_with(b".slice"))
@@ -147,6 +150,24 @@ fn slurm(elements: &[&[u8]]) -> Option<Identity> {
         id.step.as_ref()?;
     }
     Some(id)
+}
+
+/// Where the cgroup at `path` is a SLUID-keyed Slurm job's or one below it: the job
+/// directory's path (a prefix of `path`) and the SLUID, by the same rule as [`Identity::of`].
+pub(crate) fn sluid_job(path: &[u8]) -> Option<(&[u8], &[u8])> {
+    // Most paths are no Slurm job's: this costs one scan of the bytes and no allocation.
+    if !path.windows(17).any(|w| w == b"slurmstepd.scope/") {
+        return None;
+    }
+    let elements: Vec<&[u8]> = path.split(|&b| b == b'/').filter(|e| !e.is_empty()).collect();
+    if elements.iter().any(|e| e.len() > MAX_NAME) {
+        return None;
+    }
+    slurm(&elements)?.slurm_sluid?;
+    let job = elements[stepd_scope(&elements)? + 1];
+    // The job directory ends where its name does: `job` is a subslice of `path`.
+    let end = job.as_ptr() as usize - path.as_ptr() as usize + job.len();
+    Some((&path[..end], job))
 }
 
 /// A pod uid as the kubelet writes it (8-4-4-4-12 lower-case hex), `sep` between the groups.
@@ -310,6 +331,23 @@ mod tests {
         ] {
             let path = format!("/system.slice/slurmstepd.scope/{not}/step_0");
             assert_eq!(id(&path), Identity::default(), "{path}");
+        }
+    }
+
+    #[test]
+    fn a_sluid_jobs_directory_is_found_from_any_cgroup_below_it() {
+        let job = b"/system.slice/node7_slurmstepd.scope/sEKNKTV3WPV500";
+        for below in ["", "/step_0", "/step_batch/user/task_0", "/step_extern/slurm"] {
+            let path = [&job[..], below.as_bytes()].concat();
+            assert_eq!(sluid_job(&path), Some((&job[..], &b"sEKNKTV3WPV500"[..])), "{below}");
+        }
+        for path in [
+            "/system.slice/slurmstepd.scope/job_4242/step_0",
+            "/system.slice/slurmstepd.scope/system",
+            "/user.slice/slurmstepd.scope/sEKNKTV3WPV500",
+            "/system.slice/slurmstepd.scope/sEKNKTV3WPV500/user",
+        ] {
+            assert_eq!(sluid_job(path.as_bytes()), None, "{path}");
         }
     }
 

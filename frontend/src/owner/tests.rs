@@ -533,14 +533,14 @@ async fn scrapes_share_one_walk_while_it_is_fresh_and_start_one_after() {
         let now = tokio::time::Instant::now();
         walker.walk(now, now + Duration::from_secs(10), &permit).await.unwrap()
     }
-    let walker = Walker::with_max_age(tree.root().to_path_buf(), WALK_MAX_AGE);
+    let walker = Walker::with_max_age(tree.root().to_path_buf(), "/proc".into(), WALK_MAX_AGE);
     let first = scrape(&walker).await;
     let second = scrape(&walker).await;
     assert!(Arc::ptr_eq(&first, &second), "a walk that began after the scrape arrived is shared");
     assert_eq!(walker.walks(), 1);
     assert!(first.result.is_ok());
     // A scrape arriving after the walk's freshness has passed gets a walk of its own.
-    let walker = Walker::with_max_age(tree.root().to_path_buf(), Duration::ZERO);
+    let walker = Walker::with_max_age(tree.root().to_path_buf(), "/proc".into(), Duration::ZERO);
     let first = scrape(&walker).await;
     let second = scrape(&walker).await;
     assert!(!Arc::ptr_eq(&first, &second));
@@ -550,7 +550,7 @@ async fn scrapes_share_one_walk_while_it_is_fresh_and_start_one_after() {
 #[tokio::test]
 async fn a_walk_holds_the_permit_of_the_scrape_that_asked_for_it_until_it_ends() {
     let tree = Tree::v2("0-7");
-    let walker = Walker::with_max_age(tree.root().to_path_buf(), WALK_MAX_AGE);
+    let walker = Walker::with_max_age(tree.root().to_path_buf(), "/proc".into(), WALK_MAX_AGE);
     let permits = crate::work::Permits::new(1);
     let permit = permits.try_take().unwrap();
     let now = tokio::time::Instant::now();
@@ -633,4 +633,179 @@ fn a_hostile_libvirt_like_name_gives_no_vm_label() {
         vm("/machine.slice/machine-qemu\\x2d1\\x2da\u{FFFD}b.scope").as_deref(),
         Some("a\u{FFFD}b")
     );
+}
+
+/// A Slurm 26.05 node: the stepd scope, job `sEKNKTV3WPV500` on cores 0-1 (CPUs 0-1, 4-5 of
+/// [`smt_cores`]`(4)`) with its `step_extern` and `step_0`, each with its `slurm` leaf holding
+/// the PIDs `procs` gives for the step, and a procfs beside it.
+struct SlurmNode {
+    tree: Tree,
+    proc: tempfile::TempDir,
+}
+
+const SCOPE: &str = "/system.slice/slurmstepd.scope";
+const SLUID: &str = "sEKNKTV3WPV500";
+
+impl SlurmNode {
+    fn new(procs: impl Fn(&str) -> String) -> SlurmNode {
+        let tree = Tree::v2("0-7");
+        tree.domain(SCOPE, "0-7").domain(&format!("{SCOPE}/system"), "0-7");
+        let job = format!("{SCOPE}/{SLUID}");
+        tree.domain(&job, "0-1,4-5");
+        for step in ["step_extern", "step_0"] {
+            for leaf in ["slurm", "user"] {
+                let dir = format!("{job}/{step}/{leaf}");
+                tree.domain(&dir, "0-1,4-5");
+                let pids = if leaf == "slurm" { procs(step) } else { "9999\n".to_owned() };
+                tree.file(&format!("{dir}/cgroup.procs"), &pids);
+            }
+        }
+        SlurmNode { tree, proc: tempfile::tempdir().unwrap() }
+    }
+
+    /// Process `pid` in the procfs: its `cgroup` and its `cmdline`.
+    fn process(&self, pid: u32, cgroup: &str, cmdline: &[u8]) -> &SlurmNode {
+        let dir = self.proc.path().join(pid.to_string());
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("cgroup"), format!("0::{cgroup}\n")).unwrap();
+        fs::write(dir.join("cmdline"), cmdline).unwrap();
+        self
+    }
+
+    fn leaf(step: &str) -> String {
+        format!("{SCOPE}/{SLUID}/{step}/slurm")
+    }
+
+    /// The owner of core 0 after a walk and the stepds read with `stepds`.
+    fn owner_with(&self, stepds: &mut stepd::Stepds) -> Arc<Owner> {
+        let mut walk = read(self.tree.root(), LIMITS).unwrap();
+        stepds.resolve(self.tree.root(), &mut walk.hierarchy);
+        let owners = walk.hierarchy.owners(&smt_cores(4));
+        assert_eq!(owners.len(), 2, "{owners:?}");
+        Arc::clone(&owners[0].1)
+    }
+
+    fn owner(&self) -> Arc<Owner> {
+        self.owner_with(&mut stepd::Stepds::new(self.proc.path().to_path_buf()))
+    }
+}
+
+fn step_pids(step: &str) -> String {
+    match step {
+        "step_extern" => "101\n".to_owned(),
+        _ => "102\n103\n".to_owned(),
+    }
+}
+
+#[test]
+fn a_sluid_job_gets_its_numeric_id_from_its_stepds_title() {
+    let node = SlurmNode::new(step_pids);
+    node.process(101, &SlurmNode::leaf("step_extern"), b"slurmstepd: [3385.extern]\0\0\0\0");
+    let owner = node.owner();
+    assert_eq!(owner.path, format!("{SCOPE}/{SLUID}"));
+    assert_eq!(owner.identity.hpc_job.as_deref(), Some("3385"));
+    assert_eq!(owner.identity.slurm_sluid.as_deref(), Some(SLUID), "the SLUID stays");
+    // Any step's stepd will do: the extern one is gone, step 0's second PID is the stepd.
+    let node = SlurmNode::new(step_pids);
+    node.process(102, "/system.slice/slurmstepd.scope/system", b"/usr/sbin/slurmstepd\0").process(
+        103,
+        &SlurmNode::leaf("step_0"),
+        b"slurmstepd: [3385.0]\0",
+    );
+    assert_eq!(node.owner().identity.hpc_job.as_deref(), Some("3385"));
+}
+
+#[test]
+fn a_sluid_job_whose_stepd_cannot_be_seen_keeps_its_sluid_and_no_job() {
+    // hidepid or ProtectProc=invisible: the PIDs are listed, their /proc entries absent.
+    let node = SlurmNode::new(step_pids);
+    let owner = node.owner();
+    assert_eq!(owner.identity.hpc_job, None);
+    assert_eq!(owner.identity.slurm_sluid.as_deref(), Some(SLUID));
+    // No stepd at all (the leaves are empty).
+    let node = SlurmNode::new(|_| String::new());
+    assert_eq!(node.owner().identity.hpc_job, None);
+}
+
+/// The hostile table's rows for the stepd's inputs: a process that is not in the leaf it is
+/// listed in, a title of another step or job shape, a huge `cgroup.procs` or `cmdline`, a FIFO,
+/// a link; each gives no `hpc_job` or the right one, never a wrong one, and reads no more than
+/// its bound.
+#[test]
+fn a_stepd_input_that_lies_is_huge_or_blocks_names_no_wrong_job() {
+    let leaf = SlurmNode::leaf("step_extern");
+    let job = |node: &SlurmNode| node.owner().identity.hpc_job.clone();
+    // A process of the user's tasks, or one moved out, with a stepd's title.
+    let node = SlurmNode::new(step_pids);
+    node.process(101, &format!("{SCOPE}/{SLUID}/step_extern/user"), b"slurmstepd: [1.extern]\0");
+    assert_eq!(job(&node), None);
+    // The title of another step, another program, a leading zero, or not a number.
+    for title in [
+        &b"slurmstepd: [3385.0]\0"[..],
+        b"bash\0-c\0slurmstepd: [3385.extern]\0",
+        b"slurmstepd: [03385.extern]\0",
+        b"slurmstepd: [x.extern]\0",
+        b"slurmstepd: [3385.extern]\n",
+    ] {
+        let node = SlurmNode::new(step_pids);
+        node.process(101, &leaf, title);
+        assert_eq!(job(&node), None, "{}", String::from_utf8_lossy(title));
+    }
+    // A huge cgroup.procs: its first PID is read, and no more than the bound.
+    let mut huge = String::from("101\n");
+    while huge.len() < 1 << 20 {
+        huge.push_str("4000000\n");
+    }
+    let node =
+        SlurmNode::new(|step| if step == "step_extern" { huge.clone() } else { String::new() });
+    node.process(101, &leaf, b"slurmstepd: [3385.extern]\0");
+    assert_eq!(job(&node).as_deref(), Some("3385"));
+    // A huge command line: its title is its beginning.
+    let node = SlurmNode::new(step_pids);
+    let mut cmdline = b"slurmstepd: [3385.extern]\0".to_vec();
+    cmdline.resize(1 << 20, b'a');
+    node.process(101, &leaf, &cmdline);
+    assert_eq!(job(&node).as_deref(), Some("3385"));
+    // A title past the bound is no title.
+    let node = SlurmNode::new(step_pids);
+    let mut long = b"slurmstepd: [3385.extern".to_vec();
+    long.resize(stepd::MAX_READ as usize + 10, b' ');
+    node.process(101, &leaf, &long);
+    assert_eq!(job(&node), None);
+    // A FIFO for a cmdline or a cgroup.procs is refused at the open: the walk does not block.
+    let node = SlurmNode::new(step_pids);
+    node.process(101, &leaf, b"");
+    let fifo = node.proc.path().join("101/cmdline");
+    fs::remove_file(&fifo).unwrap();
+    rustix::fs::mkfifoat(rustix::fs::CWD, &fifo, rustix::fs::Mode::RUSR).unwrap();
+    let procs = node.tree.root().join(format!("{}/cgroup.procs", &SlurmNode::leaf("step_0")[1..]));
+    fs::remove_file(&procs).unwrap();
+    rustix::fs::mkfifoat(rustix::fs::CWD, &procs, rustix::fs::Mode::RUSR).unwrap();
+    assert_eq!(job(&node), None);
+    // A /proc/<pid> that is a link (to another process's entry) is not followed.
+    let node = SlurmNode::new(step_pids);
+    node.process(7, &leaf, b"slurmstepd: [3385.extern]\0");
+    std::os::unix::fs::symlink("7", node.proc.path().join("101")).unwrap();
+    assert_eq!(job(&node), None);
+}
+
+#[test]
+fn a_sluid_read_once_is_kept_while_walks_see_it_and_forgotten_after() {
+    let node = SlurmNode::new(step_pids);
+    node.process(101, &SlurmNode::leaf("step_extern"), b"slurmstepd: [3385.extern]\0");
+    let mut stepds = stepd::Stepds::new(node.proc.path().to_path_buf());
+    assert_eq!(node.owner_with(&mut stepds).identity.hpc_job.as_deref(), Some("3385"));
+    // The stepd's entry is gone (the stepd of the extern step ended, the job runs on): the id
+    // read stays, no process is read again.
+    fs::remove_dir_all(node.proc.path().join("101")).unwrap();
+    assert_eq!(node.owner_with(&mut stepds).identity.hpc_job.as_deref(), Some("3385"));
+    // The job ends and a walk no longer sees it: its id is forgotten. Written again with the
+    // same SLUID (which Slurm never does: a requeue makes a new one), the job is read afresh
+    // and, its stepd unseen, has no id.
+    fs::remove_dir_all(node.tree.root().join(&format!("{SCOPE}/{SLUID}")[1..])).unwrap();
+    let mut walk = read(node.tree.root(), LIMITS).unwrap();
+    stepds.resolve(node.tree.root(), &mut walk.hierarchy);
+    assert!(walk.hierarchy.owners(&smt_cores(4)).is_empty());
+    let rebuilt = SlurmNode::new(step_pids);
+    assert_eq!(rebuilt.owner_with(&mut stepds).identity.hpc_job, None);
 }

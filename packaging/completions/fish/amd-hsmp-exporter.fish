@@ -9,6 +9,7 @@ complete -c amd-hsmp-exporter -l web.header-read-timeout -d 'Time a client has f
 complete -c amd-hsmp-exporter -l web.idle-timeout -d 'A connection that handles no request and moves no byte for this long is closed (idle keep-alive, a client that does not read its answer)' -r
 complete -c amd-hsmp-exporter -l broker.socket -d 'Unix socket of amd-hsmp-broker' -r -F
 complete -c amd-hsmp-exporter -l path.cgroupfs -d 'Mount point of the cgroup v2 hierarchy the core-owner collector reads' -r -F
+complete -c amd-hsmp-exporter -l path.procfs -d 'Mount point of the procfs: this process\'s own `process_*` metrics, and where the core-owner collector reads the title of a Slurm job\'s `slurmstepd` when the job\'s cgroup is named by its SLUID' -r -F
 complete -c amd-hsmp-exporter -l collector.core-owner.max-age -d 'How long one walk of the cgroup hierarchy serves the scrapes that arrive after it began (at most one walk runs at a time); 0 walks again for every scrape that arrives after a walk began (e.g. `1s`, `0`, at most 1m)' -r
 complete -c amd-hsmp-exporter -l log.level -d 'Only log messages with the given severity or above' -r -f -a "debug\t'Everything, including each reconnect attempt and each refused peer'
 info\t'Start-up, listening, peers and broker lost and found again'

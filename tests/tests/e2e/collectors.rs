@@ -587,3 +587,81 @@ hostile_table! {
     frequency_limit => FREQUENCY_LIMIT,
     core_owner => CORE_OWNER,
 }
+
+/// Answers a mount's held reads when dropped.
+struct Release<'a>(&'a BlockingCgroupfs);
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
+/// The core-owner row's second input, the procfs where a SLUID-named Slurm job's stepd is read
+/// (`--path.procfs`), on a FUSE passthrough whose `cmdline` reads never answer: every scrape
+/// answers in time with the rest of its series, the walk's failure counted, one read held
+/// whatever the scrapes; released, the job gets its number from its stepd's title. Its other
+/// hostile inputs (a process outside the leaf, a title that lies, a huge `cgroup.procs` or
+/// `cmdline`, a FIFO, a link, an entry gone) are the exporter's unit tests
+/// (`frontend/src/owner/tests.rs`).
+#[test]
+#[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
+fn a_stepd_read_that_blocks_holds_one_walk_and_every_scrape_answers_in_time() {
+    let _alone = harness::one_at_a_time();
+    let tree = tempfile::tempdir().unwrap();
+    let (root, proc) = (tree.path().join("cgroup"), tree.path().join("proc"));
+    let topology = fixtures::machine("turin-2p").unwrap().topology();
+    cgroups::write_layout(cgroups::Layout::SlurmSluid, &topology, &root).unwrap();
+    assert!(cgroups::write_processes(cgroups::Layout::SlurmSluid, &root, &proc).unwrap());
+    let procfs = BlockingCgroupfs::mount(&proc).unwrap();
+    procfs.block("cmdline");
+    let flags = [
+        "--collector.core-owner".to_owned(),
+        "--path.cgroupfs".to_owned(),
+        root.display().to_string(),
+        "--path.procfs".to_owned(),
+        procfs.root().display().to_string(),
+        "--collector.core-owner.max-age".to_owned(),
+        "0".to_owned(),
+    ];
+    let quoted: Vec<String> = flags.iter().map(|f| format!("{f:?}")).collect();
+    let toml = format!(
+        "description = \"a stuck procfs\"\nmachine = \"turin-2p\"\nwire-golden = false\n\
+         exporter-flags = [{}]\n[[scrapes]]\n",
+        quoted.join(", ")
+    );
+    let mut rig = Rig::start(&scenario::parse(&toml).unwrap()).unwrap();
+    // Dropped before the rig, also on a failed assertion: a process held in a FUSE read
+    // cannot be reaped until the read is answered.
+    let _release = Release(&procfs);
+    for n in 1..=3u32 {
+        let (response, m) = scrape(rig.addr(), "1");
+        assert!(
+            response.elapsed < Duration::from_millis(1500),
+            "scrape {n}: {:?}",
+            response.elapsed
+        );
+        assert_eq!(m.count("amd_hsmp_core_owner_info"), 0, "{}", m.text);
+        assert_eq!(m.errors("core-owner"), f64::from(n), "{}", m.text);
+        assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 384, "{}", m.text);
+        assert_eq!(procfs.held(), 1, "one walk holds one read, whatever the scrapes");
+    }
+    procfs.release();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let m = loop {
+        let (_, m) = scrape(rig.addr(), "10");
+        if m.count("amd_hsmp_core_owner_info") > 0 {
+            break m;
+        }
+        assert!(Instant::now() < deadline, "no owners after the release: {}", m.text);
+    };
+    assert!(
+        m.text.contains(
+            "amd_hsmp_core_owner_info{core=\"0\",owner=\"/system.slice/slurmstepd.scope/sEKNKTV3WPV500\",socket=\"0\",hpc_job=\"3385\",slurm_sluid=\"sEKNKTV3WPV500\"} 1\n"
+        ),
+        "{}",
+        m.text
+    );
+    assert_eq!(m.value("amd_hsmp_core_owner_unresolved_slurm_jobs"), Some(1.0), "{}", m.text);
+    rig.stop();
+}

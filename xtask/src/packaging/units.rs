@@ -20,6 +20,9 @@ const MSR_DROP_IN: &str = "msr-fallback.conf";
 /// higher than the MSR drop-in's.
 const PERF_DROP_IN: &str = "perf-energy.conf";
 
+/// The exporter's opt-in drop-in that shows it Slurm's stepds (`ProtectProc=default` alone).
+const STEPD_DROP_IN: &str = "slurm-stepd.conf";
+
 /// Settings the privilege split depends on: (file in `packaging/systemd/`, section, key, value).
 /// Each must be present literally; an empty value is the reset to "nothing".
 const REQUIRED_SETTINGS: &[(&str, &str, &str, &str)] = &[
@@ -65,6 +68,7 @@ const REQUIRED_SETTINGS: &[(&str, &str, &str, &str)] = &[
     (PERF_DROP_IN, "Service", "CapabilityBoundingSet", "CAP_PERFMON"),
     (PERF_DROP_IN, "Service", "AmbientCapabilities", "CAP_PERFMON"),
     (PERF_DROP_IN, "Service", "SystemCallFilter", "perf_event_open"),
+    (STEPD_DROP_IN, "Service", "ProtectProc", "default"),
 ];
 
 /// Everything the perf drop-in may set: `CAP_PERFMON` and `perf_event_open`, nothing else.
@@ -107,10 +111,23 @@ pub(super) fn units(root: &Path, work: &Path) -> Result<String> {
     let broker_msr = exposure(work, "amd-hsmp-broker.service")?;
     let exporter_msr = exposure(work, "amd-hsmp-exporter.service")?;
 
-    ensure!(
-        exporter <= EXPOSURE_LIMIT,
-        "amd-hsmp-exporter.service exposure {exporter} is above {EXPOSURE_LIMIT}"
-    );
+    fs::remove_file(drop_in_dir.join(MSR_DROP_IN))?;
+
+    let exporter_drop_ins = work.join("etc/systemd/system/amd-hsmp-exporter.service.d");
+    fs::create_dir_all(&exporter_drop_ins)?;
+    copy(&src.join(STEPD_DROP_IN), &exporter_drop_ins.join(STEPD_DROP_IN))?;
+    verify_units(work).context("units with the slurm-stepd drop-in")?;
+    let exporter_stepd = exposure(work, "amd-hsmp-exporter.service")?;
+    fs::remove_file(exporter_drop_ins.join(STEPD_DROP_IN))?;
+
+    for (name, with) in
+        [("exporter", exporter), ("exporter with the slurm-stepd drop-in", exporter_stepd)]
+    {
+        ensure!(
+            with <= EXPOSURE_LIMIT,
+            "amd-hsmp-{name} exposure {with} is above {EXPOSURE_LIMIT}"
+        );
+    }
     ensure!(
         broker_msr <= EXPOSURE_LIMIT,
         "amd-hsmp-broker.service exposure with the MSR drop-in {broker_msr} is above \
@@ -130,8 +147,9 @@ pub(super) fn units(root: &Path, work: &Path) -> Result<String> {
     }
     unit_settings(&src)?;
     Ok(format!(
-        "verify clean; exposure: exporter {exporter}, broker {broker}, broker with MSR drop-in \
-         {broker_msr}, with perf drop-in {broker_perf} (limit {EXPOSURE_LIMIT})"
+        "verify clean; exposure: exporter {exporter} ({exporter_stepd} with the slurm-stepd \
+         drop-in), broker {broker}, broker with MSR drop-in {broker_msr}, with perf drop-in \
+         {broker_perf} (limit {EXPOSURE_LIMIT})"
     ))
 }
 
@@ -241,6 +259,11 @@ fn unit_settings(src: &Path) -> Result<()> {
     ensure!(
         extra.is_empty() && perf.len() == PERF_DROP_IN_KEYS.len(),
         "{PERF_DROP_IN} may set only {PERF_DROP_IN_KEYS:?}, once each; it sets {perf:?}"
+    );
+    let stepd = parse_unit(&read(&src.join(STEPD_DROP_IN))?);
+    ensure!(
+        stepd == [("Service".to_owned(), "ProtectProc".to_owned(), "default".to_owned())],
+        "{STEPD_DROP_IN} may set only ProtectProc=default; it sets {stepd:?}"
     );
     let exporter = parse_unit(&read(&src.join("amd-hsmp-exporter.service"))?);
     ensure!(
