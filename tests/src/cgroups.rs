@@ -14,6 +14,7 @@ use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
+use std::os::unix::ffi::OsStrExt as _;
 use std::path::Path;
 
 /// A named hierarchy of a scenario (`cgroups = "slurm"`).
@@ -38,6 +39,11 @@ pub enum Layout {
     /// `job_<id>`. Job `sEKNKTV3WPV500`, a batch job, owns cores 0-3 of socket 0; job
     /// `s0F2BKS0J1W800` runs `srun` step 0 on cores 4-7 of its eight (socket 0), the step's.
     SlurmSluid,
+    /// Slurm 26.05.2 or later with `CgroupJobIdPaths=yes` (the job's directory `job_<id>`
+    /// again) and, as 25.11 allows, `CgroupSlice=slurm.slice`: the stepd scope is
+    /// `slurm.slice/slurmstepd.scope`. Job 7001's batch step holds its four cores of socket 1
+    /// (the job owns them); job 7002's `srun` step 3 two of its four (the step owns those).
+    SlurmJobIdPaths,
     /// A Kubernetes node, kubelet's static CPU manager and systemd cgroup driver: two
     /// Guaranteed pods with exclusive CPUs (one of two containers), the shared pool across
     /// burstable and best-effort pods.
@@ -45,6 +51,13 @@ pub enum Layout {
     /// The kubelet's cgroupfs driver (containerd): a Guaranteed pod's container with exclusive
     /// cores 0-3 of socket 1, a burstable pod's CRI-O container (`crio-<id>`) with cores 4-5.
     KubeletCgroupfs,
+    /// A Kubernetes node whose CPUs are given by the DRA CPU driver (kubernetes-sigs'
+    /// `dra-driver-cpu`: the kubelet's CPU manager is `none`, the driver's NRI plugin pins a
+    /// container that holds a CPU ResourceClaim to its CPUs and confines every other container
+    /// to the shared pool of the rest). Pod A's container with a claim holds cores 8-11 of
+    /// socket 0 and owns them; its second container, and Guaranteed pod B's container, which
+    /// holds no claim, are in the shared pool, as is a burstable pod's.
+    KubeletDra,
     /// systemd services and slices with `AllowedCPUs=`, two of them overlapping, a slice whose
     /// services inherit its CPUs, and a libvirt VM whose vCPU threads are pinned.
     Systemd,
@@ -53,7 +66,8 @@ pub enum Layout {
     /// emulator pinned to core 8, a housekeeping core guest `db` also has for its emulator)
     /// owns cores 4-5, and core 8, in two guests' scopes, is unassigned. Two cgroups named like
     /// a guest's scope where libvirt never puts one own cores 9 and 10 (hostile test Q3): one in
-    /// a user's own subtree, one inside a pod.
+    /// a user's own subtree, one inside a pod. A guest's scope whose name holds a raw byte 0xFF
+    /// (which systemd would have escaped: a hand-made cgroup, hostile test Q8) owns core 11.
     Libvirt,
     /// A cgroup v1 (hybrid) host: controller hierarchies and no `cgroup.controllers`.
     V1Host,
@@ -275,59 +289,74 @@ fn slurm_step(h: &mut Hierarchy, job_dir: &str, step: &str, cpus: &[u32], tasks:
     }
 }
 
+/// A Slurm node's hierarchy up to its stepd scope `stepd` (below `system.slice`, or below a
+/// slice of its own as `CgroupSlice=` makes it), with slurmd's unit `slurmd`.
+fn slurm_node(slurmd: &str, stepd: &str) -> Hierarchy {
+    let mut h = Hierarchy::default();
+    h.add("init.scope", vec![]).add("system.slice", vec![]).add(slurmd, vec![]);
+    let slice = parent_of(stepd);
+    if slice != "system.slice" {
+        h.add(slice, vec![]);
+    }
+    h.add(stepd, vec![]).add(&format!("{stepd}/system"), vec![]);
+    h
+}
+
+/// Job directory `name` below `stepd` holding `cpus`, with its extern step; its path.
+fn slurm_job(h: &mut Hierarchy, stepd: &str, name: &str, cpus: &[u32]) -> String {
+    let dir = format!("{stepd}/{name}");
+    h.add(&dir, cpus.to_vec());
+    slurm_step(h, &dir, "step_extern", cpus, &["special"]);
+    dir
+}
+
+/// A Slurm node's users, whose slice does not enable cpuset.
+fn with_users(mut h: Hierarchy) -> Hierarchy {
+    h.add("user.slice", vec![]).add_plain("user.slice/user-1000.slice");
+    h
+}
+
 fn slurm_multiple(topology: &Topology) -> Hierarchy {
     let stepd = "system.slice/node7_slurmstepd.scope";
-    let mut h = Hierarchy::default();
-    h.add("init.scope", vec![])
-        .add("system.slice", vec![])
-        .add("system.slice/slurmd-node7.service", vec![])
-        .add(stepd, vec![])
-        .add(&format!("{stepd}/system"), vec![]);
+    let mut h = slurm_node("system.slice/slurmd-node7.service", stepd);
     // Job 5001, a batch job: its steps hold the whole set, so the job owns cores 0-3.
     let job = threads(topology, 0, 0..4);
-    let dir = format!("{stepd}/job_5001");
-    h.add(&dir, job.clone());
-    slurm_step(&mut h, &dir, "step_extern", &job, &["special"]);
+    let dir = slurm_job(&mut h, stepd, "job_5001", &job);
     slurm_step(&mut h, &dir, "step_batch", &job, &["0"]);
     // Job 5002: two srun steps on four of its eight cores each own them.
     let job = threads(topology, 0, 4..12);
-    let dir = format!("{stepd}/job_5002");
-    h.add(&dir, job.clone());
-    slurm_step(&mut h, &dir, "step_extern", &job, &["special"]);
+    let dir = slurm_job(&mut h, stepd, "job_5002", &job);
     slurm_step(&mut h, &dir, "step_batch", &job, &["0"]);
     slurm_step(&mut h, &dir, "step_0", &threads(topology, 0, 4..8), &["0", "1"]);
     slurm_step(&mut h, &dir, "step_1", &threads(topology, 0, 8..12), &["0"]);
     // Job 5003, salloc with an interactive step on two of its four cores: those are the
     // step's, the other two the job's.
-    let job = threads(topology, 1, 0..4);
-    let dir = format!("{stepd}/job_5003");
-    h.add(&dir, job.clone());
-    slurm_step(&mut h, &dir, "step_extern", &job, &["special"]);
+    let dir = slurm_job(&mut h, stepd, "job_5003", &threads(topology, 1, 0..4));
     slurm_step(&mut h, &dir, "step_interactive", &threads(topology, 1, 0..2), &["0"]);
-    h.add("user.slice", vec![]).add_plain("user.slice/user-1000.slice");
-    h
+    with_users(h)
+}
+
+fn slurm_job_id_paths(topology: &Topology) -> Hierarchy {
+    let stepd = "slurm.slice/slurmstepd.scope";
+    let mut h = slurm_node("system.slice/slurmd.service", stepd);
+    let job = threads(topology, 1, 0..4);
+    let dir = slurm_job(&mut h, stepd, "job_7001", &job);
+    slurm_step(&mut h, &dir, "step_batch", &job, &["0"]);
+    let dir = slurm_job(&mut h, stepd, "job_7002", &threads(topology, 1, 4..8));
+    slurm_step(&mut h, &dir, "step_3", &threads(topology, 1, 4..6), &["0"]);
+    with_users(h)
 }
 
 fn slurm_sluid(topology: &Topology) -> Hierarchy {
-    let mut h = Hierarchy::default();
-    h.add("init.scope", vec![])
-        .add("system.slice", vec![])
-        .add("system.slice/slurmd.service", vec![])
-        .add(SLURM, vec![])
-        .add(&format!("{SLURM}/system"), vec![]);
+    let mut h = slurm_node("system.slice/slurmd.service", SLURM);
     let job = threads(topology, 0, 0..4);
-    let dir = format!("{SLURM}/sEKNKTV3WPV500");
-    h.add(&dir, job.clone());
-    slurm_step(&mut h, &dir, "step_extern", &job, &["special"]);
+    let dir = slurm_job(&mut h, SLURM, "sEKNKTV3WPV500", &job);
     slurm_step(&mut h, &dir, "step_batch", &job, &["0"]);
     let job = threads(topology, 0, 4..12);
-    let dir = format!("{SLURM}/s0F2BKS0J1W800");
-    h.add(&dir, job.clone());
-    slurm_step(&mut h, &dir, "step_extern", &job, &["special"]);
+    let dir = slurm_job(&mut h, SLURM, "s0F2BKS0J1W800", &job);
     slurm_step(&mut h, &dir, "step_batch", &job, &["0"]);
     slurm_step(&mut h, &dir, "step_0", &threads(topology, 0, 4..8), &["0", "1"]);
-    h.add("user.slice", vec![]).add_plain("user.slice/user-1000.slice");
-    h
+    with_users(h)
 }
 
 /// Pod UIDs as the kubelet's systemd driver writes them (dashes become underscores).
@@ -336,6 +365,17 @@ const POD_B: &str = "5d2e9a41_7c3b_4f60_8e2d_1a9b0c4d7e33";
 const POD_C: &str = "9a0c1e2f_3b4d_4e5f_a6b7_c8d9e0f1a2b3";
 const POD_D: &str = "c3d4e5f6_0718_4293_a4b5_c6d7e8f9a0b1";
 const POD_E: &str = "e1f2a3b4_c5d6_47e8_99a0_b1c2d3e4f5a6";
+
+/// A Kubernetes node's hierarchy up to `kubepods.slice` (the kubelet's systemd driver).
+fn kubelet_node() -> Hierarchy {
+    let mut h = Hierarchy::default();
+    h.add("init.scope", vec![])
+        .add("system.slice", vec![])
+        .add("system.slice/containerd.service", vec![])
+        .add("system.slice/kubelet.service", vec![])
+        .add("kubepods.slice", vec![]);
+    h
+}
 
 fn kubelet(topology: &Topology) -> Hierarchy {
     let all = online(topology);
@@ -348,12 +388,7 @@ fn kubelet(topology: &Topology) -> Hierarchy {
     let exclusive: BTreeSet<u32> = joined(&[&a_app, &a_sidecar, &b_app]).into_iter().collect();
     let shared: Vec<u32> = all.difference(&exclusive).copied().collect();
     let scope = |id: &str| format!("cri-containerd-{id}.scope");
-    let mut h = Hierarchy::default();
-    h.add("init.scope", vec![])
-        .add("system.slice", vec![])
-        .add("system.slice/containerd.service", vec![])
-        .add("system.slice/kubelet.service", vec![])
-        .add("kubepods.slice", vec![]);
+    let mut h = kubelet_node();
     let pod_a = format!("kubepods.slice/kubepods-pod{POD_A}.slice");
     h.add(&pod_a, vec![])
         // The sandbox (pause) container is not managed by the CPU manager.
@@ -424,6 +459,31 @@ fn kubelet_cgroupfs(topology: &Topology) -> Hierarchy {
         .add(&pod_c, vec![])
         .add(&format!("{pod_c}/crio-{}", "d4e5f607".repeat(8)), threads(topology, 1, 4..6))
         .add("kubepods/besteffort", vec![]);
+    h
+}
+
+fn kubelet_dra(topology: &Topology) -> Hierarchy {
+    let all = online(topology);
+    let claimed = threads(topology, 0, 8..12);
+    let shared: Vec<u32> = all.iter().copied().filter(|c| !claimed.contains(c)).collect();
+    let scope = |id: &str| format!("cri-containerd-{}.scope", &id.repeat(8)[..64]);
+    let mut h = kubelet_node();
+    // The CPU manager is off: pods and sandboxes keep the whole machine; NRI sets containers'.
+    let pod_a = format!("kubepods.slice/kubepods-pod{POD_A}.slice");
+    h.add(&pod_a, vec![])
+        .add(&format!("{pod_a}/{}", scope("0a1b2c3d")), vec![])
+        .add(&format!("{pod_a}/{}", scope("5e6f7a8b")), claimed)
+        .add(&format!("{pod_a}/{}", scope("9c0d1e2f")), shared.clone());
+    let pod_b = format!("kubepods.slice/kubepods-pod{POD_B}.slice");
+    h.add(&pod_b, vec![])
+        .add(&format!("{pod_b}/{}", scope("3a4b5c6d")), vec![])
+        .add(&format!("{pod_b}/{}", scope("7e8f9a0b")), shared.clone());
+    let burstable = "kubepods.slice/kubepods-burstable.slice";
+    let pod_c = format!("{burstable}/kubepods-burstable-pod{POD_C}.slice");
+    h.add(burstable, vec![])
+        .add(&pod_c, vec![])
+        .add(&format!("{pod_c}/{}", scope("c1d2e3f4")), vec![])
+        .add(&format!("{pod_c}/{}", scope("a5b6c7d8")), shared);
     h
 }
 
@@ -508,8 +568,17 @@ fn libvirt(topology: &Topology) -> Hierarchy {
         &format!("{pod}/machine-qemu\\x2d98\\x2dprod\\x2ddb.scope"),
         threads(topology, 1, 10..11),
     );
+    // Renamed to its raw byte once written (write_layout).
+    let placeholder = std::str::from_utf8(RAW_BYTE_PLACEHOLDER).unwrap_or_default();
+    h.add(
+        &format!("machine.slice/machine-qemu\\x2d8\\x2draw{placeholder}byte.scope"),
+        threads(topology, 1, 11..12),
+    );
     h
 }
+
+/// The name part of the Q8 guest's scope before it is renamed to hold a raw byte 0xFF.
+const RAW_BYTE_PLACEHOLDER: &[u8] = b"-FF-";
 
 /// A Kubernetes node of `pods` pods (two containers and a sandbox each, so about four cgroups
 /// a pod): every tenth pod Guaranteed with one exclusive core per container while cores last,
@@ -564,10 +633,22 @@ pub fn write_layout(layout: Layout, topology: &Topology, root: &Path) -> Result<
         Layout::SlurmOneJobEnded => slurm(topology, false).write(root, &online),
         Layout::SlurmMultipleSlurmd => slurm_multiple(topology).write(root, &online),
         Layout::SlurmSluid => slurm_sluid(topology).write(root, &online),
+        Layout::SlurmJobIdPaths => slurm_job_id_paths(topology).write(root, &online),
+        Layout::KubeletDra => kubelet_dra(topology).write(root, &online),
         Layout::Kubelet => kubelet(topology).write(root, &online),
         Layout::KubeletCgroupfs => kubelet_cgroupfs(topology).write(root, &online),
         Layout::Systemd => systemd(topology).write(root, &online),
-        Layout::Libvirt => libvirt(topology).write(root, &online),
+        Layout::Libvirt => {
+            libvirt(topology).write(root, &online)?;
+            // Hostile test Q8: a raw 0xFF in a guest's scope name, which a `String` cannot hold.
+            let dir = |name: &[u8]| {
+                root.join("machine.slice").join(std::ffi::OsStr::from_bytes(
+                    &[&br"machine-qemu\x2d8\x2draw"[..], name, b"byte.scope"].concat(),
+                ))
+            };
+            std::fs::rename(dir(RAW_BYTE_PLACEHOLDER), dir(&[0xFF]))?;
+            Ok(())
+        }
         Layout::V1Host => {
             // A hybrid host: v1 controller hierarchies, the unified one for systemd only.
             for controller in ["cpuset", "cpu,cpuacct", "memory", "pids", "systemd", "unified"] {
