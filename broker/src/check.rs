@@ -32,8 +32,8 @@ pub(crate) const EXPORTER_USER: &str = "amd-hsmp-exporter";
 pub(crate) const EXPORTER_GROUP: &str = "amd-hsmp-exporter";
 /// How long per-core energy is watched.
 pub(crate) const ENERGY_WINDOW: Duration = Duration::from_secs(2);
-/// A mailbox message that takes longer than this is slow: the `cores` line then asks the first
-/// core only, instead of one message per core (a firmware answers in about a millisecond, and
+/// A mailbox message that takes longer than this is slow: the `cores` line then stops at the
+/// first slow socket's first core, instead of one message per core (a firmware answers in about a millisecond, and
 /// the driver gives up after 100 to 500 ms, by kernel version).
 pub(crate) const SLOW_MESSAGE: Duration = Duration::from_millis(500);
 /// Boost limits outside this range (MHz) are not a setting any EPYC part accepts; the upper
@@ -830,11 +830,12 @@ fn frequency_limit(t: &dyn HsmpTransport, topo: &Topology) -> Line {
 
 /// `GET_BOOST_LIMIT` of every core by its APIC id on its socket. Returns the line, the limits
 /// read (MHz), and whether the mailbox is too slow to be asked once per core: if the first
-/// core's message takes longer than [`SLOW_MESSAGE`], the other cores are not asked (one
-/// bounded probe, not one slow message per core) and the line says so.
+/// message to any socket takes longer than [`SLOW_MESSAGE`], no other core is asked (one
+/// bounded probe a socket, not one slow message per core) and the line names that socket.
 fn cores(t: &dyn HsmpTransport, topo: &Topology) -> (Line, Vec<(usize, u32)>, bool) {
     let mut limits = Vec::new();
     let mut failed = Vec::new();
+    let mut timed: Vec<u32> = Vec::with_capacity(topo.sockets.len());
     let total = topo.cores.len();
     for (index, core) in topo.cores.iter().enumerate() {
         let started = Instant::now();
@@ -846,16 +847,22 @@ fn cores(t: &dyn HsmpTransport, topo: &Topology) -> (Line, Vec<(usize, u32)>, bo
             )),
         }
         let took = started.elapsed();
-        if index == 0 && total > 1 && took > SLOW_MESSAGE {
+        if timed.contains(&core.socket) {
+            continue;
+        }
+        timed.push(core.socket);
+        let untouched = total - index - 1;
+        if untouched > 0 && took > SLOW_MESSAGE {
             let line = Line::fail(
                 "cores",
                 format!(
-                    "the first core's GET_BOOST_LIMIT took {:.1} s, over the {} ms a message may \
-                     take: the other {} cores were not asked (a scrape of this machine would \
-                     need {:.0} s)",
+                    "socket {}'s first GET_BOOST_LIMIT (core {}) took {:.1} s, over the {} ms a \
+                     message may take: the other {untouched} cores were not asked (a scrape of \
+                     this machine would need {:.0} s)",
+                    core.socket,
+                    core.core,
                     took.as_secs_f64(),
                     SLOW_MESSAGE.as_millis(),
-                    total - 1,
                     took.as_secs_f64() * (2 * total + topo.sockets.len()) as f64
                         / topo.sockets.len().max(1) as f64,
                 ),

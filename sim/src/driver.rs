@@ -293,7 +293,7 @@ impl HsmpTransport for Driver {
         let (timeout, latency, wedged, injected, unsupported) = machine.with_faults(|f| {
             (
                 f.driver_timeout,
-                f.latency,
+                f.socket_latency.get(&socket).copied().unwrap_or(f.latency),
                 f.wedged_sockets.contains(&socket),
                 family.and_then(|fam| f.errno.get(&(fam, target)).copied()),
                 family.is_some_and(|fam| f.unsupported.contains(&fam)),

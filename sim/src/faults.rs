@@ -84,6 +84,9 @@ pub struct Faults {
     /// Time every HSMP message spends in the mailbox, holding its socket's lock. From
     /// `driver_timeout` on, the driver gives up with `ETIMEDOUT` after `driver_timeout`.
     pub latency: Duration,
+    /// Sockets whose messages take this long instead of [`latency`](Faults::latency): one slow
+    /// socket beside normal ones, as firmware busy on one package gives.
+    pub socket_latency: BTreeMap<u32, Duration>,
     /// Sockets whose mailbox never answers: every message times out (`ETIMEDOUT` after
     /// `driver_timeout`).
     pub wedged_sockets: BTreeSet<u32>,
@@ -126,6 +129,7 @@ impl Default for Faults {
             unsupported: BTreeSet::new(),
             errno: BTreeMap::new(),
             latency: Duration::ZERO,
+            socket_latency: BTreeMap::new(),
             wedged_sockets: BTreeSet::new(),
             driver_timeout: DRIVER_TIMEOUT,
             hsmp_open: None,

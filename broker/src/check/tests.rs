@@ -519,6 +519,32 @@ fn a_slow_mailbox_costs_the_cores_line_one_message_not_one_per_core() {
     assert_eq!(sent() - before, 2 + 4 + 1, "{lines:#?}");
 }
 
+/// Regression (Q7): only the first core of socket 0 was timed, so a slow socket 1 had every one
+/// of its cores asked, and `--check` ended at its deadline blaming the input files. Now the
+/// first message to each socket is timed, and a slow socket 1 ends the `cores` line by name.
+#[test]
+fn a_slow_second_socket_costs_the_cores_line_one_message_and_is_named() {
+    let mut spec = Profile::Turin2p.spec();
+    spec.core_ids.truncate(4);
+    let machine = Machine::new(spec, FirmwareConfig::new(Mode::Static));
+    machine.update_faults(|f| {
+        f.socket_latency.insert(1, SLOW_MESSAGE + Duration::from_millis(100));
+        f.driver_timeout = Duration::from_secs(10);
+    });
+    let boost =
+        || machine.counters().mailbox(amd_hsmp_device::messages::Message::GetBoostLimit as u32);
+    let before = boost();
+    let lines = run_simulated(&machine, false, &mut two_watts(&machine));
+    let cores = line(&lines, "cores");
+    assert_eq!(cores.verdict, Verdict::Fail, "{cores}");
+    assert!(cores.found.starts_with("socket 1's first GET_BOOST_LIMIT (core "), "{cores}");
+    assert!(cores.found.contains("the other 3 cores were not asked"), "{cores}");
+    assert!(fix(cores).contains("SMU mailbox answers slowly"), "{cores}");
+    assert_eq!(line(&lines, "energy").verdict, Verdict::Skip, "{lines:#?}");
+    // The `protocol` line's probe of the family, socket 0's four cores, then socket 1's first.
+    assert_eq!(boost() - before, 1 + 4 + 1, "{lines:#?}");
+}
+
 /// Each line reaches the caller as soon as it is decided: while the mailbox holds the first
 /// message, the lines before it have been handed out.
 #[test]

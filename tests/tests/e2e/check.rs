@@ -487,3 +487,30 @@ fn the_check_streams_its_lines_and_names_the_step_a_slow_mailbox_holds_at_its_de
     assert!(rest.ends_with("a scrape cannot work as it should; see FAIL above"), "{rest}");
     drop(device);
 }
+
+/// Regression (Q7): the slow-mailbox probe timed only socket 0's first core, so with socket 1
+/// at 3 s a message `--check` asked each of socket 1's cores and ended at its deadline, its fix
+/// pointing at the input files. Now it ends well within the deadline with a `cores` line that
+/// names socket 1 and the slow mailbox.
+#[test]
+#[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
+fn with_socket_1_slow_the_check_names_it_before_its_deadline() {
+    let _alone = harness::one_at_a_time();
+    let (machine, device, root) = fake_machine("turin-2p");
+    machine.update_faults(|f| {
+        f.socket_latency.insert(1, Duration::from_secs(3));
+        f.driver_timeout = Duration::from_secs(60);
+    });
+    let started = Instant::now();
+    let check = Check::start(root.path(), &device.hsmp_path(), &["--check.timeout", "30s"]);
+    let (code, text) = check.finish(Duration::from_secs(45));
+    let took = started.elapsed();
+    assert_eq!(code, 1, "{text}");
+    assert!(!text.contains("deadline"), "{text}");
+    let cores = line_of(&text, "cores");
+    assert!(cores.starts_with("FAIL  cores     socket 1's first GET_BOOST_LIMIT"), "{text}");
+    assert!(cores.contains("the other 191 cores were not asked"), "{text}");
+    assert!(text.contains("SMU mailbox answers slowly"), "{text}");
+    eprintln!("--check with socket 1 at 3 s a message: {:.1} s", took.as_secs_f64());
+    drop(device);
+}
