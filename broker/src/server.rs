@@ -439,7 +439,11 @@ pub(crate) enum ConnectionError {
     #[error("cannot send reply")]
     Reply(#[source] FrameError),
     /// The peer speaks another protocol version.
-    #[error("peer protocol version {0} is not {PROTOCOL_VERSION}")]
+    #[error(
+        "the peer speaks protocol {0} and this broker protocol {PROTOCOL_VERSION}: they are of \
+         different releases; install amd-hsmp-broker and amd-hsmp-exporter of the same release \
+         (upgrade both together)"
+    )]
     VersionMismatch(u32),
 }
 

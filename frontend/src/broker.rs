@@ -112,6 +112,17 @@ pub(crate) enum BrokerError {
 }
 
 impl BrokerError {
+    /// The broker's protocol version and this exporter's, when the broker refused the handshake
+    /// because they differ: the two packages are of different releases.
+    pub(crate) fn version_skew(&self) -> Option<(u32, u32)> {
+        match self {
+            BrokerError::Refused {
+                source: RequestError::VersionMismatch { broker, peer }, ..
+            } => Some((*broker, *peer)),
+            _ => None,
+        }
+    }
+
     /// True when the request failed before any reply byte because the peer had gone away, as
     /// happens to a reused connection that the broker closed while idle or when it restarted;
     /// the same request on a fresh connection may then succeed.

@@ -444,14 +444,24 @@ impl Exporter {
             }
             Err(e) => {
                 self.errors.add(ErrorSource::Broker, 1);
-                if self.broker_reachable.swap(false, Ordering::Relaxed) {
+                let first = self.broker_reachable.swap(false, Ordering::Relaxed);
+                if let (true, Some((broker, exporter))) = (first, e.version_skew()) {
+                    tracing::error!(
+                        socket = %self.broker.path().display(),
+                        exporter_version = env!("CARGO_PKG_VERSION"),
+                        "the broker speaks protocol {broker} and this exporter protocol \
+                         {exporter}: they are of different releases; install amd-hsmp-broker \
+                         and amd-hsmp-exporter of the same release (upgrade both together). \
+                         Exporting amd_hsmp_broker_up 0 until they match"
+                    );
+                } else if first {
                     tracing::warn!(
                         socket = %self.broker.path().display(),
                         error = %chain(&e),
                         "broker unreachable; exporting amd_hsmp_broker_up 0 and retrying on every scrape"
                     );
                 } else {
-                    tracing::debug!(error = %chain(&e), "broker still unreachable");
+                    tracing::debug!(error = %chain(&e), "broker still unavailable");
                 }
                 Outcome::BrokerFailed
             }

@@ -161,3 +161,48 @@ fn default_max_connections_is_lowered_to_fit_the_fd_limit() {
     assert!(log.contains("lowered from 512 to 192 to fit RLIMIT_NOFILE (256)"), "{log}");
     assert!(log.contains("max_connections=192"), "{log}");
 }
+
+/// Regression (I3): a broker of another release, which refuses the handshake with a protocol
+/// version mismatch, was logged as "broker unreachable", which sends an operator looking for a
+/// stopped service. The log names the skew and the fix, once, and the scrape says
+/// `amd_hsmp_broker_up 0` as before.
+#[test]
+fn a_broker_of_another_release_is_named_as_such_with_the_fix() {
+    use amd_hsmp_proto::{Message as _, Reply, Request, RequestError};
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("broker.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let served = {
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            // What a protocol-2 broker answers to a newer Hello: the mismatch, then it closes.
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let Ok((mut stream, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                stream.set_nonblocking(false).unwrap();
+                let Ok(Request::Hello { protocol_version }) = Request::read(&mut stream) else {
+                    continue;
+                };
+                let refusal = RequestError::VersionMismatch { broker: 2, peer: protocol_version };
+                let _ = Reply::Error(refusal).write(&mut stream);
+            }
+        })
+    };
+    let (mut exporter, addr) = exporter(dir.path(), &socket, &[]);
+    for _ in 0..2 {
+        let (_, m) = scrape(addr, None);
+        assert_eq!(m.value("amd_hsmp_broker_up"), Some(0.0), "{}", m.text);
+    }
+    let log = exporter.log();
+    let named: Vec<&str> = log.lines().filter(|l| l.contains("speaks protocol 2")).collect();
+    assert_eq!(named.len(), 1, "{log}");
+    assert!(named[0].contains("upgrade both together"), "{log}");
+    assert!(!log.contains("broker unreachable"), "{log}");
+    exporter.kill();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    served.join().unwrap();
+}
