@@ -33,8 +33,8 @@ pub(crate) const EXPORTER_GROUP: &str = "amd-hsmp-exporter";
 /// How long per-core energy is watched.
 pub(crate) const ENERGY_WINDOW: Duration = Duration::from_secs(2);
 /// A mailbox message that takes longer than this is slow: the `cores` line then stops at the
-/// first slow socket's first core, instead of one message per core (a firmware answers in about a millisecond, and
-/// the driver gives up after 100 to 500 ms, by kernel version).
+/// first slow socket's first core, instead of one message per core (a firmware answers in
+/// about a millisecond, and the driver gives up after 100 to 500 ms, by kernel version).
 pub(crate) const SLOW_MESSAGE: Duration = Duration::from_millis(500);
 /// Boost limits outside this range (MHz) are not a setting any EPYC part accepts; the upper
 /// bound is the part's own `cpuinfo_max_freq` where cpufreq reports it.

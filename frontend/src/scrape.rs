@@ -444,8 +444,9 @@ impl Exporter {
             }
             Err(e) => {
                 self.errors.add(ErrorSource::Broker, 1);
-                let first = self.broker_reachable.swap(false, Ordering::Relaxed);
-                if let (true, Some((broker, exporter))) = (first, e.version_skew()) {
+                if !self.broker_reachable.swap(false, Ordering::Relaxed) {
+                    tracing::debug!(error = %chain(&e), "broker still unavailable");
+                } else if let Some((broker, exporter)) = e.version_skew() {
                     tracing::error!(
                         socket = %self.broker.path().display(),
                         exporter_version = env!("CARGO_PKG_VERSION"),
@@ -454,14 +455,12 @@ impl Exporter {
                          and amd-hsmp-exporter of the same release (upgrade both together). \
                          Exporting amd_hsmp_broker_up 0 until they match"
                     );
-                } else if first {
+                } else {
                     tracing::warn!(
                         socket = %self.broker.path().display(),
                         error = %chain(&e),
                         "broker unreachable; exporting amd_hsmp_broker_up 0 and retrying on every scrape"
                     );
-                } else {
-                    tracing::debug!(error = %chain(&e), "broker still unavailable");
                 }
                 Outcome::BrokerFailed
             }

@@ -569,16 +569,19 @@ fn libvirt(topology: &Topology) -> Hierarchy {
         threads(topology, 1, 10..11),
     );
     // Renamed to its raw byte once written (write_layout).
-    let placeholder = std::str::from_utf8(RAW_BYTE_PLACEHOLDER).unwrap_or_default();
-    h.add(
-        &format!("machine.slice/machine-qemu\\x2d8\\x2draw{placeholder}byte.scope"),
-        threads(topology, 1, 11..12),
-    );
+    let placeholder = raw_byte_scope(RAW_BYTE_PLACEHOLDER);
+    let placeholder = std::str::from_utf8(&placeholder).expect("an ASCII placeholder");
+    h.add(&format!("machine.slice/{placeholder}"), threads(topology, 1, 11..12));
     h
 }
 
-/// The name part of the Q8 guest's scope before it is renamed to hold a raw byte 0xFF.
-const RAW_BYTE_PLACEHOLDER: &[u8] = b"-FF-";
+/// The byte the Q8 guest's scope name holds in place of 0xFF until it is renamed.
+const RAW_BYTE_PLACEHOLDER: u8 = b'~';
+
+/// The Q8 guest's scope name (hostile test Q8) with `byte` in it.
+fn raw_byte_scope(byte: u8) -> Vec<u8> {
+    [&br"machine-qemu\x2d8\x2draw"[..], &[byte], b"byte.scope"].concat()
+}
 
 /// A Kubernetes node of `pods` pods (two containers and a sandbox each, so about four cgroups
 /// a pod): every tenth pod Guaranteed with one exclusive core per container while cores last,
@@ -641,12 +644,10 @@ pub fn write_layout(layout: Layout, topology: &Topology, root: &Path) -> Result<
         Layout::Libvirt => {
             libvirt(topology).write(root, &online)?;
             // Hostile test Q8: a raw 0xFF in a guest's scope name, which a `String` cannot hold.
-            let dir = |name: &[u8]| {
-                root.join("machine.slice").join(std::ffi::OsStr::from_bytes(
-                    &[&br"machine-qemu\x2d8\x2draw"[..], name, b"byte.scope"].concat(),
-                ))
+            let dir = |byte| {
+                root.join("machine.slice").join(std::ffi::OsStr::from_bytes(&raw_byte_scope(byte)))
             };
-            std::fs::rename(dir(RAW_BYTE_PLACEHOLDER), dir(&[0xFF]))?;
+            std::fs::rename(dir(RAW_BYTE_PLACEHOLDER), dir(0xFF))?;
             Ok(())
         }
         Layout::V1Host => {
