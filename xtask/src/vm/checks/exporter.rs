@@ -99,7 +99,9 @@ impl Expected {
     }
 }
 
-/// The series of every core and socket with the simulator's values now.
+/// The series of every core and socket with the simulator's values now; the core energy
+/// family when `energy`, the package energy family where the firmware has the RAPL messages
+/// (`GET_RAPL_PACKAGE_COUNTER`, protocol 7).
 pub(super) fn expected(responder: &Responder, energy: bool) -> Result<Vec<Expected>> {
     let machine = responder.machine();
     let fw = machine.firmware();
@@ -112,6 +114,13 @@ pub(super) fn expected(responder: &Responder, energy: bool) -> Result<Vec<Expect
             labels: vec![("socket", socket.to_string())],
             value: if fw.prochot(socket)? { 1.0 } else { 0.0 },
         });
+        if machine.spec().rapl_messages {
+            out.push(Expected {
+                name: "amd_hsmp_package_energy_joules_total",
+                labels: vec![("socket", socket.to_string())],
+                value: fw.package_energy_counter(socket)? as f64 / esu.exp2(),
+            });
+        }
         if machine.spec().freq_limit_messages() {
             let limit = FrequencyLimit::from(fw.freq_limit(socket)?);
             out.push(Expected {
@@ -147,7 +156,8 @@ pub(super) fn expected(responder: &Responder, energy: bool) -> Result<Vec<Expect
 }
 
 /// Adds to `ev` that a healthy scrape at `protocol` has `amd_hsmp_up 1`, the protocol version,
-/// every series with the responder's exact value, and the energy family exactly when `energy`.
+/// every series with the responder's exact value, the energy family exactly when `energy` and
+/// the package energy family exactly where the firmware has the RAPL messages.
 pub(super) fn healthy(
     ev: &mut Evidence,
     responder: &Responder,
@@ -180,6 +190,12 @@ pub(super) fn healthy(
     ev.check(
         limits == want as usize,
         format!("{limits} frequency-limit series for {} sockets, {want} expected", topo.sockets),
+    );
+    let packages = s.count("amd_hsmp_package_energy_joules_total");
+    let want = if responder.machine().spec().rapl_messages { topo.sockets } else { 0 };
+    ev.check(
+        packages == want as usize,
+        format!("{packages} package energy series for {} sockets, {want} expected", topo.sockets),
     );
     let energy_lines = s.text.lines().filter(|l| l.contains("amd_hsmp_core_energy_joules")).count();
     if energy {
