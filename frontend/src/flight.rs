@@ -15,6 +15,11 @@
 //!
 //! Otherwise the scrape starts its own flight with its own deadline: the broker shares reads
 //! between requests within its bound, so nothing is read twice for it.
+//!
+//! A flight whose passengers all left (their clients hung up, or they stopped waiting) before
+//! it took a runway is cancelled: it has read nothing, and its task ends, giving back the work
+//! it holds (the scrape's place in `--web.max-requests`, see [`crate::work`]). One that
+//! departed flies to the end, since its request is in the broker.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -66,7 +71,9 @@ struct Entry<T> {
     deadline: Instant,
     /// When it took a runway; `None` while it waits for one.
     departed: Option<Instant>,
-    landed: watch::Receiver<Option<Landing<T>>>,
+    /// Its passengers subscribe here; the flight's task holds the other sender and knows them
+    /// by their receivers.
+    landed: watch::Sender<Option<Landing<T>>>,
 }
 
 /// A scrape's place on one flight.
@@ -129,29 +136,51 @@ impl<T: Clone + Send + Sync + 'static> Flights<T> {
             return Ticket {
                 deadline: flight.deadline,
                 joined: true,
-                landed: flight.landed.clone(),
+                landed: flight.landed.subscribe(),
             };
         }
         let (tx, rx) = watch::channel(None);
         let id = inner.next_id;
         inner.next_id += 1;
         let deadline = needs.deadline;
-        inner.flying.push(Entry { id, deadline, departed: None, landed: rx.clone() });
+        inner.flying.push(Entry { id, deadline, departed: None, landed: tx.clone() });
         drop(inner);
         let flights = Arc::clone(self);
         tokio::spawn(async move {
-            let ending = Ending { flights: &flights, id, tx: Some(tx) };
-            // Never closed.
-            let Ok(Ok(runway)) = timeout_at(deadline, flights.runways.acquire()).await else {
-                ending.land(Landing::Grounded);
+            let ending = Ending { flights: &flights, id };
+            let runway = tokio::select! {
+                // Never closed.
+                runway = timeout_at(deadline, flights.runways.acquire()) => runway,
+                () = flights.abandoned(id, &tx) => {
+                    tracing::debug!("every scrape on a broker request left before it was sent; cancelled");
+                    // Drops `start` and what it holds, unsent.
+                    return;
+                }
+            };
+            let Ok(Ok(runway)) = runway else {
+                ending.land(&tx, Landing::Grounded);
                 return;
             };
             flights.depart(id);
             let result = start().await;
             drop(runway);
-            ending.land(Landing::Landed(result));
+            ending.land(&tx, Landing::Landed(result));
         });
         Ticket { deadline, joined: false, landed: rx }
+    }
+
+    /// Returns once flight `id`, which has not departed, has no passenger left, having taken it
+    /// off the board (under the board's lock, so that no scrape joins it after).
+    async fn abandoned(&self, id: u64, tx: &watch::Sender<Option<Landing<T>>>) {
+        loop {
+            tx.closed().await;
+            let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            // A scrape may have joined between the last passenger leaving and the lock.
+            if tx.receiver_count() == 0 {
+                inner.flying.retain(|f| f.id != id);
+                return;
+            }
+        }
     }
 
     /// Notes that flight `id` took a runway now: its request is sent from here on.
@@ -207,21 +236,17 @@ pub(crate) fn suits(
 }
 
 /// Takes a flight off the board when its task ends, even by panic, before its passengers are
-/// told (its sender is a field, dropped after `drop` ran), so no later scrape joins a landed
-/// or dead flight.
+/// told (by [`Ending::land`], or by the task's sender being dropped after the board's), so no
+/// later scrape joins a landed or dead flight.
 struct Ending<'a, T> {
     flights: &'a Flights<T>,
     id: u64,
-    tx: Option<watch::Sender<Option<Landing<T>>>>,
 }
 
 impl<T> Ending<'_, T> {
-    fn land(mut self, result: Landing<T>) {
-        let tx = self.tx.take();
+    fn land(self, tx: &watch::Sender<Option<Landing<T>>>, result: Landing<T>) {
         drop(self);
-        if let Some(tx) = tx {
-            tx.send_replace(Some(result));
-        }
+        tx.send_replace(Some(result));
     }
 }
 
@@ -416,6 +441,64 @@ mod tests {
         assert_eq!(first.land_by(Instant::now()).await, Landing::Late);
         release.send(()).unwrap();
         assert_eq!(second.land_by(now + 60_000 * MS).await, Landing::Landed(7));
+    }
+
+    /// Regression (Q2): scrapes with distinct timeouts that hung up at once each left a flight
+    /// waiting for a runway until its deadline, holding its scrape's place: one client address
+    /// could hold every place of `--web.max-requests`.
+    #[tokio::test(start_paused = true)]
+    async fn a_flight_whose_scrapes_all_left_before_it_departed_gives_back_its_place() {
+        let flights = flights();
+        let permits = crate::work::Permits::new(4);
+        let now = Instant::now();
+        let mut releases = Vec::new();
+        let mut tickets = Vec::new();
+        for i in 0..RUNWAYS {
+            let (release, flight) = held(i as u32);
+            releases.push(release);
+            tickets.push(
+                flights.join_or_start(now_until(now + (60_000 + 10 * i as u32) * MS, MS), flight),
+            );
+        }
+        departed(&flights, RUNWAYS).await;
+        let place = permits.try_take().unwrap();
+        let sent = Arc::new(AtomicU64::new(0));
+        let start = |place: crate::work::Permit, sent: Arc<AtomicU64>| {
+            move || async move {
+                sent.fetch_add(1, Ordering::Relaxed);
+                drop(place);
+                9
+            }
+        };
+        // Kept: a scrape that joined stays on it when the one that started it leaves.
+        let started = flights.join_or_start(
+            now_until(now + 30_000 * MS, MS),
+            start(place.clone(), Arc::clone(&sent)),
+        );
+        let joiner = flights.join_or_start(now_until(now + 30_000 * MS, MS), || async { 10 });
+        assert!(joiner.joined);
+        drop(started);
+        tokio::time::advance(MS).await;
+        assert_eq!(flights.flying(), RUNWAYS + 1, "a passenger is still waiting");
+        drop(joiner);
+        // Cancelled: nobody waits for it any more.
+        let deadline = now + 20_000 * MS;
+        let alone = flights.join_or_start(now_until(deadline, MS), start(place, Arc::clone(&sent)));
+        assert!(!alone.joined);
+        assert_eq!(permits.available(), 3);
+        drop(alone);
+        while flights.flying() != RUNWAYS {
+            tokio::time::sleep(MS).await;
+        }
+        assert!(Instant::now() < now + 10 * MS, "not held until its deadline");
+        assert_eq!(permits.available(), 4, "the place came back");
+        for release in releases {
+            release.send(()).unwrap();
+        }
+        for (i, ticket) in tickets.into_iter().enumerate() {
+            assert_eq!(ticket.land_by(now + 60_000 * MS).await, Landing::Landed(i as u32));
+        }
+        assert_eq!(sent.load(Ordering::Relaxed), 0, "neither request was sent");
     }
 
     #[tokio::test]
