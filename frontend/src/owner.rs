@@ -24,7 +24,7 @@
 //! every scrape it is fresh for ([`WALK_MAX_AGE`]).
 
 use crate::translate::CoreLabel;
-use crate::work::Permit;
+use crate::work::{Permit, QueuedPermit};
 use amd_hsmp_proto::{Core, Topology};
 use std::io;
 use std::os::unix::ffi::OsStrExt;
@@ -576,10 +576,12 @@ pub(crate) struct Done {
 }
 
 /// The walks of the hierarchy at `--path.cgroupfs`, on one thread of their own: at most one in
-/// flight and one wanted after it, each holding the [`Permit`] of the scrape that asked for it,
-/// each result shared by the scrapes it is fresh for. A read that blocks holds that one thread
-/// (and its permit), never one per scrape: the scrapes meanwhile answer at their own time
-/// without owners (a counted error), and the process exits without waiting for it.
+/// flight and one wanted after it, each result shared by the scrapes it is fresh for. The walk
+/// in flight holds the [`Permit`] of a scrape that asked for it; the one wanted holds no place
+/// while it waits ([`QueuedPermit`]), and starts only if a scrape that asked for it still holds
+/// its place. A read that blocks holds that one thread and one place, never one per scrape:
+/// the scrapes meanwhile answer at their own time without owners (a counted error), and the
+/// process exits without waiting for it.
 #[derive(Debug)]
 pub(crate) struct Walker {
     shared: Arc<WalkerShared>,
@@ -606,8 +608,9 @@ struct WalkerShared {
 
 #[derive(Debug, Default)]
 struct WalkState {
-    /// A walk is wanted, holding the permit of the scrape that asked first.
-    wanted: Option<Permit>,
+    /// A walk is wanted by these scrapes (those whose place is still held; at most one per
+    /// scrape that waits, so bounded by `--web.max-requests`).
+    wanted: Vec<QueuedPermit>,
     /// When the walk in progress began.
     running: Option<Instant>,
     /// The walker was dropped: the thread ends after its walk.
@@ -676,8 +679,9 @@ impl Walker {
         {
             let mut state = lock(&self.shared.state);
             let running_fresh = state.running.is_some_and(|began| began >= not_before);
-            if !running_fresh && state.wanted.is_none() {
-                state.wanted = Some(permit.clone());
+            if !running_fresh {
+                state.wanted.retain(QueuedPermit::is_held);
+                state.wanted.push(permit.downgrade());
                 self.shared.wake.notify_one();
             }
         }
@@ -723,7 +727,9 @@ impl WalkerShared {
                     if state.closed {
                         return;
                     }
-                    if let Some(permit) = state.wanted.take() {
+                    // Nobody waits for a walk whose scrapes all ended meanwhile.
+                    let wanted = std::mem::take(&mut state.wanted);
+                    if let Some(permit) = wanted.iter().find_map(QueuedPermit::upgrade) {
                         state.running = Some(Instant::now());
                         break permit;
                     }

@@ -644,6 +644,58 @@ impl Drop for Release<'_> {
     }
 }
 
+/// Regression (Q6): a cgroup read that blocks held two places of `--web.max-requests`, not
+/// one: the stuck walk's, and the next walk's, queued with the permit of the scrape that asked
+/// for it until the stuck one ended. With 2 places every scrape after the second, and every
+/// landing-page view, was answered 503 for as long as the read blocked.
+#[test]
+#[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
+fn a_cgroup_read_that_blocks_holds_one_place_of_max_requests() {
+    let _alone = harness::one_at_a_time();
+    let tree = tempfile::tempdir().unwrap();
+    let root = tree.path().join("cgroup");
+    cgroups::write_layout(cgroups::Layout::Slurm, &topology(), &root).unwrap();
+    let fs = BlockingCgroupfs::mount(&root).unwrap();
+    fs.block("cpuset.cpus.effective");
+    let flags = [
+        "--collector.core-owner",
+        "--path.cgroupfs",
+        &fs.root().display().to_string(),
+        "--collector.core-owner.max-age",
+        "0",
+        "--web.max-requests",
+        "2",
+    ];
+    let mut scenario = scenario::parse(&format!(
+        "description = \"a stuck cgroupfs, 2 places\"\nmachine = \"{MACHINE}\"\n\
+         wire-golden = false\n[[scrapes]]\n"
+    ))
+    .unwrap();
+    scenario.exporter_flags = flags.iter().map(|f| f.to_string()).collect();
+    let mut rig = Rig::start(&scenario).unwrap();
+    // Dropped before the rig, also on a failed assertion.
+    let _release = Release(&fs);
+    let mut statuses = Vec::new();
+    for n in 1..=6u32 {
+        let headers = [(SCRAPE_TIMEOUT_HEADER, "1")];
+        let response =
+            harness::http_get(rig.addr(), "/metrics", &headers, Duration::from_secs(5)).unwrap();
+        statuses.push(response.status);
+        if response.status == 200 {
+            let m = Exposition::parse(&response.body).unwrap();
+            assert_eq!(m.errors("core-owner"), f64::from(n), "{}", m.text);
+            assert!(rest_whole(&m), "{}", m.text);
+        }
+        let view = harness::http_get(rig.addr(), "/", &[], Duration::from_secs(5)).unwrap();
+        statuses.push(view.status);
+    }
+    assert_eq!(fs.held(), 1, "one walk holds one read");
+    eprintln!("scrapes and views with a stuck read and 2 places: {statuses:?}");
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}\n{}", rig.logs());
+    fs.release();
+    rig.stop();
+}
+
 /// The core-owner row's second input, the procfs where a SLUID-named Slurm job's stepd is read
 /// (`--path.procfs`), on a FUSE passthrough whose `cmdline` reads never answer: every scrape
 /// answers in time with the rest of its series, the walk's failure counted, one read held
