@@ -9,7 +9,9 @@
 //! a broker request in flight like any scrape). The one exception is a view with no earlier
 //! sample to take power from (the first after start, when Prometheus has not scraped yet): it
 //! takes a second sample [`MIN_POWER_INTERVAL`] after the first, so that power shows from the
-//! first view; never more than two.
+//! first view; never more than two. One such view at a time waits, holding its place in
+//! `--web.max-requests`; the views that come meanwhile give their place back after their one
+//! sample and wait for its answer, whose power they show too.
 
 use crate::budget::Budget;
 use crate::metrics;
@@ -49,6 +51,8 @@ struct Stamped {
 #[derive(Debug, Default)]
 struct RecentSamples {
     pair: Mutex<(Option<Stamped>, Option<Stamped>)>,
+    /// Held by the one view that waits for a second sample; the others wait for it to be let go.
+    second: tokio::sync::Mutex<()>,
 }
 
 /// Per-core power between two samples.
@@ -175,22 +179,36 @@ async fn page(exporter: Arc<Exporter>, recent: Arc<RecentSamples>) -> Response {
     let config = exporter.config();
     let started = Instant::now();
     // The page shows no owners, so it reads nothing of the cgroup hierarchy.
-    let sample = || {
+    let sample = |permit| {
         let budget = Budget::new(None, config.max_scrape_timeout);
-        exporter.scrape(budget, &permit, Owners::Skipped)
+        let exporter = &exporter;
+        async move { exporter.scrape(budget, &permit, Owners::Skipped).await }
     };
-    let mut report = sample().await;
+    let mut report = sample(permit.clone()).await;
     let mut samples = 1;
     // Power needs two samples at least MIN_POWER_INTERVAL apart. When the one just taken has
     // no partner (no scrape came before it, or the last one was too recent and it replaced
     // that), wait the interval and take the second: the recorder pairs them, since this
     // one landed before the wait started. One retry only, so a view costs at most two
     // samples and one interval; an answer that could not be paired (read for an earlier
-    // request) leaves the page without power, as it says.
+    // request) leaves the page without power, as it says. One view at a time waits so; the
+    // others give their place back and wait for its answer.
     if recent.power().is_none() && reads_energy(&report) {
-        tokio::time::sleep(MIN_POWER_INTERVAL).await;
-        report = sample().await;
-        samples = 2;
+        match recent.second.try_lock() {
+            // Another view's second sample may have landed since.
+            Ok(_waiting) if recent.power().is_none() => {
+                tokio::time::sleep(MIN_POWER_INTERVAL).await;
+                report = sample(permit).await;
+                samples = 2;
+            }
+            Ok(_) => {}
+            Err(_) => {
+                drop(permit);
+                let patience = MIN_POWER_INTERVAL + config.max_scrape_timeout;
+                // Shows what there is by then, with or without power.
+                let _ = tokio::time::timeout(patience, recent.second.lock()).await;
+            }
+        }
     }
     let power = recent.power();
     let view = View { samples, took: started.elapsed() };

@@ -206,3 +206,46 @@ fn a_broker_of_another_release_is_named_as_such_with_the_fix() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     served.join().unwrap();
 }
+
+/// Regression (Q5): until the landing page had two answers a second apart, every view held its
+/// place in `--web.max-requests` for a second and took a second sample, so a burst of views
+/// at start-up turned scrapes away (169 of 512 scrapes answered 503). One view waits now; the
+/// others give their place back after their sample and show its answer's power.
+#[test]
+fn a_burst_of_first_views_holds_one_place_and_every_view_shows_power() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("broker.sock");
+    let _broker = broker(dir.path(), &socket, 1);
+    let (_exporter, addr) = exporter(dir.path(), &socket, &["--web.max-requests", "2"]);
+    let start = std::sync::Arc::new(std::sync::Barrier::new(3));
+    let views: Vec<_> = (0..2)
+        .map(|_| {
+            let start = start.clone();
+            std::thread::spawn(move || {
+                start.wait();
+                harness::http_get(addr, "/", &[], TIMEOUT).unwrap()
+            })
+        })
+        .collect();
+    start.wait();
+    // Both views are admitted well within this, and wait a second for their power.
+    std::thread::sleep(Duration::from_millis(300));
+    let mut statuses = Vec::new();
+    while !views.iter().all(|v| v.is_finished()) {
+        let headers = [("X-Prometheus-Scrape-Timeout-Seconds", "1")];
+        statuses.push(harness::http_get(addr, "/metrics", &headers, TIMEOUT).unwrap().status);
+        if statuses.last() == Some(&200) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pages: Vec<Response> = views.into_iter().map(|v| v.join().unwrap()).collect();
+    eprintln!("scrapes while two first views waited, with 2 places: {statuses:?}");
+    for page in &pages {
+        assert_eq!(page.status, 200, "{}", page.body);
+        assert!(page.body.contains("<rect class=\"cell power\""), "no power: {}", page.body);
+    }
+    let waited = pages.iter().filter(|p| p.body.contains("took two samples")).count();
+    assert_eq!(waited, 1, "one view takes the second sample, the other shares it");
+    assert_eq!(statuses.last(), Some(&200), "no scrape served while the views waited");
+}
