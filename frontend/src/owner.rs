@@ -288,8 +288,9 @@ pub(crate) struct Limits {
 }
 
 impl Limits {
-    /// The bounds for a machine whose highest CPU number is `highest` (unknown before the
-    /// broker's first answer: then any CPU a list may name).
+    /// The bounds for a machine whose highest CPU number is `highest`; unknown, any CPU a
+    /// list may name, which costs 8 KiB a set: the scrape path never walks before the
+    /// broker's first answer has told the topology ([`Walker::knows_topology`]).
     pub(crate) fn for_highest_cpu(highest: Option<u32>) -> Limits {
         let cpus = highest.map_or(MAX_CPUS, |h| h.saturating_add(1).clamp(1, MAX_CPUS));
         Limits { cpus, cgroups: MAX_CGROUPS, bytes: MAX_WALK_BYTES }
@@ -648,6 +649,11 @@ impl Walker {
         if let Some(highest) = highest {
             self.shared.highest_cpu.store(highest, Ordering::Relaxed);
         }
+    }
+
+    /// Whether a topology was noted ([`Walker::note_topology`]): walks bound CPU sets by it.
+    pub(crate) fn knows_topology(&self) -> bool {
+        self.shared.highest_cpu.load(Ordering::Relaxed) != u32::MAX
     }
 
     /// Walks begun since the start.

@@ -268,17 +268,27 @@ impl Exporter {
         let answer_by = started + budget.wait;
         let tolerance = budget.broker_deadline / JOIN_TOLERANCE_DIVISOR;
         // The hierarchy is walked on the walker's thread while the broker samples, so that it
-        // adds nothing to the scrape's time unless it takes longer than the broker.
+        // adds nothing to the scrape's time unless it takes longer than the broker. A walk
+        // bounds the CPU sets it reads by the broker's topology; until the broker has told it
+        // (the first answer), the walk waits for the answer and is not taken without one:
+        // owners need the topology's cores, and sets bounded by no topology cost 8 KiB a
+        // cgroup on a hostile hierarchy.
+        let walker = self.walker.as_ref().filter(|_| owners == Owners::Wanted);
         let walk = async {
-            match (&self.walker, owners) {
-                (Some(walker), Owners::Wanted) => {
-                    Some(walker.walk(started, answer_by, permit).await)
-                }
-                _ => None,
+            match walker {
+                Some(walker) => Some(walker.walk(started, answer_by, permit).await),
+                None => None,
             }
         };
-        let (outcome, hierarchy) =
-            tokio::join!(self.collect(started, deadline, answer_by, tolerance, permit), walk);
+        let collect = self.collect(started, deadline, answer_by, tolerance, permit);
+        let (outcome, hierarchy) = match walker {
+            Some(walker) if !walker.knows_topology() => {
+                let outcome = collect.await;
+                let answered = matches!(outcome, Outcome::Answered(_));
+                (outcome, if answered { walk.await } else { None })
+            }
+            _ => tokio::join!(collect, walk),
+        };
         let mut topology = None;
         let (telemetry, broker_up) = match outcome {
             Outcome::Answered(Answer { telemetry, topology: t, .. }) => {

@@ -81,15 +81,20 @@ fn held_broker_and_one_job() -> Held {
     Held { dir, hold, broker, cgroups }
 }
 
-/// The hierarchy is walked while the broker samples: with the broker's reply held, the walk
-/// has happened before the broker answers.
+/// Once the broker has told the topology, the hierarchy is walked while the broker samples:
+/// with the broker's reply held, the walk has happened before the broker answers.
 #[tokio::test]
 async fn the_hierarchy_is_walked_while_the_broker_samples() {
     let Held { dir, hold, broker, cgroups } = held_broker_and_one_job();
-    let (exporter, router) = exporter_and_router(owner_config(&dir.path, cgroups.path()));
+    let config =
+        Config { core_owner_max_age: Duration::ZERO, ..owner_config(&dir.path, cgroups.path()) };
+    let (exporter, router) = exporter_and_router(config);
+    hold.add_permits(1);
+    let first = scrape(&router).await;
+    assert_eq!(first.count("amd_hsmp_core_owner_info"), 2, "{}", first.text);
     let scraping = tokio::spawn(async move { scrape(&router).await });
     until("the broker is asked and the hierarchy walked", || {
-        broker.samples() == 1 && exporter.owner_walks() == 1
+        broker.samples() == 2 && exporter.owner_walks() == 2
     })
     .await;
     hold.add_permits(1);
@@ -97,6 +102,39 @@ async fn the_hierarchy_is_walked_while_the_broker_samples() {
     assert_eq!(m.count("amd_hsmp_core_owner_info"), 2, "{}", m.text);
     assert_eq!(m.value("amd_hsmp_core_owner_skipped_cgroups"), Some(0.0), "{}", m.text);
     assert_eq!(m.errors("core-owner"), 0.0);
+}
+
+/// Regression (Q4): the walks before the broker's first answer bounded CPU sets by 65,536
+/// CPUs, not the machine's: 8 KiB for each cgroup listing `0-65535` on a hostile hierarchy
+/// (168 MB for 20,000, and more with every scrape while the broker was down). The walk now
+/// waits for the answer that tells the topology, and none runs without one.
+#[tokio::test]
+async fn no_walk_runs_before_the_broker_has_told_the_topology() {
+    let Held { dir, hold, broker, cgroups } = held_broker_and_one_job();
+    let (exporter, router) = exporter_and_router(owner_config(&dir.path, cgroups.path()));
+    let scraping = tokio::spawn(async move { scrape(&router).await });
+    until("the broker is asked", || broker.samples() == 1).await;
+    // Time for a walk to begin, were it to run beside the held request.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(exporter.owner_walks(), 0, "a walk began before the topology was known");
+    hold.add_permits(1);
+    let m = scraping.await.unwrap();
+    assert_eq!(exporter.owner_walks(), 1);
+    assert_eq!(
+        m.count("amd_hsmp_core_owner_info"),
+        2,
+        "the first scrape has its owners: {}",
+        m.text
+    );
+
+    // With no broker at all, scrapes walk nothing.
+    let down = socket_dir();
+    let (exporter, router) = exporter_and_router(owner_config(&down.path, cgroups.path()));
+    for _ in 0..3 {
+        let m = scrape(&router).await;
+        assert_eq!(m.value("amd_hsmp_broker_up"), Some(0.0), "{}", m.text);
+    }
+    assert_eq!(exporter.owner_walks(), 0, "walks without a topology");
 }
 
 /// P2: concurrent scrapes share one walk, and scrapes that hang up leave the work they
@@ -111,10 +149,13 @@ async fn scrapes_that_hang_up_free_their_place_only_when_their_work_ends() {
         ..owner_config(&dir.path, cgroups.path())
     };
     let (exporter, router) = exporter_and_router(config);
+    // A first answer tells the topology; its walk serves the scrapes below (60 s).
+    hold.add_permits(1);
+    scrape(&router).await;
     // Three scrapes start and hang up while the broker holds its reply: their request
     // futures are dropped, the flight they share keeps flying.
     let hung: Vec<_> = (0..3).map(|_| spawn_scrape(&router, "5")).collect();
-    until("the broker is asked", || broker.samples() >= 1).await;
+    until("the broker is asked", || broker.samples() >= 2).await;
     until("the walk", || exporter.owner_walks() == 1).await;
     for scrape in &hung {
         scrape.abort();
