@@ -461,11 +461,23 @@ fn sockets(html: &mut String, t: &Telemetry, power: Option<&Power>) {
                 (true, None) => String::new(),
                 (true, Some(package)) => format!(", package {package:.0} W"),
                 (false, None) => format!(", {:.0} W", watts.iter().sum::<f64>()),
-                (false, Some(package)) => format!(
-                    ", {:.0} W of the package's <span class=\"package-power\" \
-                     data-socket=\"{socket}\">{package:.0} W</span>",
-                    watts.iter().sum::<f64>()
-                ),
+                (false, Some(package)) => {
+                    let cores = watts.iter().sum::<f64>();
+                    let package_span = format!(
+                        "<span class=\"package-power\" data-socket=\"{socket}\">{package:.0} W\
+                         </span>"
+                    );
+                    // The firmware's two counters, as they are: its package below its own
+                    // cores is said so, never made into a part larger than its whole.
+                    if cores > package {
+                        format!(
+                            ", {cores:.0} W; the firmware reports the package at {package_span}, \
+                             below its cores"
+                        )
+                    } else {
+                        format!(", {cores:.0} W of the package's {package_span}")
+                    }
+                }
             },
             boost = if boosts.is_empty() {
                 String::new()
@@ -753,7 +765,7 @@ mod tests {
     /// Issue 28: where the package counter is read, each socket's heading gives its cores'
     /// power as a part of the package's.
     #[test]
-    fn a_socket_heading_gives_its_cores_power_as_part_of_the_package() {
+    fn a_socket_heading_gives_its_cores_power_as_part_of_the_package_or_says_it_is_above() {
         let with_package = |joules: f64, package: f64| {
             let t = telemetry(joules, None);
             Arc::new(Telemetry {
@@ -768,10 +780,21 @@ mod tests {
         recent.record_at(t0 + Duration::from_secs(10), &last);
         let power = recent.power().unwrap();
         assert_eq!(power.package_watts, vec![(0, 10.0), (1, 20.0)]);
-        let html = render(&report(last), Some(&power), "/metrics", VIEW);
+        let html = render(&report(Arc::clone(&last)), Some(&power), "/metrics", VIEW);
         let heading = "Socket 0: 2 cores, 3 W of the package's <span class=\"package-power\" \
                        data-socket=\"0\">10 W</span>";
         assert!(html.contains(heading), "{html}");
+        // I2: a package the firmware reports below its cores is said so, not as their whole.
+        let below = render(
+            &report(last),
+            Some(&Power { package_watts: vec![(0, 2.0)], ..power.clone() }),
+            "/metrics",
+            VIEW,
+        );
+        let heading = "Socket 0: 2 cores, 3 W; the firmware reports the package at <span \
+                       class=\"package-power\" data-socket=\"0\">2 W</span>, below its cores";
+        assert!(below.contains(heading), "{below}");
+        assert!(!below.contains("of the package's"), "{below}");
         // Without the package counter the heading is the cores' alone.
         let bare = |joules| {
             Arc::new(Telemetry {

@@ -6,6 +6,32 @@ local undoDashes(expr, n) =
   else undoDashes('label_replace(%s, "vm", "$1-$2", "vm", "(.*)\\\\\\\\x2d(.*)")' % expr, n - 1);
 
 {
+  // The package's power minus its cores', per socket (see the remainder rules below): HSMP's
+  // own package counter where the firmware answers it, else node_exporter's RAPL on that host.
+  packageMinusCores:: |||
+    (
+      rate(amd_hsmp_package_energy_joules_total{%(amdHsmpSelector)s}[5m])
+      - instance_socket:amd_hsmp_power_watts:sum_rate5m{%(amdHsmpSelector)s}
+    )
+    or
+    sum without (node) (
+      max by (node, socket) (
+        label_replace(
+          label_replace(
+            rate(node_rapl_package_joules_total{%(nodeExporterSelector)s}[5m]),
+            "socket", "$1", "index", "([0-9]+)"
+          ),
+          "node", "$1", "instance", "%(instanceHostRegex)s"
+        )
+      )
+      - on (node, socket) group_right ()
+        label_replace(
+          instance_socket:amd_hsmp_power_watts:sum_rate5m{%(amdHsmpSelector)s},
+          "node", "$1", "instance", "%(instanceHostRegex)s"
+        )
+    )
+  ||| % $._config,
+
   prometheusRules+:: {
     groups+: [
       {
@@ -109,30 +135,17 @@ local undoDashes(expr, n) =
         name: 'amd-hsmp.remainder.rules',
         rules: [
           {
+            // Absent, never below zero, where the firmware reports the package below its own
+            // cores: the rule below states by how much instead.
             record: 'instance_socket:amd_hsmp_package_minus_cores_power_watts:rate5m',
-            expr: |||
-              (
-                rate(amd_hsmp_package_energy_joules_total{%(amdHsmpSelector)s}[5m])
-                - instance_socket:amd_hsmp_power_watts:sum_rate5m{%(amdHsmpSelector)s}
-              )
-              or
-              sum without (node) (
-                max by (node, socket) (
-                  label_replace(
-                    label_replace(
-                      rate(node_rapl_package_joules_total{%(nodeExporterSelector)s}[5m]),
-                      "socket", "$1", "index", "([0-9]+)"
-                    ),
-                    "node", "$1", "instance", "%(instanceHostRegex)s"
-                  )
-                )
-                - on (node, socket) group_right ()
-                  label_replace(
-                    instance_socket:amd_hsmp_power_watts:sum_rate5m{%(amdHsmpSelector)s},
-                    "node", "$1", "instance", "%(instanceHostRegex)s"
-                  )
-              )
-            ||| % $._config,
+            expr: '(\n%s) >= 0\n' % $.packageMinusCores,
+          },
+          {
+            // Where the firmware's package counter runs below the cores it contains (a
+            // firmware's own numbers): the cores' power above the package, per socket, so that
+            // such sockets are counted, not hidden as a negative remainder.
+            record: 'instance_socket:amd_hsmp_cores_above_package_power_watts:rate5m',
+            expr: '-(\n%s) > 0\n' % $.packageMinusCores,
           },
         ],
       },
