@@ -556,6 +556,14 @@ fn level<'a>(record: &str, labels: &BTreeSet<&'a str>) -> Option<Vec<&'a str>> {
     rest.is_empty().then_some(out)
 }
 
+/// Pairs of recording rules of which a socket has exactly one series: the package's remainder
+/// beside its cores where it is not below zero, else by how much the cores exceed the package
+/// (`mixin/rules/workloads.libsonnet`). The second is counted with the first.
+const EITHER_OR: [(&str, &str); 1] = [(
+    "instance_socket:amd_hsmp_package_minus_cores_power_watts:rate5m",
+    "instance_socket:amd_hsmp_cores_above_package_power_watts:rate5m",
+)];
+
 /// docs/install.md's second generated block: what the recording-rule cut keeps of the largest
 /// part, and what the rules add.
 fn render_cut(profiles: &[Scraped], rules: &[Rule]) -> String {
@@ -564,16 +572,29 @@ fn render_cut(profiles: &[Scraped], rules: &[Rule]) -> String {
     let name = display(big.name);
     let labels = d.label_names();
     // Each rule's series per node, by level; the per-core level stays local.
-    let mut by_level: BTreeMap<Vec<&str>, (Vec<&str>, usize)> = BTreeMap::new();
+    let mut by_level: BTreeMap<Vec<&str>, (Vec<String>, usize)> = BTreeMap::new();
     let mut recorded = 0;
     let mut owner_groups = BTreeSet::new();
+    let recorded_names: BTreeSet<&str> = rules.iter().map(|r| r.record.as_str()).collect();
     for rule in rules {
         match level(&rule.record, &labels) {
             Some(level) => {
+                let entry = by_level.entry(level.clone()).or_default();
+                let pair = EITHER_OR
+                    .iter()
+                    .find(|(either, or)| *or == rule.record && recorded_names.contains(either));
+                if let Some((either, _)) = pair {
+                    // Named beside its pair, counted with it.
+                    entry.0.push(format!(
+                        "`{}` (where the firmware reports the package below its cores, instead \
+                         of `{either}`)",
+                        rule.record
+                    ));
+                    continue;
+                }
                 let n = d.distinct(&level);
                 recorded += n;
-                let entry = by_level.entry(level).or_default();
-                entry.0.push(&rule.record);
+                entry.0.push(format!("`{}`", rule.record));
                 entry.1 += n;
             }
             None => {
@@ -593,8 +614,7 @@ fn render_cut(profiles: &[Scraped], rules: &[Rule]) -> String {
         } else {
             format!("per {}", level.join(" and "))
         };
-        let names: Vec<String> = records.iter().map(|r| format!("`{r}`")).collect();
-        let _ = writeln!(out, "| the recording rules {what}: {} | {n} |", names.join(", "));
+        let _ = writeln!(out, "| the recording rules {what}: {} | {n} |", records.join(", "));
         kept += n;
     }
     let socket_families: Vec<String> = FAMILIES
