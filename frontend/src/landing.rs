@@ -179,12 +179,11 @@ async fn page(exporter: Arc<Exporter>, recent: Arc<RecentSamples>) -> Response {
     let config = exporter.config();
     let started = Instant::now();
     // The page shows no owners, so it reads nothing of the cgroup hierarchy.
-    let sample = |permit| {
+    let sample = || {
         let budget = Budget::new(None, config.max_scrape_timeout);
-        let exporter = &exporter;
-        async move { exporter.scrape(budget, &permit, Owners::Skipped).await }
+        exporter.scrape(budget, &permit, Owners::Skipped)
     };
-    let mut report = sample(permit.clone()).await;
+    let mut report = sample().await;
     let mut samples = 1;
     // Power needs two samples at least MIN_POWER_INTERVAL apart. When the one just taken has
     // no partner (no scrape came before it, or the last one was too recent and it replaced
@@ -198,7 +197,7 @@ async fn page(exporter: Arc<Exporter>, recent: Arc<RecentSamples>) -> Response {
             // Another view's second sample may have landed since.
             Ok(_waiting) if recent.power().is_none() => {
                 tokio::time::sleep(MIN_POWER_INTERVAL).await;
-                report = sample(permit).await;
+                report = sample().await;
                 samples = 2;
             }
             Ok(_) => {}

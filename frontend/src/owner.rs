@@ -653,7 +653,7 @@ impl Walker {
 
     /// Whether a topology was noted ([`Walker::note_topology`]): walks bound CPU sets by it.
     pub(crate) fn knows_topology(&self) -> bool {
-        self.shared.highest_cpu.load(Ordering::Relaxed) != u32::MAX
+        self.shared.highest_cpu().is_some()
     }
 
     /// Walks begun since the start.
@@ -723,6 +723,12 @@ impl Drop for Walker {
 }
 
 impl WalkerShared {
+    /// The highest CPU number of the broker's topology, once noted.
+    fn highest_cpu(&self) -> Option<u32> {
+        let highest = self.highest_cpu.load(Ordering::Relaxed);
+        (highest != u32::MAX).then_some(highest)
+    }
+
     /// The walk thread: one wanted walk at a time, until the walker is dropped.
     fn run(&self, sender: &watch::Sender<Option<Arc<Done>>>) {
         let mut stepds = stepd::Stepds::new(self.procfs.clone());
@@ -745,8 +751,7 @@ impl WalkerShared {
             };
             self.walks.fetch_add(1, Ordering::Relaxed);
             let began = Instant::now();
-            let highest = self.highest_cpu.load(Ordering::Relaxed);
-            let limits = Limits::for_highest_cpu((highest != u32::MAX).then_some(highest));
+            let limits = Limits::for_highest_cpu(self.highest_cpu());
             let result = read(&self.root, limits).map(|mut walk| {
                 stepds.resolve(&self.root, &mut walk.hierarchy);
                 walk
