@@ -556,12 +556,14 @@ fn level<'a>(record: &str, labels: &BTreeSet<&'a str>) -> Option<Vec<&'a str>> {
     rest.is_empty().then_some(out)
 }
 
-/// Pairs of recording rules of which a socket has exactly one series: the package's remainder
-/// beside its cores where it is not below zero, else by how much the cores exceed the package
-/// (`mixin/rules/workloads.libsonnet`). The second is counted with the first.
-const EITHER_OR: [(&str, &str); 1] = [(
+/// Pairs of recording rules of which a series' labels have exactly one, with when the second
+/// records instead of the first: the package's remainder beside its cores where it is not below
+/// zero, else by how much the cores exceed the package (`mixin/rules/workloads.libsonnet`). The
+/// second is counted with the first.
+const EITHER_OR: [(&str, &str, &str); 1] = [(
     "instance_socket:amd_hsmp_package_minus_cores_power_watts:rate5m",
     "instance_socket:amd_hsmp_cores_above_package_power_watts:rate5m",
+    "where the firmware reports the package below its cores",
 )];
 
 /// docs/install.md's second generated block: what the recording-rule cut keeps of the largest
@@ -582,14 +584,10 @@ fn render_cut(profiles: &[Scraped], rules: &[Rule]) -> String {
                 let entry = by_level.entry(level.clone()).or_default();
                 let pair = EITHER_OR
                     .iter()
-                    .find(|(either, or)| *or == rule.record && recorded_names.contains(either));
-                if let Some((either, _)) = pair {
+                    .find(|(either, or, _)| *or == rule.record && recorded_names.contains(either));
+                if let Some((either, or, when)) = pair {
                     // Named beside its pair, counted with it.
-                    entry.0.push(format!(
-                        "`{}` (where the firmware reports the package below its cores, instead \
-                         of `{either}`)",
-                        rule.record
-                    ));
+                    entry.0.push(format!("`{or}` ({when}, instead of `{either}`)"));
                     continue;
                 }
                 let n = d.distinct(&level);

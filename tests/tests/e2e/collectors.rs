@@ -162,6 +162,17 @@ impl Drop for Node {
 
 impl Node {
     fn start(row: Row, on: bool, faults: FaultSpec, pods: Option<usize>) -> Node {
+        Node::start_with(row, on, faults, pods, &[])
+    }
+
+    /// [`Node::start`] with `extra` exporter flags after the row's.
+    fn start_with(
+        row: Row,
+        on: bool,
+        faults: FaultSpec,
+        pods: Option<usize>,
+        extra: &[&str],
+    ) -> Node {
         let tree = tempfile::tempdir().unwrap();
         let root = tree.path().join("cgroup");
         let topology = topology();
@@ -192,6 +203,7 @@ impl Node {
             }
             Source::Cgroups => {}
         }
+        flags.extend(extra.iter().map(|f| f.to_string()));
         let toml = format!(
             "description = \"the hostile table\"\nmachine = \"{MACHINE}\"\nwire-golden = false\n\
              [[scrapes]]\n"
@@ -204,8 +216,9 @@ impl Node {
     }
 
     /// The row's collector on a source that never answers: socket 1's mailbox wedged (each
-    /// message answered only by the driver's 2 s timeout), or every cpuset read held.
-    fn stuck(row: Row) -> Node {
+    /// message answered only by the driver's 2 s timeout), or every cpuset read held; `extra`
+    /// exporter flags after the row's.
+    fn stuck(row: Row, extra: &[&str]) -> Node {
         match row.source {
             Source::Broker { .. } => {
                 let faults = FaultSpec {
@@ -213,10 +226,10 @@ impl Node {
                     driver_timeout_ms: Some(2000),
                     ..FaultSpec::default()
                 };
-                Node::start(row, true, faults, None)
+                Node::start_with(row, true, faults, None, extra)
             }
             Source::Cgroups => {
-                let node = Node::start(row, true, FaultSpec::default(), None);
+                let node = Node::start_with(row, true, FaultSpec::default(), None, extra);
                 node.fs().block("cpuset.cpus.effective");
                 node
             }
@@ -334,7 +347,7 @@ fn case_hang_up_flood(row: Row) {
 }
 
 fn case_blocking_source(row: Row) {
-    let node = Node::stuck(row);
+    let node = Node::stuck(row, &[]);
     let pid = node.rig.exporter_pid();
     let mut after_first = 0;
     for n in 1..=5u32 {
@@ -478,7 +491,7 @@ fn case_oversized_source(row: Row) {
 }
 
 fn case_sigterm_during_stuck_io(row: Row) {
-    let mut node = Node::stuck(row);
+    let mut node = Node::stuck(row, &[]);
     let addr = node.rig.addr();
     let before = node.rig.device().message_count();
     let scraping = std::thread::spawn(move || {
@@ -652,48 +665,25 @@ impl Drop for Release<'_> {
 #[ignore = "needs root and /dev/fuse: cargo xtask test runs it"]
 fn a_cgroup_read_that_blocks_holds_one_place_of_max_requests() {
     let _alone = harness::one_at_a_time();
-    let tree = tempfile::tempdir().unwrap();
-    let root = tree.path().join("cgroup");
-    cgroups::write_layout(cgroups::Layout::Slurm, &topology(), &root).unwrap();
-    let fs = BlockingCgroupfs::mount(&root).unwrap();
-    fs.block("cpuset.cpus.effective");
-    let flags = [
-        "--collector.core-owner",
-        "--path.cgroupfs",
-        &fs.root().display().to_string(),
-        "--collector.core-owner.max-age",
-        "0",
-        "--web.max-requests",
-        "2",
-    ];
-    let mut scenario = scenario::parse(&format!(
-        "description = \"a stuck cgroupfs, 2 places\"\nmachine = \"{MACHINE}\"\n\
-         wire-golden = false\n[[scrapes]]\n"
-    ))
-    .unwrap();
-    scenario.exporter_flags = flags.iter().map(|f| f.to_string()).collect();
-    let mut rig = Rig::start(&scenario).unwrap();
-    // Dropped before the rig, also on a failed assertion.
-    let _release = Release(&fs);
+    let node = Node::stuck(row(Collector::CoreOwner), &["--web.max-requests", "2"]);
+    let addr = node.rig.addr();
     let mut statuses = Vec::new();
     for n in 1..=6u32 {
         let headers = [(SCRAPE_TIMEOUT_HEADER, "1")];
         let response =
-            harness::http_get(rig.addr(), "/metrics", &headers, Duration::from_secs(5)).unwrap();
+            harness::http_get(addr, "/metrics", &headers, Duration::from_secs(5)).unwrap();
         statuses.push(response.status);
         if response.status == 200 {
             let m = Exposition::parse(&response.body).unwrap();
             assert_eq!(m.errors("core-owner"), f64::from(n), "{}", m.text);
             assert!(rest_whole(&m), "{}", m.text);
         }
-        let view = harness::http_get(rig.addr(), "/", &[], Duration::from_secs(5)).unwrap();
+        let view = harness::http_get(addr, "/", &[], Duration::from_secs(5)).unwrap();
         statuses.push(view.status);
     }
-    assert_eq!(fs.held(), 1, "one walk holds one read");
+    assert_eq!(node.fs().held(), 1, "one walk holds one read");
     eprintln!("scrapes and views with a stuck read and 2 places: {statuses:?}");
-    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}\n{}", rig.logs());
-    fs.release();
-    rig.stop();
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}\n{}", node.rig.logs());
 }
 
 /// The core-owner row's second input, the procfs where a SLUID-named Slurm job's stepd is read

@@ -232,7 +232,7 @@ fn a_burst_of_first_views_holds_one_place_and_every_view_shows_power() {
     std::thread::sleep(Duration::from_millis(300));
     let mut statuses = Vec::new();
     while !views.iter().all(|v| v.is_finished()) {
-        let headers = [("X-Prometheus-Scrape-Timeout-Seconds", "1")];
+        let headers = [(amd_hsmp_exporter::http::SCRAPE_TIMEOUT_HEADER, "1")];
         statuses.push(harness::http_get(addr, "/metrics", &headers, TIMEOUT).unwrap().status);
         if statuses.last() == Some(&200) {
             break;
