@@ -67,6 +67,21 @@ pub struct Args {
           default_value = DEFAULT_CORE_OWNER_MAX_AGE, value_parser = parse_max_age)]
     pub core_owner_max_age: Duration,
 
+    /// How long a workload's energy counter (`amd_hsmp_workload_core_energy_joules_total`) is
+    /// still exported after the last sample at which it held a core, so that its last value is
+    /// scraped after it ends (e.g. `5m`, `0`, at most 1d).
+    #[arg(long = "collector.core-owner.linger", value_name = "DURATION",
+          default_value = DEFAULT_CORE_OWNER_LINGER, value_parser = parse_linger)]
+    pub core_owner_linger: Duration,
+
+    /// Also take a sample for the workload energy counters this often between scrapes, so that
+    /// a workload shorter than the scrape interval is counted; each costs one broker sample and
+    /// one walk of the cgroup hierarchy, as a scrape does. 0 samples at scrapes only (e.g.
+    /// `5s`, `0`, at least 1s, at most 1h).
+    #[arg(long = "collector.core-owner.sample-interval", value_name = "DURATION",
+          default_value = "0", value_parser = parse_sample_interval)]
+    pub core_owner_sample_interval: Duration,
+
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -82,6 +97,9 @@ pub const DEFAULT_LISTEN_ADDRESS: &str = ":10054";
 
 /// Default of `--collector.core-owner.max-age`: [`crate::owner::WALK_MAX_AGE`].
 const DEFAULT_CORE_OWNER_MAX_AGE: &str = "1s";
+
+/// Default of `--collector.core-owner.linger`: [`crate::workload::DEFAULT_LINGER`].
+const DEFAULT_CORE_OWNER_LINGER: &str = "5m";
 
 /// Default of `--web.max-scrape-timeout`: [`crate::scrape::DEFAULT_MAX_SCRAPE_TIMEOUT`].
 const DEFAULT_MAX_SCRAPE_TIMEOUT: &str = "10s";
@@ -135,6 +153,24 @@ fn parse_max_age(text: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// A linger: a duration in Prometheus' grammar or `0`, at most 1d.
+fn parse_linger(text: &str) -> Result<Duration, String> {
+    let d = amd_hsmp_cli::duration::parse(text)?;
+    if d > Duration::from_secs(24 * 3600) {
+        return Err(format!("duration {text:?} must be at most 1d"));
+    }
+    Ok(d)
+}
+
+/// A sampling interval: `0` (off), or a duration in Prometheus' grammar from 1s to 1h.
+fn parse_sample_interval(text: &str) -> Result<Duration, String> {
+    let d = amd_hsmp_cli::duration::parse(text)?;
+    if d != Duration::ZERO && !(Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&d) {
+        return Err(format!("duration {text:?} must be 0 (off) or from 1s to 1h"));
+    }
+    Ok(d)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,6 +216,27 @@ mod tests {
         let zero = parse(&["--collector.core-owner.max-age", "0"]).unwrap();
         assert_eq!(zero.core_owner_max_age, Duration::ZERO);
         assert!(parse(&["--collector.core-owner.max-age", "2m"]).is_err());
+    }
+
+    #[test]
+    fn the_workload_linger_is_its_constant_and_sampling_between_scrapes_is_off_by_default() {
+        let default = parse(&[]).unwrap();
+        assert_eq!(default.core_owner_linger, crate::workload::DEFAULT_LINGER);
+        assert_eq!(default.core_owner_sample_interval, Duration::ZERO);
+        let set = parse(&[
+            "--collector.core-owner.linger",
+            "0",
+            "--collector.core-owner.sample-interval",
+            "5s",
+        ])
+        .unwrap();
+        assert_eq!(set.core_owner_linger, Duration::ZERO);
+        assert_eq!(set.core_owner_sample_interval, Duration::from_secs(5));
+        assert!(parse(&["--collector.core-owner.linger", "2d"]).is_err());
+        for refused in ["500ms", "2h", "-1s"] {
+            let args = ["--collector.core-owner.sample-interval", refused];
+            assert!(parse(&args).is_err(), "{refused}");
+        }
     }
 
     #[test]

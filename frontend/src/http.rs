@@ -171,6 +171,7 @@ mod tests {
             procfs: "/proc".into(),
             core_owner: None,
             core_owner_max_age: std::time::Duration::ZERO,
+            core_owner_linger: std::time::Duration::ZERO,
         });
         let router = service(exporter, web);
         let get = |path: &str, auth: bool| {

@@ -662,6 +662,7 @@ mod tests {
             core_owners: Vec::new(),
             core_owner_skipped: None,
             core_owner_unresolved: None,
+            workloads: None,
             duration: Duration::from_millis(42),
             process: ProcessStats::default(),
         }

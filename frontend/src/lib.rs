@@ -22,3 +22,4 @@ mod owner;
 mod process;
 mod translate;
 mod work;
+mod workload;

@@ -81,11 +81,13 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         procfs: args.procfs.clone(),
         core_owner: args.core_owner(),
         core_owner_max_age: args.core_owner_max_age,
+        core_owner_linger: args.core_owner_linger,
     });
     let web = match &args.web.web_config_file {
         Some(path) => WebState::load(path)?,
         None => WebState::open(),
     };
+    let sampler = Arc::clone(&exporter);
     let router = amd_hsmp_exporter::http::service(exporter, Arc::clone(&web));
 
     let listeners = amd_hsmp_web::listen::listen(&args.web).await?;
@@ -98,6 +100,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         boost_limit = families.boost_limit,
         prochot = families.prochot,
         core_owner = args.core_owner().map_or_else(|| "off".to_owned(), |p| p.display().to_string()),
+        core_owner_sample_interval = ?args.core_owner_sample_interval,
         fd_limit = fd_limit.map_or_else(|| "unlimited".to_owned(), |n| n.to_string()),
         max_connections = limits.max_connections,
         max_connections_per_client = limits.max_per_client,
@@ -113,6 +116,11 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     // One admission over all listeners: the caps are about this process's descriptors.
     let admission = Admission::new(limits);
     let mut servers = tokio::task::JoinSet::new();
+    if !args.core_owner_sample_interval.is_zero() {
+        let stop = stop_rx.clone();
+        let interval = args.core_owner_sample_interval;
+        tokio::spawn(async move { sampler.sample_workloads_every(interval, stop).await });
+    }
     for listener in listeners {
         let local = listener.local_addr().context("cannot read a bound address")?;
         tracing::info!(address = %local, "listening");

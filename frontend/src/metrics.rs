@@ -96,6 +96,22 @@ impl EncodeLabelSet for OwnerLabels<'_> {
     }
 }
 
+/// The labels of `amd_hsmp_workload_core_energy_joules_total`: the owner's path, then its
+/// identity labels by name.
+struct WorkloadLabels<'a> {
+    owner: &'a Owner,
+}
+
+impl EncodeLabelSet for WorkloadLabels<'_> {
+    fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
+        ("owner", self.owner.path.as_str()).encode(encoder.encode_label())?;
+        for label in self.owner.identity.labels() {
+            label.encode(encoder.encode_label())?;
+        }
+        Ok(())
+    }
+}
+
 /// Writes one family; a family without series is not written at all.
 fn family<L: EncodeLabelSet, M: EncodeMetric>(
     encoder: &mut DescriptorEncoder<'_>,
@@ -265,6 +281,22 @@ impl Collector for ReportCollector {
             None,
             report.core_owner_unresolved.and_then(|n| one(i64::try_from(n).unwrap_or(i64::MAX))),
         )?;
+        if let Some(w) = &report.workloads {
+            family(
+                &mut e,
+                "amd_hsmp_workload_core_energy",
+                "Energy of the physical cores the workload held at both ends of each sample interval, since the exporter started, in joules (owner and identity labels as amd_hsmp_core_owner_info); kept for --collector.core-owner.linger after the workload last held a core",
+                Some(&Unit::Joules),
+                w.workloads.iter().map(|(owner, j)| counter(WorkloadLabels { owner }, *j)),
+            )?;
+            family(
+                &mut e,
+                "amd_hsmp_workload_unattributed",
+                "Core energy given to no workload since the exporter started, in joules, by reason: changed-hands (the core's owner differed at the two ends of a sample interval), unowned (no workload held it at either end), owner-unknown (the cgroup hierarchy was not read at one end), reset (the core's counter restarted: the energy counted since)",
+                Some(&Unit::Joules),
+                w.unattributed.iter().map(|(reason, j)| counter([("reason", reason.name())], *j)),
+            )?;
+        }
         family(
             &mut e,
             "amd_hsmp_scrape_errors",
@@ -342,6 +374,7 @@ mod tests {
             core_owners: Vec::new(),
             core_owner_skipped: None,
             core_owner_unresolved: None,
+            workloads: None,
             duration: Duration::from_millis(12),
             process: ProcessStats::default(),
         })

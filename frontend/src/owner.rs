@@ -45,7 +45,7 @@ pub(crate) use identity::Identity;
 
 /// A core's owner: its cgroup path, as the `owner` label shows it, and what the path says of
 /// the workload, derived once, from the path's raw bytes, when the walk reads the cgroup.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Owner {
     /// The path from the hierarchy root, `/`-separated; a byte that is not UTF-8 is U+FFFD.
     pub(crate) path: String,

@@ -9,6 +9,7 @@ use crate::owner::{CauseLog, Done, OwnerError, SkipLog, Walker};
 use crate::process::{ProcFs, ProcessStats};
 use crate::translate::{CoreLabel, ErrorCounters, ErrorSource, Telemetry, translate};
 use crate::work::{Permit, Permits};
+use crate::workload::{Ledger, Owners as WorkloadOwners, WorkloadReport};
 use amd_hsmp_cli::chain;
 use amd_hsmp_proto::{Families, Topology};
 use amd_hsmp_web::ratelimit::RateLimit;
@@ -61,6 +62,9 @@ pub struct Config {
     /// How long one walk of the hierarchy serves the scrapes that arrive after it began
     /// (`--collector.core-owner.max-age`).
     pub core_owner_max_age: Duration,
+    /// How long a workload's energy counter is exported after it last held a core
+    /// (`--collector.core-owner.linger`).
+    pub core_owner_linger: Duration,
 }
 
 /// The broker's answer to one flight, and how fresh it is.
@@ -135,6 +139,9 @@ pub(crate) struct ScrapeReport {
     /// Slurm jobs among `core_owners` named by their SLUID whose numeric id could not be read
     /// from their stepd; `None` when no walk was served to this scrape.
     pub(crate) core_owner_unresolved: Option<u64>,
+    /// The per-workload energy counters (`--collector.core-owner` with core energy); `None`
+    /// while either is off.
+    pub(crate) workloads: Option<WorkloadReport>,
     /// Time this scrape spent collecting.
     pub(crate) duration: Duration,
     /// This process' own metrics.
@@ -166,6 +173,9 @@ pub struct Exporter {
     observers: Mutex<Vec<Arc<dyn AnswerObserver>>>,
     /// The core-owner collector's walks; `None` while it is off.
     walker: Option<Walker>,
+    /// The per-workload energy counters; `None` unless both the core-owner collector and core
+    /// energy are on.
+    ledger: Option<Mutex<Ledger>>,
     /// The core-owner collector's failures, logged once per cause.
     owner_log: CauseLog,
     /// The cgroups the core-owner collector skips, logged once per cause.
@@ -199,6 +209,8 @@ impl Exporter {
             walker: config.core_owner.clone().map(|root| {
                 Walker::with_max_age(root, config.procfs.clone(), config.core_owner_max_age)
             }),
+            ledger: (config.core_owner.is_some() && config.families.core_energy)
+                .then(|| Mutex::new(Ledger::new(config.core_owner_linger))),
             owner_log: CauseLog::default(),
             skip_log: SkipLog::default(),
             process: ProcFs::own(&config.procfs),
@@ -249,6 +261,35 @@ impl Exporter {
     /// How many walks of the cgroup hierarchy the core-owner collector began, since the start.
     pub fn owner_walks(&self) -> u64 {
         self.walker.as_ref().map_or(0, Walker::walks)
+    }
+
+    /// Takes a sample for the workload energy counters every `interval` until `stop` turns
+    /// true (`--collector.core-owner.sample-interval`), as a scrape would: one broker answer
+    /// (shared with scrapes in flight by the same rules) and the walk served with it. Each
+    /// holds a place of `--web.max-requests` while it runs; when every place is held, that
+    /// sample is skipped, which only lengthens the next interval. Returns at once while the
+    /// workload counters are off.
+    pub async fn sample_workloads_every(
+        self: Arc<Self>,
+        interval: Duration,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) {
+        if self.ledger.is_none() || interval.is_zero() {
+            return;
+        }
+        let budget = Budget::of(
+            interval.min(self.config.max_scrape_timeout).max(crate::budget::MIN_SCRAPE_TIMEOUT),
+        );
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                _ = stop.wait_for(|stopped| *stopped) => return,
+            }
+            let Some(permit) = self.permits.try_take() else { continue };
+            self.scrape(budget, &permit, Owners::Wanted).await;
+        }
     }
 
     /// Collects one scrape within `budget`, never failing: what could not be read is absent
@@ -311,8 +352,22 @@ impl Exporter {
             }
             Outcome::BrokerFailed => (None, false),
         };
+        let walked = hierarchy.is_some();
         let (core_owners, core_owner_skipped) = self.core_owners(hierarchy, topology.as_deref());
         let core_owner_unresolved = core_owner_skipped.map(|_| unresolved_jobs(&core_owners));
+        let workloads = self.ledger.as_ref().map(|ledger| {
+            let mut ledger = ledger.lock().unwrap_or_else(PoisonError::into_inner);
+            // A sample is one broker answer with the owners of the walk served with it; a
+            // request that wanted no owners (a page view) takes none.
+            if let (Some(telemetry), true) = (&telemetry, walked) {
+                let owners = match core_owner_skipped {
+                    Some(_) => WorkloadOwners::Known(&core_owners),
+                    None => WorkloadOwners::Unknown,
+                };
+                ledger.sample(started.into_std(), telemetry, owners);
+            }
+            ledger.report(started.into_std())
+        });
         ScrapeReport {
             telemetry,
             broker_up,
@@ -320,6 +375,7 @@ impl Exporter {
             core_owners,
             core_owner_skipped,
             core_owner_unresolved,
+            workloads,
             duration: started.elapsed(),
             process: self.process.read(),
         }

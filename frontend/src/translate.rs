@@ -116,7 +116,7 @@ impl ErrorCounters {
 }
 
 /// One core's series labels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct CoreLabel {
     /// `physical_package_id`.
     pub socket: u32,
@@ -144,6 +144,11 @@ pub(crate) struct Telemetry {
     /// When each of [`Telemetry::energy_joules`] was read, µs of `CLOCK_MONOTONIC` (aligned
     /// with it; `None` where the broker did not say): what power is taken over.
     pub energy_read_at_us: Vec<Option<u64>>,
+    /// What the energy counters count from, where a broker keeps them (the perf and MSR
+    /// sources: `Some((instance, resets))`, the broker instance and its cumulative counted
+    /// resets); `None` for HSMP's firmware counters, which a broker restart does not touch. Two
+    /// samples of different epochs are a counter reset between them.
+    pub energy_epoch: Option<(u64, u64)>,
     /// Per-core boost limit in hertz.
     pub boost_limit_hertz: Vec<(CoreLabel, f64)>,
     /// Per-socket PROCHOT.
@@ -209,6 +214,10 @@ pub(crate) fn translate(
     let mut read = Reader { errors, deadline_exceeded: false, unread: Vec::new() };
     out.energy_joules = read.collect(Family::CoreEnergy, &sample.energy, &cores, |e| e.joules());
     out.energy_source = if out.energy_joules.is_empty() { None } else { sample.energy_source };
+    out.energy_epoch = match out.energy_source {
+        Some(EnergySource::Perf | EnergySource::Msr) => Some((info.instance, sample.energy_resets)),
+        Some(EnergySource::Hsmp) | None => None,
+    };
     out.boost_limit_hertz = read.collect(Family::BoostLimit, &sample.boost_limit, &cores, hertz);
     out.prochot = read.collect(Family::Prochot, &sample.prochot, &topology.sockets, |a| a);
     out.frequency_limit =

@@ -34,7 +34,7 @@ const MAX_NAME: usize = 255;
 
 /// What a core owner's cgroup path says of the workload, each label absent unless its layout
 /// matched and its value parsed.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub(crate) struct Identity {
     /// A Slurm job's numeric id.
     pub(crate) hpc_job: Option<String>,

@@ -42,7 +42,13 @@ async fn owner_series_follow_the_hierarchy_at_each_scrape() {
     cgroup(cgroups.path(), "system.slice/slurmstepd.scope/job_2", "4-7");
     let m = scrape(&router).await;
     assert_eq!(m.count("amd_hsmp_core_owner_info"), 4, "{}", m.text);
-    assert!(!m.mentions("job_1"));
+    assert!(!m.mentions(
+        r#"amd_hsmp_core_owner_info{core="0",owner="/system.slice/slurmstepd.scope/job_1""#
+    ));
+    // Its energy counter stays for the linger, so that its last value is scraped.
+    let ended =
+        format!(r#"amd_hsmp_workload_core_energy_joules_total{{owner="{job}",hpc_job="1"}}"#);
+    assert!(m.value(&ended).is_some(), "{}", m.text);
     assert!(m.mentions(r#"amd_hsmp_core_owner_info{core="6",owner="/system.slice/slurmstepd.scope/job_2",socket="1",hpc_job="2"} 1"#));
 }
 

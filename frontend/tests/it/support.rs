@@ -227,6 +227,7 @@ pub fn config(socket: &Path) -> Config {
         procfs: "/proc".into(),
         core_owner: None,
         core_owner_max_age: Duration::ZERO,
+        core_owner_linger: Duration::from_secs(300),
     }
 }
 
