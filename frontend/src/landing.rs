@@ -15,8 +15,10 @@
 
 use crate::budget::Budget;
 use crate::metrics;
+use crate::owner::Owner;
 use crate::scrape::{AnswerObserver, Exporter, Owners, ScrapeReport};
 use crate::translate::{CoreLabel, Telemetry, Unread};
+use crate::workload::{Workload, WorkloadReport};
 use amd_hsmp_proto::{EnergySource, Family, LimitReason};
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -278,6 +280,9 @@ fn render(
     if let Some(t) = t {
         sockets(&mut html, t, power);
     }
+    if let Some(w) = &report.workloads {
+        workloads(&mut html, w);
+    }
     let _ = write!(
         html,
         "<p class=\"foot\"><a href=\"{path}\">Metrics</a> · version {version} (revision \
@@ -339,6 +344,71 @@ fn status(html: &mut String, report: &ScrapeReport) {
         prochot = prochot_summary(t),
         limit = frequency_limit_summary(t),
     );
+}
+
+/// The workloads holding cores at the latest sample, with their power and their energy so far
+/// (`--collector.core-owner` with core energy).
+fn workloads(html: &mut String, report: &WorkloadReport) {
+    let _ = writeln!(html, "<h2>Workloads holding cores</h2>");
+    let Some(age) = report.latest_sample_age else {
+        let _ = writeln!(
+            html,
+            "<p id=\"workloads\">No sample with the cores' owners yet: the first scrape of \
+             the metrics takes one.</p>"
+        );
+        return;
+    };
+    let holding: Vec<&Workload> = report.workloads.iter().filter(|w| w.cores > 0).collect();
+    let ended = report.workloads.len() - holding.len();
+    let _ = writeln!(
+        html,
+        "<p id=\"workloads\">As of the last sample, {age:.0} s ago: {} holding cores; {ended} \
+         ended within the linger, their counters still exported. Energy counts from each \
+         workload's first sample (or the exporter's start).</p>",
+        holding.len(),
+        age = age.as_secs_f64(),
+    );
+    if holding.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        html,
+        "<table class=\"status\"><tr><th>Workload</th><th>Cores</th><th>Power</th>\
+         <th>Energy so far</th></tr>"
+    );
+    for w in holding {
+        let power = w.watts.map_or_else(|| "not yet".to_owned(), |watts| format!("{watts:.1} W"));
+        let _ = writeln!(
+            html,
+            "<tr><td title=\"{path}\">{name}</td><td>{cores}</td><td>{power}</td>\
+             <td>{kj:.1} kJ ({kwh:.4} kWh)</td></tr>",
+            path = escape_html(&w.owner.path),
+            name = escape_html(&workload_name(&w.owner)),
+            cores = w.cores,
+            kj = w.joules / 1e3,
+            kwh = w.joules / 3.6e6,
+        );
+    }
+    let _ = writeln!(html, "</table>");
+}
+
+/// A workload in words, from its identity labels; its cgroup path where they say nothing.
+fn workload_name(owner: &Owner) -> String {
+    let id = &owner.identity;
+    let job = id.hpc_job.as_deref().or(id.slurm_sluid.as_deref());
+    match (job, &id.pod_uid, &id.vm, &id.unit) {
+        (Some(job), ..) => match &id.step {
+            Some(step) => format!("Slurm job {job}, step {step}"),
+            None => format!("Slurm job {job}"),
+        },
+        (None, Some(pod), ..) => match &id.container_id {
+            Some(c) => format!("pod {pod}, container {}", c.get(..12).unwrap_or(c)),
+            None => format!("pod {pod}"),
+        },
+        (None, None, Some(vm), _) => format!("VM {vm}"),
+        (None, None, None, Some(unit)) => unit.clone(),
+        (None, None, None, None) => owner.path.clone(),
+    }
 }
 
 /// Each socket's frequency limit and, in words, what imposes it.
@@ -885,6 +955,44 @@ mod tests {
         assert!(!html.contains("<script"), "{html}");
         assert!(html.contains("&lt;script&gt;&quot;x&quot;&amp;&lt;/script&gt;"));
         assert!(html.contains("href=\"/m&quot;&gt;&lt;script&gt;\""));
+    }
+
+    #[test]
+    fn the_workloads_holding_cores_are_listed_by_name_with_power_and_energy_the_ended_counted() {
+        let workload = |path: &str, joules, cores, watts| Workload {
+            owner: Arc::new(Owner::from_raw(path.as_bytes())),
+            joules,
+            cores,
+            watts,
+        };
+        let w = WorkloadReport {
+            workloads: vec![
+                workload("/machine.slice/machine-qemu\\x2d1\\x2d<vm>.scope", 3.6e6, 4, Some(80.0)),
+                workload("/system.slice/slurmstepd.scope/job_4242/step_0", 1234.0, 2, None),
+                workload("/system.slice/slurmstepd.scope/job_7", 50.0, 0, None),
+                workload("/odd/<b>", 1.0, 1, Some(1.0)),
+            ],
+            unattributed: Vec::new(),
+            evicted: 0,
+            latest_sample_age: Some(Duration::from_secs(3)),
+        };
+        let on = ScrapeReport { workloads: Some(w), ..report(telemetry(1.0, None)) };
+        let html = render(&on, None, "/metrics", VIEW);
+        assert!(html.contains("3 s ago: 3 holding cores; 1 ended within the linger"), "{html}");
+        assert!(
+            html.contains(">VM &lt;vm&gt;</td><td>4</td><td>80.0 W</td><td>3600.0 kJ (1.0000 kWh)"),
+            "{html}"
+        );
+        assert!(html.contains(">Slurm job 4242, step 0</td><td>2</td><td>not yet</td><td>1.2 kJ"));
+        assert!(html.contains(">/odd/&lt;b&gt;</td>"), "a workload without identity by its path");
+        assert!(!html.contains("job_7</td>"), "an ended workload is not listed");
+        assert!(!html.contains("<b>"), "{html}");
+
+        let none_yet = WorkloadReport::default();
+        let html = render(&ScrapeReport { workloads: Some(none_yet), ..on }, None, "/m", VIEW);
+        assert!(html.contains("No sample with the cores' owners yet"), "{html}");
+        let off = render(&report(telemetry(1.0, None)), None, "/m", VIEW);
+        assert!(!off.contains("Workloads holding cores"), "none while the collector is off");
     }
 
     #[test]

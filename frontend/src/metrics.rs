@@ -287,7 +287,7 @@ impl Collector for ReportCollector {
                 "amd_hsmp_workload_core_energy",
                 "Energy of the physical cores the workload held at both ends of each sample interval, since the exporter started, in joules (owner and identity labels as amd_hsmp_core_owner_info); kept for --collector.core-owner.linger after the workload last held a core",
                 Some(&Unit::Joules),
-                w.workloads.iter().map(|(owner, j)| counter(WorkloadLabels { owner }, *j)),
+                w.workloads.iter().map(|w| counter(WorkloadLabels { owner: &w.owner }, w.joules)),
             )?;
             family(
                 &mut e,

@@ -101,19 +101,46 @@ struct Account {
     joules: f64,
     /// The last sample at which it held a core.
     held_at: Instant,
+    /// The cores it held then.
+    cores: u32,
+    /// Its cores' power over the intervals that ended at sample `watts_at`, in watts.
+    watts: f64,
+    watts_at: Option<Instant>,
+}
+
+impl Account {
+    fn new(held_at: Instant) -> Account {
+        Account { joules: 0.0, held_at, cores: 0, watts: 0.0, watts_at: None }
+    }
+}
+
+/// One workload as a scrape sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Workload {
+    /// Who it is.
+    pub(crate) owner: Arc<Owner>,
+    /// Its counter, in joules.
+    pub(crate) joules: f64,
+    /// The cores it held at the latest sample; 0 once it holds none (it lingers).
+    pub(crate) cores: u32,
+    /// Its cores' power over the intervals that ended at the latest sample, in watts, where it
+    /// held them at both ends.
+    pub(crate) watts: Option<f64>,
 }
 
 /// The counters one scrape exports.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct WorkloadReport {
-    /// Each workload's energy, ordered by owner path.
-    pub(crate) workloads: Vec<(Arc<Owner>, f64)>,
+    /// Each workload, ordered by owner path.
+    pub(crate) workloads: Vec<Workload>,
     /// The energy given to nobody, by reason in [`Reason::ALL`]'s order; empty before the
     /// first sample.
     pub(crate) unattributed: Vec<(Reason, f64)>,
     /// Workloads dropped before their linger ended because the ledger was full, since the
     /// start.
     pub(crate) evicted: u64,
+    /// How long before the report the latest sample with owners was taken.
+    pub(crate) latest_sample_age: Option<Duration>,
 }
 
 /// The owners a sample was read with.
@@ -202,13 +229,13 @@ impl Ledger {
         if let Owners::Known(owners) = owners {
             self.latest = Some(self.latest.map_or(now, |l| l.max(now)));
             for (_, owner) in owners {
-                match self.accounts.get_mut(owner) {
-                    Some(account) => account.held_at = account.held_at.max(now),
-                    None => {
-                        self.accounts
-                            .insert(Arc::clone(owner), Account { joules: 0.0, held_at: now });
-                    }
+                let account =
+                    self.accounts.entry(Arc::clone(owner)).or_insert_with(|| Account::new(now));
+                if account.held_at != now {
+                    account.cores = 0;
                 }
+                account.held_at = account.held_at.max(now);
+                account.cores += 1;
             }
         }
         self.expire(now);
@@ -230,10 +257,15 @@ impl Ledger {
                 // An account is kept while its workload held a core at the latest sample, so
                 // it is there unless the samples came more than the linger apart.
                 let held_at = self.latest.unwrap_or(now);
-                self.accounts
-                    .entry(Arc::clone(a))
-                    .or_insert(Account { joules: 0.0, held_at })
-                    .joules += delta;
+                let account =
+                    self.accounts.entry(Arc::clone(a)).or_insert_with(|| Account::new(held_at));
+                account.joules += delta;
+                if account.watts_at != Some(now) {
+                    account.watts = 0.0;
+                    account.watts_at = Some(now);
+                }
+                let seconds = (current.read_at_us - previous.read_at_us) as f64 / 1e6;
+                account.watts += delta / seconds;
                 return;
             }
             (Holder::Unknown, _) | (_, Holder::Unknown) => Reason::OwnerUnknown,
@@ -273,15 +305,30 @@ impl Ledger {
     /// The counters to export at `now`.
     pub(crate) fn report(&mut self, now: Instant) -> WorkloadReport {
         self.expire(now);
-        let mut workloads: Vec<(Arc<Owner>, f64)> =
-            self.accounts.iter().map(|(o, a)| (Arc::clone(o), a.joules)).collect();
-        workloads.sort_by(|a, b| a.0.path.cmp(&b.0.path).then_with(|| a.1.total_cmp(&b.1)));
+        let latest = self.latest;
+        let mut workloads: Vec<Workload> = self
+            .accounts
+            .iter()
+            .map(|(owner, a)| {
+                let holding = Some(a.held_at) == latest;
+                Workload {
+                    owner: Arc::clone(owner),
+                    joules: a.joules,
+                    cores: if holding { a.cores } else { 0 },
+                    watts: (holding && a.watts_at == latest).then_some(a.watts),
+                }
+            })
+            .collect();
+        workloads.sort_by(|a, b| {
+            a.owner.path.cmp(&b.owner.path).then_with(|| a.joules.total_cmp(&b.joules))
+        });
         let unattributed = if self.sampled {
             Reason::ALL.iter().map(|&r| (r, self.unattributed[r.index()])).collect()
         } else {
             Vec::new()
         };
-        WorkloadReport { workloads, unattributed, evicted: self.evicted }
+        let latest_sample_age = latest.map(|l| now.saturating_duration_since(l));
+        WorkloadReport { workloads, unattributed, evicted: self.evicted, latest_sample_age }
     }
 }
 

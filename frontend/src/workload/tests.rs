@@ -1,3 +1,6 @@
+//! The ledger's rules, sample by sample: a workload's energy, each reason's, the linger and the bound
+//! under churn; every joule read goes to one workload or one reason.
+
 use super::*;
 
 fn core(n: u32) -> CoreLabel {
@@ -22,7 +25,7 @@ fn held(pairs: &[(u32, &Arc<Owner>)]) -> Vec<(CoreLabel, Arc<Owner>)> {
 }
 
 fn joules_of(report: &WorkloadReport, owner: &Arc<Owner>) -> Option<f64> {
-    report.workloads.iter().find(|(o, _)| o == owner).map(|&(_, j)| j)
+    report.workloads.iter().find(|w| &w.owner == owner).map(|w| w.joules)
 }
 
 fn unattributed(report: &WorkloadReport, reason: Reason) -> f64 {
@@ -84,7 +87,7 @@ fn a_core_that_changes_hands_at_every_sample_gives_every_joule_to_changed_hands(
         );
     }
     let report = ledger.report(t0 + SECOND * 49);
-    assert!(report.workloads.iter().all(|(_, j)| *j == 0.0), "{:?}", report.workloads);
+    assert!(report.workloads.iter().all(|w| w.joules == 0.0), "{:?}", report.workloads);
     assert_eq!(unattributed(&report, Reason::ChangedHands), 98.0);
 }
 
@@ -265,9 +268,35 @@ fn every_joule_read_is_given_to_one_workload_or_one_reason() {
         ledger.sample(at, &energy(u64::from(sample) + 1, &joules), owners);
     }
     let report = ledger.report(t0 + SECOND * 499);
-    let given: f64 = report.workloads.iter().map(|(_, j)| j).sum::<f64>()
+    let given: f64 = report.workloads.iter().map(|w| w.joules).sum::<f64>()
         + report.unattributed.iter().map(|(_, j)| j).sum::<f64>();
     let read: f64 = (0..4).map(|c| last[c] - first[c].unwrap_or(0.0)).sum();
     assert!((given - read).abs() < 1e-6, "given {given}, read {read}");
-    assert!(report.workloads.iter().all(|(_, j)| *j > 0.0), "{:?}", report.workloads);
+    assert!(report.workloads.iter().all(|w| w.joules > 0.0), "{:?}", report.workloads);
+}
+
+#[test]
+fn a_workload_shows_the_cores_it_holds_and_their_power_over_the_last_interval() {
+    let t0 = Instant::now();
+    let (a, b) = (owner("/a.slice/a.service"), owner("/b.slice/b.service"));
+    let mut ledger = Ledger::new(DEFAULT_LINGER);
+    let both = held(&[(0, &a), (1, &a), (2, &b)]);
+    ledger.sample(t0, &energy(1_000_000, &[(0, 0.0), (1, 0.0), (2, 0.0)]), Owners::Known(&both));
+    let report = ledger.report(t0);
+    let a_now = report.workloads.iter().find(|w| w.owner == a).unwrap();
+    assert_eq!((a_now.cores, a_now.watts), (2, None), "no power before a second sample");
+    // 2 s later: 10 W and 20 W on a's cores.
+    let t2 = t0 + 2 * SECOND;
+    let only_a = held(&[(0, &a), (1, &a)]);
+    ledger.sample(
+        t2,
+        &energy(3_000_000, &[(0, 20.0), (1, 40.0), (2, 2.0)]),
+        Owners::Known(&only_a),
+    );
+    let report = ledger.report(t2);
+    let a_now = report.workloads.iter().find(|w| w.owner == a).unwrap();
+    assert_eq!((a_now.cores, a_now.watts, a_now.joules), (2, Some(30.0), 60.0));
+    let b_now = report.workloads.iter().find(|w| w.owner == b).unwrap();
+    assert_eq!((b_now.cores, b_now.watts), (0, None), "b lingers, holding nothing");
+    assert_eq!(report.latest_sample_age, Some(Duration::ZERO));
 }
