@@ -15,3 +15,4 @@ mod hotplug;
 mod sampler_faults;
 mod scenarios;
 mod web;
+mod workload;

@@ -1,0 +1,215 @@
+//! The energy per workload end to end: `amd-hsmp-sim-broker --simulate turin-2p` and
+//! `amd-hsmp-exporter --collector.core-owner` on a cgroup tree in a temporary directory, where
+//! a Slurm job comes and goes between scrapes. The workload's counter is checked against the
+//! simulator's own core counters, scraped in the same answers.
+
+use amd_hsmp_e2e::cgroups::{Hierarchy, cpu_list};
+use amd_hsmp_e2e::harness::{self, BrokerClient, Exposition, Proc};
+use amd_hsmp_proto::Topology;
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The job's cgroup, as Slurm's cgroup v2 plugin lays it out.
+const JOB: &str = "system.slice/slurmstepd.scope/job_77";
+
+struct Node {
+    dir: tempfile::TempDir,
+    _broker: Proc,
+    exporter: Proc,
+    addr: SocketAddr,
+    topology: Topology,
+}
+
+impl Node {
+    /// The simulator (every read fresh) and an exporter with the core-owner collector on a tree
+    /// of the topology's CPUs, walked afresh at every scrape, with `extra` flags.
+    fn start(extra: &[&str]) -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("broker.sock");
+        let log = dir.path().join("broker.log");
+        let broker =
+            harness::start_simulated_broker("turin-2p", &socket, &["--sample.max-age", "0"], log)
+                .unwrap();
+        let topology = BrokerClient::connect(&socket, TIMEOUT).topology();
+        let online: BTreeSet<u32> =
+            topology.cores.iter().flat_map(|c| c.threads.iter().copied()).collect();
+        let root = dir.path().join("cgroup");
+        Hierarchy::default().write(&root, &online).unwrap();
+        let mut flags: Vec<String> = vec![
+            "--collector.core-owner".into(),
+            "--path.cgroupfs".into(),
+            root.display().to_string(),
+            "--collector.core-owner.max-age".into(),
+            "0".into(),
+        ];
+        flags.extend(extra.iter().map(|f| f.to_string()));
+        let (exporter, addr) = harness::start_exporter(&socket, &flags, None, dir.path()).unwrap();
+        Node { dir, _broker: broker, exporter, addr, topology }
+    }
+
+    fn root(&self) -> std::path::PathBuf {
+        self.dir.path().join("cgroup")
+    }
+
+    /// The job on the first `cores` cores of socket 0: their labels.
+    fn start_job(&self, cores: usize) -> Vec<(u32, u32)> {
+        let held: Vec<_> =
+            self.topology.cores.iter().filter(|c| c.socket == 0).take(cores).collect();
+        let cpus = cpu_list(held.iter().flat_map(|c| c.threads.iter().copied()));
+        let mut dir = self.root();
+        for part in JOB.split('/') {
+            dir.push(part);
+            std::fs::create_dir_all(&dir).unwrap();
+            let set = if part == "job_77" { cpus.clone() } else { self.all_cpus() };
+            for (file, text) in [
+                ("cgroup.type", "domain\n".to_owned()),
+                ("cgroup.controllers", "cpuset cpu memory pids\n".to_owned()),
+                ("cgroup.subtree_control", "cpuset cpu memory pids\n".to_owned()),
+                ("cpuset.cpus.effective", format!("{set}\n")),
+            ] {
+                std::fs::write(dir.join(file), text).unwrap();
+            }
+        }
+        held.iter().map(|c| (c.socket, c.core)).collect()
+    }
+
+    fn all_cpus(&self) -> String {
+        cpu_list(
+            self.topology
+                .cores
+                .iter()
+                .flat_map(|c| c.threads.iter().copied())
+                .collect::<BTreeSet<_>>(),
+        )
+    }
+
+    fn end_job(&self) {
+        std::fs::remove_dir_all(self.root().join(JOB)).unwrap();
+    }
+
+    fn scrape(&self) -> Exposition {
+        let response = harness::http_get(self.addr, "/metrics", &[], TIMEOUT).unwrap();
+        assert_eq!(response.status, 200, "{}", response.body);
+        Exposition::parse(&response.body).unwrap()
+    }
+}
+
+fn core_energy(m: &Exposition, (socket, core): (u32, u32)) -> f64 {
+    let series = format!(r#"amd_hsmp_core_energy_joules_total{{core="{core}",socket="{socket}"}}"#);
+    m.value(&series).unwrap_or_else(|| panic!("no {series}:\n{}", m.text))
+}
+
+fn job_energy(m: &Exposition) -> Option<f64> {
+    let series =
+        format!(r#"amd_hsmp_workload_core_energy_joules_total{{owner="/{JOB}",hpc_job="77"}}"#);
+    m.value(&series)
+}
+
+/// What every core drew from one scrape to a later one, summed: each core's difference
+/// first, so that no rounding of the large counters' sum hides a joule.
+fn all_cores_drew(from: &Exposition, to: &Exposition) -> f64 {
+    let counters = |m: &Exposition| -> Vec<(String, f64)> {
+        let name = "amd_hsmp_core_energy_joules_total{";
+        m.samples
+            .iter()
+            .filter(|(s, _)| s.starts_with(name))
+            .map(|(s, j)| (s.clone(), *j))
+            .collect()
+    };
+    let (from, to) = (counters(from), counters(to));
+    assert_eq!(from.len(), to.len(), "every core read in both scrapes");
+    from.iter()
+        .zip(&to)
+        .map(|((a, ja), (b, jb))| {
+            assert_eq!(a, b);
+            jb - ja
+        })
+        .sum()
+}
+
+/// Every joule the workload counters and the unattributed counter hold.
+fn given(m: &Exposition) -> f64 {
+    m.samples
+        .iter()
+        .filter(|(series, _)| {
+            series.starts_with("amd_hsmp_workload_core_energy_joules_total{")
+                || series.starts_with("amd_hsmp_workload_unattributed_joules_total{")
+        })
+        .map(|(_, j)| j)
+        .sum()
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
+}
+
+#[test]
+fn a_jobs_counter_is_its_cores_energy_between_its_first_and_last_samples_and_every_joule_is_given()
+{
+    let node = Node::start(&[]);
+    let before = node.scrape();
+    assert_eq!(job_energy(&before), None, "{}", before.text);
+    let cores = node.start_job(8);
+    let first = node.scrape();
+    assert_eq!(job_energy(&first), Some(0.0), "a series from the job's first sample");
+    let _middle = node.scrape();
+    let last = node.scrape();
+    node.end_job();
+    let after = node.scrape();
+
+    let expected: f64 = cores.iter().map(|&c| core_energy(&last, c) - core_energy(&first, c)).sum();
+    assert!(expected > 0.0, "the simulator's cores drew no energy");
+    let got = job_energy(&after).unwrap_or_else(|| panic!("no job series:\n{}", after.text));
+    assert!(close(got, expected), "job counter {got} J, its cores {expected} J");
+    assert_eq!(job_energy(&last), Some(got), "the job's last interval ends at its last sample");
+    let info = r#"amd_hsmp_core_owner_info{core="0",owner="/system.slice/slurmstepd.scope/job_77""#;
+    assert!(!after.text.contains(info), "the job's owner series went with it");
+
+    // Every joule the cores drew from the first sample on went to the job or to a reason.
+    let read = all_cores_drew(&before, &after);
+    assert!(close(given(&after), read), "given {} J, read {read} J", given(&after));
+    let reason = |r: &str| {
+        after.value(&format!(r#"amd_hsmp_workload_unattributed_joules_total{{reason="{r}"}}"#))
+    };
+    assert!(reason("changed-hands").unwrap() > 0.0, "the job's start and end");
+    assert!(reason("unowned").unwrap() > 0.0, "the other cores");
+    assert_eq!(reason("reset"), Some(0.0));
+    assert_eq!(reason("owner-unknown"), Some(0.0));
+}
+
+#[test]
+fn a_job_shorter_than_the_scrape_interval_is_counted_by_the_samples_between_scrapes() {
+    let node = Node::start(&["--collector.core-owner.sample-interval", "1s"]);
+    let before = node.scrape();
+    assert_eq!(job_energy(&before), None);
+    node.start_job(4);
+    // The landing page takes no sample: it shows what the exporter's own samples found.
+    let page = || harness::http_get(node.addr, "/", &[], TIMEOUT).unwrap().body;
+    let counted = |page: &str| {
+        page.contains(">Slurm job 77</td><td>4</td><td>")
+            && !page.contains(">Slurm job 77</td><td>4</td><td>not yet")
+    };
+    wait_for(&node, "the job counted by two samples", || counted(&page()));
+    node.end_job();
+    wait_for(&node, "the job ended", || !page().contains(">Slurm job 77</td>"));
+    let after = node.scrape();
+    let got = job_energy(&after).unwrap_or_else(|| panic!("no job series:\n{}", after.text));
+    assert!(got > 0.0, "{}", after.text);
+}
+
+/// Polls `done` until it holds, at most a minute.
+fn wait_for(node: &Node, what: &str, mut done: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(
+            Instant::now() < until,
+            "{what}: not within a minute; log:\n{}",
+            node.exporter.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
