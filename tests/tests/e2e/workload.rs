@@ -8,7 +8,6 @@ use amd_hsmp_e2e::harness::{self, BrokerClient, Exposition, Proc};
 use amd_hsmp_proto::Topology;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
