@@ -11,6 +11,8 @@ complete -c amd-hsmp-exporter -l broker.socket -d 'Unix socket of amd-hsmp-broke
 complete -c amd-hsmp-exporter -l path.cgroupfs -d 'Mount point of the cgroup v2 hierarchy the core-owner collector reads' -r -F
 complete -c amd-hsmp-exporter -l path.procfs -d 'Mount point of the procfs: this process\'s own `process_*` metrics, and where the core-owner collector reads the title of a Slurm job\'s `slurmstepd` when the job\'s cgroup is named by its SLUID' -r -F
 complete -c amd-hsmp-exporter -l collector.core-owner.max-age -d 'How long one walk of the cgroup hierarchy serves the scrapes that arrive after it began (at most one walk runs at a time); 0 walks again for every scrape that arrives after a walk began (e.g. `1s`, `0`, at most 1m)' -r
+complete -c amd-hsmp-exporter -l collector.core-owner.linger -d 'How long a workload\'s energy counter (`amd_hsmp_workload_core_energy_joules_total`) is still exported after the last sample at which it held a core, so that its last value is scraped after it ends (e.g. `5m`, `0`, at most 1d)' -r
+complete -c amd-hsmp-exporter -l collector.core-owner.sample-interval -d 'Also take a sample for the workload energy counters this often between scrapes, so that a workload shorter than the scrape interval is counted; each costs one broker sample and one walk of the cgroup hierarchy, as a scrape does. 0 samples at scrapes only (e.g. `5s`, `0`, at least 1s, at most 1h)' -r
 complete -c amd-hsmp-exporter -l log.level -d 'Only log messages with the given severity or above' -r -f -a "debug\t'Everything, including each reconnect attempt and each refused peer'
 info\t'Start-up, listening, peers and broker lost and found again'
 warn\t'Problems that cost telemetry'
