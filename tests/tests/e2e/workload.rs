@@ -183,9 +183,13 @@ fn a_jobs_counter_is_its_cores_energy_between_its_first_and_last_samples_and_eve
 #[test]
 fn a_job_shorter_than_the_scrape_interval_is_counted_by_the_samples_between_scrapes() {
     let node = Node::start(&["--collector.core-owner.sample-interval", "1s"]);
+    let mut broker = BrokerClient::connect(&node.dir.path().join("broker.sock"), TIMEOUT);
     let before = node.scrape();
     assert_eq!(job_energy(&before), None);
-    node.start_job(4);
+    let cores = node.start_job(4);
+    // What the job's cores drew over its life, read by the broker itself (every read fresh)
+    // right after its cgroup appeared and right after it went.
+    let started = (Instant::now(), cores_energy(&node, &mut broker, &cores));
     // The landing page takes no sample: it shows what the exporter's own samples found.
     let page = || harness::http_get(node.addr, "/", &[], TIMEOUT).unwrap().body;
     let counted = |page: &str| {
@@ -194,10 +198,35 @@ fn a_job_shorter_than_the_scrape_interval_is_counted_by_the_samples_between_scra
     };
     wait_for(&node, "the job counted by two samples", || counted(&page()));
     node.end_job();
+    let ended = (Instant::now(), cores_energy(&node, &mut broker, &cores));
     wait_for(&node, "the job ended", || !page().contains(">Slurm job 77</td>"));
     let after = node.scrape();
     let got = job_energy(&after).unwrap_or_else(|| panic!("no job series:\n{}", after.text));
+    let drew = ended.1 - started.1;
     assert!(got > 0.0, "{}", after.text);
+    assert!(got <= drew, "the counter {got} J holds more than the job's cores drew, {drew} J");
+    // The measurement docs/metrics.md states: what the counter missed at the job's two ends.
+    let life = ended.0 - started.0;
+    let missed = drew - got;
+    eprintln!(
+        "workload: a job of {life:.1?} on 4 cores drew {drew:.2} J ({:.2} W), its counter {got:.2} J, \
+         missed {missed:.2} J = {:.2} s of its cores' power at a 1 s sample interval",
+        drew / life.as_secs_f64(),
+        missed / (drew / life.as_secs_f64()),
+    );
+}
+
+/// The energy counters of `cores` summed, from a fresh broker sample.
+fn cores_energy(node: &Node, broker: &mut BrokerClient, cores: &[(u32, u32)]) -> f64 {
+    let sample = broker.sample(amd_hsmp_proto::Families::ALL, 5_000);
+    let values = harness::values(&sample.energy);
+    node.topology
+        .cores
+        .iter()
+        .zip(values)
+        .filter(|(c, _)| cores.contains(&(c.socket, c.core)))
+        .map(|(_, e)| e.expect("a core's energy").joules())
+        .sum()
 }
 
 /// Polls `done` until it holds, at most a minute.
