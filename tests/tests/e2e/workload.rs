@@ -12,12 +12,15 @@ use std::time::{Duration, Instant};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 
+/// The broker's flags: every read fresh, so that each scrape is a sample of its own.
+const FRESH: &[&str] = &["--sample.max-age", "0"];
+
 /// The job's cgroup, as Slurm's cgroup v2 plugin lays it out.
 const JOB: &str = "system.slice/slurmstepd.scope/job_77";
 
 struct Node {
     dir: tempfile::TempDir,
-    _broker: Proc,
+    broker: Proc,
     exporter: Proc,
     addr: SocketAddr,
     topology: Topology,
@@ -30,9 +33,7 @@ impl Node {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("broker.sock");
         let log = dir.path().join("broker.log");
-        let broker =
-            harness::start_simulated_broker("turin-2p", &socket, &["--sample.max-age", "0"], log)
-                .unwrap();
+        let broker = harness::start_simulated_broker("turin-2p", &socket, FRESH, log).unwrap();
         let topology = BrokerClient::connect(&socket, TIMEOUT).topology();
         let online: BTreeSet<u32> =
             topology.cores.iter().flat_map(|c| c.threads.iter().copied()).collect();
@@ -47,7 +48,16 @@ impl Node {
         ];
         flags.extend(extra.iter().map(|f| f.to_string()));
         let (exporter, addr) = harness::start_exporter(&socket, &flags, None, dir.path()).unwrap();
-        Node { dir, _broker: broker, exporter, addr, topology }
+        Node { dir, broker, exporter, addr, topology }
+    }
+
+    /// The broker stopped and another started whose simulated clock starts at `time`.
+    fn restart_broker(&mut self, time: &str) {
+        self.broker.kill();
+        let socket = self.dir.path().join("broker.sock");
+        let log = self.dir.path().join("broker.2.log");
+        let flags = [FRESH, &["--simulate.time", time]].concat();
+        self.broker = harness::start_simulated_broker("turin-2p", &socket, &flags, log).unwrap();
     }
 
     fn root(&self) -> std::path::PathBuf {
@@ -59,11 +69,18 @@ impl Node {
         let held: Vec<_> =
             self.topology.cores.iter().filter(|c| c.socket == 0).take(cores).collect();
         let cpus = cpu_list(held.iter().flat_map(|c| c.threads.iter().copied()));
+        self.make_job(JOB, &cpus);
+        held.iter().map(|c| (c.socket, c.core)).collect()
+    }
+
+    /// Writes cgroup `path` (and its parents, with every CPU) restricted to `cpus`.
+    fn make_job(&self, path: &str, cpus: &str) {
         let mut dir = self.root();
-        for part in JOB.split('/') {
+        let parts: Vec<&str> = path.split('/').collect();
+        for (n, part) in parts.iter().enumerate() {
             dir.push(part);
             std::fs::create_dir_all(&dir).unwrap();
-            let set = if part == "job_77" { cpus.clone() } else { self.all_cpus() };
+            let set = if n + 1 == parts.len() { cpus.to_owned() } else { self.all_cpus() };
             for (file, text) in [
                 ("cgroup.type", "domain\n".to_owned()),
                 ("cgroup.controllers", "cpuset cpu memory pids\n".to_owned()),
@@ -73,7 +90,6 @@ impl Node {
                 std::fs::write(dir.join(file), text).unwrap();
             }
         }
-        held.iter().map(|c| (c.socket, c.core)).collect()
     }
 
     fn all_cpus(&self) -> String {
@@ -240,4 +256,84 @@ fn wait_for(node: &Node, what: &str, mut done: impl FnMut() -> bool) {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+#[test]
+fn a_counter_that_restarts_mid_job_is_a_counted_reset_and_the_job_counts_on() {
+    let mut node = Node::start(&[]);
+    let cores = node.start_job(8);
+    let first = node.scrape();
+    let second = node.scrape();
+    // Another broker whose simulated clock starts an hour earlier: every counter goes back, as
+    // after a firmware or broker reset.
+    node.restart_broker("2026-01-01T02:00:00Z");
+    let third = scrape_answered(&node);
+    let fourth = node.scrape();
+    let drew = |a: &Exposition, b: &Exposition| -> f64 {
+        cores.iter().map(|&c| core_energy(b, c) - core_energy(a, c)).sum()
+    };
+    assert!(core_energy(&third, cores[0]) < core_energy(&second, cores[0]), "no reset");
+    let expected = drew(&first, &second) + drew(&third, &fourth);
+    let got = job_energy(&fourth).unwrap();
+    assert!(close(got, expected), "job counter {got} J, its cores {expected} J");
+    let reset = fourth.value(r#"amd_hsmp_workload_unattributed_joules_total{reason="reset"}"#);
+    let after: f64 = all_core_counters(&third).iter().sum();
+    assert!(close(reset.unwrap(), after), "the reset counts what the counters hold after it");
+}
+
+/// The first scrape the broker answers (the exporter reconnects after a restart).
+fn scrape_answered(node: &Node) -> Exposition {
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let m = node.scrape();
+        if m.value("amd_hsmp_broker_up") == Some(1.0) {
+            return m;
+        }
+        assert!(Instant::now() < until, "the broker did not answer again:\n{}", m.text);
+    }
+}
+
+fn all_core_counters(m: &Exposition) -> Vec<f64> {
+    let name = "amd_hsmp_core_energy_joules_total{";
+    m.samples.iter().filter(|(s, _)| s.starts_with(name)).map(|(_, j)| *j).collect()
+}
+
+#[test]
+fn ten_thousand_workloads_between_two_scrapes_leave_only_the_series_samples_saw() {
+    let node = Node::start(&["--collector.core-owner.sample-interval", "1s"]);
+    let cores: Vec<String> = node
+        .topology
+        .cores
+        .iter()
+        .filter(|c| c.socket == 0)
+        .take(8)
+        .map(|c| cpu_list(c.threads.iter().copied()))
+        .collect();
+    let before = node.scrape();
+    let began = Instant::now();
+    // Each workload holds one of eight cores, replacing the one there before it: 10,000
+    // start and end between the two scrapes, eight at most at a time.
+    let parent = "system.slice/slurmstepd.scope";
+    for n in 0..10_000usize {
+        if n >= cores.len() {
+            let old = node.root().join(format!("{parent}/job_{}", n - cores.len()));
+            std::fs::remove_dir_all(old).unwrap();
+        }
+        node.make_job(&format!("{parent}/job_{n}"), &cores[n % cores.len()]);
+    }
+    let after = node.scrape();
+    // A workload gets a series only at a sample: the two scrapes' and one a second between.
+    let samples = began.elapsed().as_secs() as usize + 2 + 2;
+    let series = after.count("amd_hsmp_workload_core_energy_joules_total");
+    assert!(
+        series <= cores.len() * samples,
+        "{series} workload series after {:?}, at most {} cores × {samples} samples",
+        began.elapsed(),
+        cores.len()
+    );
+    assert!(series >= 1, "the workloads holding cores at the second scrape");
+    // Every joule the cores drew between the two scrapes is given once.
+    let read = all_cores_drew(&before, &after);
+    let given = given(&after) - given(&before);
+    assert!(close(given, read), "given {given}, read {read}");
 }
