@@ -154,6 +154,26 @@
     ],
   },
 
+  // Instant queries joined into one table, one row per label set (Grafana's merge), each
+  // target's value a column: columns = [[name, unit], ...] in the targets' order; sorted by the
+  // first column, largest first.
+  joinedTable(title, description, targets, columns, w=12, h=8):: $.table(title, description, targets, null, w, h) {
+    fieldConfig+: {
+      overrides: [{ matcher: { id: 'byName', options: c[0] }, properties: [{ id: 'unit', value: c[1] }] } for c in columns],
+    },
+    options+: { sortBy: [{ displayName: columns[0][0], desc: true }] },
+    transformations: [
+      { id: 'merge', options: {} },
+      {
+        id: 'organize',
+        options: {
+          excludeByName: { Time: true, __name__: true },
+          renameByName: { ['Value #' + std.char(std.codepoint('A') + i)]: columns[i][0] for i in std.range(0, std.length(columns) - 1) },
+        },
+      },
+    ],
+  },
+
   row(title):: { type: 'row', title: title, collapsed: false, panels: [], w:: 24, h:: 1 },
 
   // Numbers the panels from 1 and places them left to right, wrapping at 24 columns; a row always

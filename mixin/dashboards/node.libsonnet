@@ -1,4 +1,4 @@
-// Per-node dashboard: status, power per socket and per core, boost limits, frequency limits and their limiters, PROCHOT, scrape health.
+// Per-node dashboard: status, power per socket and per core, energy and power per job and workload, boost limits, frequency limits and their limiters, PROCHOT, scrape health.
 local g = import 'lib.libsonnet';
 
 {
@@ -6,7 +6,7 @@ local g = import 'lib.libsonnet';
     'amd-hsmp-node.json':
       local c = $._config;
       local sel = c.amdHsmpSelector + ',instance="$instance"';
-      local s = { sel: sel };
+      local s = { sel: sel, m: 'amd_hsmp_workload_core_energy_joules_total' };
       g.dashboard(
         c,
         'amd-hsmp-node',
@@ -50,6 +50,23 @@ local g = import 'lib.libsonnet';
           g.timeseries('Power by workload', 'Power of the cores each workload (cgroup) is assigned by cpuset (instance_owner:amd_hsmp_owner_power_watts:sum_rate5m, from amd_hsmp_core_owner_info; needs --collector.core-owner). Exact for those cores; cores shared by several workloads are in none, so the sum is below the node power.', [
             g.target('instance_owner:amd_hsmp_owner_power_watts:sum_rate5m{%(sel)s}' % s, '{{owner}}'),
           ], 'watt'),
+
+          g.row('Jobs and workloads'),
+          g.joinedTable('Energy by Slurm job', 'Per Slurm job (hpc_job), the energy of the cores its cgroups (the job, its steps) held at both ends of each sample interval, since the exporter started, and their power now (rate over the dashboard interval). Needs --collector.core-owner; a job stays listed for --collector.core-owner.linger (default 5m) after it ends, at 0 W. Only this node: a job on several nodes has a row on each. Jobs known only by their SLUID are in the table by owner.', [
+            g.target('sum by (hpc_job) (%(m)s{%(sel)s,hpc_job!=""})' % s, instant=true),
+            g.target('sum by (hpc_job) (rate(%(m)s{%(sel)s,hpc_job!=""}[$__rate_interval]))' % s, instant=true),
+          ], [['Energy', 'joule'], ['Power', 'watt']]),
+          g.joinedTable('Energy by pod, VM or service', 'The same per Kubernetes pod (pod_uid, its containers summed), libvirt guest (vm) and systemd service or scope (unit).', [
+            g.target('sum by (pod_uid, vm, unit) (%s)' % std.join(' or ', ['%s{%s,%s!=""}' % [s.m, sel, l] for l in ['pod_uid', 'vm', 'unit']]), instant=true),
+            g.target('sum by (pod_uid, vm, unit) (%s)' % std.join(' or ', ['rate(%s{%s,%s!=""}[$__rate_interval])' % [s.m, sel, l] for l in ['pod_uid', 'vm', 'unit']]), instant=true),
+          ], [['Energy', 'joule'], ['Power', 'watt']]),
+          g.joinedTable('Energy by owner', 'The same per owning cgroup (owner), every workload the exporter counts, a Slurm job\'s steps each on a row of their own. The cores\' energy that went to no workload is in the panel below, by reason.', [
+            g.target('sum by (owner) (%(m)s{%(sel)s})' % s, instant=true),
+            g.target('sum by (owner) (rate(%(m)s{%(sel)s}[$__rate_interval]))' % s, instant=true),
+          ], [['Energy', 'joule'], ['Power', 'watt']], w=24),
+          g.timeseries('Core power given to no workload', 'Power of the cores whose energy went to no workload (amd_hsmp_workload_unattributed_joules_total), by reason: changed-hands (the owner differed at the two ends of a sample interval), unowned (no workload held the core), owner-unknown (the cgroup hierarchy was not read), reset (the core\'s counter restarted).', [
+            g.target('rate(amd_hsmp_workload_unattributed_joules_total{%(sel)s}[$__rate_interval])' % s, '{{reason}}'),
+          ], 'watt', h=6),
 
           g.row('Boost limits'),
           g.timeseries('Boost limit per socket', 'Lowest and average boost limit over the cores of each socket.', [

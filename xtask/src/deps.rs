@@ -34,6 +34,10 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("hunspell-en-us", "/usr/share/hunspell/en_US.dic"),
     // The mixin checks (mixin.rs); promtool is above.
     ("jsonnet", "jsonnet"),
+    // The mixin's Slurm epilog example and its test (xtask/src/mixin/epilog.rs): curl, and mawk,
+    // Debian's awk (the test runs the script with gawk too where it is installed).
+    ("curl", "curl"),
+    ("mawk", "mawk"),
     // The landing page rendered headless (tests/tests/e2e/demo.rs).
     ("chromium", "chromium"),
     // The pod of the Helm chart run for real (kube-test, xtask/src/kube/pod.rs): Debian 12's

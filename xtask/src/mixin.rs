@@ -14,6 +14,8 @@
 //! The generated files are rewritten with `UPDATE_GOLDEN=1 cargo xtask mixin`, to be reviewed as
 //! a diff.
 
+#[cfg(test)]
+mod epilog;
 mod live;
 
 use crate::workspace::stdout_of;

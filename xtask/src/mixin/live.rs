@@ -1,11 +1,10 @@
 //! The live half of the mixin check (`cargo xtask mixin --live`, and `cargo xtask test`): a real
 //! Prometheus loads the mixin's rules and scrapes the real exporter and broker on the simulated
-//! Turin 2P (with the core-owner collector on a small cgroup tree); every dashboard query must
-//! return data, the recording rules must produce the per-socket and per-node series, and
-//! AmdHsmpSimulated must fire. Then the set-up is broken
-//! step by step (broker stopped, a machine without HSMP, a broker restart with the MSR energy
-//! source, a thermal event of the simulator, exporter stopped) and each alert that must fire is
-//! waited for.
+//! Turin 2P (with the core-owner collector on a small cgroup tree: a service and a Slurm job);
+//! every dashboard query must return data, the recording rules must produce the per-socket and
+//! per-node series, and AmdHsmpSimulated must fire. Then the set-up is broken step by step
+//! (broker stopped, a machine without HSMP, a broker restart with the MSR energy source, a
+//! thermal event of the simulator, exporter stopped) and each alert that must fire is waited for.
 
 use super::{Query, Values, dashboard_queries, load_dashboards};
 use crate::http::free_port;
@@ -33,19 +32,28 @@ const MAY_BE_EMPTY: &[(&str, &str)] = &[
 ];
 
 /// A cgroup v2 hierarchy in `work` for the core-owner collector: one service holding core 0 of
-/// socket 0 of the simulated Turin 2P (CPUs 0 and 384, its two threads), so that the
-/// per-workload power rules and their panel have data.
+/// socket 0 of the simulated Turin 2P (CPUs 0 and 384, its two threads) and a Slurm job with
+/// one step holding core 1 (CPUs 1 and 385), so that the per-workload power rules and the
+/// panels per job and per workload have data.
 fn cgroup_tree(work: &Path) -> Result<PathBuf> {
     let root = work.join("cgroup");
     let _ = fs::remove_dir_all(&root);
-    for dir in ["system.slice", "system.slice/build.service"] {
+    let cpus = [
+        ("", "0-767"),
+        ("system.slice", "0-767"),
+        ("system.slice/build.service", "0,384"),
+        ("system.slice/slurmstepd.scope", "0-767"),
+        ("system.slice/slurmstepd.scope/job_4242", "1,385"),
+        ("system.slice/slurmstepd.scope/job_4242/step_0", "1,385"),
+    ];
+    for (dir, cpus) in cpus {
         fs::create_dir_all(root.join(dir))?;
-        fs::write(root.join(dir).join("cgroup.type"), "domain\n")?;
+        if !dir.is_empty() {
+            fs::write(root.join(dir).join("cgroup.type"), "domain\n")?;
+        }
+        fs::write(root.join(dir).join("cpuset.cpus.effective"), format!("{cpus}\n"))?;
     }
     fs::write(root.join("cgroup.controllers"), "cpuset cpu io memory pids\n")?;
-    fs::write(root.join("cpuset.cpus.effective"), "0-767\n")?;
-    fs::write(root.join("system.slice/cpuset.cpus.effective"), "0-767\n")?;
-    fs::write(root.join("system.slice/build.service/cpuset.cpus.effective"), "0,384\n")?;
     Ok(root)
 }
 
