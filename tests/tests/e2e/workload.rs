@@ -8,6 +8,7 @@ use amd_hsmp_e2e::harness::{self, BrokerClient, Exposition, Proc};
 use amd_hsmp_proto::Topology;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
@@ -73,21 +74,25 @@ impl Node {
         held.iter().map(|c| (c.socket, c.core)).collect()
     }
 
-    /// Writes cgroup `path` (and its parents, with every CPU) restricted to `cpus`.
+    /// Writes cgroup `path` restricted to `cpus`, and its parents with every CPU where they do
+    /// not exist yet. A leaf is two files: its type and its effective set (a directory without
+    /// subdirectories has no children to read).
     fn make_job(&self, path: &str, cpus: &str) {
         let mut dir = self.root();
         let parts: Vec<&str> = path.split('/').collect();
         for (n, part) in parts.iter().enumerate() {
             dir.push(part);
-            std::fs::create_dir_all(&dir).unwrap();
-            let set = if n + 1 == parts.len() { cpus.to_owned() } else { self.all_cpus() };
-            for (file, text) in [
-                ("cgroup.type", "domain\n".to_owned()),
-                ("cgroup.controllers", "cpuset cpu memory pids\n".to_owned()),
-                ("cgroup.subtree_control", "cpuset cpu memory pids\n".to_owned()),
-                ("cpuset.cpus.effective", format!("{set}\n")),
-            ] {
-                std::fs::write(dir.join(file), text).unwrap();
+            let leaf = n + 1 == parts.len();
+            if !leaf && dir.exists() {
+                continue;
+            }
+            std::fs::create_dir(&dir).unwrap();
+            let set = if leaf { cpus.to_owned() } else { self.all_cpus() };
+            std::fs::write(dir.join("cgroup.type"), "domain\n").unwrap();
+            std::fs::write(dir.join("cpuset.cpus.effective"), format!("{set}\n")).unwrap();
+            if !leaf {
+                std::fs::write(dir.join("cgroup.subtree_control"), "cpuset cpu memory pids\n")
+                    .unwrap();
             }
         }
     }
@@ -183,6 +188,20 @@ fn a_jobs_counter_is_its_cores_energy_between_its_first_and_last_samples_and_eve
     assert_eq!(job_energy(&last), Some(got), "the job's last interval ends at its last sample");
     let info = r#"amd_hsmp_core_owner_info{core="0",owner="/system.slice/slurmstepd.scope/job_77""#;
     assert!(!after.text.contains(info), "the job's owner series went with it");
+
+    // The job's epilog on the node reads the same number from the exporter, after the job.
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../mixin/examples/slurm-epilog.sh");
+    let url = format!("http://{}/metrics", node.addr);
+    let out = std::process::Command::new("sh")
+        .arg(&script)
+        .env("SLURM_JOB_ID", "77")
+        .env("AMD_HSMP_EXPORTER_URL", &url)
+        .output()
+        .expect("sh runs the epilog (it needs curl and awk: cargo xtask deps installs them)");
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{printed}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(printed.starts_with(&format!("Energy: {got:.1} J (")), "{printed} for {got} J");
+    assert!(printed.contains("the CPU cores of job 77 on "), "{printed}");
 
     // Every joule the cores drew from the first sample on went to the job or to a reason.
     let read = all_cores_drew(&before, &after);
