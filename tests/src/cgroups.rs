@@ -587,15 +587,40 @@ fn raw_byte_scope(byte: u8) -> Vec<u8> {
 /// a pod): every tenth pod Guaranteed with one exclusive core per container while cores last,
 /// the others in the shared pool. For the benchmark.
 pub fn generated(topology: &Topology, pods: usize) -> Hierarchy {
+    generated_with(topology, pods, 2 * pods.div_ceil(10))
+}
+
+/// The workloads [`generated_with`] gives `pods` pods on `topology`'s machine when asked for
+/// `workloads`: two a pod at most, and one core left to the shared pool.
+pub fn generated_workloads(topology: &Topology, pods: usize, workloads: usize) -> usize {
+    workloads.min(2 * pods).min(topology.cores.len().saturating_sub(1))
+}
+
+/// [`generated`] with `workloads` containers that each own an exclusive core: half as many
+/// Guaranteed pods (two such containers a pod, the last one's second in the shared pool when
+/// `workloads` is odd), spread evenly among the others (every tenth pod for a fifth as many
+/// workloads as pods), their cores taken in order from socket 0 on while at least one core is
+/// left to the shared pool of all the other CPUs.
+pub fn generated_with(topology: &Topology, pods: usize, workloads: usize) -> Hierarchy {
     let all = online(topology);
-    let per_socket = topology.cores.iter().filter(|c| c.socket == 0).count();
-    let mut next = 0;
+    let sockets: BTreeSet<u32> = topology.cores.iter().map(|c| c.socket).collect();
+    let cores: Vec<Vec<u32>> = sockets
+        .iter()
+        .flat_map(|&s| {
+            let n = topology.cores.iter().filter(|c| c.socket == s).count();
+            (0..n).map(move |i| threads(topology, s, i..i + 1))
+        })
+        .collect();
+    let workloads = generated_workloads(topology, pods, workloads);
+    let guaranteed_pods = workloads.div_ceil(2);
+    // Pod p is Guaranteed where p * g / pods steps up: g of them, evenly spaced.
+    let guaranteed = |pod: usize| pod * guaranteed_pods % pods.max(1) < guaranteed_pods;
+    let mut cores = cores.into_iter().take(workloads);
     let mut exclusive: Vec<(usize, Vec<u32>)> = Vec::new();
-    for pod in (0..pods).step_by(10) {
+    for pod in (0..pods).filter(|&p| guaranteed(p)) {
         for _ in 0..2 {
-            if next < per_socket {
-                exclusive.push((pod, threads(topology, 0, next..next + 1)));
-                next += 1;
+            if let Some(core) = cores.next() {
+                exclusive.push((pod, core));
             }
         }
     }
@@ -605,7 +630,7 @@ pub fn generated(topology: &Topology, pods: usize) -> Hierarchy {
     h.add("system.slice", vec![]).add("kubepods.slice", vec![]);
     h.add("kubepods.slice/kubepods-besteffort.slice", vec![]);
     for pod in 0..pods {
-        let guaranteed = pod % 10 == 0;
+        let guaranteed = guaranteed(pod);
         let dir = if guaranteed {
             format!("kubepods.slice/kubepods-pod{pod:08x}_0000_4000_8000_000000000000.slice")
         } else {
@@ -791,6 +816,31 @@ mod tests {
         assert_eq!(one_core.len(), 50, "two containers of each of the 25 Guaranteed pods");
         let dir = tempfile::tempdir().unwrap();
         h.write(&dir.path().join("cgroup"), &online(&topology)).unwrap();
+    }
+
+    #[test]
+    fn the_generated_node_has_the_workloads_asked_each_on_a_core_of_its_own() {
+        let topology = crate::fixtures::machine("turin-2p").unwrap().topology();
+        let one_core = |h: &Hierarchy| -> Vec<Vec<u32>> {
+            h.groups.iter().filter(|g| g.cpus.len() == 2).map(|g| g.cpus.clone()).collect()
+        };
+        let h = generated_with(&topology, 250, 100);
+        assert_eq!(h.groups.len() + 1, 1004, "as many cgroups as with fewer workloads");
+        let owned = one_core(&h);
+        assert_eq!(owned.len(), 100);
+        let distinct: BTreeSet<&Vec<u32>> = owned.iter().collect();
+        assert_eq!(distinct.len(), 100, "a core each");
+        assert_eq!(one_core(&generated_with(&topology, 250, 101)).len(), 101, "an odd count");
+        assert_eq!(one_core(&generated_with(&topology, 10, 100)).len(), 20, "two a pod at most");
+        let most = generated_with(&topology, 1000, 1000);
+        let sets: BTreeSet<Vec<u32>> = one_core(&most).into_iter().collect();
+        assert_eq!(sets.len(), 384, "383 owned, one core left to the shared pool");
+        assert_eq!(generated_workloads(&topology, 1000, 1000), 383);
+        assert_eq!(generated_workloads(&topology, 10, 100), 20);
+        assert_eq!(
+            one_core(&generated(&topology, 250)),
+            one_core(&generated_with(&topology, 250, 50))
+        );
     }
 
     #[test]

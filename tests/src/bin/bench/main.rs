@@ -42,6 +42,12 @@ pub struct Cli {
     #[arg(long, value_name = "N", default_value_t = 1000)]
     cgroups: usize,
 
+    /// Workloads of that hierarchy that own cores, for the core-owner exporter's per-workload
+    /// energy counters: Guaranteed containers with an exclusive core each, two a pod (fewer
+    /// where the pods or the fixture's cores leave no room: one core stays in the shared pool).
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    workloads: usize,
+
     /// Rounds of per-core energy readings through the kernel's two paths (a perf event's
     /// read(2), the MSR driver's pread(2)) on every CPU of this machine (0: none).
     #[arg(long = "energy-reads", value_name = "N", default_value_t = 2000)]

@@ -128,11 +128,19 @@ struct Rig {
     machine: Arc<Machine>,
     /// Cgroups of the generated hierarchy (the root included).
     cgroups: usize,
+    /// Its workloads that own cores.
+    workloads: usize,
     _dir: tempfile::TempDir,
 }
 
 impl Rig {
-    fn start(bins: &Binaries, name: &str, spec: MachineSpec, cgroups: usize) -> Result<Rig> {
+    fn start(
+        bins: &Binaries,
+        name: &str,
+        spec: MachineSpec,
+        cgroups: usize,
+        workloads: usize,
+    ) -> Result<Rig> {
         let topology = spec.topology();
         let (machine, device) = mount(spec)?;
         let dir = tempfile::Builder::new().prefix("amd-hsmp-bench-").tempdir()?;
@@ -147,18 +155,21 @@ impl Rig {
         let off = [DISABLED_FLAG.to_owned()];
         let (exporter_off, addr_off) =
             harness::start_exporter_from(exe, &socket, &off, None, dir.path(), "exporter-off")?;
-        let (exporter_owner, written) = if cgroups == 0 {
-            (None, 0)
+        let (exporter_owner, written, workloads) = if cgroups == 0 {
+            (None, 0, 0)
         } else {
             let root = dir.path().join("cgroup");
             // About four cgroups a pod (its slice, the sandbox, two containers) and three more.
             let pods = cgroups.saturating_sub(3).div_ceil(4);
-            let hierarchy = cgroups::generated(&topology, pods);
+            let hierarchy = cgroups::generated_with(&topology, pods, workloads);
+            let workloads = cgroups::generated_workloads(&topology, pods, workloads);
             hierarchy
                 .write(&root, &topology.cores.iter().flat_map(|c| c.threads.clone()).collect())?;
             // Every measured scrape walks the hierarchy afresh, as each of Prometheus' scrapes
             // does at its interval: the bench's back-to-back scrapes would otherwise share
             // walks (the default --collector.core-owner.max-age is 1 s) and hide their cost.
+            // Core energy is on by default, so each scrape also takes a sample for the
+            // per-workload energy counters.
             let flags = [
                 "--collector.core-owner".to_owned(),
                 "--path.cgroupfs".to_owned(),
@@ -174,7 +185,7 @@ impl Rig {
                 dir.path(),
                 "exporter-owner",
             )?;
-            (Some(started), hierarchy.groups.len() + 1)
+            (Some(started), hierarchy.groups.len() + 1, workloads)
         };
         Ok(Rig {
             exporter,
@@ -186,6 +197,7 @@ impl Rig {
             device,
             machine,
             cgroups: written,
+            workloads,
             _dir: dir,
         })
     }
@@ -231,6 +243,8 @@ struct Scraped {
     collect: Duration,
     /// `amd_hsmp_core_owner_info` series in the scrape.
     owners: usize,
+    /// `amd_hsmp_workload_core_energy_joules_total` series in the scrape.
+    workloads: usize,
     /// Whether the scrape counted a core-owner error (the hierarchy could not be read).
     owner_errors: bool,
 }
@@ -256,8 +270,9 @@ fn scrape(addr: SocketAddr) -> Result<Scraped> {
         .and_then(|v| v.trim().parse::<f64>().ok())
         .filter(|v| v.is_finite() && *v >= 0.0)
         .context("scrape lacks amd_hsmp_scrape_duration_seconds")?;
-    let owners =
-        response.body.lines().filter(|l| l.starts_with("amd_hsmp_core_owner_info{")).count();
+    let series = |family: &str| response.body.lines().filter(|l| l.starts_with(family)).count();
+    let owners = series("amd_hsmp_core_owner_info{");
+    let workloads = series("amd_hsmp_workload_core_energy_joules_total{");
     let owner_errors = response.body.lines().any(|l| {
         l.starts_with("amd_hsmp_scrape_errors_total{collector=\"core-owner\"}")
             && !l.ends_with(" 0")
@@ -266,6 +281,7 @@ fn scrape(addr: SocketAddr) -> Result<Scraped> {
         wall: response.elapsed,
         collect: Duration::from_secs_f64(collect),
         owners,
+        workloads,
         owner_errors,
     })
 }
@@ -293,7 +309,7 @@ fn fixture(cli: &Cli, bins: &Binaries, name: &str) -> Result<FixtureReport> {
     if spec.hsmp_protocol.is_none() {
         bail!("{name} has no HSMP device: no mailbox message to time against the floor");
     }
-    let mut rig = Rig::start(bins, name, spec, cli.cgroups)?;
+    let mut rig = Rig::start(bins, name, spec, cli.cgroups, cli.workloads)?;
     let result = measure_fixture(cli, &mut rig, name, cores, sockets, expected);
     result.with_context(|| format!("logs:\n{}\n{}", rig.broker.log(), rig.exporter.log()))
 }
@@ -309,18 +325,20 @@ fn measure_fixture(
     let floor = Floor::start(&rig.device.hsmp_path(), sockets)?;
     let mut latencies = Vec::new();
     let mut owner_latencies = Vec::new();
-    let mut owners = (usize::MAX, 0);
+    let (mut owners, mut workloads) = (Range::default(), Range::default());
     for &us in &cli.latencies_us {
         eprintln!("bench: {name}: {us} µs per message");
         rig.machine.update_faults(|f| f.latency = Duration::from_micros(us));
         latencies.push(series(rig, &floor, cli.scrapes, us, Which::Plain)?.0);
         if rig.exporter_owner.is_some() {
             eprintln!(
-                "bench: {name}: {us} µs per message, --collector.core-owner, {} cgroups",
-                rig.cgroups
+                "bench: {name}: {us} µs per message, --collector.core-owner, {} cgroups, {} \
+                 workloads",
+                rig.cgroups, rig.workloads
             );
-            let (report, (fewest, most)) = series(rig, &floor, cli.scrapes, us, Which::Owner)?;
-            owners = (owners.0.min(fewest), owners.1.max(most));
+            let (report, o, w) = series(rig, &floor, cli.scrapes, us, Which::Owner)?;
+            owners.merge(o);
+            workloads.merge(w);
             owner_latencies.push(report);
         }
     }
@@ -328,11 +346,15 @@ fn measure_fixture(
         None => None,
         Some((owner, _)) => Some(CoreOwner {
             cgroups: rig.cgroups,
-            owners_min: if owners.0 == usize::MAX { 0 } else { owners.0 },
-            owners_max: owners.1,
+            workloads: rig.workloads,
+            owners_min: owners.min(),
+            owners_max: owners.max,
+            workload_series_min: workloads.min(),
+            workload_series_max: workloads.max,
             latencies: owner_latencies,
             exporter_peak_kib: status_kib(owner.pid(), "VmHWM")?,
             exporter_anon_kib: status_kib(owner.pid(), "RssAnon")?,
+            broker_peak_kib: status_kib(rig.broker.pid(), "VmHWM")?,
         }),
     };
     // Concurrency and the idle window at the highest latency: the longest flights.
@@ -371,14 +393,14 @@ fn measure_fixture(
 }
 
 /// `scrapes` scrapes of exporter `which`, each followed by the floor client sending the same
-/// messages; with the fewest and most owner series a scrape had.
+/// messages; with the fewest and most owner series, and workload series, a scrape had.
 fn series(
     rig: &mut Rig,
     floor: &Floor,
     scrapes: usize,
     latency_us: u64,
     which: Which,
-) -> Result<(LatencyReport, (usize, usize))> {
+) -> Result<(LatencyReport, Range, Range)> {
     let (addr, exporter_pid) = rig.exporter(which)?;
     for _ in 0..WARM_UP {
         let before = rig.messages();
@@ -386,7 +408,7 @@ fn series(
         floor.replay(&rig.device.messages_from(before))?;
     }
     let (broker0, exporter0) = (cpu_time(rig.broker.pid())?, cpu_time(exporter_pid)?);
-    let mut owners = (usize::MAX, 0);
+    let (mut owners, mut workloads) = (Range::default(), Range::default());
     let mut scrape_walls = Vec::with_capacity(scrapes);
     let mut collects = Vec::with_capacity(scrapes);
     let mut collect_ratios = Vec::with_capacity(scrapes);
@@ -405,7 +427,8 @@ fn series(
         if scraped.owner_errors {
             bail!("the core-owner exporter could not read its cgroup hierarchy");
         }
-        owners = (owners.0.min(scraped.owners), owners.1.max(scraped.owners));
+        owners.add(scraped.owners);
+        workloads.add(scraped.workloads);
         let sent = rig.device.messages_from(before);
         let counts = count_by_type(&sent);
         identical &= by_type.as_ref().is_none_or(|c| *c == counts);
@@ -451,7 +474,35 @@ fn series(
         messages_max: max_total,
         messages_between: between,
     };
-    Ok((report, owners))
+    Ok((report, owners, workloads))
+}
+
+/// The fewest and most of a count over scrapes.
+#[derive(Debug, Clone, Copy)]
+struct Range {
+    min: usize,
+    max: usize,
+}
+
+impl Default for Range {
+    fn default() -> Range {
+        Range { min: usize::MAX, max: 0 }
+    }
+}
+
+impl Range {
+    fn add(&mut self, n: usize) {
+        (self.min, self.max) = (self.min.min(n), self.max.max(n));
+    }
+
+    fn merge(&mut self, other: Range) {
+        (self.min, self.max) = (self.min.min(other.min), self.max.max(other.max));
+    }
+
+    /// The fewest, 0 when nothing was counted.
+    fn min(self) -> usize {
+        if self.min == usize::MAX { 0 } else { self.min }
+    }
 }
 
 /// `rounds` pairs of simultaneous scrapes: with single flight (and shared readings) a pair

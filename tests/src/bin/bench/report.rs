@@ -119,16 +119,25 @@ pub struct LatencyReport {
 pub struct CoreOwner {
     /// Cgroups in the hierarchy, the root included.
     pub cgroups: usize,
+    /// Workloads in the hierarchy that own cores (`--workloads`).
+    pub workloads: usize,
     /// Fewest `amd_hsmp_core_owner_info` series in a scrape.
     pub owners_min: usize,
     /// Most.
     pub owners_max: usize,
+    /// Fewest `amd_hsmp_workload_core_energy_joules_total` series in a scrape (0 from an
+    /// exporter without the per-workload counters).
+    pub workload_series_min: usize,
+    /// Most.
+    pub workload_series_max: usize,
     /// One series per simulated mailbox latency, as [`FixtureReport::latencies`].
     pub latencies: Vec<LatencyReport>,
     /// Its exporter's `VmHWM`, KiB.
     pub exporter_peak_kib: u64,
     /// Its exporter's `RssAnon`, KiB.
     pub exporter_anon_kib: u64,
+    /// The broker's `VmHWM` after its series, KiB (the broker serves every exporter).
+    pub broker_peak_kib: u64,
 }
 
 /// p50 and p99, ms.
@@ -458,9 +467,18 @@ fn fixture_table(out: &mut String, f: &FixtureReport) {
     if let Some(o) = &f.core_owner {
         let _ = writeln!(
             out,
-            "  with --collector.core-owner on {} cgroups ({}-{} owner series a scrape; exporter \
-             peak {} KiB, anonymous {}):",
-            o.cgroups, o.owners_min, o.owners_max, o.exporter_peak_kib, o.exporter_anon_kib
+            "  with --collector.core-owner on {} cgroups, {} workloads owning cores ({}-{} owner \
+             series and {}-{} workload series a scrape; exporter peak {} KiB, anonymous {}; with \
+             the broker's peak {} KiB):",
+            o.cgroups,
+            o.workloads,
+            o.owners_min,
+            o.owners_max,
+            o.workload_series_min,
+            o.workload_series_max,
+            o.exporter_peak_kib,
+            o.exporter_anon_kib,
+            o.exporter_peak_kib + o.broker_peak_kib
         );
         for s in &o.latencies {
             let c = &s.cpu_ms_per_scrape;
