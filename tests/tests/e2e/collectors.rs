@@ -418,7 +418,13 @@ fn case_unreadable_source(row: Row) {
             assert!(m.text.contains(
                 r#"core="0",owner="/system.slice/slurmstepd.scope/job_4243",socket="1",hpc_job="4243"} 1"#
             ));
-            assert!(!m.text.contains("job_4242"), "{}", m.text);
+            let mut owner_lines =
+                m.text.lines().filter(|l| l.starts_with("amd_hsmp_core_owner_info"));
+            assert!(!owner_lines.any(|l| l.contains("job_4242")), "{}", m.text);
+            // The job's tasks no longer own their cores, and their energy counters linger.
+            assert!(m.text.contains(
+                "amd_hsmp_workload_core_energy_joules_total{owner=\"/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0\""
+            ), "{}", m.text);
             assert_eq!(m.errors("core-owner"), 0.0);
             assert!(rest_whole(&m), "{}", m.text);
         }

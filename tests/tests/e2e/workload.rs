@@ -356,3 +356,34 @@ fn ten_thousand_workloads_between_two_scrapes_leave_only_the_series_samples_saw(
     let given = given(&after) - given(&before);
     assert!(close(given, read), "given {given}, read {read}");
 }
+
+#[test]
+fn a_core_that_changes_hands_at_every_sample_gives_its_energy_to_changed_hands_alone() {
+    let node = Node::start(&[]);
+    let core = &node.topology.cores[0];
+    let cpus = cpu_list(core.threads.iter().copied());
+    let label = (core.socket, core.core);
+    let parent = "system.slice/slurmstepd.scope";
+    let mut scrapes = Vec::new();
+    // Every scrape is a sample (every read fresh, every walk fresh), and at each the core has
+    // another owner than at the one before.
+    for n in 0..6 {
+        if n > 0 {
+            std::fs::remove_dir_all(node.root().join(format!("{parent}/job_{}", n - 1))).unwrap();
+        }
+        node.make_job(&format!("{parent}/job_{n}"), &cpus);
+        scrapes.push(node.scrape());
+    }
+    let last = scrapes.last().unwrap();
+    for n in 0..6 {
+        let series = format!(
+            r#"amd_hsmp_workload_core_energy_joules_total{{owner="/{parent}/job_{n}",hpc_job="{n}"}}"#
+        );
+        assert_eq!(last.value(&series), Some(0.0), "{}", last.text);
+    }
+    let drew = core_energy(last, label) - core_energy(&scrapes[0], label);
+    assert!(drew > 0.0);
+    let changed =
+        last.value(r#"amd_hsmp_workload_unattributed_joules_total{reason="changed-hands"}"#);
+    assert!(close(changed.unwrap(), drew), "changed-hands {changed:?} J, the core drew {drew} J");
+}
