@@ -231,10 +231,15 @@ impl Ledger {
             for (_, owner) in owners {
                 let account =
                     self.accounts.entry(Arc::clone(owner)).or_insert_with(|| Account::new(now));
+                // A scrape that began before the one that last counted this workload's cores
+                // says nothing newer of them.
+                if now < account.held_at {
+                    continue;
+                }
                 if account.held_at != now {
                     account.cores = 0;
+                    account.held_at = now;
                 }
-                account.held_at = account.held_at.max(now);
                 account.cores += 1;
             }
         }

@@ -300,3 +300,17 @@ fn a_workload_shows_the_cores_it_holds_and_their_power_over_the_last_interval() 
     assert_eq!((b_now.cores, b_now.watts), (0, None), "b lingers, holding nothing");
     assert_eq!(report.latest_sample_age, Some(Duration::ZERO));
 }
+
+#[test]
+fn a_scrape_that_began_earlier_but_ends_later_leaves_the_cores_held_as_the_later_sample_saw() {
+    let t0 = Instant::now();
+    let a = owner("/a.slice/a.service");
+    let mut ledger = Ledger::new(DEFAULT_LINGER);
+    let two = held(&[(0, &a), (1, &a)]);
+    ledger.sample(t0 + SECOND, &energy(2, &[(0, 1.0), (1, 1.0)]), Owners::Known(&two));
+    // The scrape that began first lands last, its walk older: one core then.
+    ledger.sample(t0, &energy(1, &[(0, 0.0), (1, 0.0)]), Owners::Known(&held(&[(0, &a)])));
+    let report = ledger.report(t0 + SECOND);
+    let a_now = report.workloads.iter().find(|w| w.owner == a).unwrap();
+    assert_eq!(a_now.cores, 2, "{report:?}");
+}
