@@ -270,6 +270,70 @@ mod tests {
         assert_eq!(test_names(source), ["plain", "held"]);
     }
 
+    /// The documents quote tests by name as the proof of a claim: each name a document quotes
+    /// (in backticks, five words or more in snake case, not a metric) is a test of the
+    /// workspace, so that a renamed or removed test cannot leave a claim with no proof.
+    #[test]
+    fn the_documents_quote_only_tests_that_exist() {
+        use std::collections::BTreeSet;
+        let root = crate::workspace::root();
+        let tests: BTreeSet<String> = super::rust_files(&root)
+            .iter()
+            .flat_map(|path| {
+                let text = std::fs::read_to_string(path).unwrap();
+                test_names(&text).into_iter().map(str::to_owned).collect::<Vec<_>>()
+            })
+            .collect();
+        let mut documents =
+            vec![root.join("ARCHITECTURE.md"), root.join("README.md"), root.join("SECURITY.md")];
+        let mut docs: Vec<_> = std::fs::read_dir(root.join("docs"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "md"))
+            .collect();
+        docs.sort();
+        documents.extend(docs);
+        let mut quoted = 0;
+        let mut missing = Vec::new();
+        for document in &documents {
+            let text = std::fs::read_to_string(document).unwrap();
+            for name in quoted_test_names(&text) {
+                quoted += 1;
+                if !tests.contains(name) {
+                    let file = document.strip_prefix(&root).unwrap().display().to_string();
+                    missing.push(format!("{file}: {name}"));
+                }
+            }
+        }
+        assert!(quoted > 20, "read only {quoted} quoted test names");
+        assert!(missing.is_empty(), "documents quote tests that do not exist: {missing:?}");
+    }
+
+    /// The names in `text` quoted in backticks that read as a test's: lower-case snake case of
+    /// five words or more, not a metric or a Prometheus label (`amd_hsmp_…`, `process_…`,
+    /// `node_…`, `scrape_…`, `__meta_…`).
+    fn quoted_test_names(text: &str) -> Vec<&str> {
+        text.split('`')
+            .skip(1)
+            .step_by(2)
+            .filter(|w| w.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+            .filter(|w| w.split('_').filter(|part| !part.is_empty()).count() >= 5)
+            .filter(|w| {
+                !["amd_hsmp_", "process_", "node_", "dcgm_", "scrape_", "_"]
+                    .iter()
+                    .any(|p| w.starts_with(p))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn quoted_test_names_are_long_snake_case_and_not_metrics() {
+        let text = "`a_full_scrape_costs_two_messages` `join_or_start` `amd_hsmp_core_energy_joules_total` \
+                    `Some_Thing_With_Many_Parts_Here` `cargo test -p x` `a_b_c_d_e` \
+                    `scrape_samples_post_metric_relabeling` `__meta_kubernetes_pod_node_name`";
+        assert_eq!(quoted_test_names(text), ["a_full_scrape_costs_two_messages", "a_b_c_d_e"]);
+    }
+
     /// No two tests in the workspace share a name, whatever their tier: a name found in a
     /// failure report points at one test, and a unit test and its end-to-end counterpart say in
     /// their names what each adds.
