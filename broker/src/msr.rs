@@ -9,7 +9,11 @@
 //! may have gone unseen. If the counter moved further than [`MAX_CORE_WATTS`] allows in the time
 //! between the readings, plus [`RESTART_TOLERANCE`] (a drop taken as a wrap, or a rise), the
 //! hardware counter restarted. In both cases the core's count restarts from 0 (a counter reset,
-//! as Prometheus understands it) and the reset is counted ([`MsrEnergy::resets`]).
+//! as Prometheus understands it) and the reset is counted ([`MsrEnergy::resets`]) and logged.
+//! The residual: a restart that looks like a wrap within that allowance is counted as one, at
+//! most [`MAX_CORE_WATTS`] × the time since the core's last reading + [`RESTART_TOLERANCE`] of
+//! energy never drawn (3.1 kJ per affected core at the default [`DEFAULT_POLL_INTERVAL`], for
+//! the about 5 % of cores whose last value was that close to the wrap).
 //!
 //! **CPU hotplug:** a read of an offline CPU fails `ENXIO` and the descriptor reads again once
 //! the CPU is back (`device/tests/hotplug.rs`). The item is unavailable meanwhile, and since

@@ -13,7 +13,9 @@
 //! of energy never drawn. A step larger than [`MAX_CORE_WATTS`] allows over the time between
 //! the readings plus [`RESTART_TOLERANCE`] is therefore a counted reset (the count restarts from
 //! 0), and the time is `CLOCK_MONOTONIC` ([`Running`]), which stops while the machine sleeps: a
-//! core draws nothing while suspended, so a suspend adds no allowance.
+//! core draws nothing while suspended, so a suspend adds no allowance. The residual is the MSR
+//! source's: a restart whose step fits within the allowance (a counter the firmware restarted
+//! close below its wrap) is counted as energy.
 //!
 //! **CPU hotplug:** when the last online CPU of a core goes offline the kernel detaches the
 //! core's event and never adds it back, not even when the CPU returns (`device/tests/hotplug.rs`
