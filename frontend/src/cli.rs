@@ -146,20 +146,21 @@ fn parse_telemetry_path(text: &str) -> Result<String, String> {
 
 /// A freshness bound: a duration in Prometheus' grammar or `0`, at most 1m.
 fn parse_max_age(text: &str) -> Result<Duration, String> {
+    at_most(text, Duration::from_secs(60), "1m")
+}
+
+/// A duration in Prometheus' grammar or `0`, at most `max` (`max_text` in the error).
+fn at_most(text: &str, max: Duration, max_text: &str) -> Result<Duration, String> {
     let d = amd_hsmp_cli::duration::parse(text)?;
-    if d > Duration::from_secs(60) {
-        return Err(format!("duration {text:?} must be at most 1m"));
+    if d > max {
+        return Err(format!("duration {text:?} must be at most {max_text}"));
     }
     Ok(d)
 }
 
 /// A linger: a duration in Prometheus' grammar or `0`, at most 1d.
 fn parse_linger(text: &str) -> Result<Duration, String> {
-    let d = amd_hsmp_cli::duration::parse(text)?;
-    if d > Duration::from_secs(24 * 3600) {
-        return Err(format!("duration {text:?} must be at most 1d"));
-    }
-    Ok(d)
+    at_most(text, Duration::from_secs(24 * 3600), "1d")
 }
 
 /// A sampling interval: `0` (off), or a duration in Prometheus' grammar from 1s to 1h.

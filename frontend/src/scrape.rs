@@ -148,6 +148,17 @@ pub(crate) struct ScrapeReport {
     pub(crate) process: ProcessStats,
 }
 
+/// What one scrape read ([`Exporter::sample`]): the parts of its [`ScrapeReport`] that come
+/// from the broker and the cgroup hierarchy.
+#[derive(Debug)]
+struct Sampled {
+    telemetry: Option<Arc<Telemetry>>,
+    broker_up: bool,
+    core_owners: Vec<(CoreLabel, Arc<crate::owner::Owner>)>,
+    core_owner_skipped: Option<u64>,
+    core_owner_unresolved: Option<u64>,
+}
+
 /// Told of every broker answer as it lands, scrapes' and page views' alike (the landing page
 /// keeps the last ones for its power): an observer the router registers, so that the pipeline
 /// knows nothing of its views.
@@ -288,7 +299,7 @@ impl Exporter {
                 _ = stop.wait_for(|stopped| *stopped) => return,
             }
             let Some(permit) = self.permits.try_take() else { continue };
-            self.scrape(budget, &permit, Owners::Wanted).await;
+            self.sample(Instant::now(), budget, &permit, Owners::Wanted).await;
         }
     }
 
@@ -305,6 +316,33 @@ impl Exporter {
         owners: Owners,
     ) -> ScrapeReport {
         let started = Instant::now();
+        let sampled = self.sample(started, budget, permit, owners).await;
+        let workloads = self.ledger.as_ref().map(|ledger| {
+            ledger.lock().unwrap_or_else(PoisonError::into_inner).report(started.into_std())
+        });
+        ScrapeReport {
+            telemetry: sampled.telemetry,
+            broker_up: sampled.broker_up,
+            errors: self.errors.snapshot(self.config.core_owner.is_some()),
+            core_owners: sampled.core_owners,
+            core_owner_skipped: sampled.core_owner_skipped,
+            core_owner_unresolved: sampled.core_owner_unresolved,
+            workloads,
+            duration: started.elapsed(),
+            process: self.process.read(),
+        }
+    }
+
+    /// What a scrape that began at `started` reads, as [`Exporter::scrape`] says, and the
+    /// sample it gives the workload energy counters: the broker's answer and the owners, without
+    /// the report built from them (the samples between scrapes take this alone).
+    async fn sample(
+        self: &Arc<Self>,
+        started: Instant,
+        budget: Budget,
+        permit: &Permit,
+        owners: Owners,
+    ) -> Sampled {
         let deadline = started + budget.broker_deadline;
         let answer_by = started + budget.wait;
         let tolerance = budget.broker_deadline / JOIN_TOLERANCE_DIVISOR;
@@ -355,30 +393,17 @@ impl Exporter {
         let walked = hierarchy.is_some();
         let (core_owners, core_owner_skipped) = self.core_owners(hierarchy, topology.as_deref());
         let core_owner_unresolved = core_owner_skipped.map(|_| unresolved_jobs(&core_owners));
-        let workloads = self.ledger.as_ref().map(|ledger| {
+        // A sample is one broker answer with the owners of the walk served with it; a request
+        // that wanted no owners (a page view) takes none.
+        if let (Some(ledger), Some(telemetry), true) = (&self.ledger, &telemetry, walked) {
+            let owners = match core_owner_skipped {
+                Some(_) => WorkloadOwners::Known(&core_owners),
+                None => WorkloadOwners::Unknown,
+            };
             let mut ledger = ledger.lock().unwrap_or_else(PoisonError::into_inner);
-            // A sample is one broker answer with the owners of the walk served with it; a
-            // request that wanted no owners (a page view) takes none.
-            if let (Some(telemetry), true) = (&telemetry, walked) {
-                let owners = match core_owner_skipped {
-                    Some(_) => WorkloadOwners::Known(&core_owners),
-                    None => WorkloadOwners::Unknown,
-                };
-                ledger.sample(started.into_std(), telemetry, owners);
-            }
-            ledger.report(started.into_std())
-        });
-        ScrapeReport {
-            telemetry,
-            broker_up,
-            errors: self.errors.snapshot(self.config.core_owner.is_some()),
-            core_owners,
-            core_owner_skipped,
-            core_owner_unresolved,
-            workloads,
-            duration: started.elapsed(),
-            process: self.process.read(),
+            ledger.sample(started.into_std(), telemetry, owners);
         }
+        Sampled { telemetry, broker_up, core_owners, core_owner_skipped, core_owner_unresolved }
     }
 
     /// The owner series of one scrape from the walk it was served (`None`: the collector is

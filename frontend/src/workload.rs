@@ -194,13 +194,14 @@ impl Ledger {
             return;
         }
         self.sampled = true;
-        let by_core: HashMap<CoreLabel, &Arc<Owner>> = match owners {
-            Owners::Known(owners) => owners.iter().map(|(c, o)| (*c, o)).collect(),
-            Owners::Unknown => HashMap::new(),
+        // Each core's owner, `None` where the hierarchy was not read for this sample.
+        let by_core: Option<HashMap<CoreLabel, &Arc<Owner>>> = match owners {
+            Owners::Known(owners) => Some(owners.iter().map(|(c, o)| (*c, o)).collect()),
+            Owners::Unknown => None,
         };
-        let holder_of = |core: &CoreLabel| match owners {
-            Owners::Unknown => Holder::Unknown,
-            Owners::Known(_) => by_core
+        let holder_of = |core: &CoreLabel| match &by_core {
+            None => Holder::Unknown,
+            Some(by_core) => by_core
                 .get(core)
                 .map_or(Holder::Nobody, |owner| Holder::Workload(Arc::clone(owner))),
         };

@@ -129,12 +129,12 @@ fn a_counter_that_goes_back_or_restarts_with_its_broker_is_a_reset_counted_with_
     // The broker restarted: its counters count from 0 again, one of them already past the old
     // value.
     ledger.sample(t0 + SECOND, &perf(2, 2, &[(0, 3.0), (1, 4.0)]), Owners::Known(&owners));
-    // HSMP's firmware counter went back (a reset the exporter sees only as that).
     ledger.sample(t0 + 2 * SECOND, &perf(2, 3, &[(0, 5.0), (1, 9.0)]), Owners::Known(&owners));
     let report = ledger.report(t0 + 2 * SECOND);
     assert_eq!(unattributed(&report, Reason::Reset), 3.0 + 3.0);
     assert_eq!(joules_of(&report, &a), Some(2.0 + 5.0), "the job keeps counting after a reset");
 
+    // HSMP's firmware counter went back: a reset the exporter sees only as that.
     let mut hsmp = Ledger::new(DEFAULT_LINGER);
     hsmp.sample(t0, &energy(1, &[(0, 50.0)]), Owners::Known(&owners));
     hsmp.sample(t0 + SECOND, &energy(2, &[(0, 20.0)]), Owners::Known(&owners));
@@ -190,15 +190,19 @@ fn under_a_churn_of_ten_thousand_workloads_the_series_stay_within_the_live_and_l
     let t0 = Instant::now();
     let linger = 10 * SECOND;
     let cores = 8u32;
+    // A new workload on every core at sample `n`.
+    let newcomers = |n: u32| -> Vec<(CoreLabel, Arc<Owner>)> {
+        (0..cores)
+            .map(|c| (core(c), owner(&format!("/w.slice/w{}.scope", n * cores + c))))
+            .collect()
+    };
     let mut ledger = Ledger::new(linger);
     let mut seen = 0;
     // Every sample, a new workload on every core: 10,000 workloads over 1,250 samples, 100 ms
     // apart; 100 samples within the linger.
     for sample in 0..1_250u32 {
         let at = t0 + Duration::from_millis(100) * sample;
-        let owners: Vec<(CoreLabel, Arc<Owner>)> = (0..cores)
-            .map(|c| (core(c), owner(&format!("/w.slice/w{}.scope", sample * cores + c))))
-            .collect();
+        let owners = newcomers(sample);
         seen += owners.len();
         let joules: Vec<(u32, f64)> = (0..cores).map(|c| (c, f64::from(sample))).collect();
         ledger.sample(at, &energy(u64::from(sample) + 1, &joules), Owners::Known(&owners));
@@ -215,9 +219,7 @@ fn under_a_churn_of_ten_thousand_workloads_the_series_stay_within_the_live_and_l
     let mut full = Ledger::with_capacity(linger, 64);
     for sample in 0..100u32 {
         let at = t0 + Duration::from_millis(100) * sample;
-        let owners: Vec<(CoreLabel, Arc<Owner>)> = (0..cores)
-            .map(|c| (core(c), owner(&format!("/w.slice/w{}.scope", sample * cores + c))))
-            .collect();
+        let owners = newcomers(sample);
         full.sample(at, &energy(u64::from(sample) + 1, &[(0, 0.0)]), Owners::Known(&owners));
         let report = full.report(at);
         assert!(report.workloads.len() <= 64, "{}", report.workloads.len());

@@ -132,15 +132,7 @@ fn job_energy(m: &Exposition) -> Option<f64> {
 /// What every core drew from one scrape to a later one, summed: each core's difference
 /// first, so that no rounding of the large counters' sum hides a joule.
 fn all_cores_drew(from: &Exposition, to: &Exposition) -> f64 {
-    let counters = |m: &Exposition| -> Vec<(String, f64)> {
-        let name = "amd_hsmp_core_energy_joules_total{";
-        m.samples
-            .iter()
-            .filter(|(s, _)| s.starts_with(name))
-            .map(|(s, j)| (s.clone(), *j))
-            .collect()
-    };
-    let (from, to) = (counters(from), counters(to));
+    let (from, to) = (core_counters(from), core_counters(to));
     assert_eq!(from.len(), to.len(), "every core read in both scrapes");
     from.iter()
         .zip(&to)
@@ -296,7 +288,7 @@ fn a_counter_that_restarts_mid_job_is_a_counted_reset_and_the_job_counts_on() {
     let got = job_energy(&fourth).unwrap();
     assert!(close(got, expected), "job counter {got} J, its cores {expected} J");
     let reset = fourth.value(r#"amd_hsmp_workload_unattributed_joules_total{reason="reset"}"#);
-    let after: f64 = all_core_counters(&third).iter().sum();
+    let after: f64 = core_counters(&third).iter().map(|(_, j)| j).sum();
     assert!(close(reset.unwrap(), after), "the reset counts what the counters hold after it");
 }
 
@@ -312,9 +304,10 @@ fn scrape_answered(node: &Node) -> Exposition {
     }
 }
 
-fn all_core_counters(m: &Exposition) -> Vec<f64> {
+/// Every core's energy counter in a scrape, by series, in the series' order.
+fn core_counters(m: &Exposition) -> Vec<(&str, f64)> {
     let name = "amd_hsmp_core_energy_joules_total{";
-    m.samples.iter().filter(|(s, _)| s.starts_with(name)).map(|(_, j)| *j).collect()
+    m.samples.iter().filter(|(s, _)| s.starts_with(name)).map(|(s, j)| (s.as_str(), *j)).collect()
 }
 
 #[test]
