@@ -270,13 +270,21 @@ fn install_packages() -> Result<()> {
 /// Whether `cmd` is on `PATH` or in the system directories a root shell has (`/usr/sbin`,
 /// `/sbin`), or, when it is an absolute path, whether that file exists.
 pub(crate) fn on_path(cmd: &str) -> bool {
+    find(cmd).is_some()
+}
+
+/// Where `cmd` is, as [`on_path`] looks for it: the first of `PATH`'s directories and the
+/// system ones that holds it, or the absolute path itself.
+pub(crate) fn find(cmd: &str) -> Option<std::path::PathBuf> {
     if cmd.starts_with('/') {
-        return std::path::Path::new(cmd).is_file();
+        let path = std::path::PathBuf::from(cmd);
+        return path.is_file().then_some(path);
     }
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain(["/usr/sbin", "/sbin"].map(std::path::PathBuf::from))
-        .any(|d| d.join(cmd).is_file())
+        .map(|d| d.join(cmd))
+        .find(|p| p.is_file())
 }
 
 /// Whether `cmd` is on `PATH` at `version`: `cmd --version` prints it (cargo-deb prints

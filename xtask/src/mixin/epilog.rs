@@ -2,17 +2,12 @@
 //! with `sh` (and `bash` where installed) and each awk installed (mawk, gawk, busybox's), against
 //! `file://` URLs of the exposition fixtures in `mixin/examples/testdata/`.
 
+use crate::deps::find;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const SCRIPT: &str = "mixin/examples/slurm-epilog.sh";
 const TESTDATA: &str = "mixin/examples/testdata";
-
-/// Where `cmd` is on `PATH`.
-fn find(cmd: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path).map(|d| d.join(cmd)).find(|p| p.is_file())
-}
 
 /// One way to run the script: a shell, and a directory whose `awk` is one implementation.
 struct Runner {
