@@ -191,6 +191,19 @@ impl Families {
     pub fn iter(&self) -> impl Iterator<Item = Family> + '_ {
         Family::ALL.into_iter().filter(|&family| self.contains(family))
     }
+
+    /// The families in both `self` and `other`.
+    pub fn intersection(&self, other: &Families) -> Families {
+        Families::of(&self.iter().filter(|&family| other.contains(family)).collect::<Vec<_>>())
+    }
+
+    /// The mailbox messages a sample of these families sends to a machine of `cores` physical
+    /// cores and `sockets` sockets whose device answers every one of them, after the one-time
+    /// probes: one message per item ([`Family::items`]). The cost rule of the broker's sampler,
+    /// which its tests count; the documents' figures are generated from it.
+    pub fn messages(&self, cores: usize, sockets: usize) -> usize {
+        self.iter().map(|family| family.items(cores, sockets)).sum()
+    }
 }
 
 /// One telemetry family: what a [`Request::Sample`] can ask for ([`Families`]), and on the
@@ -255,6 +268,16 @@ impl Family {
         match self {
             Family::CoreEnergy | Family::BoostLimit | Family::CoreFrequencyLimit => Scope::Core,
             Family::Prochot | Family::FrequencyLimit | Family::PackageEnergy => Scope::Socket,
+        }
+    }
+
+    /// How many values the family has on a machine of `cores` physical cores and `sockets`
+    /// sockets: one per core or one per socket ([`Family::scope`]). The broker reads each with
+    /// one mailbox message.
+    pub const fn items(self, cores: usize, sockets: usize) -> usize {
+        match self.scope() {
+            Scope::Core => cores,
+            Scope::Socket => sockets,
         }
     }
 

@@ -375,6 +375,32 @@ fn families_ask_for_exactly_the_families_set_in_them() {
 }
 
 #[test]
+fn a_sample_costs_one_message_per_core_of_a_core_family_and_per_socket_of_a_socket_family() {
+    // Distinct counts, so that a core taken for a socket shows.
+    let (cores, sockets) = (7, 2);
+    for family in Family::ALL {
+        let want = match family.scope() {
+            Scope::Core => cores,
+            Scope::Socket => sockets,
+        };
+        assert_eq!(Families::of(&[family]).messages(cores, sockets), want, "{family}");
+    }
+    assert_eq!(Families::default().messages(cores, sockets), 0);
+    let per_core = Family::ALL.iter().filter(|f| f.scope() == Scope::Core).count();
+    let per_socket = Family::COUNT - per_core;
+    assert_eq!(Families::ALL.messages(cores, sockets), per_core * cores + per_socket * sockets);
+}
+
+#[test]
+fn the_intersection_of_families_asks_for_those_in_both() {
+    let a = Families::of(&[Family::CoreEnergy, Family::Prochot, Family::PackageEnergy]);
+    let b = Families::of(&[Family::Prochot, Family::PackageEnergy, Family::BoostLimit]);
+    assert_eq!(a.intersection(&b), Families::of(&[Family::Prochot, Family::PackageEnergy]));
+    assert_eq!(a.intersection(&Families::default()), Families::default());
+    assert_eq!(a.intersection(&Families::ALL), a);
+}
+
+#[test]
 fn a_per_family_table_is_indexed_by_family() {
     let mut table = PerFamily::from_fn(Family::name);
     assert_eq!(table[Family::BoostLimit], "boost-limit");

@@ -715,6 +715,23 @@ mod tests {
         );
     }
 
+    /// `MachineSpec::answers`, from which the documents' message counts are generated, says
+    /// of each family exactly what the firmware answers.
+    #[test]
+    fn the_spec_says_which_families_the_firmware_answers() {
+        use amd_hsmp_proto::Family;
+        for profile in Profile::ALL {
+            let spec = profile.spec();
+            let fw = Firmware::new(&spec, Mode::Static, 0);
+            let apic = spec.topology().cores[0].apic_id;
+            for family in Family::ALL {
+                let msg = MachineSpec::message(family).id();
+                let answered = fw.answer(0, msg, &args(apic)).is_ok();
+                assert_eq!(answered, spec.answers(family), "{profile} {family}");
+            }
+        }
+    }
+
     #[test]
     fn firmware_older_than_protocol_5_has_no_frequency_limit_messages() {
         for profile in [Profile::Milan1p, Profile::Rome1p] {

@@ -9,7 +9,8 @@
 //! in their low bits, with gaps where a CCD slot or core is disabled, so on a multi-socket SMT
 //! machine a core's APIC id is not its CPU number.
 
-use amd_hsmp_proto::{Core, Topology};
+use amd_hsmp_device::Message;
+use amd_hsmp_proto::{Core, Families, Family, Topology};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Write as _};
 use std::io;
@@ -307,6 +308,44 @@ impl MachineSpec {
     /// [`FREQ_LIMIT_PROTOCOL`] on).
     pub fn freq_limit_messages(&self) -> bool {
         self.hsmp_protocol >= Some(FREQ_LIMIT_PROTOCOL)
+    }
+
+    /// Whether the firmware answers `family`'s message: boost limit and PROCHOT wherever there
+    /// is HSMP, the frequency limits from [`FREQ_LIMIT_PROTOCOL`] on, the energy counters where
+    /// the firmware has the RAPL messages. As [`crate::Firmware::answer`] answers them.
+    pub fn answers(&self, family: Family) -> bool {
+        self.hsmp_protocol.is_some()
+            && match family {
+                Family::BoostLimit | Family::Prochot => true,
+                Family::FrequencyLimit | Family::CoreFrequencyLimit => self.freq_limit_messages(),
+                Family::CoreEnergy | Family::PackageEnergy => self.rapl_messages,
+            }
+    }
+
+    /// The message that reads one item of `family`.
+    pub fn message(family: Family) -> Message {
+        match family {
+            Family::CoreEnergy => Message::GetRaplCoreCounter,
+            Family::BoostLimit => Message::GetBoostLimit,
+            Family::Prochot => Message::GetProcHot,
+            Family::FrequencyLimit => Message::GetSocketFreqLimit,
+            Family::CoreFrequencyLimit => Message::GetCclkCoreLimit,
+            Family::PackageEnergy => Message::GetRaplPackageCounter,
+        }
+    }
+
+    /// The mailbox messages a steady sample of `asked` sends to this machine: one per item of
+    /// each family its firmware answers ([`Families::messages`]). A family it does not answer
+    /// costs one refused message per socket at the first sample and none after (the broker
+    /// remembers), and core energy without the RAPL messages comes from perf or the MSRs.
+    pub fn messages_per_sample(&self, asked: Families) -> usize {
+        let topology = self.topology();
+        asked.intersection(&self.answered()).messages(topology.cores.len(), topology.sockets.len())
+    }
+
+    /// The families whose messages the firmware answers ([`MachineSpec::answers`]).
+    pub fn answered(&self) -> Families {
+        Families::of(&Family::ALL.into_iter().filter(|&f| self.answers(f)).collect::<Vec<_>>())
     }
 
     /// Threads per core.

@@ -27,6 +27,67 @@ pub fn updating() -> bool {
     std::env::var_os(UPDATE_ENV).is_some_and(|v| v == "1")
 }
 
+/// The workspace's root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap_or(Path::new("/")).to_owned()
+}
+
+/// `doc` with the text between the line `begin` and the line `end` replaced by `content` (which
+/// ends with a newline).
+pub fn replace_block(doc: &str, begin: &str, end: &str, content: &str) -> Result<String, String> {
+    let start = doc.find(begin).ok_or_else(|| format!("no `{begin}` line"))? + begin.len();
+    let stop = doc[start..].find(end).ok_or_else(|| format!("no `{end}` after `{begin}`"))? + start;
+    Ok(format!("{}\n{content}{}", &doc[..start], &doc[stop..]))
+}
+
+/// Compares document `file` (relative to the workspace's root) with `want`, the figures the code
+/// gives, or writes it when updating; the error shows the stale lines and names `refresh`, the
+/// command that regenerates them.
+pub fn check_document(file: &str, want: &str, refresh: &str) -> Result<(), String> {
+    let path = workspace_root().join(file);
+    let have = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if have == want {
+        return Ok(());
+    }
+    if updating() {
+        return std::fs::write(&path, want).map_err(|e| format!("{}: {e}", path.display()));
+    }
+    Err(format!(
+        "{file} states figures other than the generated ones (- stated, + generated); refresh with \
+         {refresh} and review the diff\n{}",
+        diff(&have, want)
+    ))
+}
+
+/// A fixture machine's name as the documents write it: `turin-2p` → `Turin 2P`.
+pub fn machine_name(name: &str) -> String {
+    name.split('-')
+        .enumerate()
+        .map(|(i, w)| {
+            if i == 0 {
+                let mut c = w.chars();
+                c.next().map(|f| f.to_uppercase().chain(c).collect()).unwrap_or_default()
+            } else {
+                w.to_uppercase()
+            }
+        })
+        .collect::<Vec<String>>()
+        .join(" ")
+}
+
+/// `1234567` → `1,234,567`.
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// The metric name of a sample line (`name{labels} value` or `name value`).
 fn sample_name(line: &str) -> &str {
     let end = line.find(['{', ' ']).unwrap_or(line.len());

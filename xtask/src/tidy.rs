@@ -5,6 +5,13 @@
 /// hidden folders and the fixture trees, sorted; none for a folder that does not exist.
 #[cfg(test)]
 fn rust_files(root: &std::path::Path) -> Vec<std::path::PathBuf> {
+    files_with(root, |ext| ext == "rs")
+}
+
+/// The files under `root` whose extension `wanted` accepts, outside `target/`, hidden folders
+/// and the fixture trees, sorted.
+#[cfg(test)]
+fn files_with(root: &std::path::Path, wanted: impl Fn(&str) -> bool) -> Vec<std::path::PathBuf> {
     let mut files = Vec::new();
     let mut stack = vec![root.to_path_buf()];
     while let Some(dir) = stack.pop() {
@@ -16,7 +23,7 @@ fn rust_files(root: &std::path::Path) -> Vec<std::path::PathBuf> {
                 if !name.starts_with('.') && name != "target" && name != "fixtures" {
                     stack.push(path);
                 }
-            } else if name.ends_with(".rs") {
+            } else if path.extension().and_then(|e| e.to_str()).is_some_and(&wanted) {
                 files.push(path);
             }
         }
@@ -27,6 +34,8 @@ fn rust_files(root: &std::path::Path) -> Vec<std::path::PathBuf> {
 
 #[cfg(test)]
 mod architecture;
+#[cfg(test)]
+mod figures;
 #[cfg(test)]
 mod modules;
 

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 /// Sockets of the guest: two ACPI devices, one `/dev/hsmp`.
 const SOCKETS: u32 = 2;
-/// Cores per socket: enough that a wedged socket's timeouts (2 x cores + 1 messages of 100 ms)
+/// Cores per socket: enough that a wedged socket's timeouts (one of 100 ms per message of a sample)
 /// outlast a scrape timeout the guest can meet under TCG.
 const CORES: u32 = 6;
 /// Cores per socket the Venice-like guest's package has room for, `CORES` of them present: more

@@ -3,9 +3,10 @@
 //! requester answered at its own deadline.
 //!
 //! Costs: after the one-time probes (`GET_PROTO_VER`, then `GET_RAPL_UNITS` per socket, when the
-//! device is opened) a sample of every family sends exactly 3 × cores + 3 × sockets mailbox
-//! messages (2 × cores + 3 × sockets without the per-core frequency limit, which the exporter
-//! does not ask for by default); a family not asked for, or remembered unsupported, sends none.
+//! device is opened) a sample sends exactly one mailbox message per item of each family asked
+//! for, an item being a core or a socket by [`Family::scope`] (`Families::messages` states the
+//! rule, the documents' figures are generated from it, and the tests below count it); a family
+//! not asked for, or remembered unsupported, sends none.
 //!
 //! How a request is served (see [`Sampler::sample`]): every socket has a board
 //! (`board.rs`) holding, per item, the latest read (value, when it was read, through which
@@ -44,8 +45,8 @@
 //!   value; per core or per socket is [`Family::scope`]), and its field in `sample`.
 //!   The compiler asks for the arm (an exhaustive `match` on `Family`) and for the field
 //!   (the `Sample` literal).
-//! - `tests.rs`: a test of the family like the PROCHOT ones, and the message counts of
-//!   `a_full_sample_costs_three_messages_per_core_and_three_per_socket` (and the cost above).
+//! - `tests.rs`: a test of the family like the PROCHOT ones. Its message
+//!   (`MachineSpec::message` in the simulator) is what the cost tests count.
 //!
 //! The plan (`Shared::plan`), the unsupported flags, the boards (`board.rs`) and the workers
 //! (`workers.rs`) hold one entry per family in a `PerFamily` table and name no family; only

@@ -8,7 +8,8 @@ use amd_hsmp_device::messages::{LimitReasons, SocketFreqLimit};
 use amd_hsmp_device::{Errno, HsmpMessage, Message};
 use amd_hsmp_proto::{Energy, FrequencyLimit};
 use amd_hsmp_sim::{
-    AccessMode, Driver, Family as Fault, Faults, FirmwareConfig, Machine, Mode, Profile, Target,
+    AccessMode, Driver, Family as Fault, Faults, FirmwareConfig, Machine, MachineSpec, Mode,
+    Profile, Target,
 };
 use std::sync::atomic::AtomicUsize;
 use std::sync::mpsc;
@@ -307,7 +308,7 @@ fn spawn<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> std::thre
 }
 
 #[test]
-fn a_full_sample_costs_three_messages_per_core_and_three_per_socket() {
+fn a_sample_of_every_family_costs_one_message_per_item() {
     let machine = turin(3);
     machine.firmware().set_prochot(1, true).unwrap();
     let ppt = SocketFreqLimit { mhz: 3100, reasons: LimitReasons::PPT };
@@ -315,10 +316,11 @@ fn a_full_sample_costs_three_messages_per_core_and_three_per_socket() {
     let (opener, sampler) = sampler(&machine);
     // The one-time probes: GET_PROTO_VER, then GET_RAPL_UNITS on each socket.
     assert_eq!(opener.count(), 1 + 2);
+    let per_sample = Families::ALL.messages(6, 2);
 
     for round in 1..=3 {
         let sample = sampler.sample(Families::ALL, soon());
-        assert_eq!(opener.count(), 3 + round * (3 * 6 + 3 * 2), "round {round}");
+        assert_eq!(opener.count(), 3 + round * per_sample, "round {round}");
         assert_eq!(sample.hsmp, DeviceStatus::Ready { protocol_version: 7 });
         assert_eq!(values(&sample.prochot), [Ok(false), Ok(true)]);
         assert_eq!(sample.energy_source, Some(EnergySource::Hsmp));
@@ -332,22 +334,36 @@ fn a_full_sample_costs_three_messages_per_core_and_three_per_socket() {
         assert_eq!(values(&sample.package_energy), package_energy_of(&machine));
     }
     assert_eq!(opener.opens(), 1);
-    assert_eq!(machine.counters().mailbox_total(), 3 + 3 * 24);
+    assert_eq!(machine.counters().mailbox_total(), 3 + 3 * per_sample as u64);
 }
 
-/// The exporter's default collectors: every family but the per-core frequency limit.
+/// Each family alone, and every family but one (the exporter's default leaves out the per-core
+/// frequency limit): its own message once per item, no other family's message.
 #[test]
-fn a_sample_without_the_core_frequency_limit_costs_two_messages_per_core_and_three_per_socket() {
+fn a_sample_sends_one_message_per_item_of_the_families_asked_for_and_none_for_the_others() {
     let machine = turin(3);
     let (opener, sampler) = sampler(&machine);
-    let before = opener.count();
-    let what = Families { core_frequency_limit: false, ..Families::ALL };
-    let sample = sampler.sample(what, soon());
-    assert_eq!(opener.count() - before, 2 * 6 + 3 * 2);
-    assert_eq!(opener.count_of(Message::GetSocketFreqLimit), 2);
-    assert_eq!(opener.count_of(Message::GetRaplPackageCounter), 2);
-    assert_eq!(opener.count_of(Message::GetCclkCoreLimit), 0);
-    assert_eq!(sample.core_frequency_limit, Readings::NotRequested);
+    let alone = Family::ALL.map(|family| Families::of(&[family]));
+    let all_but = Family::ALL.map(|family| {
+        let mut what = Families::ALL;
+        what.set(family, false);
+        what
+    });
+    for what in alone.into_iter().chain(all_but) {
+        let before: Vec<usize> =
+            Family::ALL.map(|f| opener.count_of(MachineSpec::message(f))).into();
+        let total = opener.count();
+        let sample = sampler.sample(what, soon());
+        assert_eq!(opener.count() - total, what.messages(6, 2), "{what:?}");
+        for (family, before) in Family::ALL.into_iter().zip(before) {
+            let sent = opener.count_of(MachineSpec::message(family)) - before;
+            let want = if what.contains(family) { family.items(6, 2) } else { 0 };
+            assert_eq!(sent, want, "{family} in a sample of {what:?}");
+        }
+        if !what.core_frequency_limit {
+            assert_eq!(sample.core_frequency_limit, Readings::NotRequested);
+        }
+    }
 }
 
 #[test]

@@ -13,7 +13,6 @@ use amd_hsmp_e2e::scenario::{self, Rig};
 use amd_hsmp_sim::{MachineSpec, Profile};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
 
 /// The series Prometheus adds to every target: `up`, `scrape_duration_seconds`,
 /// `scrape_samples_scraped`, `scrape_samples_post_metric_relabeling`, `scrape_series_added`.
@@ -216,22 +215,6 @@ impl Scraped {
     }
 }
 
-/// `turin-2p` → `Turin 2P`.
-fn display(name: &str) -> String {
-    name.split('-')
-        .enumerate()
-        .map(|(i, w)| {
-            if i == 0 {
-                let mut c = w.chars();
-                c.next().map(|f| f.to_uppercase().chain(c).collect()).unwrap_or_default()
-            } else {
-                w.to_uppercase()
-            }
-        })
-        .collect::<Vec<String>>()
-        .join(" ")
-}
-
 /// `AMD EPYC 9965 192-Core Processor` on two sockets → `2 × EPYC 9965`.
 fn part(spec: &MachineSpec) -> String {
     let name = spec.model_name.trim_start_matches("AMD ");
@@ -240,23 +223,10 @@ fn part(spec: &MachineSpec) -> String {
     if spec.sockets > 1 { format!("{} × {name}", spec.sockets) } else { name.to_owned() }
 }
 
-/// `1234567` → `1,234,567`.
-fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
 /// `x` to three significant figures: `51,700`, `1.55 M` (`unit` after millions).
 fn approx(x: f64, unit: &str) -> String {
     if x < 1000.0 {
-        return thousands(x.round() as u64);
+        return golden::thousands(x.round() as u64);
     }
     let digits = x.log10().floor() as i32 + 1;
     let step = 10f64.powi(digits - 3);
@@ -266,7 +236,7 @@ fn approx(x: f64, unit: &str) -> String {
         let decimals = (3 - (m.log10().floor() as i32 + 1)).max(0) as usize;
         format!("{m:.decimals$}{unit}")
     } else {
-        thousands(r as u64)
+        golden::thousands(r as u64)
     }
 }
 
@@ -317,7 +287,8 @@ fn largest(profiles: &[Scraped]) -> &Scraped {
     profiles.iter().max_by_key(|p| p.series()).expect("at least one profile")
 }
 
-/// How many of a family a node has, in words: `cores`, `sockets`, `9 × sockets`, or a count.
+/// How many of a family a node has, in words: `cores`, `sockets`, a multiple (`k × sockets`), or
+/// a count.
 fn per(samples: &Samples, name: &str, p: &Scraped) -> String {
     let n = samples.count(name);
     let with = |label: &str| samples.0.iter().any(|(f, l)| f == name && l.contains_key(label));
@@ -408,8 +379,8 @@ fn render_install(profiles: &[Scraped]) -> String {
         out,
         "| profile | part | sockets × cores | per-core series | samples a scrape | series per \
          node | per {} nodes | samples/s per {} nodes at {slow} s |",
-        thousands(FLEET as u64),
-        thousands(FLEET as u64)
+        golden::thousands(FLEET as u64),
+        golden::thousands(FLEET as u64)
     );
     out.push_str("|---|---|---|---|---|---|---|---|\n");
     let mut rows: Vec<&Scraped> = profiles.iter().collect();
@@ -428,11 +399,13 @@ fn render_install(profiles: &[Scraped]) -> String {
             p.msr.as_ref().map(|m| msr(m.per_core().to_string())),
         );
         let samples = both(
-            thousands(p.default.total() as u64),
-            p.msr.as_ref().map(|m| msr(thousands(m.total() as u64))),
+            golden::thousands(p.default.total() as u64),
+            p.msr.as_ref().map(|m| msr(golden::thousands(m.total() as u64))),
         );
-        let series =
-            both(thousands(p.series() as u64), p.msr_series().map(|n| msr(thousands(n as u64))));
+        let series = both(
+            golden::thousands(p.series() as u64),
+            p.msr_series().map(|n| msr(golden::thousands(n as u64))),
+        );
         let nodes =
             both(approx(fleet(p.series()), " M"), p.msr_series().map(|n| approx(fleet(n), " M")));
         let per_s = both(
@@ -452,7 +425,7 @@ fn render_install(profiles: &[Scraped]) -> String {
 
     // The largest part in words.
     let d = &big.default;
-    let name = display(big.name);
+    let name = golden::machine_name(big.name);
     let per_core_families = FAMILIES
         .iter()
         .filter(|f| !f.word.is_empty() && per(d, f.name, big) == "cores" && d.has(f.name));
@@ -475,16 +448,16 @@ fn render_install(profiles: &[Scraped]) -> String {
             .filter(|p| !p.default.has("amd_hsmp_socket_frequency_limit_hertz"))
             .collect();
         v.sort_by_key(|p| (p.series(), p.name));
-        v.into_iter().map(|p| display(p.name)).collect()
+        v.into_iter().map(|p| golden::machine_name(p.name)).collect()
     };
     let mut words = format!(
         "In words: a {name} node is {} = {} samples a scrape from the exporter, {} series with \
          Prometheus' own; {} of them are {} active series and, scraped every {slow} s, {} samples \
          a second ({} at {fast} s). {} % of that is the per-core series.",
         terms.join(" + "),
-        thousands(d.total() as u64),
-        thousands(big.series() as u64),
-        thousands(FLEET as u64),
+        golden::thousands(d.total() as u64),
+        golden::thousands(big.series() as u64),
+        golden::thousands(FLEET as u64),
         approx(fleet(big.series()), " million"),
         approx(rate(big.series(), slow), " million"),
         approx(rate(big.series(), fast), " million"),
@@ -505,8 +478,8 @@ fn render_install(profiles: &[Scraped]) -> String {
         let _ = write!(
             words,
             " `--collector.core-frequency-limit` adds {each}{} on a {name}, {} samples a scrape.",
-            thousands(added as u64),
-            thousands(f.total() as u64),
+            golden::thousands(added as u64),
+            golden::thousands(f.total() as u64),
         );
     }
     out.push_str(&wrap(&words, "", "", 100));
@@ -571,7 +544,7 @@ const EITHER_OR: [(&str, &str, &str); 1] = [(
 fn render_cut(profiles: &[Scraped], rules: &[Rule]) -> String {
     let big = largest(profiles);
     let d = &big.default;
-    let name = display(big.name);
+    let name = golden::machine_name(big.name);
     let labels = d.label_names();
     // Each rule's series per node, by level; the per-core level stays local.
     let mut by_level: BTreeMap<Vec<&str>, (Vec<String>, usize)> = BTreeMap::new();
@@ -641,10 +614,10 @@ fn render_cut(profiles: &[Scraped], rules: &[Rule]) -> String {
     let _ = writeln!(
         out,
         "| **total** | **{}**, instead of {} ({} scraped, {} recorded) |",
-        thousands(kept as u64),
-        thousands(local as u64),
-        thousands(big.series() as u64),
-        thousands(recorded as u64)
+        golden::thousands(kept as u64),
+        golden::thousands(local as u64),
+        golden::thousands(big.series() as u64),
+        golden::thousands(recorded as u64)
     );
     out.push('\n');
     let [slow, _] = INTERVALS;
@@ -654,7 +627,7 @@ fn render_cut(profiles: &[Scraped], rules: &[Rule]) -> String {
             "For {} {name} nodes that is {} series instead of {} ({} times fewer), and {} samples \
              a second at {slow} s. Drop the `process_*` series and Prometheus' `scrape_*` series \
              too and it is {lean} per node.",
-            thousands(FLEET as u64),
+            golden::thousands(FLEET as u64),
             approx(fleet(kept), " million"),
             approx(fleet(local), " million"),
             (local as f64 / kept as f64).round(),
@@ -676,8 +649,8 @@ fn render_cut(profiles: &[Scraped], rules: &[Rule]) -> String {
             "The Prometheus that evaluates the rules stores their output besides what it scrapes: \
              {} series per node on a {name}, {} of them the per-core power that the node \
              dashboard's heatmap reads{owner}.",
-            thousands(recorded as u64),
-            thousands(per_core_recorded as u64),
+            golden::thousands(recorded as u64),
+            golden::thousands(per_core_recorded as u64),
         ),
         "",
         "",
@@ -692,23 +665,18 @@ fn render_sample_limit(profiles: &[Scraped]) -> String {
     let mut text = format!(
         "The most samples a scrape may carry before it fails (0: no limit): a {} node exports {} \
          a scrape by default",
-        display(big.name),
-        thousands(big.default.total() as u64)
+        golden::machine_name(big.name),
+        golden::thousands(big.default.total() as u64)
     );
     if let Some(f) = &big.core_frequency {
         let _ = write!(
             text,
             " ({} with `--collector.core-frequency-limit`)",
-            thousands(f.total() as u64)
+            golden::thousands(f.total() as u64)
         );
     }
     text.push_str(", Prometheus' own five series not counted; set the limit above it.");
     wrap(&text, "  # -- ", "  # ", 100)
-}
-
-/// The workspace's root.
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
 }
 
 /// The begin and end markers of generated block `name` of docs/install.md.
@@ -722,10 +690,7 @@ fn markers(name: &str) -> (String, String) {
 /// `doc` with the text between block `name`'s markers replaced by `content`.
 fn replace_block(doc: &str, name: &str, content: &str) -> Result<String, String> {
     let (begin, end) = markers(name);
-    let start = doc.find(&begin).ok_or_else(|| format!("no `{begin}` line"))? + begin.len();
-    let stop =
-        doc[start..].find(&end).ok_or_else(|| format!("no `{end}` after `{begin}`"))? + start;
-    Ok(format!("{}\n{content}{}", &doc[..start], &doc[stop..]))
+    golden::replace_block(doc, &begin, &end, content)
 }
 
 /// values.yaml with the comment above `serviceMonitor`'s `sampleLimit:` replaced by `comment`.
@@ -740,19 +705,8 @@ fn replace_sample_limit(values: &str, comment: &str) -> Result<String, String> {
 
 /// Compares `file` (relative to the root) with `want`, or writes it when updating.
 fn check_file(file: &str, want: &str) -> Result<(), String> {
-    let path = root().join(file);
-    let have = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    if have == want {
-        return Ok(());
-    }
-    if golden::updating() {
-        return std::fs::write(&path, want).map_err(|e| format!("{}: {e}", path.display()));
-    }
-    Err(format!(
-        "{file} states figures a live scrape does not give (- stated, + scraped); refresh with \
-         {REFRESH} (then UPDATE_GOLDEN=1 cargo test -p xtask chart_readme) and review the diff\n{}",
-        golden::diff(&have, want)
-    ))
+    let refresh = format!("{REFRESH} (then UPDATE_GOLDEN=1 cargo test -p xtask chart_readme)");
+    golden::check_document(file, want, &refresh)
 }
 
 /// Every generated figure checked against (or, updating, written into) the files that state
@@ -761,8 +715,10 @@ fn check_docs(profiles: &[Scraped]) -> Vec<String> {
     let mut failures = Vec::new();
     let install = "docs/install.md";
     let values = "deploy/helm/amd-hsmp-exporter/values.yaml";
-    let rules_yaml = std::fs::read_to_string(root().join("mixin/prometheus_rules.yaml")).unwrap();
-    let doc = std::fs::read_to_string(root().join(install)).unwrap();
+    let rules_yaml =
+        std::fs::read_to_string(golden::workspace_root().join("mixin/prometheus_rules.yaml"))
+            .unwrap();
+    let doc = std::fs::read_to_string(golden::workspace_root().join(install)).unwrap();
     let want = replace_block(&doc, "cardinality", &render_install(profiles)).and_then(|d| {
         replace_block(&d, "cardinality-cut", &render_cut(profiles, &rules(&rules_yaml)))
     });
@@ -770,7 +726,7 @@ fn check_docs(profiles: &[Scraped]) -> Vec<String> {
         Ok(want) => failures.extend(check_file(install, &want).err()),
         Err(e) => failures.push(format!("{install}: {e}")),
     }
-    let yaml = std::fs::read_to_string(root().join(values)).unwrap();
+    let yaml = std::fs::read_to_string(golden::workspace_root().join(values)).unwrap();
     match replace_sample_limit(&yaml, &render_sample_limit(profiles)) {
         Ok(want) => failures.extend(check_file(values, &want).err()),
         Err(e) => failures.push(format!("{values}: {e}")),
@@ -903,9 +859,9 @@ mod render {
         assert_eq!(approx(51_666.7, " M"), "51,700");
         assert_eq!(approx(8_000.0, " M"), "8,000");
         assert_eq!(approx(545_333.3, " M"), "545,000");
-        assert_eq!(thousands(1_197), "1,197");
+        assert_eq!(golden::thousands(1_197), "1,197");
         assert_eq!(part(&Profile::Turin2p.spec()), "2 × EPYC 9965");
-        assert_eq!(display("turin-2p"), "Turin 2P");
+        assert_eq!(golden::machine_name("turin-2p"), "Turin 2P");
     }
 
     #[test]

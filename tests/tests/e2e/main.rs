@@ -8,6 +8,7 @@ mod cardinality;
 mod check;
 mod collectors;
 mod conventions;
+mod costs;
 mod demo;
 mod frontend;
 mod hostile;

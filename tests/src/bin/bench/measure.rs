@@ -12,6 +12,7 @@ use amd_hsmp_e2e::fake::{FakeDevice, WireMessage};
 use amd_hsmp_e2e::fixtures;
 use amd_hsmp_e2e::harness::{self, Binaries, Proc};
 use amd_hsmp_e2e::scenario::{DEFAULT_SCRAPE_TIMEOUT, PROMETHEUS_ACCEPT};
+use amd_hsmp_exporter::collectors::Collectors;
 use amd_hsmp_sim::{Machine, MachineSpec};
 use anyhow::{Context, Result, bail};
 use std::collections::BTreeMap;
@@ -286,26 +287,18 @@ fn scrape(addr: SocketAddr) -> Result<Scraped> {
     })
 }
 
-/// HSMP messages expected in one steady scrape with the default collectors on: boost limit and
-/// energy per core and package energy per socket where the firmware has the RAPL messages (no
-/// energy message otherwise: core energy comes from the MSRs or is absent, and the package
-/// counter, answered `ENOMSG` on the first scrape, is asked no more), PROCHOT per socket, and
-/// the frequency limit per socket where the firmware has the message (the per-core frequency
-/// limit is off by default).
-fn expected_messages(spec: &MachineSpec, cores: usize, sockets: usize) -> usize {
-    let frequency_limit = if spec.freq_limit_messages() { sockets } else { 0 };
-    match (spec.hsmp_protocol, spec.rapl_messages) {
-        (None, _) => 0,
-        (Some(_), true) => 2 * cores + 2 * sockets + frequency_limit,
-        (Some(_), false) => cores + sockets + frequency_limit,
-    }
+/// HSMP messages expected in one steady scrape with the default collectors on: one per item of
+/// each default family the fixture's firmware answers (`MachineSpec::messages_per_sample`, the
+/// rule the e2e suite counts on every fixture).
+fn expected_messages(spec: &MachineSpec) -> usize {
+    spec.messages_per_sample(Collectors::default().families())
 }
 
 fn fixture(cli: &Cli, bins: &Binaries, name: &str) -> Result<FixtureReport> {
     let spec = fixtures::machine(name).context("unknown fixture")?;
     let topology = spec.topology();
     let (cores, sockets) = (topology.cores.len(), topology.sockets.len());
-    let expected = expected_messages(&spec, cores, sockets);
+    let expected = expected_messages(&spec);
     if spec.hsmp_protocol.is_none() {
         bail!("{name} has no HSMP device: no mailbox message to time against the floor");
     }
@@ -869,17 +862,5 @@ mod tests {
         assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
         assert_eq!(median(&mut []), 0.0);
-    }
-
-    #[test]
-    fn a_steady_scrape_costs_two_messages_per_core_and_three_per_socket_with_rapl() {
-        let turin = fixtures::machine("turin-2p").unwrap();
-        assert_eq!(expected_messages(&turin, 384, 2), 774);
-        let genoa = fixtures::machine("genoa-2p").unwrap();
-        assert_eq!(expected_messages(&genoa, 64, 2), 68);
-        let milan = fixtures::machine("milan-1p").unwrap();
-        assert_eq!(expected_messages(&milan, 64, 1), 65, "no frequency-limit message");
-        let rome = fixtures::machine("rome-1p").unwrap();
-        assert_eq!(expected_messages(&rome, 64, 1), 0);
     }
 }

@@ -5,12 +5,14 @@
 use super::exporter::{exact_values, expected, healthy, scrape, wait_for_exporter};
 use super::{COMMAND_TIMEOUT, Ctx, Evidence, Verdict, sh};
 use crate::vm::guest::Vm;
+use crate::vm::responder::Responder;
 use crate::vm::sim::{DRIVER_TIMEOUT, Family, Target};
+use amd_hsmp_exporter::collectors::Collectors;
 use anyhow::{Context, Result, bail};
 use std::time::Duration;
 
 /// Timeout header of the deadline check, seconds: shorter than the time socket 1's wedged
-/// mailbox holds its messages (2 x cores + 2 timeouts of 100 ms, 1.4 s with six cores), so only
+/// mailbox holds a sample's messages (a timeout of 100 ms each, [`messages_per_socket`]), so only
 /// the deadline can end the scrape in time; long enough that the 5 % the exporter keeps for
 /// the broker's answer and its own work (62 ms) covers the guest's slowness under TCG.
 const SHORT_TIMEOUT_S: f64 = 1.25;
@@ -20,6 +22,14 @@ const FAILING_CORE: u32 = 3;
 
 /// Messages in the per-message timing loop (the median is taken).
 const TIMING_LOOP: u32 = 400;
+
+/// The messages a scrape with the default collectors sends to each socket of the guest, whose
+/// sockets have the same cores: one per item of each default family the firmware answers now.
+fn messages_per_socket(responder: &Responder) -> usize {
+    let answered = responder.machine().spec().answered();
+    let per_socket = Collectors::default().families().intersection(&answered);
+    per_socket.messages(responder.topology().cores as usize, 1)
+}
 
 /// Check 3: socket activation and exact values at protocol 7.
 pub(super) fn protocol_7(ctx: &mut Ctx<'_>) -> Result<Verdict> {
@@ -118,7 +128,7 @@ pub(super) fn faults(ctx: &mut Ctx<'_>) -> Result<Verdict> {
              the slowest healthy scrape under TCG; socket 1 alone holds {} ms of timeouts)",
             short.seconds,
             guest_cost,
-            u128::from(2 * topo.cores + 1) * DRIVER_TIMEOUT.as_millis()
+            messages_per_socket(responder) as u128 * DRIVER_TIMEOUT.as_millis()
         ),
     );
     let socket0 = exp.iter().filter(|e| e.on_socket(0)).count() - 1;
@@ -172,7 +182,6 @@ pub(super) fn two_sockets(ctx: &mut Ctx<'_>) -> Result<Verdict> {
 pub(super) fn message_time_ratio(ctx: &mut Ctx<'_>) -> Result<Verdict> {
     let vm = &mut *ctx.vm;
     let responder = ctx.responder;
-    let topo = ctx.responder.topology();
     let mut ev = Evidence::default();
     let per_message = message_time(vm)?;
     let mut durations = Vec::new();
@@ -188,13 +197,13 @@ pub(super) fn message_time_ratio(ctx: &mut Ctx<'_>) -> Result<Verdict> {
     let busiest = per_socket.iter().copied().max().unwrap_or(0);
     let floor = per_message * busiest as f64;
     let ratio = scrape_s / floor;
-    // Per core energy and boost limit; per socket PROCHOT, the frequency limit and the package
-    // energy (protocol 7).
-    let want_per_socket = u64::from(2 * topo.cores + 3);
+    // One message per item of each default family the firmware answers (protocol 7: all).
+    let want_per_socket = messages_per_socket(responder) as u64;
     ev.check(
         per_socket.iter().all(|&n| n == want_per_socket),
         format!(
-            "messages per socket per scrape {per_socket:?} (2 x cores + 3 = {want_per_socket})"
+            "messages per socket per scrape {per_socket:?} (one per item of each default family: \
+             {want_per_socket})"
         ),
     );
     ev.check(
