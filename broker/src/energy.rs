@@ -2,15 +2,20 @@
 //!
 //! 1. **hsmp**: HSMP `GET_RAPL_CORE_COUNTER`, when the firmware answers `GET_RAPL_UNITS` (a
 //!    probe, never a gate on protocol version, family or model);
-//! 2. **perf**: the kernel's `power_core` PMU ([`crate::perf`]), when it exists and opens
-//!    (`CAP_PERFMON`);
-//! 3. **msr**: the MSR driver ([`crate::msr`]), only when enabled (`CAP_SYS_RAWIO`).
+//! 2. **perf**: the kernel's `power_core` PMU ([`crate::perf`]), one event per core, when it
+//!    exists and opens (`CAP_PERFMON`);
+//! 3. **msr**: the MSR driver ([`crate::msr`]), every core's `/dev/cpu/<N>/msr`, only when
+//!    enabled (`CAP_SYS_RAWIO`).
 //!
 //! `--collector.core-energy.sources` lists the sources the broker may use (`hsmp,perf` by
 //! default; `--collector.core-energy.msr-fallback` adds `msr`): to choose one, list only it; to
 //! refuse one, leave it out. A fallback (perf or MSR) is opened only when the sources before it
-//! were passed over, and only at start-up, before the capabilities are dropped; the sampler
-//! still prefers HSMP whenever a device that answers RAPL appears later.
+//! were passed over, and only at start-up, before the capabilities are dropped: these opens are
+//! the only steps of the broker's start-up that need `CAP_PERFMON` or `CAP_SYS_RAWIO`. The
+//! sampler still prefers HSMP whenever a device that answers RAPL appears later.
+//!
+//! One log line, `core energy source chosen`, names the source and why each other one was
+//! passed over (with no source at all, a warning says the same).
 
 use crate::counters::CoreCounters;
 use crate::msr::{self, MsrEnergy};

@@ -2,8 +2,10 @@
 //! allow-list.
 //!
 //! **Invariant:** [`drop_privileges`] runs while the broker is single-threaded, after every device
-//! it will ever need has been opened (the MSR driver checks `CAP_SYS_RAWIO` only at `open()`), and
-//! [`install_seccomp`] runs before any request is served.
+//! it will ever need has been opened (the MSR driver checks `CAP_SYS_RAWIO` only at `open()`,
+//! `perf_event_open` checks `CAP_PERFMON` only then), and [`install_seccomp`] runs before any
+//! request is served. The filter admits `restart_syscall`, so that a stop, a cgroup freeze or a
+//! ptrace attach does no harm.
 
 use rustix::thread::{CapabilitySet, CapabilitySets};
 use seccompiler::{

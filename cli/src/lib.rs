@@ -7,7 +7,8 @@
 //! A crate of its own so that the broker and the exporter say each of these once without either
 //! depending on the other, and without putting command-line policy into `proto`, the IPC
 //! contract. It depends only on what both binaries already link (clap, tracing): its JSON and
-//! RFC 3339 writers are its own, so that the privileged process links no more for its log.
+//! RFC 3339 writers are its own, so that the privileged process links no more for its log (no
+//! tracing-subscriber, serde_json or humantime).
 #![forbid(unsafe_code)]
 
 pub mod duration;

@@ -1,6 +1,8 @@
 //! Client side of the broker protocol: a small pool of Unix-socket connections (at most
 //! [`MAX_CONNECTIONS`] at once), reused across scrapes, each dropped only when it fails and
-//! re-established (Hello, then Topology) on the next request.
+//! re-established (Hello, then Topology) on the next request. A connection the broker turns
+//! away is tried once more; a refusal that persists is a failed request of the scrape, not an
+//! outage of the broker.
 
 use amd_hsmp_proto::{
     FrameError, Message, PROTOCOL_VERSION, Refusal, Reply, Request, RequestError, Sample, Topology,

@@ -1,12 +1,15 @@
 //! The landing page at `/`: the node at a glance, rendered on the server as HTML with inline
 //! SVG (no script, no external asset, everything escaped). Per-core power, from the energy of
 //! the last two samples the exporter took (its own or Prometheus' scrapes), and boost limit are
-//! shown as a heatmap per socket; a family that was not read is said to be so, with why,
-//! instead of a map; then PROCHOT, each socket's frequency limit and the limiters imposing it in
-//! words, the device and the broker, and a banner when the broker serves its simulator.
+//! shown as a heatmap per socket; a family that was not read (`Telemetry::unread`) is said to
+//! be so, with why, instead of a map; then PROCHOT, each socket's frequency limit and the
+//! limiters imposing it in words, the device and the broker, and a banner when the broker
+//! serves its simulator. Power is each value's energy over the time between its two reads, as
+//! the broker stamps them (`Sample::energy_read_at_us`), not between the two answers.
 //!
 //! A page view costs one sample, taken through the scrape path (`Exporter::scrape`, so it shares
-//! a broker request in flight like any scrape). The one exception is a view with no earlier
+//! a broker request in flight like any scrape), and reads nothing of the cgroup hierarchy: the
+//! page shows no owners. The one exception is a view with no earlier
 //! sample to take power from (the first after start, when Prometheus has not scraped yet): it
 //! takes a second sample [`MIN_POWER_INTERVAL`] after the first, so that power shows from the
 //! first view; never more than two. One such view at a time waits, holding its place in

@@ -21,7 +21,10 @@
 //! scrape then has no owner series at all, never a partial answer.
 //!
 //! Walks are run by a [`Walker`]: one thread, at most one walk in flight, its result shared by
-//! every scrape it is fresh for ([`WALK_MAX_AGE`]).
+//! every scrape it is fresh for (`--collector.core-owner.max-age`, [`WALK_MAX_AGE`] by
+//! default). A walk reads each file to at most [`MAX_FILE_BYTES`], and at most [`MAX_CGROUPS`]
+//! cgroups and [`MAX_WALK_BYTES`] in all; a scrape starts none before the broker's first answer
+//! has told the topology ([`Walker::knows_topology`]), by which the walk bounds its CPU lists.
 
 use crate::translate::CoreLabel;
 use crate::work::{Permit, QueuedPermit};

@@ -1,6 +1,12 @@
 //! One scrape: its own deadline from the time budget, the broker request it flies on (shared
 //! with concurrent scrapes only when that costs none of them data, see [`crate::flight`]), and
 //! its report; the sample becomes series in [`crate::translate`].
+//!
+//! A flight departs when one of the broker client's `broker::MAX_CONNECTIONS` connections is
+//! free, and a scrape joins one only if what it reads can be fresh for the scrape. A joined
+//! answer is served only if its oldest value is within the broker's freshness bound of the
+//! scrape's own arrival (`Answer::fresh_for`), since the broker may also return values it read
+//! for an earlier request; otherwise the scrape asks again with the time it has left.
 
 use crate::broker::{BrokerClient, BrokerError};
 use crate::budget::Budget;

@@ -3,7 +3,8 @@
 //! `amd_hsmp_workload_unattributed_joules_total{reason}`.
 //!
 //! The rule, as `docs/metrics.md` states it: at each sample (a broker answer with core energy,
-//! and the owners of the walk served with it), each core's energy since its previous sample is
+//! and the owners of the walk served with it; a scrape's, or one taken every
+//! `--collector.core-owner.sample-interval`), each core's energy since its previous sample is
 //! added to the workload that held the core at both samples. Otherwise it is added to nobody
 //! and counted by [`Reason`]: the core changed hands, nobody held it, its owner was not known
 //! at one of the two samples, or its counter restarted in between (the counter went back, or
@@ -13,10 +14,11 @@
 //! add it once.
 //!
 //! A workload's series lives while it holds a core at a sample, and for the linger
-//! (`--collector.core-owner.linger`) after the last sample at which it held one, so that its
-//! last value is scraped after it ends. New workloads per sample are at most the cores, and
-//! the ledger holds at most [`MAX_WORKLOADS`]: past it, the workloads that ended longest ago go
-//! first, and are counted. The state is the process's own: a restart is a counter reset.
+//! (`--collector.core-owner.linger`, [`DEFAULT_LINGER`] by default) after the last sample at
+//! which it held one, so that its last value is scraped after it ends. New workloads per sample
+//! are at most the cores, and the ledger ([`Ledger`]) holds at most [`MAX_WORKLOADS`]: past it,
+//! the workloads that ended longest ago go first, and are counted. The state is the process's
+//! own: a restart is a counter reset.
 
 use crate::owner::Owner;
 use crate::translate::{CoreLabel, Telemetry};

@@ -1,6 +1,10 @@
 //! The simulated kernel drivers in front of the firmware: `amd_hsmp`'s validation, per-socket
 //! serialization, timeout and errno mapping (`drivers/platform/x86/amd/hsmp/hsmp.c`), and the
 //! `msr` driver's per-CPU register reads, with per-message counters for tests.
+//!
+//! A message is answered with the values of the instant it enters the mailbox, and its latency
+//! is spent after that, as the kernel's driver polls for the answer: a reading's time is when
+//! its read began, as the broker stamps it.
 
 use super::Machine;
 use super::faults::{Family, Target};

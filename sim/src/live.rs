@@ -1,7 +1,8 @@
 //! The live machine behind [`crate::Mode::Live`]: per-core power that follows a daily load
 //! pattern and stays within the simulated SKU's TDP, boost limits at the SKU's maximum that drop
 //! only during power or thermal events, and PROCHOT episodes that occur and clear, all a pure
-//! function of the seed, the [`Scenario`] and the time read from a [`Clock`].
+//! function of the seed, the [`Scenario`] and the time read from a [`Clock`], whose instant of
+//! the day is an input ([`Clock::from_unix`], `--simulate.time`).
 //!
 //! The model, per socket `s` and core `i` at simulated time `t` (seconds since start):
 //!

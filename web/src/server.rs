@@ -6,8 +6,9 @@
 //! within the header-read timeout.
 //!
 //! A full table makes room for a newcomer by closing the oldest connection that has not yet
-//! completed a request head (a silent one, a slow head, a TLS handshake in progress), so
-//! connections that send nothing cannot lock a scraper out, however many addresses hold them.
+//! completed a request head (a silent one, a slow head, a TLS handshake in progress) of the
+//! address holding the most connections, so connections that send nothing cannot lock a
+//! scraper out, however many addresses hold them.
 //! Only when every open connection has completed a request, or the newcomer's address holds its
 //! share, is the newcomer refused: closed at once, never queued, with a cleartext `503` on plain
 //! HTTP and a TLS alert on a TLS listener. Refusals and evictions are logged at a bounded rate.
