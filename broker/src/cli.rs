@@ -128,7 +128,8 @@ pub struct Args {
     /// Check every precondition of a scrape on this machine (CPU, driver, /dev/hsmp, SELinux,
     /// the firmware's answers, energy, the socket), print one line each with its verdict and
     /// fix, and exit: 0 when nothing a scrape needs fails, 1 otherwise. Starts no server; run it
-    /// as root with the flags of /etc/sysconfig/amd-hsmp-broker.
+    /// as root with the flags the service has (/etc/sysconfig/amd-hsmp-broker with the RPM,
+    /// /etc/default/amd-hsmp-broker with the .deb).
     #[arg(long)]
     pub check: bool,
 

@@ -328,6 +328,27 @@ mod tests {
         assert!(missing.is_empty(), "README.md's amd-hsmp-broker table does not list {missing:?}");
     }
 
+    /// The README's and docs/frontend-flags.md's flag tables say of each collector whether it is
+    /// on by default as the collector table does: which families a default scrape has.
+    #[test]
+    fn the_flag_tables_give_each_collector_the_default_of_the_collector_table() {
+        use amd_hsmp_exporter::collectors::Collector;
+        for file in ["README.md", "docs/frontend-flags.md"] {
+            let doc = fs::read_to_string(root().join(file)).unwrap();
+            for collector in Collector::all() {
+                let flag = format!("collector.{}`", collector.name());
+                let first_cell = |l: &&str| l.split('|').nth(1).is_some_and(|c| c.contains(&flag));
+                let rows: Vec<&str> =
+                    doc.lines().filter(|l| l.starts_with("| `--")).filter(first_cell).collect();
+                assert_eq!(rows.len(), 1, "{file}: the rows of --collector.{}", collector.name());
+                let default = rows[0].split('|').nth(2).unwrap().trim();
+                let want = if collector.row().on_by_default { "on" } else { "off" };
+                let said = default.split([',', ' ']).next().unwrap();
+                assert_eq!(said, want, "{file}: the default of {}: {}", collector.name(), rows[0]);
+            }
+        }
+    }
+
     #[test]
     fn a_flag_missing_from_a_table_is_named() {
         let doc = "# x\n\n## Flags\n\n| flag | meaning |\n|---|---|\n\

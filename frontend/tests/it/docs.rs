@@ -64,14 +64,13 @@ fn scraped(text: &str) -> BTreeMap<String, Family> {
     families
 }
 
-#[tokio::test]
-async fn docs_metrics_table_matches_a_full_scrape() {
+/// A scrape with every family present: every broker family (the per-core frequency limit too,
+/// which is off by default) and the core-owner collector on, with an owner of each layout
+/// holding a core, so that every identity label is in the scrape.
+async fn full_scrape() -> String {
     let dir = socket_dir();
     let behaviour = Behaviour { simulated: Some("turin-2p".into()), ..Behaviour::healthy() };
     let _broker = MockBroker::start(&dir.path, behaviour);
-    // Every family: every broker family (the per-core frequency limit too, which is off by
-    // default) and the core-owner collector on, with an owner of each layout holding a core,
-    // so that every identity label is in the scrape.
     let cgroups = cgroup_root();
     cgroup(cgroups.path(), "system.slice/slurmstepd.scope/job_1/step_0", "0");
     cgroup(cgroups.path(), "system.slice/slurmstepd.scope/sEKNKTV3WPV500", "1");
@@ -83,7 +82,17 @@ async fn docs_metrics_table_matches_a_full_scrape() {
     let answer =
         get(&router(owner_config(&dir.path, cgroups.path())), "/metrics", None, None).await;
     assert!(answer.body.contains("amd_hsmp_core_owner_info{"), "{}", answer.body);
-    let scraped = scraped(&answer.body);
+    answer.body
+}
+
+/// The backticked words of `text`.
+fn quoted(text: &str) -> BTreeSet<String> {
+    text.split('`').skip(1).step_by(2).map(str::to_owned).collect()
+}
+
+#[tokio::test]
+async fn docs_metrics_table_matches_a_full_scrape() {
+    let scraped = scraped(&full_scrape().await);
     let documented = documented();
 
     let only_scraped: Vec<_> = scraped.keys().filter(|k| !documented.contains_key(*k)).collect();
@@ -93,4 +102,38 @@ async fn docs_metrics_table_matches_a_full_scrape() {
     for (name, family) in &scraped {
         assert_eq!(Some(family), documented.get(name), "docs/metrics.md row of {name}");
     }
+}
+
+/// The `collector` values docs/metrics.md lists, in its label table and as the rows of its
+/// `amd_hsmp_scrape_errors_total{collector}` section, are those a scrape with every collector
+/// on has: a new collector or error source is documented before this passes.
+#[tokio::test]
+async fn docs_metrics_lists_every_collector_value_a_full_scrape_has() {
+    let body = full_scrape().await;
+    let scraped: BTreeSet<String> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("amd_hsmp_scrape_errors_total{collector=\""))
+        .filter_map(|rest| rest.split('"').next())
+        .map(str::to_owned)
+        .collect();
+    assert!(scraped.len() > 5, "{body}");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/metrics.md");
+    let text = std::fs::read_to_string(path).unwrap();
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("| `collector` | `amd_hsmp_scrape_errors_total` |"))
+        .expect("docs/metrics.md's label table has the collector row");
+    let values = row.rsplit('|').nth(1).unwrap();
+    assert_eq!(quoted(values), scraped, "docs/metrics.md's collector label row");
+    let section = text
+        .split("## `amd_hsmp_scrape_errors_total{collector}`")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("docs/metrics.md has the error counter's section");
+    let rows: BTreeSet<String> = section
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| l.split('`').nth(1).unwrap().to_owned())
+        .collect();
+    assert_eq!(rows, scraped, "docs/metrics.md's rows of amd_hsmp_scrape_errors_total");
 }
