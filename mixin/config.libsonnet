@@ -1,7 +1,28 @@
 // Settings of the amd-hsmp mixin. Override any of them in your own jsonnet:
 //   (import 'mixin.libsonnet') + { _config+:: { amdHsmpSelector: 'job="epyc"' } }
+// Keys of earlier releases, each with where its setting lives now: a config that still sets one
+// fails, rather than silently losing the setting.
+local moved = {
+  exporterDownFor: 'alerts.AmdHsmpExporterDown.for',
+  brokerDownFor: 'alerts.AmdHsmpBrokerDown.for',
+  deviceDownFor: 'alerts.AmdHsmpDeviceDown.for',
+  prochotFor: 'alerts.AmdHsmpProchotAsserted.for',
+  prochotFrequentFor: 'alerts.AmdHsmpProchotFrequent.for',
+  boostLimitLowFor: 'alerts.AmdHsmpBoostLimitLow.for',
+  frequencyLimitedFor: 'alerts.AmdHsmpFrequencyLimited.for',
+  scrapeErrorsFor: 'alerts.AmdHsmpScrapeErrors.for',
+  prochotShareThreshold: 'alerts.AmdHsmpProchotFrequent.threshold',
+  boostLimitRatio: 'alerts.AmdHsmpBoostLimitLow.threshold',
+  frequencyLimitRatio: 'alerts.AmdHsmpFrequencyLimited.threshold',
+  criticalSeverity: 'alerts.AmdHsmpProchotAsserted.severity',
+  runbookURLPattern: 'runbookBaseURL (without the #%s)',
+};
 {
   _config+:: {
+    local config = self,
+    local stale = [k for k in std.objectFields(moved) if std.objectHasAll(config, k)],
+    assert stale == [] : 'mixin config keys moved: %s' % std.join(', ', ['%s is now %s' % [k, moved[k]] for k in stale]),
+
     // Selects the exporter's targets in every alert, rule and dashboard query.
     amdHsmpSelector: 'job="amd_hsmp"',
     // Extra matchers for the hosts that are expected to have /dev/hsmp (AmdHsmpDeviceDown).
@@ -21,33 +42,39 @@
     showMultiCluster: false,
     clusterLabel: 'cluster',
 
-    // How long each condition must hold before its alert fires.
-    exporterDownFor: '5m',
-    brokerDownFor: '5m',
-    deviceDownFor: '10m',
-    prochotFor: '5m',
-    // AmdHsmpProchotFrequent: the hour's share held this long, so that a few minutes of data
-    // after a start (a short window whose share is easily high) do not fire it.
-    prochotFrequentFor: '15m',
-    boostLimitLowFor: '15m',
-    frequencyLimitedFor: '15m',
-    scrapeErrorsFor: '15m',
+    // Each alert by name: whether it is made (`enabled`), how long its condition must hold before
+    // it fires (`for`; null: at once), its `severity` label, and for three alerts the
+    // `threshold` of their condition. The Helm chart's prometheusRule.alerts takes the same keys
+    // (mixin/README.md, "Tuning the alerts").
+    alerts: {
+      AmdHsmpExporterDown: { enabled: true, 'for': '5m', severity: 'warning' },
+      AmdHsmpBrokerDown: { enabled: true, 'for': '5m', severity: 'warning' },
+      AmdHsmpDeviceDown: { enabled: true, 'for': '10m', severity: 'warning' },
+      AmdHsmpProchotAsserted: { enabled: true, 'for': '5m', severity: 'critical' },
+      // The share of the last hour a socket spent with PROCHOT asserted; held 15m, so that a few
+      // minutes of data after a start (a short window whose share is easily high) do not fire it.
+      AmdHsmpProchotFrequent: { enabled: true, 'for': '15m', severity: 'warning', threshold: 0.25 },
+      // The socket's average boost limit below this fraction of its highest average over
+      // boostLimitUsualWindow.
+      AmdHsmpBoostLimitLow: { enabled: true, 'for': '15m', severity: 'warning', threshold: 0.9 },
+      // A socket's frequency limit below this fraction of its highest core boost limit over
+      // boostLimitUsualWindow, imposed by one of frequencyLimitReasons.
+      AmdHsmpFrequencyLimited: { enabled: true, 'for': '15m', severity: 'warning', threshold: 0.8 },
+      AmdHsmpScrapeErrors: { enabled: true, 'for': '15m', severity: 'warning' },
+      AmdHsmpEnergyCounterReset: { enabled: true, 'for': null, severity: 'info' },
+      AmdHsmpSimulated: { enabled: true, 'for': null, severity: 'warning' },
+    },
+    // Labels added to every alert (a team, a routing key); an alert's own labels (severity)
+    // win over them.
+    alertLabels: {},
 
-    // AmdHsmpProchotFrequent: share of the last hour a socket spent with PROCHOT asserted.
-    prochotShareThreshold: 0.25,
-    // AmdHsmpBoostLimitLow: the socket's average boost limit below this fraction of its highest
-    // average over boostLimitUsualWindow.
-    boostLimitRatio: 0.9,
-    boostLimitUsualWindow: '1d',
-    // AmdHsmpFrequencyLimited: a socket's frequency limit below this fraction of its highest
-    // core boost limit over boostLimitUsualWindow, imposed by one of these limiters (a regex of
+    // The window over which the usual boost limit is taken (AmdHsmpBoostLimitLow,
+    // AmdHsmpFrequencyLimited), and the limiters AmdHsmpFrequencyLimited fires for (a regex of
     // the `reason` label of amd_hsmp_socket_frequency_limit_reason).
-    frequencyLimitRatio: 0.8,
+    boostLimitUsualWindow: '1d',
     frequencyLimitReasons: 'ppt|tdc|chtc|prochot',
     // AmdHsmpEnergyCounterReset: window in which a reset of a core's energy counter is reported.
     energyResetWindow: '30m',
-
-    criticalSeverity: 'critical',
 
     // The workload identity labels the exporter puts on amd_hsmp_core_owner_info, from one
     // table of cgroup layouts (docs/metrics.md, "Labels"): the per-workload rules sum by them.
@@ -83,8 +110,9 @@
     // The node's name in both exporters' instance label: the host without the port.
     instanceHostRegex: '(.+):[0-9]+',
 
-    // Each alert's runbook_url: this pattern with the alert's name in lower case.
-    runbookURLPattern: 'https://github.com/amd-hsmp-exporter/amd-hsmp-exporter/blob/main/mixin/runbook.md#%s',
+    // Each alert's runbook_url: this URL, '#' and the alert's name in lower case (runbook.md's
+    // section of it).
+    runbookBaseURL: 'https://github.com/amd-hsmp-exporter/amd-hsmp-exporter/blob/main/mixin/runbook.md',
 
     // Grafana.
     dashboardNamePrefix: 'AMD HSMP / ',

@@ -3,6 +3,17 @@
 // on a healthy one.
 {
   local c = $._config,
+  // The config's values by name for the alerts' texts: its own, and each alert's `for` and
+  // `threshold` as for_NAME and threshold_NAME.
+  local v = c + {
+    ['for_' + name]: c.alerts[name]['for']
+    for name in std.objectFields(c.alerts)
+  } + {
+    // A number as written ('%g'); a string (the Helm chart's placeholder) as it is.
+    ['threshold_' + name]: local t = c.alerts[name].threshold; if std.isNumber(t) then '%g' % t else t
+    for name in std.objectFields(c.alerts)
+    if std.objectHas(c.alerts[name], 'threshold')
+  },
   local deviceSelector = std.join(',', std.filter(function(s) s != '', [c.amdHsmpSelector, c.hsmpDeviceSelector])),
 
   _amdHsmpAlerts:: [
@@ -10,24 +21,20 @@
       alert: 'AmdHsmpExporterDown',
       expr: |||
         up{%(amdHsmpSelector)s} == 0
-      ||| % c,
-      'for': c.exporterDownFor,
-      labels: { severity: 'warning' },
-      annotations: {
+      ||| % v,
+            annotations: {
         summary: 'amd-hsmp-exporter cannot be scraped.',
-        description: 'Prometheus has failed to scrape amd-hsmp-exporter on {{ $labels.instance }} for %(exporterDownFor)s: no per-core energy, boost limit or PROCHOT from this node.' % c,
+        description: 'Prometheus has failed to scrape amd-hsmp-exporter on {{ $labels.instance }} for %(for_AmdHsmpExporterDown)s: no per-core energy, boost limit or PROCHOT from this node.' % v,
       },
     },
     {
       alert: 'AmdHsmpBrokerDown',
       expr: |||
         amd_hsmp_broker_up{%(amdHsmpSelector)s} == 0
-      ||| % c,
-      'for': c.brokerDownFor,
-      labels: { severity: 'warning' },
-      annotations: {
+      ||| % v,
+            annotations: {
         summary: 'amd-hsmp-exporter cannot reach amd-hsmp-broker.',
-        description: 'amd-hsmp-exporter on {{ $labels.instance }} has had no answer from amd-hsmp-broker for %(brokerDownFor)s: the scrape carries no telemetry.' % c,
+        description: 'amd-hsmp-exporter on {{ $labels.instance }} has had no answer from amd-hsmp-broker for %(for_AmdHsmpBrokerDown)s: the scrape carries no telemetry.' % v,
       },
     },
     {
@@ -37,35 +44,29 @@
         and
         amd_hsmp_broker_up{%(deviceSelector)s} == 1
       ||| % { deviceSelector: deviceSelector },
-      'for': c.deviceDownFor,
-      labels: { severity: 'warning' },
-      annotations: {
+            annotations: {
         summary: 'The HSMP device of the node is missing or unusable.',
-        description: 'amd-hsmp-broker on {{ $labels.instance }} answers, but /dev/hsmp has been missing or unusable for %(deviceDownFor)s: no boost limit and PROCHOT, and no HSMP energy.' % c,
+        description: 'amd-hsmp-broker on {{ $labels.instance }} answers, but /dev/hsmp has been missing or unusable for %(for_AmdHsmpDeviceDown)s: no boost limit and PROCHOT, and no HSMP energy.' % v,
       },
     },
     {
       alert: 'AmdHsmpProchotAsserted',
       expr: |||
         amd_hsmp_prochot_active{%(amdHsmpSelector)s} == 1
-      ||| % c,
-      'for': c.prochotFor,
-      labels: { severity: c.criticalSeverity },
-      annotations: {
+      ||| % v,
+            annotations: {
         summary: 'A CPU socket has been throttled by PROCHOT for minutes.',
-        description: 'Socket {{ $labels.socket }} of {{ $labels.instance }} has had PROCHOT asserted for %(prochotFor)s: the processor is throttled hard, usually for heat or a power-delivery limit.' % c,
+        description: 'Socket {{ $labels.socket }} of {{ $labels.instance }} has had PROCHOT asserted for %(for_AmdHsmpProchotAsserted)s: the processor is throttled hard, usually for heat or a power-delivery limit.' % v,
       },
     },
     {
       alert: 'AmdHsmpProchotFrequent',
       expr: |||
-        avg_over_time(amd_hsmp_prochot_active{%(amdHsmpSelector)s}[1h]) > %(prochotShareThreshold)g
-      ||| % c,
-      'for': c.prochotFrequentFor,
-      labels: { severity: 'warning' },
-      annotations: {
+        avg_over_time(amd_hsmp_prochot_active{%(amdHsmpSelector)s}[1h]) > %(threshold_AmdHsmpProchotFrequent)s
+      ||| % v,
+            annotations: {
         summary: 'A CPU socket spends a large share of its time throttled by PROCHOT.',
-        description: 'Socket {{ $labels.socket }} of {{ $labels.instance }} had PROCHOT asserted for {{ $value | humanizePercentage }} of the last hour (threshold %(threshold)s).' % { threshold: '%d%%' % (c.prochotShareThreshold * 100) },
+        description: 'Socket {{ $labels.socket }} of {{ $labels.instance }} had PROCHOT asserted for {{ $value | humanizePercentage }} of the last hour (threshold {{ %(threshold_AmdHsmpProchotFrequent)s | humanizePercentage }}).' % v,
       },
     },
     {
@@ -73,13 +74,11 @@
       expr: |||
         instance_socket:amd_hsmp_core_boost_limit_hertz:avg{%(amdHsmpSelector)s}
         <
-        %(boostLimitRatio)g * max_over_time(instance_socket:amd_hsmp_core_boost_limit_hertz:avg{%(amdHsmpSelector)s}[%(boostLimitUsualWindow)s])
-      ||| % c,
-      'for': c.boostLimitLowFor,
-      labels: { severity: 'warning' },
-      annotations: {
+        %(threshold_AmdHsmpBoostLimitLow)s * max_over_time(instance_socket:amd_hsmp_core_boost_limit_hertz:avg{%(amdHsmpSelector)s}[%(boostLimitUsualWindow)s])
+      ||| % v,
+            annotations: {
         summary: 'A CPU socket has been held below its usual boost limit.',
-        description: 'The average boost limit of socket {{ $labels.socket }} of {{ $labels.instance }} is {{ $value | humanize }}Hz, below %(ratio)s of its highest in the last %(boostLimitUsualWindow)s, and has been for %(boostLimitLowFor)s.' % (c { ratio: '%d%%' % (c.boostLimitRatio * 100) }),
+        description: 'The average boost limit of socket {{ $labels.socket }} of {{ $labels.instance }} is {{ $value | humanize }}Hz, below {{ %(threshold_AmdHsmpBoostLimitLow)s | humanizePercentage }} of its highest in the last %(boostLimitUsualWindow)s, and has been for %(for_AmdHsmpBoostLimitLow)s.' % v,
       },
     },
     {
@@ -94,45 +93,39 @@
         (
           amd_hsmp_socket_frequency_limit_hertz{%(amdHsmpSelector)s}
           <
-          %(frequencyLimitRatio)g * max_over_time(instance_socket:amd_hsmp_core_boost_limit_hertz:max{%(amdHsmpSelector)s}[%(boostLimitUsualWindow)s])
+          %(threshold_AmdHsmpFrequencyLimited)s * max_over_time(instance_socket:amd_hsmp_core_boost_limit_hertz:max{%(amdHsmpSelector)s}[%(boostLimitUsualWindow)s])
         )
-      ||| % c,
-      'for': c.frequencyLimitedFor,
-      labels: { severity: 'warning' },
-      annotations: {
+      ||| % v,
+            annotations: {
         summary: 'A CPU socket is held below its boost limit by {{ $labels.reason }}.',
-        description: 'Socket {{ $labels.socket }} of {{ $labels.instance }} has been limited to {{ $value | humanize }}Hz, below %(ratio)s of its highest core boost limit in the last %(boostLimitUsualWindow)s, by {{ $labels.reason }} for %(frequencyLimitedFor)s.' % (c { ratio: '%d%%' % (c.frequencyLimitRatio * 100) }),
+        description: 'Socket {{ $labels.socket }} of {{ $labels.instance }} has been limited to {{ $value | humanize }}Hz, below {{ %(threshold_AmdHsmpFrequencyLimited)s | humanizePercentage }} of its highest core boost limit in the last %(boostLimitUsualWindow)s, by {{ $labels.reason }} for %(for_AmdHsmpFrequencyLimited)s.' % v,
       },
     },
     {
       alert: 'AmdHsmpScrapeErrors',
       expr: |||
         increase(amd_hsmp_scrape_errors_total{%(amdHsmpSelector)s}[5m]) > 0
-      ||| % c,
-      'for': c.scrapeErrorsFor,
-      labels: { severity: 'warning' },
-      annotations: {
+      ||| % v,
+            annotations: {
         summary: 'amd-hsmp-exporter keeps counting failed reads.',
-        description: 'amd-hsmp-exporter on {{ $labels.instance }} has counted failed reads of collector {{ $labels.collector }} for %(scrapeErrorsFor)s ({{ $value | humanize }} in the last 5 minutes): the affected series are missing from its scrapes.' % c,
+        description: 'amd-hsmp-exporter on {{ $labels.instance }} has counted failed reads of collector {{ $labels.collector }} for %(for_AmdHsmpScrapeErrors)s ({{ $value | humanize }} in the last 5 minutes): the affected series are missing from its scrapes.' % v,
       },
     },
     {
       alert: 'AmdHsmpEnergyCounterReset',
       expr: |||
         sum without (core) (resets(amd_hsmp_core_energy_joules_total{%(amdHsmpSelector)s}[%(energyResetWindow)s])) > 0
-      ||| % c,
-      labels: { severity: 'info' },
+      ||| % v,
       annotations: {
         summary: 'Core energy counters of a CPU socket went back.',
-        description: '{{ $value }} core energy counter resets on socket {{ $labels.socket }} of {{ $labels.instance }} in the last %(energyResetWindow)s: the broker restarted (MSR source) or a counter was restarted after a possibly missed wrap.' % c,
+        description: '{{ $value }} core energy counter resets on socket {{ $labels.socket }} of {{ $labels.instance }} in the last %(energyResetWindow)s: the broker restarted (MSR source) or a counter was restarted after a possibly missed wrap.' % v,
       },
     },
     {
       alert: 'AmdHsmpSimulated',
       expr: |||
         amd_hsmp_simulated_info{%(amdHsmpSelector)s} == 1
-      ||| % c,
-      labels: { severity: 'warning' },
+      ||| % v,
       annotations: {
         summary: 'amd-hsmp-sim-broker serves simulated data.',
         description: '{{ $labels.instance }} reports the simulator profile {{ $labels.profile }} instead of the machine: its broker is amd-hsmp-sim-broker.',
@@ -145,8 +138,13 @@
       {
         name: 'amd-hsmp',
         rules: [
-          a { annotations+: { runbook_url: c.runbookURLPattern % std.asciiLower(a.alert) } }
+          a {
+            [if c.alerts[a.alert]['for'] != null then 'for']: c.alerts[a.alert]['for'],
+            labels: c.alertLabels { severity: c.alerts[a.alert].severity },
+            annotations+: { runbook_url: '%s#%s' % [c.runbookBaseURL, std.asciiLower(a.alert)] },
+          }
           for a in $._amdHsmpAlerts
+          if c.alerts[a.alert].enabled
         ],
       },
     ],

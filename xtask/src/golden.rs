@@ -33,6 +33,17 @@ pub fn expect_file(path: &Path, actual: &str) -> Result<()> {
     if expected == actual {
         return Ok(());
     }
+    let diff = line_diff(&expected, actual);
+    bail!(
+        "{} differs from what was built (- expected, + built):\n{diff}accept by running the check \
+         again with UPDATE_GOLDEN=1 and review the diff",
+        path.display()
+    )
+}
+
+/// The lines of `expected` that `actual` lacks (`- `) and those it adds (`+ `), each in its
+/// text's order; a note when both have the same lines.
+pub fn line_diff(expected: &str, actual: &str) -> String {
     let expected_lines: BTreeSet<&str> = expected.lines().collect();
     let actual_lines: BTreeSet<&str> = actual.lines().collect();
     let mut diff = String::new();
@@ -45,11 +56,7 @@ pub fn expect_file(path: &Path, actual: &str) -> Result<()> {
     if diff.is_empty() {
         diff.push_str("(same lines, different order or repetition)\n");
     }
-    bail!(
-        "{} differs from what was built (- expected, + built):\n{diff}accept by running the check \
-         again with UPDATE_GOLDEN=1 and review the diff",
-        path.display()
-    )
+    diff
 }
 
 /// [`expect_file`] for every file of `files` (a path under `dir` and its text), naming each one
