@@ -23,6 +23,17 @@ pub async fn middleware(
 ) -> Response {
     let config = web.current();
     let mut response = match &config.users {
+        // `rate_limit` before anything else, over all clients, as exporter-toolkit does.
+        _ if !web.allow_request(&config) => {
+            if let Some(suppressed) = web.rate_limited.check() {
+                tracing::info!(
+                    path = %request.uri().path(),
+                    suppressed,
+                    "HTTP request refused with 429: rate_limit of the web configuration"
+                );
+            }
+            (StatusCode::TOO_MANY_REQUESTS, "Too Many Requests\n").into_response()
+        }
         None => next.run(request).await,
         Some(_) if request.headers().get_all(header::AUTHORIZATION).iter().nth(1).is_some() => {
             if let Some(suppressed) = web.auth().failures.check() {
@@ -120,5 +131,39 @@ mod tests {
         assert_eq!(web.auth().cached(), 0, "no credentials were checked");
         assert_eq!(get(&[right]).await.unwrap().status(), StatusCode::OK);
         assert_eq!(web.auth().cached(), 1);
+    }
+
+    /// `rate_limit` over all clients: past the burst a `429` with the configured headers,
+    /// before any credentials are checked (the refill is `ratelimit`'s test, on its own clock).
+    #[tokio::test]
+    async fn requests_beyond_the_rate_limit_burst_get_429_before_authentication() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("web.yml");
+        let yaml = format!(
+            "rate_limit:\n  interval: 1h\n  burst: 2\nhttp_server_config:\n  headers:\n    \
+             X-Frame-Options: deny\nbasic_auth_users:\n  prometheus: {}\n",
+            hash("s3cret", 4)
+        );
+        std::fs::write(&path, yaml).unwrap();
+        let web = WebState::load(&path).unwrap();
+        let app = Router::new()
+            .route("/", get(|| async { "served" }))
+            .layer(axum::middleware::from_fn_with_state(Arc::clone(&web), middleware));
+        let get = |authorization: Option<HeaderValue>| {
+            let mut request = Request::get("/");
+            if let Some(value) = authorization {
+                request = request.header(header::AUTHORIZATION, value);
+            }
+            app.clone().oneshot(request.body(Body::empty()).unwrap())
+        };
+        let right = basic("prometheus", "s3cret");
+        assert_eq!(get(Some(right.clone())).await.unwrap().status(), StatusCode::OK);
+        assert_eq!(get(None).await.unwrap().status(), StatusCode::UNAUTHORIZED);
+        let refused = get(Some(right)).await.unwrap();
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(refused.headers()["x-frame-options"], "deny");
+        let body = axum::body::to_bytes(refused.into_body(), 1024).await.unwrap();
+        assert_eq!(&body[..], b"Too Many Requests\n");
+        assert_eq!(web.auth().cached(), 1, "the refused request was not checked");
     }
 }
