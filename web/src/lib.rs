@@ -3,7 +3,8 @@
 //! eviction of silent connections, TLS handshakes), the exporter-toolkit web configuration file
 //! ([`config`]: strict YAML, reloads, files read off the serving threads), TLS ([`tls`]),
 //! basic auth with bcrypt bounded by one thread ([`auth`]) and the middleware that applies it
-//! and the configured headers ([`layer`]), log lines at a bounded rate ([`ratelimit`]), and the
+//! and the configured headers ([`layer`]), log lines and requests at a bounded rate
+//! ([`ratelimit`]), the parts of a client certificate its checks read (`x509`), and the
 //! front door, as exporter-toolkit's `AddFlags` and `ListenAndServe`: the `--web.*` flags
 //! ([`flags`]) and the listeners they ask for ([`listen`]).
 //!
@@ -25,3 +26,4 @@ pub mod listen;
 pub mod ratelimit;
 pub mod server;
 pub mod tls;
+mod x509;
