@@ -24,14 +24,12 @@
 
 use crate::client::client_key;
 use crate::files::{KeyError, key_error};
-use crate::ratelimit::RateLimit;
 use axum::http::HeaderValue;
 use base64::Engine as _;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
-use std::time::Duration;
 use tokio::sync::oneshot;
 
 /// Successful checks remembered; the oldest is forgotten first.
@@ -48,9 +46,6 @@ pub const MAX_QUEUED: usize = 64;
 
 /// The longest password bcrypt takes whole.
 pub const MAX_PASSWORD_BYTES: usize = 72;
-
-/// At most one "authentication failed" (or "refused") line per this interval.
-const FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The realm sent in `WWW-Authenticate`.
 pub(crate) const CHALLENGE: &str = "Basic realm=\"amd-hsmp-exporter\", charset=\"UTF-8\"";
@@ -137,10 +132,6 @@ pub struct Auth {
     key: OnceLock<Option<ring::hmac::Key>>,
     cache: Mutex<Cache>,
     checks: Checks,
-    /// Refused credentials, logged at a bounded rate.
-    pub(crate) failures: RateLimit,
-    /// Checks refused because the queue was full, logged at a bounded rate.
-    pub(crate) busy: RateLimit,
 }
 
 impl Default for Auth {
@@ -156,8 +147,6 @@ impl Auth {
             key: OnceLock::new(),
             cache: Mutex::new(Cache::default()),
             checks: Checks::new(threads.max(1)),
-            failures: RateLimit::new(FAILURE_LOG_INTERVAL),
-            busy: RateLimit::new(FAILURE_LOG_INTERVAL),
         }
     }
 

@@ -6,7 +6,8 @@
 
 use crate::auth::{Auth, Users};
 use crate::files::{KeyError, MAX_FILE_BYTES, READ_TIMEOUT, key_error, read_regular};
-use crate::ratelimit::{RateLimit, RequestRate, TokenBucket};
+use crate::ratelimit::{RequestRate, TokenBucket};
+use crate::refused::Refusals;
 use crate::tls::{self, Stamps, TlsFiles, TlsSection};
 use axum::http::{HeaderName, HeaderValue};
 use serde::Deserialize;
@@ -22,9 +23,6 @@ use tokio::sync::watch;
 /// How long a new TLS connection waits for the check that its certificate files have not
 /// changed (a `stat` of each, on the file thread).
 const ROTATION_WAIT: Duration = Duration::from_secs(1);
-
-/// At most one "refused by rate_limit" line per this interval.
-const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// What can be wrong with a web configuration file.
 #[derive(Debug, thiserror::Error)]
@@ -380,8 +378,7 @@ pub struct WebState {
     current: RwLock<Arc<Web>>,
     auth: Auth,
     requests: TokenBucket,
-    /// Requests refused by `rate_limit`, logged at a bounded rate.
-    pub(crate) rate_limited: RateLimit,
+    refusals: Refusals,
     files: Option<FileThread>,
 }
 
@@ -413,7 +410,7 @@ impl WebState {
             current: RwLock::new(Arc::new(Web::open())),
             auth: Auth::default(),
             requests: TokenBucket::default(),
-            rate_limited: RateLimit::new(REFUSAL_LOG_INTERVAL),
+            refusals: Refusals::default(),
             files: None,
         })
     }
@@ -428,7 +425,7 @@ impl WebState {
             current: RwLock::new(Arc::new(web)),
             auth: Auth::default(),
             requests: TokenBucket::default(),
-            rate_limited: RateLimit::new(REFUSAL_LOG_INTERVAL),
+            refusals: Refusals::default(),
             files: Some(FileThread {
                 tasks: tx,
                 started: AtomicU64::new(0),
@@ -457,6 +454,11 @@ impl WebState {
     /// The basic-auth checks and their cache, the same for every configuration loaded.
     pub fn auth(&self) -> &Auth {
         &self.auth
+    }
+
+    /// The handshakes and requests refused so far, by reason.
+    pub fn refusals(&self) -> &Refusals {
+        &self.refusals
     }
 
     /// Whether a request may pass `rate_limit` now (always, without one). One bucket for the

@@ -690,7 +690,7 @@ impl ClientCertVerifier for ClientVerifier {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn section(yaml: &str) -> TlsSection {
@@ -802,16 +802,16 @@ mod tests {
 
     /// A CA, a server certificate it signed, and client certificates made on demand, as PEM
     /// files in a directory; handshakes in memory against a loaded [`Tls`].
-    struct Pki {
+    pub(crate) struct Pki {
         ca: rcgen::Issuer<'static, rcgen::KeyPair>,
         ca_der: CertificateDer<'static>,
-        dir: tempfile::TempDir,
+        pub(crate) dir: tempfile::TempDir,
     }
 
-    type Client = (CertificateDer<'static>, PrivateKeyDer<'static>);
+    pub(crate) type Client = (CertificateDer<'static>, PrivateKeyDer<'static>);
 
     impl Pki {
-        fn new() -> Pki {
+        pub(crate) fn new() -> Pki {
             let dir = tempfile::tempdir().unwrap();
             let (params, key, cert) = ca("test CA", rcgen::ExtendedKeyUsagePurpose::ClientAuth);
             std::fs::write(dir.path().join("ca.pem"), cert.pem()).unwrap();
@@ -836,7 +836,7 @@ mod tests {
         }
 
         /// A client certificate for `names` signed by the CA.
-        fn client(&self, names: &[&str]) -> Client {
+        pub(crate) fn client(&self, names: &[&str]) -> Client {
             let (cert, key) = self.signed(names, rcgen::ExtendedKeyUsagePurpose::ClientAuth);
             (cert.der().clone(), PrivateKeyDer::try_from(key.serialize_der()).unwrap())
         }
@@ -849,6 +849,19 @@ mod tests {
 
         /// The server's verdict on a handshake by a client trusting the CA, presenting `client`.
         async fn handshake(&self, tls: &Tls, client: Option<Client>) -> Result<(), String> {
+            let connector = self.connector(client);
+            let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+            let (server_side, client_side) = tokio::io::duplex(1 << 16);
+            let acceptor = tls.acceptor();
+            // The client stream is held until the server has decided: with TLS 1.3 the client
+            // is done before the server has checked its certificate.
+            let (server, _client) =
+                tokio::join!(acceptor.accept(server_side), connector.connect(name, client_side));
+            server.map(drop).map_err(|e| e.to_string())
+        }
+
+        /// A client trusting the CA, presenting `client`.
+        pub(crate) fn connector(&self, client: Option<Client>) -> tokio_rustls::TlsConnector {
             let mut roots = RootCertStore::empty();
             roots.add(self.ca_der.clone()).unwrap();
             let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -860,15 +873,7 @@ mod tests {
                 None => builder.with_no_client_auth(),
                 Some((cert, key)) => builder.with_client_auth_cert(vec![cert], key).unwrap(),
             };
-            let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-            let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-            let (server_side, client_side) = tokio::io::duplex(1 << 16);
-            let acceptor = tls.acceptor();
-            // The client stream is held until the server has decided: with TLS 1.3 the client
-            // is done before the server has checked its certificate.
-            let (server, _client) =
-                tokio::join!(acceptor.accept(server_side), connector.connect(name, client_side));
-            server.map(drop).map_err(|e| e.to_string())
+            tokio_rustls::TlsConnector::from(Arc::new(config))
         }
     }
 
@@ -886,7 +891,7 @@ mod tests {
         (params, key, cert)
     }
 
-    fn self_signed(names: &[&str]) -> Client {
+    pub(crate) fn self_signed(names: &[&str]) -> Client {
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
         let one = rcgen::generate_simple_self_signed(names).unwrap();
         (one.cert.der().clone(), PrivateKeyDer::try_from(one.signing_key.serialize_der()).unwrap())
