@@ -38,6 +38,12 @@ pub struct Args {
           default_value_t = crate::scrape::DEFAULT_MAX_REQUESTS)]
     pub max_requests: usize,
 
+    /// Leave out the exporter's metrics about itself: `process_*` and
+    /// `amd_hsmp_web_refused_total` (as node_exporter's flag leaves out `process_*`, `go_*` and
+    /// `promhttp_*`).
+    #[arg(long = "web.disable-exporter-metrics")]
+    pub disable_exporter_metrics: bool,
+
     /// The HTTP server's connection caps and timeouts (the web crate's flags).
     #[command(flatten)]
     pub server: ServerArgs,
@@ -196,6 +202,9 @@ mod tests {
         assert_eq!(args.web.web_config_file, None);
         assert_eq!(args.core_owner(), None, "the core-owner collector is off by default");
         assert_eq!(args.procfs, PathBuf::from("/proc"));
+        assert!(!args.disable_exporter_metrics, "the exporter's own metrics are on by default");
+        let args = parse(&["--web.disable-exporter-metrics"]).unwrap();
+        assert!(args.disable_exporter_metrics);
     }
 
     /// Each default is said once, as a constant the code uses; the flag's text is tied to it.

@@ -46,7 +46,11 @@ fn probes(telemetry_path: &str) -> Router {
 pub fn service(exporter: Arc<Exporter>, web: Arc<amd_hsmp_web::config::WebState>) -> Router {
     let probes = probes(&exporter.config().telemetry_path);
     app(exporter)
-        .layer(axum::middleware::from_fn_with_state(web, amd_hsmp_web::layer::middleware))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&web),
+            amd_hsmp_web::layer::middleware,
+        ))
+        .layer(axum::Extension(web))
         .merge(probes)
         .layer(tower_http::compression::CompressionLayer::new())
 }
@@ -68,6 +72,7 @@ impl IntoResponse for AppError {
 
 async fn telemetry(
     State(exporter): State<Arc<Exporter>>,
+    web: Option<axum::Extension<Arc<amd_hsmp_web::config::WebState>>>,
     headers: HeaderMap,
 ) -> Result<Response, AppError> {
     let Some(permit) = exporter.admit_scrape() else {
@@ -78,7 +83,15 @@ async fn telemetry(
     let timeout = headers.get(SCRAPE_TIMEOUT_HEADER).map(|v| v.as_bytes());
     let budget = Budget::new(timeout, exporter.config().max_scrape_timeout);
     let format = negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
-    let report = Arc::new(exporter.scrape(budget, &permit, Owners::Wanted).await);
+    let mut report = exporter.scrape(budget, &permit, Owners::Wanted).await;
+    // Counted only with a configuration file: without one nothing is ever refused.
+    if let Some(axum::Extension(web)) = web
+        && web.path().is_some()
+        && exporter.config().exporter_metrics
+    {
+        report.web_refused = web.refusals().counts();
+    }
+    let report = Arc::new(report);
     let body = metrics::render(report, format).map_err(AppError::Encode)?;
     Ok(([(header::CONTENT_TYPE, format.content_type())], body).into_response())
 }
@@ -149,6 +162,52 @@ mod tests {
         assert_eq!(negotiate(Some("application/openmetrics-text;q=0")), Format::Text);
     }
 
+    /// An exporter asking the broker at `socket`, with its own metrics or without them.
+    fn exporter(socket: &std::path::Path, exporter_metrics: bool) -> Arc<Exporter> {
+        Exporter::new(crate::scrape::Config {
+            broker_socket: socket.to_owned(),
+            families: amd_hsmp_proto::Families::ALL,
+            max_scrape_timeout: std::time::Duration::from_secs(1),
+            max_requests: 0,
+            telemetry_path: "/metrics".into(),
+            procfs: "/proc".into(),
+            core_owner: None,
+            core_owner_max_age: std::time::Duration::ZERO,
+            core_owner_linger: std::time::Duration::ZERO,
+            exporter_metrics,
+        })
+    }
+
+    /// `--web.disable-exporter-metrics` leaves out `process_*` and the web refusals; without a
+    /// `--web.config.file` the refusals are not exported either (nothing is ever refused).
+    #[tokio::test]
+    async fn the_exporters_own_metrics_follow_the_flag_and_the_web_configuration() {
+        use tower::ServiceExt;
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("absent.sock");
+        let config = dir.path().join("web.yml");
+        std::fs::write(&config, "").unwrap();
+        let scrape = async |router: Router| {
+            let request = axum::http::Request::get("/metrics")
+                .header(SCRAPE_TIMEOUT_HEADER, "0.1")
+                .body(axum::body::Body::empty())
+                .unwrap();
+            let response = router.oneshot(request).await.unwrap();
+            let body = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+            String::from_utf8_lossy(&body).into_owned()
+        };
+        let loaded = || amd_hsmp_web::config::WebState::load(&config).unwrap();
+        let text = scrape(service(exporter(&socket, true), loaded())).await;
+        assert!(text.contains("\nprocess_open_fds "), "{text}");
+        assert!(text.contains("amd_hsmp_web_refused_total{reason=\"rate-limit\"} 0\n"), "{text}");
+        let text = scrape(service(exporter(&socket, false), loaded())).await;
+        assert!(!text.contains("process_") && !text.contains("amd_hsmp_web_refused"), "{text}");
+        assert!(text.contains("amd_hsmp_build_info"), "{text}");
+        let open = amd_hsmp_web::config::WebState::open();
+        let text = scrape(service(exporter(&socket, true), open)).await;
+        assert!(text.contains("\nprocess_open_fds ") && !text.contains("amd_hsmp_web_refused"));
+    }
+
     /// The exporter behind `service`, with basic auth for user `u`, asking a "broker" that only
     /// counts connections.
     #[tokio::test]
@@ -162,18 +221,7 @@ mod tests {
         let hash = bcrypt::hash("p", 4).unwrap();
         std::fs::write(&config, format!("basic_auth_users:\n  u: {hash}\n")).unwrap();
         let web = amd_hsmp_web::config::WebState::load(&config).unwrap();
-        let exporter = Exporter::new(crate::scrape::Config {
-            broker_socket: socket.clone(),
-            families: amd_hsmp_proto::Families::ALL,
-            max_scrape_timeout: std::time::Duration::from_secs(1),
-            max_requests: 0,
-            telemetry_path: "/metrics".into(),
-            procfs: "/proc".into(),
-            core_owner: None,
-            core_owner_max_age: std::time::Duration::ZERO,
-            core_owner_linger: std::time::Duration::ZERO,
-        });
-        let router = service(exporter, web);
+        let router = service(exporter(&socket, true), web);
         let get = |path: &str, auth: bool| {
             let mut request = axum::http::Request::get(path);
             if auth {
@@ -193,5 +241,14 @@ mod tests {
         let response = router.clone().oneshot(get("/metrics", true)).await.unwrap();
         assert_eq!(response.status(), StatusCode::OK);
         assert!(broker.accept().is_ok(), "the scrape did not reach the broker");
+        // The refused request is counted by its reason, every reason with a series.
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+        let text = String::from_utf8_lossy(&body);
+        assert!(
+            text.contains("amd_hsmp_web_refused_total{reason=\"credentials-missing\"} 1\n"),
+            "{text}"
+        );
+        let reasons = text.matches("amd_hsmp_web_refused_total{").count();
+        assert_eq!(reasons, amd_hsmp_web::refused::Refused::ALL.len(), "{text}");
     }
 }

@@ -738,6 +738,7 @@ mod tests {
             workloads: None,
             duration: Duration::from_millis(42),
             process: ProcessStats::default(),
+            web_refused: Vec::new(),
         }
     }
 

@@ -82,6 +82,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         core_owner: args.core_owner(),
         core_owner_max_age: args.core_owner_max_age,
         core_owner_linger: args.core_owner_linger,
+        exporter_metrics: !args.disable_exporter_metrics,
     });
     let web = match &args.web.web_config_file {
         Some(path) => WebState::load(path)?,

@@ -306,6 +306,13 @@ impl Collector for ReportCollector {
         )?;
         family(
             &mut e,
+            "amd_hsmp_web_refused",
+            "TLS handshakes and HTTP requests the web configuration refused since the exporter started, by reason",
+            None,
+            report.web_refused.iter().map(|(reason, n)| counter([("reason", *reason)], *n)),
+        )?;
+        family(
+            &mut e,
             "amd_hsmp_scrape_duration",
             "Duration of this scrape's collection, in seconds",
             Some(&Unit::Seconds),
@@ -377,6 +384,7 @@ mod tests {
             workloads: None,
             duration: Duration::from_millis(12),
             process: ProcessStats::default(),
+            web_refused: Vec::new(),
         })
     }
 

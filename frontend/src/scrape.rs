@@ -71,6 +71,9 @@ pub struct Config {
     /// How long a workload's energy counter is exported after it last held a core
     /// (`--collector.core-owner.linger`).
     pub core_owner_linger: Duration,
+    /// The exporter's own metrics: `process_*` and `amd_hsmp_web_refused_total`; off with
+    /// `--web.disable-exporter-metrics`.
+    pub exporter_metrics: bool,
 }
 
 /// The broker's answer to one flight, and how fresh it is.
@@ -150,8 +153,11 @@ pub(crate) struct ScrapeReport {
     pub(crate) workloads: Option<WorkloadReport>,
     /// Time this scrape spent collecting.
     pub(crate) duration: Duration,
-    /// This process' own metrics.
+    /// This process' own metrics (all `None` without `exporter_metrics`).
     pub(crate) process: ProcessStats,
+    /// The TLS handshakes and requests the web configuration refused, by reason; empty without
+    /// a `--web.config.file` or without `exporter_metrics`.
+    pub(crate) web_refused: Vec<(&'static str, u64)>,
 }
 
 /// What one scrape read ([`Exporter::sample`]): the parts of its [`ScrapeReport`] that come
@@ -335,7 +341,12 @@ impl Exporter {
             core_owner_unresolved: sampled.core_owner_unresolved,
             workloads,
             duration: started.elapsed(),
-            process: self.process.read(),
+            process: if self.config.exporter_metrics {
+                self.process.read()
+            } else {
+                ProcessStats::default()
+            },
+            web_refused: Vec::new(),
         }
     }
 

@@ -14,22 +14,22 @@
 //! - A successful (user, hash, password) is remembered, under an HMAC with a key made at
 //!   start-up (no password is kept), in a bounded cache that lives as long as the process: a
 //!   reload or a certificate rotation keeps it, and a user whose hash changed misses it.
-//! - Every configured hash has the same cost (a file that mixes costs is refused at load), and
-//!   an unknown user is checked against a configured hash (the decoy), so the time a failed
-//!   check takes does not tell whether a user exists.
+//! - A failed check costs bcrypt at the highest configured cost, whoever it names: an unknown
+//!   user is checked against a configured hash of that cost (the decoy), and a failed check of a
+//!   user whose hash has a lower cost `c` is followed by checks at costs `c`, `c+1`, ... up to
+//!   the highest minus one (`2^c + ... + 2^(max-1) = 2^max - 2^c` more rounds), so the time it
+//!   takes does not tell which users exist. A file that mixes costs is served, with a warning.
 //! - bcrypt uses the first 72 bytes of a password only; a presented password longer than
 //!   [`MAX_PASSWORD_BYTES`] is refused without a check, so no suffix rides along.
 
 use crate::client::client_key;
 use crate::files::{KeyError, key_error};
-use crate::ratelimit::RateLimit;
 use axum::http::HeaderValue;
 use base64::Engine as _;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
-use std::time::Duration;
 use tokio::sync::oneshot;
 
 /// Successful checks remembered; the oldest is forgotten first.
@@ -47,9 +47,6 @@ pub const MAX_QUEUED: usize = 64;
 /// The longest password bcrypt takes whole.
 pub const MAX_PASSWORD_BYTES: usize = 72;
 
-/// At most one "authentication failed" (or "refused") line per this interval.
-const FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(10);
-
 /// The realm sent in `WWW-Authenticate`.
 pub(crate) const CHALLENGE: &str = "Basic realm=\"amd-hsmp-exporter\", charset=\"UTF-8\"";
 
@@ -58,13 +55,16 @@ pub(crate) const CHALLENGE: &str = "Basic realm=\"amd-hsmp-exporter\", charset=\
 pub struct Users {
     hashes: BTreeMap<String, String>,
     decoy: String,
+    /// Per cost below the highest: the hashes a failed check at that cost is followed by.
+    padding: BTreeMap<u32, Vec<String>>,
 }
 
 impl Users {
-    /// Users from `user → bcrypt hash`; a hash that is not bcrypt, or whose cost differs from
-    /// the others', is an error naming the user.
+    /// Users from `user → bcrypt hash`; a hash that is not bcrypt is an error naming the user.
+    /// Costs that differ are logged (a warning) and evened out on failure ([`Users::padding`]).
     pub(crate) fn new(hashes: BTreeMap<String, String>) -> Result<Users, KeyError> {
-        let mut first: Option<(&str, u32)> = None;
+        let mut costs: BTreeMap<u32, &str> = BTreeMap::new();
+        let mut decoy = None;
         for (user, hash) in &hashes {
             let key = format!("basic_auth_users.{user}");
             if user.contains(':') {
@@ -77,23 +77,40 @@ impl Users {
                 )
             })?;
             let cost = parts.get_cost();
-            match first {
-                None => first = Some((user, cost)),
-                Some((other, c)) if c != cost => {
-                    return Err(key_error(
-                        key,
-                        format!(
-                            "bcrypt cost {cost} differs from cost {c} of {other}: every user \
-                             needs the same cost, or the time a failed check takes tells which \
-                             users exist; make the hash again with htpasswd -nBC {c} \"\""
-                        ),
-                    ));
-                }
-                Some(_) => {}
+            costs.entry(cost).or_insert(user);
+            if decoy.as_ref().is_none_or(|(c, _)| cost > *c) {
+                decoy = Some((cost, hash.clone()));
             }
         }
-        let decoy = hashes.values().next().cloned().unwrap_or_default();
-        Ok(Users { hashes, decoy })
+        let (max, decoy) = decoy.unwrap_or_default();
+        if let (Some((low, low_user)), Some((high, high_user))) =
+            (costs.first_key_value(), costs.last_key_value())
+            && low != high
+        {
+            tracing::warn!(
+                lowest = format!("{low} ({low_user})"),
+                highest = format!("{high} ({high_user})"),
+                "basic_auth_users: the bcrypt costs differ; every failed check costs as the highest \
+                 (a check of a cheaper hash is followed by extra bcrypt work), so a failed check \
+                 takes longer than a successful one of a cheaper hash; make the hashes again with \
+                 one cost (htpasswd -nBC {high} \"\")"
+            );
+        }
+        // The decoy's salt and digest at lower costs: any well-formed hash of cost k costs 2^k.
+        let tail = decoy.rsplit('$').next().unwrap_or_default().to_owned();
+        let padding = costs
+            .keys()
+            .filter(|c| **c < max)
+            .map(|c| (*c, (*c..max).map(|k| format!("$2b${k:02}${tail}")).collect()))
+            .collect();
+        Ok(Users { hashes, decoy, padding })
+    }
+
+    /// The hashes a failed check of `hash` is followed by so that it costs as the highest
+    /// cost: none for the highest cost (and the decoy).
+    fn padding(&self, hash: &str) -> Vec<String> {
+        let cost = hash.parse::<bcrypt::HashParts>().map(|p| p.get_cost()).ok();
+        cost.and_then(|c| self.padding.get(&c)).cloned().unwrap_or_default()
     }
 }
 
@@ -115,10 +132,6 @@ pub struct Auth {
     key: OnceLock<Option<ring::hmac::Key>>,
     cache: Mutex<Cache>,
     checks: Checks,
-    /// Refused credentials, logged at a bounded rate.
-    pub(crate) failures: RateLimit,
-    /// Checks refused because the queue was full, logged at a bounded rate.
-    pub(crate) busy: RateLimit,
 }
 
 impl Default for Auth {
@@ -134,8 +147,6 @@ impl Auth {
             key: OnceLock::new(),
             cache: Mutex::new(Cache::default()),
             checks: Checks::new(threads.max(1)),
-            failures: RateLimit::new(FAILURE_LOG_INTERVAL),
-            busy: RateLimit::new(FAILURE_LOG_INTERVAL),
         }
     }
 
@@ -159,7 +170,9 @@ impl Auth {
         if known.is_some() && tag.is_some_and(|t| lock(&self.cache).set.contains(&t)) {
             return Verdict::Pass;
         }
-        let Some(reply) = self.checks.submit(client_key(client), password, hash.clone()) else {
+        let padding = users.padding(hash);
+        let job = (password, hash.clone(), padding);
+        let Some(reply) = self.checks.submit(client_key(client), job) else {
             return Verdict::Busy;
         };
         let verified = reply.await.unwrap_or(false);
@@ -180,6 +193,11 @@ impl Auth {
     /// bcrypt computations running now.
     pub fn running(&self) -> usize {
         self.checks.shared.running.load(Ordering::SeqCst)
+    }
+
+    /// The bcrypt work done so far, in rounds (a check at cost `c` is `2^c`).
+    pub fn rounds(&self) -> u64 {
+        self.checks.shared.rounds.load(Ordering::SeqCst)
     }
 
     /// Checks waiting now.
@@ -240,6 +258,7 @@ struct Shared {
     queue: Mutex<Queue>,
     ready: Condvar,
     running: AtomicUsize,
+    rounds: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -258,8 +277,13 @@ struct Queue {
 struct Job {
     password: String,
     hash: String,
+    /// Checked after `hash` fails, to even out the cost ([`Users::padding`]).
+    padding: Vec<String>,
     reply: oneshot::Sender<bool>,
 }
+
+/// What a check is: the password, the hash, the padding hashes.
+type Check = (String, String, Vec<String>);
 
 impl Queue {
     /// The next check to run: the first of the next client in the ring; checks whose client
@@ -290,12 +314,8 @@ impl Checks {
 
     /// Queues a check for `client`; its answer, or `None` when the queue is full for `client`
     /// or overall.
-    fn submit(
-        &self,
-        client: IpAddr,
-        password: String,
-        hash: String,
-    ) -> Option<oneshot::Receiver<bool>> {
+    fn submit(&self, client: IpAddr, check: Check) -> Option<oneshot::Receiver<bool>> {
+        let (password, hash, padding) = check;
         let mut queue = lock(&self.shared.queue);
         // Checks of requests that have gone (their client hung up) hold no place.
         if let Some(jobs) = queue.clients.get_mut(&client) {
@@ -325,7 +345,7 @@ impl Checks {
         if !queue.clients.contains_key(&client) {
             queue.ring.push_back(client);
         }
-        queue.clients.entry(client).or_default().push_back(Job { password, hash, reply });
+        queue.clients.entry(client).or_default().push_back(Job { password, hash, padding, reply });
         queue.queued += 1;
         drop(queue);
         self.shared.ready.notify_one();
@@ -356,7 +376,17 @@ fn work(shared: &Shared) {
             }
         };
         shared.running.fetch_add(1, Ordering::SeqCst);
-        let verified = bcrypt::verify(&job.password, &job.hash).unwrap_or(false);
+        let verify = |hash: &str| {
+            let cost = hash.parse::<bcrypt::HashParts>().map_or(0, |p| p.get_cost());
+            shared.rounds.fetch_add(1u64.checked_shl(cost).unwrap_or(0), Ordering::SeqCst);
+            bcrypt::verify(&job.password, hash).unwrap_or(false)
+        };
+        let verified = verify(&job.hash);
+        if !verified {
+            for hash in &job.padding {
+                verify(hash);
+            }
+        }
         shared.running.fetch_sub(1, Ordering::SeqCst);
         let _ = job.reply.send(verified);
     }
@@ -466,15 +496,35 @@ pub(crate) mod tests {
         .await
     }
 
-    #[test]
-    fn hashes_of_different_costs_are_refused_naming_the_user() {
-        let e = Users::new([("a".into(), hash("a", 4)), ("b".into(), hash("b", 5))].into())
-            .unwrap_err();
-        assert_eq!(e.key, "basic_auth_users.b");
-        assert!(e.message.contains("cost 5 differs from cost 4 of a"), "{}", e.message);
-        assert!(e.message.contains("htpasswd -nBC 4"), "{}", e.message);
+    /// Hashes of costs 4, 5 and 7: every failed check, of a known user or not, costs 2^7
+    /// bcrypt rounds; a success costs its own hash's.
+    #[tokio::test]
+    async fn hashes_of_different_costs_are_served_and_every_failure_costs_the_highest() {
+        let hashes = [("a", hash("pa", 4)), ("b", hash("pb", 5)), ("c", hash("pc", 7))];
+        let users = Users::new(hashes.map(|(u, h)| (u.to_string(), h)).into()).unwrap();
+        assert_eq!(users.decoy, users.hashes["c"]);
+        // The padding is real bcrypt work: well-formed hashes of the costs below the highest.
+        assert_eq!(users.padding[&4].len(), 3);
+        for padding in users.padding.values().flatten() {
+            assert_eq!(bcrypt::verify("x", padding).ok(), Some(false), "{padding}");
+        }
+        let auth = Auth::default();
+        let cost = async |user: &str, password: &str, verdict: Verdict| {
+            let before = auth.rounds();
+            assert_eq!(auth.check(&users, ip(2), Some(&basic(user, password))).await, verdict);
+            auth.rounds() - before
+        };
+        for user in ["a", "b", "c", "nobody"] {
+            assert_eq!(cost(user, "wrong", Verdict::Fail).await, 1 << 7, "{user}");
+        }
+        // A right password of another user is no help.
+        assert_eq!(cost("a", "pc", Verdict::Fail).await, 1 << 7);
+        assert_eq!(cost("nobody", "pc", Verdict::Fail).await, 1 << 7);
+        assert_eq!(cost("a", "pa", Verdict::Pass).await, 1 << 4);
+        assert_eq!(cost("b", "pb", Verdict::Pass).await, 1 << 5);
+        // One cost: no padding at all.
         let same = Users::new([("a".into(), hash("a", 4)), ("b".into(), hash("b", 4))].into());
-        assert!(same.is_ok());
+        assert!(same.unwrap().padding.is_empty());
     }
 
     #[tokio::test]
@@ -499,7 +549,9 @@ pub(crate) mod tests {
         let mut answers = Vec::new();
         for (client, password) in [(2, "a1"), (2, "a2"), (2, "a3"), (3, "b1"), (4, "c1"), (3, "b2")]
         {
-            answers.push(checks.submit(ip(client), password.into(), String::new()).unwrap());
+            answers.push(
+                checks.submit(ip(client), (password.into(), String::new(), Vec::new())).unwrap(),
+            );
         }
         let mut queue = lock(&checks.shared.queue);
         let order: Vec<String> = std::iter::from_fn(|| queue.next()).map(|j| j.password).collect();
@@ -512,25 +564,27 @@ pub(crate) mod tests {
         let checks = Checks::new(0);
         let mut answers = Vec::new();
         for _ in 0..QUEUED_PER_CLIENT {
-            answers.push(checks.submit(ip(2), "p".into(), String::new()).unwrap());
+            answers.push(checks.submit(ip(2), ("p".into(), String::new(), Vec::new())).unwrap());
         }
-        assert!(checks.submit(ip(2), "p".into(), String::new()).is_none());
+        assert!(checks.submit(ip(2), ("p".into(), String::new(), Vec::new())).is_none());
         // Another address still gets in, up to the whole queue's bound.
         let mut last = 3u8;
         while lock(&checks.shared.queue).queued < MAX_QUEUED {
             last += 1;
             for _ in 0..QUEUED_PER_CLIENT {
                 if lock(&checks.shared.queue).queued < MAX_QUEUED {
-                    answers.push(checks.submit(ip(last), "p".into(), String::new()).unwrap());
+                    answers.push(
+                        checks.submit(ip(last), ("p".into(), String::new(), Vec::new())).unwrap(),
+                    );
                 }
             }
         }
-        assert!(checks.submit(ip(250), "p".into(), String::new()).is_none());
+        assert!(checks.submit(ip(250), ("p".into(), String::new(), Vec::new())).is_none());
         // Clients that went away leave their checks to be dropped unverified.
         answers.clear();
         assert!(lock(&checks.shared.queue).next().is_none());
         assert_eq!(lock(&checks.shared.queue).queued, 0);
-        let kept = checks.submit(ip(2), "kept".into(), String::new());
+        let kept = checks.submit(ip(2), ("kept".into(), String::new(), Vec::new()));
         let mut queue = lock(&checks.shared.queue);
         assert_eq!(queue.next().map(|j| j.password), Some("kept".into()));
         drop(kept);

@@ -6,6 +6,8 @@
 
 use crate::auth::{Auth, Users};
 use crate::files::{KeyError, MAX_FILE_BYTES, READ_TIMEOUT, key_error, read_regular};
+use crate::ratelimit::{RequestRate, TokenBucket};
+use crate::refused::Refusals;
 use crate::tls::{self, Stamps, TlsFiles, TlsSection};
 use axum::http::{HeaderName, HeaderValue};
 use serde::Deserialize;
@@ -64,8 +66,17 @@ struct File {
     http_server_config: Option<HttpSection>,
     #[serde(default, deserialize_with = "unique_map")]
     basic_auth_users: Option<BTreeMap<String, String>>,
-    /// Refused: see [`refuse`].
-    rate_limit: Option<serde_norway::Value>,
+    rate_limit: Option<RateLimitSection>,
+}
+
+/// `rate_limit`: exporter-toolkit's `RateLimiterConfig`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RateLimitSection {
+    /// A Go duration (`"1s"`, `"500ms"`, `"1m30s"`) or, as YAML decodes a Go `time.Duration`
+    /// from a number, nanoseconds; `0` (or absent) turns the limit off.
+    interval: Option<serde_norway::Value>,
+    burst: Option<serde_norway::Value>,
 }
 
 /// `http_server_config`.
@@ -96,12 +107,14 @@ pub struct Web {
     pub users: Option<Users>,
     /// Headers added to every response.
     pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// `rate_limit`: requests over all clients; `None` when off.
+    pub rate_limit: Option<RequestRate>,
 }
 
 impl Web {
     /// Plain HTTP, no authentication, no extra header: no `--web.config.file`.
     pub fn open() -> Web {
-        Web { tls: None, users: None, headers: Vec::new() }
+        Web { tls: None, users: None, headers: Vec::new(), rate_limit: None }
     }
 }
 
@@ -145,13 +158,10 @@ fn parse(text: &str, dir: &Path) -> Result<Web, ParseError> {
     } else {
         serde_norway::from_str::<Option<File>>(text).map_err(ParseError::Yaml)?.unwrap_or_default()
     };
-    if file.rate_limit.is_some() {
-        return Err(key_error(
-            "rate_limit",
-            "not supported by amd-hsmp-exporter; --web.max-requests bounds concurrent scrapes",
-        )
-        .into());
-    }
+    let rate_limit = match file.rate_limit {
+        Some(section) => rate_limit(section)?,
+        None => None,
+    };
     let tls = match file.tls_server_config {
         Some(section) => tls::Tls::load(TlsFiles::from_section(section, dir)?)?,
         None => None,
@@ -176,7 +186,96 @@ fn parse(text: &str, dir: &Path) -> Result<Web, ParseError> {
         Some(users) if !users.is_empty() => Some(Users::new(users)?),
         _ => None,
     };
-    Ok(Web { tls, users, headers })
+    Ok(Web { tls, users, headers, rate_limit })
+}
+
+/// `rate_limit` as exporter-toolkit reads it: off when `interval` is 0 or absent (whatever
+/// `burst` says), otherwise a [`RequestRate`]; `burst` absent is 0, which refuses every request.
+fn rate_limit(section: RateLimitSection) -> Result<Option<RequestRate>, KeyError> {
+    use serde_norway::Value;
+    let interval = match section.interval {
+        None | Some(Value::Null) => Duration::ZERO,
+        Some(Value::String(text)) => go_duration(&text)
+            .map_err(|e| key_error("rate_limit.interval", format!("{text:?}: {e}")))?,
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(nanos) => Duration::from_nanos(nanos),
+            None => {
+                return Err(key_error(
+                    "rate_limit.interval",
+                    format!("{n} is not a duration; write it as \"1s\" or \"500ms\""),
+                ));
+            }
+        },
+        Some(_) => {
+            return Err(key_error(
+                "rate_limit.interval",
+                "not a duration; write it as \"1s\" or \"500ms\"",
+            ));
+        }
+    };
+    let burst = match section.burst {
+        None | Some(Value::Null) => 0,
+        Some(Value::Number(n)) => {
+            n.as_u64().and_then(|b| u32::try_from(b).ok()).ok_or_else(|| {
+                key_error("rate_limit.burst", format!("{n} is not a whole number from 0 to 2^32-1"))
+            })?
+        }
+        Some(_) => return Err(key_error("rate_limit.burst", "not a whole number")),
+    };
+    if interval.is_zero() {
+        return Ok(None);
+    }
+    if burst == 0 {
+        tracing::warn!(
+            "web configuration: rate_limit.burst is 0 with an interval: every request is refused \
+             with 429, as in exporter-toolkit"
+        );
+    }
+    Ok(Some(RequestRate { interval, burst }))
+}
+
+/// A duration as Go's `time.ParseDuration` reads it: a sequence of decimal numbers, each with a
+/// unit (`ns`, `us`, `µs`, `ms`, `s`, `m`, `h`), or `0`; a negative one is refused.
+fn go_duration(text: &str) -> Result<Duration, String> {
+    const UNITS: &[(&str, f64)] = &[
+        ("ns", 1.0),
+        ("us", 1e3),
+        ("µs", 1e3),
+        ("μs", 1e3),
+        ("ms", 1e6),
+        ("s", 1e9),
+        ("m", 60e9),
+        ("h", 3600e9),
+    ];
+    let grammar = "not a Go duration such as \"1s\", \"500ms\" or \"1m30s\"";
+    if text.starts_with('-') {
+        return Err("a negative duration".into());
+    }
+    let rest = text.strip_prefix('+').unwrap_or(text);
+    if rest == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if rest.is_empty() {
+        return Err(grammar.into());
+    }
+    let mut nanos = 0.0;
+    let mut rest = rest;
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        let (number, tail) = rest.split_at(digits);
+        let value: f64 = number.parse().map_err(|_| grammar.to_string())?;
+        let unit_len = tail.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_len);
+        let (_, scale) =
+            UNITS.iter().find(|(u, _)| *u == unit).ok_or_else(|| grammar.to_string())?;
+        nanos += value * scale;
+        rest = tail;
+    }
+    let nanos = nanos.round();
+    if !(0.0..=u64::MAX as f64).contains(&nanos) {
+        return Err("too long".into());
+    }
+    Ok(Duration::from_nanos(nanos as u64))
 }
 
 fn header(name: &str, value: &str) -> Result<Option<(HeaderName, HeaderValue)>, KeyError> {
@@ -278,6 +377,8 @@ pub struct WebState {
     path: Option<PathBuf>,
     current: RwLock<Arc<Web>>,
     auth: Auth,
+    requests: TokenBucket,
+    refusals: Refusals,
     files: Option<FileThread>,
 }
 
@@ -308,6 +409,8 @@ impl WebState {
             path: None,
             current: RwLock::new(Arc::new(Web::open())),
             auth: Auth::default(),
+            requests: TokenBucket::default(),
+            refusals: Refusals::default(),
             files: None,
         })
     }
@@ -321,6 +424,8 @@ impl WebState {
             path: Some(path.to_owned()),
             current: RwLock::new(Arc::new(web)),
             auth: Auth::default(),
+            requests: TokenBucket::default(),
+            refusals: Refusals::default(),
             files: Some(FileThread {
                 tasks: tx,
                 started: AtomicU64::new(0),
@@ -349,6 +454,17 @@ impl WebState {
     /// The basic-auth checks and their cache, the same for every configuration loaded.
     pub fn auth(&self) -> &Auth {
         &self.auth
+    }
+
+    /// The handshakes and requests refused so far, by reason.
+    pub fn refusals(&self) -> &Refusals {
+        &self.refusals
+    }
+
+    /// Whether a request may pass `rate_limit` now (always, without one). One bucket for the
+    /// whole server, kept across reloads while the rate stays the same.
+    pub fn allow_request(&self, web: &Web) -> bool {
+        web.rate_limit.is_none_or(|rate| self.requests.allow(rate))
     }
 
     /// Asks for the file to be re-read (SIGHUP), without waiting: the file thread reads it,
@@ -537,6 +653,42 @@ mod tests {
             }
         }
         assert!(good >= 5 && bad >= 9, "{good} good and {bad} bad cases");
+    }
+
+    #[test]
+    fn rate_limit_reads_go_durations_and_zero_turns_it_off() {
+        let rate = |text: &str| parse(text, Path::new(".")).map(|w| w.rate_limit).unwrap();
+        let expect =
+            |ms: u64, burst: u32| Some(RequestRate { interval: Duration::from_millis(ms), burst });
+        assert_eq!(rate("rate_limit:\n  interval: 1s\n  burst: 5\n"), expect(1000, 5));
+        assert_eq!(rate("rate_limit:\n  interval: 1m30s\n  burst: 1\n"), expect(90_000, 1));
+        assert_eq!(
+            rate("rate_limit:\n  interval: 1.5ms\n  burst: 1\n"),
+            expect(1, 1).map(|r| { RequestRate { interval: Duration::from_micros(1500), ..r } })
+        );
+        // A number is nanoseconds, as YAML decodes a Go time.Duration.
+        assert_eq!(rate("rate_limit:\n  interval: 250000000\n  burst: 2\n"), expect(250, 2));
+        // No interval, or 0: off, whatever the burst, as in exporter-toolkit.
+        assert_eq!(rate("rate_limit:\n  burst: 5\n"), None);
+        assert_eq!(rate("rate_limit:\n  interval: 0\n  burst: 5\n"), None);
+        assert_eq!(rate("rate_limit:\n  interval: \"0\"\n"), None);
+        assert_eq!(rate("rate_limit: {}\n"), None);
+        // An interval without a burst refuses every request, as there.
+        assert_eq!(rate("rate_limit:\n  interval: 1s\n"), expect(1000, 0));
+        for (text, says) in [
+            ("rate_limit:\n  interval: 1\n  burst: -1\n", "rate_limit.burst: -1"),
+            ("rate_limit:\n  interval: 1s\n  burst: 1.5\n", "rate_limit.burst:"),
+            ("rate_limit:\n  interval: -1s\n", "rate_limit.interval: \"-1s\": a negative"),
+            ("rate_limit:\n  interval: 10\n  burst: x\n", "rate_limit.burst: not a whole"),
+            ("rate_limit:\n  interval: 1d\n", "rate_limit.interval: \"1d\": not a Go duration"),
+            ("rate_limit:\n  interval: 1s5\n", "rate_limit.interval:"),
+            ("rate_limit:\n  interval: s\n", "rate_limit.interval:"),
+            ("rate_limit:\n  interval: [1]\n", "rate_limit.interval: not a duration"),
+            ("rate_limit:\n  interval: 1s\n  per_client: true\n", "unknown field `per_client`"),
+        ] {
+            let e = err(text);
+            assert!(e.contains(says), "{text:?}: {e:?} does not say {says:?}");
+        }
     }
 
     #[test]

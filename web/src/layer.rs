@@ -4,6 +4,7 @@
 use crate::auth::{CHALLENGE, MAX_QUEUED, QUEUED_PER_CLIENT, Verdict};
 use crate::client::ClientAddr;
 use crate::config::WebState;
+use crate::refused::Refused;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
@@ -22,36 +23,33 @@ pub async fn middleware(
     next: Next,
 ) -> Response {
     let config = web.current();
+    let client =
+        request.extensions().get::<ClientAddr>().map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0);
+    let refused = |reason: Refused, detail: &dyn std::fmt::Display| {
+        web.refusals().refuse(reason, client, detail);
+    };
     let mut response = match &config.users {
+        // `rate_limit` before anything else, over all clients, as exporter-toolkit does.
+        _ if !web.allow_request(&config) => {
+            refused(Refused::RateLimit, &format_args!("path {}", request.uri().path()));
+            (StatusCode::TOO_MANY_REQUESTS, "Too Many Requests\n").into_response()
+        }
         None => next.run(request).await,
         Some(_) if request.headers().get_all(header::AUTHORIZATION).iter().nth(1).is_some() => {
-            if let Some(suppressed) = web.auth().failures.check() {
-                tracing::info!(
-                    path = %request.uri().path(),
-                    suppressed,
-                    "HTTP request refused with 400: more than one Authorization header"
-                );
-            }
+            refused(Refused::AuthorizationHeaders, &format_args!("path {}", request.uri().path()));
             (StatusCode::BAD_REQUEST, "More than one Authorization header.\n").into_response()
         }
         Some(users) => {
             let authorization = request.headers().get(header::AUTHORIZATION).cloned();
-            let client = request
-                .extensions()
-                .get::<ClientAddr>()
-                .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0);
-            let auth = web.auth();
-            match auth.check(users, client, authorization.as_ref()).await {
+            match web.auth().check(users, client, authorization.as_ref()).await {
                 Verdict::Pass => next.run(request).await,
                 Verdict::Fail => {
-                    if let Some(suppressed) = auth.failures.check() {
-                        tracing::info!(
-                            path = %request.uri().path(),
-                            credentials = authorization.is_some(),
-                            suppressed,
-                            "HTTP request refused: basic authentication failed"
-                        );
-                    }
+                    let reason = if authorization.is_some() {
+                        Refused::Credentials
+                    } else {
+                        Refused::CredentialsMissing
+                    };
+                    refused(reason, &format_args!("path {}", request.uri().path()));
                     let mut response = (StatusCode::UNAUTHORIZED, "Unauthorized\n").into_response();
                     response
                         .headers_mut()
@@ -59,15 +57,14 @@ pub async fn middleware(
                     response
                 }
                 Verdict::Busy => {
-                    if let Some(suppressed) = auth.busy.check() {
-                        tracing::warn!(
-                            client = %client,
-                            queued_per_client = QUEUED_PER_CLIENT,
-                            max_queued = MAX_QUEUED,
-                            suppressed,
-                            "HTTP request refused: too many basic-auth checks waiting"
-                        );
-                    }
+                    refused(
+                        Refused::ChecksQueuedFull,
+                        &format_args!(
+                            "path {}: at most {QUEUED_PER_CLIENT} per client address and \
+                             {MAX_QUEUED} in all",
+                            request.uri().path()
+                        ),
+                    );
                     let body = "Too many credentials waiting to be checked, try again later.\n";
                     let mut response = (StatusCode::SERVICE_UNAVAILABLE, body).into_response();
                     response
@@ -118,7 +115,47 @@ mod tests {
             assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{pair:?}");
         }
         assert_eq!(web.auth().cached(), 0, "no credentials were checked");
+        assert_eq!(web.refusals().count(Refused::AuthorizationHeaders), 3);
         assert_eq!(get(&[right]).await.unwrap().status(), StatusCode::OK);
         assert_eq!(web.auth().cached(), 1);
+    }
+
+    /// `rate_limit` over all clients: past the burst a `429` with the configured headers,
+    /// before any credentials are checked (the refill is `ratelimit`'s test, on its own clock).
+    #[tokio::test]
+    async fn requests_beyond_the_rate_limit_burst_get_429_before_authentication() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("web.yml");
+        let yaml = format!(
+            "rate_limit:\n  interval: 1h\n  burst: 2\nhttp_server_config:\n  headers:\n    \
+             X-Frame-Options: deny\nbasic_auth_users:\n  prometheus: {}\n",
+            hash("s3cret", 4)
+        );
+        std::fs::write(&path, yaml).unwrap();
+        let web = WebState::load(&path).unwrap();
+        let app = Router::new()
+            .route("/", get(|| async { "served" }))
+            .layer(axum::middleware::from_fn_with_state(Arc::clone(&web), middleware));
+        let get = |authorization: Option<HeaderValue>| {
+            let mut request = Request::get("/");
+            if let Some(value) = authorization {
+                request = request.header(header::AUTHORIZATION, value);
+            }
+            app.clone().oneshot(request.body(Body::empty()).unwrap())
+        };
+        let right = basic("prometheus", "s3cret");
+        assert_eq!(get(Some(right.clone())).await.unwrap().status(), StatusCode::OK);
+        assert_eq!(get(None).await.unwrap().status(), StatusCode::UNAUTHORIZED);
+        let refused = get(Some(right)).await.unwrap();
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(refused.headers()["x-frame-options"], "deny");
+        let body = axum::body::to_bytes(refused.into_body(), 1024).await.unwrap();
+        assert_eq!(&body[..], b"Too Many Requests\n");
+        assert_eq!(web.auth().cached(), 1, "the refused request was not checked");
+        let counts = web.refusals();
+        assert_eq!(
+            (counts.count(Refused::RateLimit), counts.count(Refused::CredentialsMissing)),
+            (1, 1)
+        );
     }
 }

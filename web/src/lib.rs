@@ -3,9 +3,11 @@
 //! eviction of silent connections, TLS handshakes), the exporter-toolkit web configuration file
 //! ([`config`]: strict YAML, reloads, files read off the serving threads), TLS ([`tls`]),
 //! basic auth with bcrypt bounded by one thread ([`auth`]) and the middleware that applies it
-//! and the configured headers ([`layer`]), log lines at a bounded rate ([`ratelimit`]), and the
-//! front door, as exporter-toolkit's `AddFlags` and `ListenAndServe`: the `--web.*` flags
-//! ([`flags`]) and the listeners they ask for ([`listen`]).
+//! and the configured headers ([`layer`]), log lines and requests at a bounded rate
+//! ([`ratelimit`]), refusals counted by reason and logged ([`refused`]), the parts of a client
+//! certificate its checks read (`x509`), and the front door, as exporter-toolkit's `AddFlags`
+//! and `ListenAndServe`: the `--web.*` flags ([`flags`]) and the listeners they ask for
+//! ([`listen`]).
 //!
 //! **Invariant:** it knows nothing of HSMP or of the exporter's metrics: an exporter flattens
 //! [`flags::WebArgs`] and [`flags::ServerArgs`] into its flags (its port as the default address,
@@ -23,5 +25,7 @@ pub mod flags;
 pub mod layer;
 pub mod listen;
 pub mod ratelimit;
+pub mod refused;
 pub mod server;
 pub mod tls;
+mod x509;

@@ -18,6 +18,7 @@
 use crate::client::{ClientAddr, client_key};
 use crate::config::WebState;
 use crate::ratelimit::RateLimit;
+use crate::refused::Refused;
 use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -338,8 +339,12 @@ async fn connection(
     drop(config);
     match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream)).await {
         Ok(Ok(stream)) => serve_connection(stream, peer, router, limits, watch, stop).await,
-        Ok(Err(e)) => tracing::debug!(client = %peer, error = %e, "TLS handshake failed"),
-        Err(_) => tracing::debug!(client = %peer, "TLS handshake too slow"),
+        Ok(Err(e)) => web.refusals().refuse(Refused::of_handshake(&e), peer.ip(), &e),
+        Err(_) => web.refusals().refuse(
+            Refused::TlsTimeout,
+            peer.ip(),
+            &format_args!("{:?}", limits.header_read_timeout),
+        ),
     }
 }
 
@@ -706,5 +711,47 @@ mod tests {
         assert_eq!(connection_room(Some(1024)), 960);
         assert_eq!(connection_room(Some(10)), 0);
         assert_eq!(connection_room(None), usize::MAX);
+    }
+
+    /// A refused TLS handshake is counted by its reason (and logged, at a bounded rate).
+    #[tokio::test]
+    async fn refused_handshakes_are_counted_by_reason() {
+        use crate::refused::Refused;
+        use crate::tls::tests::{Pki, self_signed};
+        let pki = Pki::new();
+        let path = pki.dir.path().join("web.yml");
+        let yaml = "tls_server_config:\n  cert_file: c.pem\n  key_file: k.pem\n  \
+                    client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.pem\n";
+        std::fs::write(&path, yaml).unwrap();
+        let web = WebState::load(&path).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = watch::channel(false);
+        let server = tokio::spawn(serve(
+            listener,
+            Router::new().route("/", axum::routing::get(|| async { "served" })),
+            Admission::new(limits(8, 8)),
+            Arc::clone(&web),
+            stopped,
+        ));
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        for (client, reason) in [
+            (None, Refused::ClientCertificateMissing),
+            (Some(self_signed(&["intruder"])), Refused::ClientCertificate),
+        ] {
+            let tcp = TcpStream::connect(addr).await.unwrap();
+            let mut stream = pki.connector(client).connect(name.clone(), tcp).await.unwrap();
+            // With TLS 1.3 the server's verdict comes after the client's last flight.
+            let mut buf = [0u8; 1];
+            let _ = tokio::io::AsyncReadExt::read(&mut stream, &mut buf).await;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while web.refusals().count(reason) == 0 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            assert_eq!(web.refusals().count(reason), 1, "{reason:?}");
+        }
+        assert_eq!(web.refusals().count(Refused::TlsHandshake), 0);
+        stop.send_replace(true);
+        server.await.unwrap();
     }
 }

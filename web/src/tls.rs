@@ -4,6 +4,7 @@
 //! tell when a rotated certificate is to be loaded.
 
 use crate::files::{KeyError, MAX_FILE_BYTES, key_error, read_regular};
+use crate::x509;
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::{CryptoProvider, SupportedKxGroup, WebPkiSupportedAlgorithms};
 use rustls::pki_types::pem::PemObject as _;
@@ -31,7 +32,7 @@ pub(crate) struct TlsSection {
     pub(crate) key_file: Option<String>,
     pub(crate) client_auth_type: Option<String>,
     pub(crate) client_ca_file: Option<String>,
-    pub(crate) client_allowed_sans: Option<serde_norway::Value>,
+    pub(crate) client_allowed_sans: Option<Vec<String>>,
     pub(crate) min_version: Option<String>,
     pub(crate) max_version: Option<String>,
     pub(crate) cipher_suites: Option<Vec<String>>,
@@ -67,7 +68,23 @@ struct Settings {
     cipher_suites: Vec<String>,
     prefer_server_cipher_suites: bool,
     curve_preferences: Vec<String>,
+    /// `client_allowed_sans`: a client certificate must name one of these.
+    allowed_sans: Option<Vec<String>>,
+    /// Where the system's CA bundle is looked for when client certificates are verified without
+    /// a client CA (`VerifyClientCertIfGiven` alone), as Go looks: `SSL_CERT_FILE`, else the
+    /// first of [`SYSTEM_CA_FILES`] that reads.
+    system_ca_files: Vec<PathBuf>,
 }
+
+/// Go's list of the system CA bundles on Linux (`crypto/x509/root_linux.go`), in its order.
+const SYSTEM_CA_FILES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/pki/tls/cacert.pem",
+    "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+    "/etc/ssl/cert.pem",
+];
 
 /// exporter-toolkit's `client_auth_type` (Go's `tls.ClientAuthType`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,13 +145,6 @@ impl TlsFiles {
             }
             return Ok(None);
         }
-        if section.client_allowed_sans.is_some() {
-            return Err(key_error(
-                key("client_allowed_sans"),
-                "not supported by amd-hsmp-exporter; verify client certificates with \
-                 client_ca_file and RequireAndVerifyClientCert, and keep a CA for the scrapers only",
-            ));
-        }
         let source =
             |file: Option<String>, inline: Option<String>, name: &str, file_name: &str| match (
                 file, inline,
@@ -178,13 +188,27 @@ impl TlsFiles {
                      RequireAndVerifyClientCert",
                 ));
             }
-            (
-                ClientAuth::VerifyClientCertIfGiven | ClientAuth::RequireAndVerifyClientCert,
-                None,
-            ) => {
+            (ClientAuth::RequireAndVerifyClientCert, None) => {
                 return Err(key_error(
                     key("client_ca_file"),
-                    "required to verify client certificates (or client_ca)",
+                    "required with RequireAndVerifyClientCert (or client_ca): without it Go would \
+                     admit a client certificate of any CA the system trusts",
+                ));
+            }
+            _ => {}
+        }
+        match (&section.client_allowed_sans, client_auth) {
+            (Some(sans), _) if sans.is_empty() => {
+                return Err(key_error(
+                    key("client_allowed_sans"),
+                    "an empty list admits no client; list the SANs to admit or remove the key",
+                ));
+            }
+            (Some(_), ClientAuth::NoClientCert) => {
+                return Err(key_error(
+                    key("client_allowed_sans"),
+                    "no client certificate is asked for with client_auth_type NoClientCert, so \
+                     no SAN can be checked; use RequireAndVerifyClientCert",
                 ));
             }
             _ => {}
@@ -212,6 +236,11 @@ impl TlsFiles {
             // exporter-toolkit's default is true.
             prefer_server_cipher_suites: section.prefer_server_cipher_suites.unwrap_or(true),
             curve_preferences: section.curve_preferences.unwrap_or_default(),
+            allowed_sans: section.client_allowed_sans,
+            system_ca_files: match std::env::var_os("SSL_CERT_FILE") {
+                Some(file) if !file.is_empty() => vec![PathBuf::from(file)],
+                _ => SYSTEM_CA_FILES.iter().map(PathBuf::from).collect(),
+            },
         };
         // Resolve names now, so a bad one is reported even before any file is read.
         settings.provider()?;
@@ -461,59 +490,139 @@ impl TlsFiles {
         &self,
         provider: &Arc<CryptoProvider>,
     ) -> Result<Arc<dyn ClientCertVerifier>, KeyError> {
-        let auth = self.section.client_auth;
+        let settings = &self.section;
+        let auth = settings.client_auth;
         if auth == ClientAuth::NoClientCert {
             return Ok(WebPkiClientVerifier::no_client_auth());
         }
         let mut roots = RootCertStore::empty();
+        let mut anchors = Vec::new();
         if let Some(ca) = &self.client_ca {
             let name = self.names("client_ca_file", "client_ca", ca);
             for cert in certificates(&read(ca, name)?, name)? {
-                roots.add(cert).map_err(|e| {
+                roots.add(cert.clone()).map_err(|e| {
                     key_error(
                         format!("tls_server_config.{name}"),
                         format!("not a CA certificate: {e}"),
                     )
                 })?;
+                anchors.push(cert);
             }
         }
-        let algorithms = provider.signature_verification_algorithms;
-        match auth {
-            ClientAuth::RequestClientCert | ClientAuth::RequireAnyClientCert => {
-                Ok(Arc::new(AnyClientCert {
-                    mandatory: auth == ClientAuth::RequireAnyClientCert,
-                    hints: roots.subjects(),
-                    algorithms,
-                }))
-            }
-            _ => {
-                let builder = WebPkiClientVerifier::builder_with_provider(
+        // The configured CAs only are named to the client, as Go names its ClientCAs.
+        let hints = roots.subjects();
+        let verify = matches!(
+            auth,
+            ClientAuth::VerifyClientCertIfGiven | ClientAuth::RequireAndVerifyClientCert
+        );
+        if verify && self.client_ca.is_none() {
+            system_roots(&settings.system_ca_files, &mut roots);
+        }
+        let chain = if verify {
+            let webpki = if roots.is_empty() {
+                None
+            } else {
+                let verifier = WebPkiClientVerifier::builder_with_provider(
                     Arc::new(roots),
                     Arc::clone(provider),
-                );
-                let builder = if auth == ClientAuth::VerifyClientCertIfGiven {
-                    builder.allow_unauthenticated()
-                } else {
-                    builder
-                };
-                builder.build().map_err(|e| {
+                )
+                .allow_unauthenticated()
+                .build()
+                .map_err(|e| {
                     key_error("tls_server_config.client_ca_file", format!("unusable: {e}"))
-                })
-            }
-        }
+                })?;
+                Some(verifier)
+            };
+            Some(Chain { anchors, webpki })
+        } else {
+            None
+        };
+        Ok(Arc::new(ClientVerifier {
+            // Go calls exporter-toolkit's SAN check also when no certificate is given, and it
+            // fails then: with client_allowed_sans a certificate is required.
+            mandatory: matches!(
+                auth,
+                ClientAuth::RequireAnyClientCert | ClientAuth::RequireAndVerifyClientCert
+            ) || settings.allowed_sans.is_some(),
+            chain,
+            allowed_sans: settings.allowed_sans.clone(),
+            hints,
+            algorithms: provider.signature_verification_algorithms,
+        }))
     }
 }
 
-/// `RequestClientCert` and `RequireAnyClientCert`: any certificate is taken, as in Go; the
-/// handshake signature still proves the client holds its key.
+/// Adds the system's CA bundle to `roots`, as Go's `x509.SystemCertPool` reads it on Linux:
+/// the first of `files` that can be read (certificates it cannot use skipped, as Go skips them).
+/// Without one, a given client certificate is refused, as Go refuses it then.
+fn system_roots(files: &[PathBuf], roots: &mut RootCertStore) {
+    for file in files {
+        let Ok(pem) = read_regular(file, MAX_FILE_BYTES) else { continue };
+        let certs = CertificateDer::pem_slice_iter(&pem).filter_map(Result::ok);
+        let (added, _) = roots.add_parsable_certificates(certs);
+        if added > 0 {
+            tracing::info!(
+                file = %file.display(),
+                added,
+                "VerifyClientCertIfGiven without client_ca_file: a client certificate given is \
+                 verified against the system's CAs, as exporter-toolkit does"
+            );
+            return;
+        }
+    }
+    tracing::warn!(
+        "VerifyClientCertIfGiven without client_ca_file and no system CA bundle found: clients \
+         without a certificate are admitted, a client certificate given is refused"
+    );
+}
+
+/// The verification of `VerifyClientCertIfGiven` and `RequireAndVerifyClientCert`.
 #[derive(Debug)]
-struct AnyClientCert {
+struct Chain {
+    /// The configured client CA certificates: one presented as the client's certificate is
+    /// taken, as Go's `x509.Verify` takes a certificate of its root pool as a chain of one.
+    anchors: Vec<CertificateDer<'static>>,
+    /// A chain to the configured CAs (or the system's); `None` without any CA.
+    webpki: Option<Arc<dyn ClientCertVerifier>>,
+}
+
+/// The client certificate check of every `client_auth_type` that asks for one: the chain
+/// (`Verify*` only), then `client_allowed_sans`; the handshake signature always proves the
+/// client holds the certificate's key.
+#[derive(Debug)]
+struct ClientVerifier {
     mandatory: bool,
+    chain: Option<Chain>,
+    allowed_sans: Option<Vec<String>>,
     hints: Vec<DistinguishedName>,
     algorithms: WebPkiSupportedAlgorithms,
 }
 
-impl ClientCertVerifier for AnyClientCert {
+/// A client certificate byte-identical to a configured CA, as Go checks it: within its
+/// validity period, and an extended key usage that allows client authentication (none, any,
+/// or clientAuth).
+fn anchor_as_client(end_entity: &CertificateDer<'_>, now: UnixTime) -> Result<(), rustls::Error> {
+    use rustls::CertificateError;
+    let bad = |e: CertificateError| rustls::Error::InvalidCertificate(e);
+    let parsed = x509::parse(end_entity).ok_or(bad(CertificateError::BadEncoding))?;
+    let now = i64::try_from(now.as_secs()).unwrap_or(i64::MAX);
+    if now < parsed.not_before {
+        return Err(bad(CertificateError::NotValidYet));
+    }
+    if now > parsed.not_after {
+        return Err(bad(CertificateError::Expired));
+    }
+    match &parsed.eku {
+        Some(usages)
+            if !usages.iter().any(|u| u.as_slice() == x509::CLIENT_AUTH || u == x509::ANY_EKU) =>
+        {
+            Err(bad(CertificateError::InvalidPurpose))
+        }
+        _ => Ok(()),
+    }
+}
+
+impl ClientCertVerifier for ClientVerifier {
     fn offer_client_auth(&self) -> bool {
         true
     }
@@ -528,10 +637,32 @@ impl ClientCertVerifier for AnyClientCert {
 
     fn verify_client_cert(
         &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _now: UnixTime,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
+        if let Some(chain) = &self.chain {
+            if chain.anchors.iter().any(|a| a.as_ref() == end_entity.as_ref()) {
+                anchor_as_client(end_entity, now)?;
+            } else if let Some(webpki) = &chain.webpki {
+                webpki.verify_client_cert(end_entity, intermediates, now)?;
+            } else {
+                return Err(rustls::Error::InvalidCertificate(
+                    rustls::CertificateError::UnknownIssuer,
+                ));
+            }
+        }
+        if let Some(allowed) = &self.allowed_sans {
+            // exporter-toolkit's rule: one of the certificate's DNS names, e-mail addresses,
+            // IP addresses or URIs equals (case and all) one of the list.
+            let parsed = x509::parse(end_entity)
+                .ok_or(rustls::Error::InvalidCertificate(rustls::CertificateError::BadEncoding))?;
+            if !parsed.sans.iter().any(|san| allowed.contains(san)) {
+                return Err(rustls::Error::InvalidCertificate(
+                    rustls::CertificateError::ApplicationVerificationFailure,
+                ));
+            }
+        }
         Ok(ClientCertVerified::assertion())
     }
 
@@ -559,7 +690,7 @@ impl ClientCertVerifier for AnyClientCert {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn section(yaml: &str) -> TlsSection {
@@ -588,7 +719,11 @@ mod tests {
         let e = error(&format!("{FILES}curve_preferences: [CurveP521]\n"));
         assert!(e.starts_with("tls_server_config.curve_preferences:"), "{e}");
         let e = error(&format!("{FILES}client_allowed_sans: [a]\n"));
-        assert!(e.starts_with("tls_server_config.client_allowed_sans:"), "{e}");
+        assert!(e.starts_with("tls_server_config.client_allowed_sans: no client certificate"));
+        let e = error(&format!(
+            "{FILES}client_auth_type: RequestClientCert\nclient_allowed_sans: []\n"
+        ));
+        assert!(e.starts_with("tls_server_config.client_allowed_sans: an empty list"), "{e}");
         let e = error(&format!("{FILES}client_auth_type: Sometimes\n"));
         assert!(e.starts_with("tls_server_config.client_auth_type:"), "{e}");
     }
@@ -663,5 +798,217 @@ mod tests {
         let files = TlsFiles::from_section(section(FILES), dir.path()).unwrap();
         let e = Tls::load(files).unwrap_err();
         assert!(e.message.contains("byte limit"), "{}", e.message);
+    }
+
+    /// A CA, a server certificate it signed, and client certificates made on demand, as PEM
+    /// files in a directory; handshakes in memory against a loaded [`Tls`].
+    pub(crate) struct Pki {
+        ca: rcgen::Issuer<'static, rcgen::KeyPair>,
+        ca_der: CertificateDer<'static>,
+        pub(crate) dir: tempfile::TempDir,
+    }
+
+    pub(crate) type Client = (CertificateDer<'static>, PrivateKeyDer<'static>);
+
+    impl Pki {
+        pub(crate) fn new() -> Pki {
+            let dir = tempfile::tempdir().unwrap();
+            let (params, key, cert) = ca("test CA", rcgen::ExtendedKeyUsagePurpose::ClientAuth);
+            std::fs::write(dir.path().join("ca.pem"), cert.pem()).unwrap();
+            let pki = Pki { ca: rcgen::Issuer::new(params, key), ca_der: cert.der().clone(), dir };
+            let (cert, key) =
+                pki.signed(&["localhost"], rcgen::ExtendedKeyUsagePurpose::ServerAuth);
+            std::fs::write(pki.dir.path().join("c.pem"), cert.pem()).unwrap();
+            std::fs::write(pki.dir.path().join("k.pem"), key.serialize_pem()).unwrap();
+            pki
+        }
+
+        fn signed(
+            &self,
+            names: &[&str],
+            purpose: rcgen::ExtendedKeyUsagePurpose,
+        ) -> (rcgen::Certificate, rcgen::KeyPair) {
+            let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+            let mut params = rcgen::CertificateParams::new(names).unwrap();
+            params.extended_key_usages = vec![purpose];
+            let key = rcgen::KeyPair::generate().unwrap();
+            (params.signed_by(&key, &self.ca).unwrap(), key)
+        }
+
+        /// A client certificate for `names` signed by the CA.
+        pub(crate) fn client(&self, names: &[&str]) -> Client {
+            let (cert, key) = self.signed(names, rcgen::ExtendedKeyUsagePurpose::ClientAuth);
+            (cert.der().clone(), PrivateKeyDer::try_from(key.serialize_der()).unwrap())
+        }
+
+        fn load(&self, tls_yaml: &str) -> Tls {
+            let yaml = format!("{FILES}{tls_yaml}");
+            let files = TlsFiles::from_section(section(&yaml), self.dir.path()).unwrap();
+            Tls::load(files).unwrap().unwrap()
+        }
+
+        /// The server's verdict on a handshake by a client trusting the CA, presenting `client`.
+        async fn handshake(&self, tls: &Tls, client: Option<Client>) -> Result<(), String> {
+            let connector = self.connector(client);
+            let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+            let (server_side, client_side) = tokio::io::duplex(1 << 16);
+            let acceptor = tls.acceptor();
+            // The client stream is held until the server has decided: with TLS 1.3 the client
+            // is done before the server has checked its certificate.
+            let (server, _client) =
+                tokio::join!(acceptor.accept(server_side), connector.connect(name, client_side));
+            server.map(drop).map_err(|e| e.to_string())
+        }
+
+        /// A client trusting the CA, presenting `client`.
+        pub(crate) fn connector(&self, client: Option<Client>) -> tokio_rustls::TlsConnector {
+            let mut roots = RootCertStore::empty();
+            roots.add(self.ca_der.clone()).unwrap();
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let builder = rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(roots);
+            let config = match client {
+                None => builder.with_no_client_auth(),
+                Some((cert, key)) => builder.with_client_auth_cert(vec![cert], key).unwrap(),
+            };
+            tokio_rustls::TlsConnector::from(Arc::new(config))
+        }
+    }
+
+    /// A self-signed CA certificate (CA:TRUE) whose extended key usage is `purpose`.
+    fn ca(
+        name: &str,
+        purpose: rcgen::ExtendedKeyUsagePurpose,
+    ) -> (rcgen::CertificateParams, rcgen::KeyPair, rcgen::Certificate) {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.distinguished_name.push(rcgen::DnType::CommonName, name);
+        params.extended_key_usages = vec![purpose];
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        (params, key, cert)
+    }
+
+    pub(crate) fn self_signed(names: &[&str]) -> Client {
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let one = rcgen::generate_simple_self_signed(names).unwrap();
+        (one.cert.der().clone(), PrivateKeyDer::try_from(one.signing_key.serialize_der()).unwrap())
+    }
+
+    /// Go verifies a given certificate against the system's CAs when there is no client CA:
+    /// no certificate is admitted, one of a CA the system trusts too, any other refused.
+    #[tokio::test]
+    async fn verify_client_cert_if_given_without_a_ca_checks_a_given_certificate_against_the_system()
+     {
+        let pki = Pki::new();
+        let mut files = TlsFiles::from_section(
+            section(&format!("{FILES}client_auth_type: VerifyClientCertIfGiven\n")),
+            pki.dir.path(),
+        )
+        .unwrap()
+        .unwrap();
+        // The system bundle: a file that does not exist first, then one with the test CA.
+        files.section.system_ca_files =
+            vec![pki.dir.path().join("missing.pem"), pki.dir.path().join("ca.pem")];
+        let tls = Tls::load(Some(files.clone())).unwrap().unwrap();
+        assert_eq!(pki.handshake(&tls, None).await, Ok(()));
+        assert_eq!(pki.handshake(&tls, Some(pki.client(&["scraper"]))).await, Ok(()));
+        let e = pki.handshake(&tls, Some(self_signed(&["scraper"]))).await.unwrap_err();
+        assert!(e.contains("UnknownIssuer"), "{e}");
+        // No system bundle at all: still served; a given certificate cannot be verified.
+        files.section.system_ca_files = vec![pki.dir.path().join("missing.pem")];
+        let tls = Tls::load(Some(files)).unwrap().unwrap();
+        assert_eq!(pki.handshake(&tls, None).await, Ok(()));
+        let e = pki.handshake(&tls, Some(pki.client(&["scraper"]))).await.unwrap_err();
+        assert!(e.contains("UnknownIssuer"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn verify_client_cert_if_given_with_a_ca_admits_none_or_a_verified_one() {
+        let pki = Pki::new();
+        let tls = pki.load("client_auth_type: VerifyClientCertIfGiven\nclient_ca_file: ca.pem\n");
+        assert_eq!(pki.handshake(&tls, None).await, Ok(()));
+        assert_eq!(pki.handshake(&tls, Some(pki.client(&["scraper"]))).await, Ok(()));
+        assert!(pki.handshake(&tls, Some(self_signed(&["scraper"]))).await.is_err());
+    }
+
+    /// exporter-toolkit's rule: one of the client certificate's SANs equals one listed.
+    #[tokio::test]
+    async fn client_allowed_sans_admit_a_listed_san_and_refuse_any_other() {
+        let pki = Pki::new();
+        let tls = pki.load(
+            "client_auth_type: RequireAndVerifyClientCert\nclient_ca_file: ca.pem\n\
+             client_allowed_sans: [prometheus.example, 10.0.0.7]\n",
+        );
+        for names in [&["other.example", "prometheus.example"][..], &["10.0.0.7"]] {
+            let verdict = pki.handshake(&tls, Some(pki.client(names))).await;
+            assert_eq!(verdict, Ok(()), "{names:?}");
+        }
+        for names in [&["other.example"][..], &["PROMETHEUS.example"], &["10.0.0.8"]] {
+            let e = pki.handshake(&tls, Some(pki.client(names))).await.unwrap_err();
+            assert!(e.contains("ApplicationVerificationFailure"), "{names:?}: {e}");
+        }
+        assert!(pki.handshake(&tls, None).await.is_err());
+        // A listed SAN does not make up for a certificate of another CA.
+        let e = pki.handshake(&tls, Some(self_signed(&["prometheus.example"]))).await.unwrap_err();
+        assert!(e.contains("UnknownIssuer"), "{e}");
+    }
+
+    /// With a client_auth_type that does not verify, Go checks the SANs of the certificate as
+    /// given, and one is required (its check fails without one).
+    #[tokio::test]
+    async fn client_allowed_sans_with_request_client_cert_require_a_certificate_naming_one() {
+        let pki = Pki::new();
+        let tls = pki.load("client_auth_type: RequestClientCert\nclient_allowed_sans: [scraper]\n");
+        assert_eq!(pki.handshake(&tls, Some(self_signed(&["scraper"]))).await, Ok(()));
+        assert!(pki.handshake(&tls, Some(self_signed(&["intruder"]))).await.is_err());
+        assert!(pki.handshake(&tls, None).await.is_err());
+    }
+
+    /// Go's `x509.Verify` takes a certificate of its root pool as a chain of one, so a client
+    /// may present the configured CA itself (CA:TRUE), if its key usage allows clientAuth.
+    #[tokio::test]
+    async fn a_client_presenting_the_configured_ca_itself_is_admitted_as_go_does() {
+        let pki = Pki::new();
+        let dir = pki.dir.path();
+        let (_, key, cert) = ca("scraper", rcgen::ExtendedKeyUsagePurpose::ClientAuth);
+        let (_, server_only_key, server_only) =
+            ca("server only", rcgen::ExtendedKeyUsagePurpose::ServerAuth);
+        let (_, unlisted_key, unlisted) =
+            ca("unlisted", rcgen::ExtendedKeyUsagePurpose::ClientAuth);
+        let bundle = [pki.ca_der.clone(), cert.der().clone(), server_only.der().clone()];
+        let pem: String = bundle
+            .iter()
+            .map(|der| {
+                let b64 = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, der);
+                let lines: Vec<&str> =
+                    b64.as_bytes().chunks(64).map(|c| std::str::from_utf8(c).unwrap()).collect();
+                format!(
+                    "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
+                    lines.join("\n")
+                )
+            })
+            .collect();
+        std::fs::write(dir.join("clients.pem"), pem).unwrap();
+        for auth in ["RequireAndVerifyClientCert", "VerifyClientCertIfGiven"] {
+            let tls = pki.load(&format!("client_auth_type: {auth}\nclient_ca_file: clients.pem\n"));
+            let der = |k: &rcgen::KeyPair| PrivateKeyDer::try_from(k.serialize_der()).unwrap();
+            let verdict = pki.handshake(&tls, Some((cert.der().clone(), der(&key)))).await;
+            assert_eq!(verdict, Ok(()), "{auth}");
+            let e = pki
+                .handshake(&tls, Some((server_only.der().clone(), der(&server_only_key))))
+                .await
+                .unwrap_err();
+            assert!(e.contains("InvalidPurpose"), "{auth}: {e}");
+            let e = pki
+                .handshake(&tls, Some((unlisted.der().clone(), der(&unlisted_key))))
+                .await
+                .unwrap_err();
+            assert!(e.contains("UnknownIssuer") || e.contains("CaUsedAsEndEntity"), "{auth}: {e}");
+            // Certificates of the CAs in the file still chain as before.
+            assert_eq!(pki.handshake(&tls, Some(pki.client(&["s"]))).await, Ok(()), "{auth}");
+        }
     }
 }

@@ -79,8 +79,15 @@ async fn full_scrape() -> String {
     cgroup(cgroups.path(), &pod, "2");
     cgroup(cgroups.path(), r"machine.slice/machine-qemu\x2d1\x2dvm.scope", "3");
     cgroup(cgroups.path(), "system.slice/nginx.service", "4");
-    let answer =
-        get(&router(owner_config(&dir.path, cgroups.path())), "/metrics", None, None).await;
+    // Behind a web configuration file, for the refusals counted by the web layer.
+    let web_dir = tempfile::tempdir().unwrap();
+    let web_config = web_dir.path().join("web.yml");
+    std::fs::write(&web_config, "").unwrap();
+    let web = amd_hsmp_web::config::WebState::load(&web_config).unwrap();
+    let exporter =
+        amd_hsmp_exporter::scrape::Exporter::new(owner_config(&dir.path, cgroups.path()));
+    let router = amd_hsmp_exporter::http::service(exporter, web);
+    let answer = get(&router, "/metrics", None, None).await;
     assert!(answer.body.contains("amd_hsmp_core_owner_info{"), "{}", answer.body);
     answer.body
 }

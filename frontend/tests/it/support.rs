@@ -228,6 +228,7 @@ pub fn config(socket: &Path) -> Config {
         core_owner: None,
         core_owner_max_age: Duration::ZERO,
         core_owner_linger: Duration::from_secs(300),
+        exporter_metrics: true,
     }
 }
 

@@ -20,6 +20,7 @@ error\t'Only what stops the process'"
 complete -c amd-hsmp-exporter -l log.format -d 'Output format of log messages: `logfmt` (`text` is accepted for it) or `json`, one record per line on standard error' -r -f -a "logfmt\t'`key=value` pairs, as Prometheus and node_exporter log by default'
 json\t'One JSON object per line'"
 complete -c amd-hsmp-exporter -l web.systemd-socket -d 'Serve on the sockets systemd passes (socket activation, LISTEN_FDS) instead of --web.listen-address'
+complete -c amd-hsmp-exporter -l web.disable-exporter-metrics -d 'Leave out the exporter\'s metrics about itself: `process_*` and `amd_hsmp_web_refused_total` (as node_exporter\'s flag leaves out `process_*`, `go_*` and `promhttp_*`)'
 complete -c amd-hsmp-exporter -l collector.core-energy -d 'Export per-core energy (on by default)'
 complete -c amd-hsmp-exporter -l no-collector.core-energy -d 'Do not export per-core energy; the broker is not asked for it'
 complete -c amd-hsmp-exporter -l collector.boost-limit -d 'Export per-core boost limits (on by default)'
