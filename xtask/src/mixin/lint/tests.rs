@@ -201,6 +201,7 @@ fn target_promql_rule() {
 #[test]
 fn target_rate_interval_rule() {
     passes("target-rate-interval-rule", expr("increase(x_total[5m]) + avg_over_time(y[1h])"));
+    passes("target-rate-interval-rule", expr("sum(increase(x_total[$__range]))"));
     fails("target-rate-interval-rule", expr("rate(x_total[5m])"), "should use $__rate_interval");
     fails(
         "target-rate-interval-rule",
@@ -238,6 +239,10 @@ fn target_counter_agg_rule() {
     passes("target-counter-agg-rule", expr("sum(x_total{job=~\"$job\"})"));
     fails("target-counter-agg-rule", expr("sum(x_total)"), "counter metric 'x_total'");
     fails("target-counter-agg-rule", expr("resets(x_total[5m])"), "not aggregated");
+    // The linter's own cases: a range alone, and one side of a division.
+    fails("target-counter-agg-rule", expr("x_total[$__rate_interval]"), "'x_total'");
+    let division = expr("rate(x_total[$__rate_interval]) / y_total");
+    fails("target-counter-agg-rule", division, "counter metric 'y_total'");
 }
 
 #[test]
