@@ -23,7 +23,9 @@ local moved = {
     local stale = [k for k in std.objectFields(moved) if std.objectHasAll(config, k)],
     assert stale == [] : 'mixin config keys moved: %s' % std.join(', ', ['%s is now %s' % [k, moved[k]] for k in stale]),
 
-    // Selects the exporter's targets in every alert, rule and dashboard query.
+    // Selects the exporter's targets in every alert and rule. The dashboards' `job` variable
+    // offers the jobs it selects (the first is the default) and their queries filter by the
+    // `job` and `instance` variables instead.
     amdHsmpSelector: 'job="amd_hsmp"',
     // Extra matchers for the hosts that are expected to have /dev/hsmp (AmdHsmpDeviceDown).
     // Rome (family 17h) and non-EPYC hosts have none and always report amd_hsmp_up 0: exclude

@@ -8,7 +8,7 @@ local g = import 'lib.libsonnet';
       local c = $._config;
       local cluster = if c.showMultiCluster then ',%s="$cluster"' % c.clusterLabel else '';
       local s = {
-        sel: c.amdHsmpSelector + cluster,
+        sel: g.variableSelector + cluster,
         k: c.fleetTopK,
         node: c.nodeExporterSelector + cluster,
         on: std.join(', ', (if c.showMultiCluster then [c.clusterLabel] else []) + [c.nodeExporterJoinLabel]),
@@ -21,14 +21,16 @@ local g = import 'lib.libsonnet';
         [
           g.datasourceVariable,
           g.queryVariable('cluster', 'Cluster', 'label_values(up{%s}, %s)' % [c.amdHsmpSelector, c.clusterLabel], hide=if c.showMultiCluster then 0 else 2),
+          g.jobVariable(c.amdHsmpSelector + cluster),
+          g.instanceVariable('job=~"$job"' + cluster),
         ],
         [
           g.row('Overview'),
-          g.stat('Targets', 'amd-hsmp-exporter targets Prometheus knows.', [g.target('count(up{%(sel)s})' % s)]),
-          g.stat('Exporters down', 'Targets whose last scrape failed.', [g.target('count(up{%(sel)s} == 0) or vector(0)' % s)], thresholds=g.thresholds([[null, 'green'], [1, 'red']])),
-          g.stat('Brokers down', 'Exporters that got no answer from their broker.', [g.target('count(amd_hsmp_broker_up{%(sel)s} == 0) or vector(0)' % s)], thresholds=g.thresholds([[null, 'green'], [1, 'red']])),
-          g.stat('HSMP devices down', 'Nodes whose /dev/hsmp is missing or unusable (expected on Rome and non-EPYC nodes).', [g.target('count(amd_hsmp_up{%(sel)s} == 0) or vector(0)' % s)], thresholds=g.thresholds([[null, 'green'], [1, 'orange']])),
-          g.stat('Nodes throttling', 'Nodes with PROCHOT asserted on at least one socket now.', [g.target('count(instance:amd_hsmp_prochot_active:sum{%(sel)s} > 0) or vector(0)' % s)], thresholds=g.thresholds([[null, 'green'], [1, 'red']])),
+          g.stat('Targets', 'amd-hsmp-exporter targets Prometheus knows.', [g.target('count(up{%(sel)s})' % s)], 'short'),
+          g.stat('Exporters down', 'Targets whose last scrape failed.', [g.target('count(up{%(sel)s} == 0) or vector(0)' % s)], 'short', thresholds=g.thresholds([[null, 'green'], [1, 'red']])),
+          g.stat('Brokers down', 'Exporters that got no answer from their broker.', [g.target('count(amd_hsmp_broker_up{%(sel)s} == 0) or vector(0)' % s)], 'short', thresholds=g.thresholds([[null, 'green'], [1, 'red']])),
+          g.stat('HSMP devices down', 'Nodes whose /dev/hsmp is missing or unusable (expected on Rome and non-EPYC nodes).', [g.target('count(amd_hsmp_up{%(sel)s} == 0) or vector(0)' % s)], 'short', thresholds=g.thresholds([[null, 'green'], [1, 'orange']])),
+          g.stat('Nodes throttling', 'Nodes with PROCHOT asserted on at least one socket now.', [g.target('count(instance:amd_hsmp_prochot_active:sum{%(sel)s} > 0) or vector(0)' % s)], 'short', thresholds=g.thresholds([[null, 'green'], [1, 'red']])),
           g.stat('Fleet power', 'Sum of the per-core power of every node.', [g.target('sum(instance:amd_hsmp_power_watts:sum_rate5m{%(sel)s})' % s)], 'watt'),
 
           g.row('Power'),
@@ -74,12 +76,12 @@ local g = import 'lib.libsonnet';
             g.target('sum by (collector) (increase(amd_hsmp_scrape_errors_total{%(sel)s}[$__rate_interval]))' % s, '{{collector}}'),
           ], 'short', w=12),
           g.table('Firing alerts', 'The amd-hsmp alerts firing now.', [
-            g.target('ALERTS{alertname=~"AmdHsmp.*",alertstate="firing"%s}' % cluster, instant=true),
-          ], w=12),
+            g.target('ALERTS{alertname=~"AmdHsmp.*",alertstate="firing",%(sel)s}' % s, instant=true),
+          ], 'none', w=12),
           g.table('Versions and simulated targets', 'Exporter versions in the fleet, and targets whose broker serves the simulator.', [
             g.target('count by (version, revision) (amd_hsmp_build_info{%(sel)s})' % s, instant=true),
             g.target('count by (profile) (amd_hsmp_simulated_info{%(sel)s})' % s, instant=true),
-          ], w=12),
+          ], 'short', w=12),
         ],
       ),
   },

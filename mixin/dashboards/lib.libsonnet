@@ -15,8 +15,10 @@
   },
 
   // A variable filled from label_values(), or from query_result() with regex picking the value
-  // out of each series; multi adds "All" and multiple selection; hide: 0 shown, 2 hidden.
-  queryVariable(name, label, query, multi=false, regex='', hide=0):: {
+  // out of each series; multi allows several values, includeAll adds "All" (allValue when set,
+  // else Grafana's alternation of the values); hide: 0 shown, 2 hidden. Refreshed on each time
+  // range change (dashboard-linter's template-on-time-change-reload-rule).
+  queryVariable(name, label, query, multi=false, regex='', hide=0, includeAll=multi, allValue=null):: {
     name: name,
     label: label,
     type: 'query',
@@ -28,9 +30,23 @@
     refresh: 2,
     sort: 3,
     regex: regex,
-    includeAll: multi,
+    includeAll: includeAll,
     multi: multi,
-  },
+  } + (if allValue != null then { allValue: allValue } else {}),
+
+  // The exporter's jobs: those of amd_hsmp_build_info (every target exports it) that selector
+  // picks, the first the default. Several may be selected, and there is no "All": dashboard-linter's
+  // '.+' for All would also select other jobs' up, scrape_* and process_* series; allValue is
+  // there for template-job-rule.
+  jobVariable(selector):: $.queryVariable('job', 'Job', 'label_values(amd_hsmp_build_info{%s}, job)' % selector, multi=true, includeAll=false, allValue='.+'),
+
+  // The targets of the selected jobs (from up, so that a target that is down is listed), several
+  // or all ('.+', within the jobs selected).
+  instanceVariable(selector):: $.queryVariable('instance', 'Instance', 'label_values(up{%s}, instance)' % selector, multi=true, allValue='.+'),
+
+  // The matchers of every panel query: the job and instance variables (dashboard-linter's
+  // target-job-rule and target-instance-rule).
+  variableSelector:: 'job=~"$job",instance=~"$instance"',
 
   target(expr, legend='', instant=false):: {
     datasource: $.datasource,
@@ -41,8 +57,10 @@
     format: if instant then 'table' else 'time_series',
   },
 
-  // Common panel fields; w and h are the size on the 24-column grid, placed by layout().
-  panel(type, title, description, targets, w, h, unit=null):: {
+  // Common panel fields; w and h are the size on the 24-column grid, placed by layout(); every
+  // panel has a unit (dashboard-linter's panel-units-rule), 'none' where the values are states
+  // or names.
+  panel(type, title, description, targets, w, h, unit):: {
     type: type,
     title: title,
     description: description,
@@ -53,7 +71,7 @@
       for t in [targets[i]]
     ],
     fieldConfig: {
-      defaults: (if unit != null then { unit: unit } else {}),
+      defaults: { unit: unit },
       overrides: [],
     },
     w:: w,
@@ -106,7 +124,7 @@
 
   upDown:: $.valueMappings([[0, 'down', 'red'], [1, 'up', 'green']]),
 
-  stat(title, description, targets, unit=null, w=4, h=4, mappings=[], noValue=null, textMode='value', thresholds=null):: $.panel('stat', title, description, targets, w, h, unit) {
+  stat(title, description, targets, unit, w=4, h=4, mappings=[], noValue=null, textMode='value', thresholds=null):: $.panel('stat', title, description, targets, w, h, unit) {
     fieldConfig+: {
       defaults+: {
         mappings: mappings,
@@ -127,7 +145,7 @@
   // Steps: [[from, colour], ...], the first from is null.
   thresholds(steps):: { mode: 'absolute', steps: [{ value: s[0], color: s[1] } for s in steps] },
 
-  stateTimeline(title, description, targets, mappings, w=24, h=6):: $.panel('state-timeline', title, description, targets, w, h) {
+  stateTimeline(title, description, targets, mappings, unit='none', w=24, h=6):: $.panel('state-timeline', title, description, targets, w, h, unit) {
     fieldConfig+: {
       defaults+: {
         mappings: mappings,
@@ -147,7 +165,7 @@
   },
 
   // An instant query shown as a table, one row per series.
-  table(title, description, targets, unit=null, w=12, h=8):: $.panel('table', title, description, targets, w, h, unit) {
+  table(title, description, targets, unit, w=12, h=8):: $.panel('table', title, description, targets, w, h, unit) {
     options: { showHeader: true, cellHeight: 'sm', footer: { show: false } },
     transformations: [
       { id: 'organize', options: { excludeByName: { Time: true, __name__: true } } },
@@ -157,7 +175,7 @@
   // Instant queries joined into one table, one row per label set (Grafana's merge), each
   // target's value a column: columns = [[name, unit], ...] in the targets' order; sorted by the
   // first column, largest first.
-  joinedTable(title, description, targets, columns, w=12, h=8):: $.table(title, description, targets, null, w, h) {
+  joinedTable(title, description, targets, columns, w=12, h=8):: $.table(title, description, targets, 'none', w, h) {
     fieldConfig+: {
       overrides: [{ matcher: { id: 'byName', options: c[0] }, properties: [{ id: 'unit', value: c[1] }] } for c in columns],
     },
@@ -201,7 +219,9 @@
     refresh: config.dashboardRefresh,
     schemaVersion: 39,
     version: 1,
-    editable: true,
+    // Provisioned: a change made in Grafana is lost on the next provisioning; save a copy
+    // instead (dashboard-linter's uneditable-dashboard).
+    editable: false,
     graphTooltip: 1,
     time: { from: 'now-6h', to: 'now' },
     timepicker: {},

@@ -5,7 +5,7 @@ local g = import 'lib.libsonnet';
   grafanaDashboards+:: {
     'amd-hsmp-node.json':
       local c = $._config;
-      local sel = c.amdHsmpSelector + ',instance="$instance"';
+      local sel = g.variableSelector;
       local s = { sel: sel, m: 'amd_hsmp_workload_core_energy_joules_total' };
       g.dashboard(
         c,
@@ -14,7 +14,8 @@ local g = import 'lib.libsonnet';
         'Per-core power, boost limits, frequency limits and PROCHOT of one node, from amd-hsmp-exporter and the amd-hsmp recording rules.',
         [
           g.datasourceVariable,
-          g.queryVariable('instance', 'Instance', 'label_values(amd_hsmp_up{%(amdHsmpSelector)s}, instance)' % c),
+          g.jobVariable(c.amdHsmpSelector),
+          g.instanceVariable('job=~"$job"'),
           // The sockets of any per-socket family the node exports (energy, boost limits or
           // PROCHOT, each of which may be off or unsupported), so that the per-core panels
           // repeat on Rome and with --no-collector.prochot too.
@@ -28,16 +29,16 @@ local g = import 'lib.libsonnet';
         ],
         [
           g.row('Status'),
-          g.stat('Exporter', 'Whether Prometheus scrapes amd-hsmp-exporter (up).', [g.target('up{%(sel)s}' % s)], mappings=g.upDown),
-          g.stat('Broker', 'Whether amd-hsmp-broker answered the last scrape (amd_hsmp_broker_up).', [g.target('amd_hsmp_broker_up{%(sel)s}' % s)], mappings=g.upDown),
-          g.stat('HSMP device', 'Whether /dev/hsmp opened and answered (amd_hsmp_up). 0 is expected on Rome and non-EPYC machines.', [g.target('amd_hsmp_up{%(sel)s}' % s)], mappings=g.upDown),
-          g.stat('HSMP protocol', 'HSMP protocol version of the firmware; RAPL energy needs 7 or later.', [g.target('amd_hsmp_protocol_version{%(sel)s}' % s)]),
-          g.stat('Energy source', 'Where per-core energy comes from: hsmp (firmware RAPL), perf (the kernel\'s power_core PMU) or msr (the MSR fallback).', [g.target('amd_hsmp_core_energy_source_info{%(sel)s}' % s, '{{source}}')], textMode='name', noValue='none'),
-          g.stat('Simulated', 'The simulator profile when the broker is amd-hsmp-sim-broker; never on a production node.', [g.target('amd_hsmp_simulated_info{%(sel)s}' % s, '{{profile}}')], textMode='name', noValue='no', thresholds=g.thresholds([[null, 'orange']])),
+          g.stat('Exporter', 'Whether Prometheus scrapes amd-hsmp-exporter (up).', [g.target('up{%(sel)s}' % s, '{{instance}}')], 'none', mappings=g.upDown),
+          g.stat('Broker', 'Whether amd-hsmp-broker answered the last scrape (amd_hsmp_broker_up).', [g.target('amd_hsmp_broker_up{%(sel)s}' % s, '{{instance}}')], 'none', mappings=g.upDown),
+          g.stat('HSMP device', 'Whether /dev/hsmp opened and answered (amd_hsmp_up). 0 is expected on Rome and non-EPYC machines.', [g.target('amd_hsmp_up{%(sel)s}' % s, '{{instance}}')], 'none', mappings=g.upDown),
+          g.stat('HSMP protocol', 'HSMP protocol version of the firmware; RAPL energy needs 7 or later.', [g.target('amd_hsmp_protocol_version{%(sel)s}' % s, '{{instance}}')], 'none'),
+          g.stat('Energy source', 'Where per-core energy comes from: hsmp (firmware RAPL), perf (the kernel\'s power_core PMU) or msr (the MSR fallback).', [g.target('amd_hsmp_core_energy_source_info{%(sel)s}' % s, '{{source}}')], 'none', textMode='name', noValue='none'),
+          g.stat('Simulated', 'The simulator profile when the broker is amd-hsmp-sim-broker; never on a production node.', [g.target('amd_hsmp_simulated_info{%(sel)s}' % s, '{{profile}}')], 'none', textMode='name', noValue='no', thresholds=g.thresholds([[null, 'orange']])),
           g.stat('Node power', 'Sum of the per-core power of all sockets (instance:amd_hsmp_power_watts:sum_rate5m).', [g.target('instance:amd_hsmp_power_watts:sum_rate5m{%(sel)s}' % s)], 'watt', w=6),
-          g.stat('Sockets with PROCHOT', 'Sockets of the node with PROCHOT asserted now.', [g.target('instance:amd_hsmp_prochot_active:sum{%(sel)s}' % s)], w=6, thresholds=g.thresholds([[null, 'green'], [1, 'red']])),
+          g.stat('Sockets with PROCHOT', 'Sockets of the node with PROCHOT asserted now.', [g.target('instance:amd_hsmp_prochot_active:sum{%(sel)s}' % s)], 'short', w=6, thresholds=g.thresholds([[null, 'green'], [1, 'red']])),
           g.stat('Lowest boost limit', 'The lowest boost limit of any core of the node.', [g.target('min without (socket) (instance_socket:amd_hsmp_core_boost_limit_hertz:min{%(sel)s})' % s)], 'hertz', w=6),
-          g.stat('Cores reporting', 'Physical cores whose boost limit was read in the last evaluation.', [g.target('sum without (socket) (instance_socket:amd_hsmp_core_boost_limit_hertz:count{%(sel)s})' % s)], w=6),
+          g.stat('Cores reporting', 'Physical cores whose boost limit was read in the last evaluation.', [g.target('sum without (socket) (instance_socket:amd_hsmp_core_boost_limit_hertz:count{%(sel)s})' % s)], 'short', w=6),
 
           g.row('Power'),
           g.timeseries('Power per socket', 'Sum of the per-core power of each socket (instance_socket:amd_hsmp_power_watts:sum_rate5m) and of the node.', [

@@ -6,7 +6,8 @@
 //! `docs/metrics.md` documents, that the recording rules make, that Prometheus adds itself, or
 //! node_exporter's that a join reads; no query variable reads a single family a target may lack;
 //! the fleet dashboard made with `showMultiCluster` filters every query by its `cluster`; both
-//! dashboards load into grafana-foundation-sdk's typed model ([`GRAFANA_MODEL`]).
+//! dashboards load into grafana-foundation-sdk's typed model ([`GRAFANA_MODEL`]) and pass
+//! grafana/dashboard-linter's rules, with the exclusions of `mixin/.lint` ([`lint`]).
 //!
 //! With `--live` (and in `cargo xtask test`) it also runs the mixin against a real Prometheus
 //! scraping the simulated Turin 2P ([`live`]).
@@ -16,6 +17,7 @@
 
 #[cfg(test)]
 mod epilog;
+mod lint;
 mod live;
 
 use crate::workspace::stdout_of;
@@ -67,6 +69,7 @@ const VARIABLE_VALUES: Values<'static> = &[
     ("__rate_interval", "5m"),
     ("__interval", "1m"),
     ("__range", "1h"),
+    ("job", "amd_hsmp"),
     ("instance", "node-1:10054"),
     ("socket", "0"),
     ("cluster", "cluster-1"),
@@ -138,6 +141,11 @@ pub fn check(root: &Path, live: bool) -> Result<()> {
         variables_need_no_single_option(&load_dashboards(&dir)?, &records, &always)
     })?;
     step("fleet dashboard with showMultiCluster", || fleet_filters_by_cluster(&dir))?;
+    step("dashboard-linter rules", || {
+        let exclusions = lint::parse_exclusions(&read(&dir.join(lint::LINT_FILE))?)
+            .with_context(|| format!("in mixin/{}", lint::LINT_FILE))?;
+        lint::check(&load_dashboards(&dir)?, &exclusions)
+    })?;
     step("dashboards in Grafana's typed model", || typed_model(&dir, &work))?;
     step("Prometheus configuration in the docs", || {
         let mut checked = 0;

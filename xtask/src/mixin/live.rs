@@ -175,6 +175,7 @@ pub fn check(dir: &Path, work: &Path, bin: &Path) -> Result<String> {
         ("__rate_interval", "1m"),
         ("__interval", INTERVAL),
         ("__range", "1h"),
+        ("job", "amd_hsmp"),
         ("instance", &target),
         ("socket", "0"),
     ];
