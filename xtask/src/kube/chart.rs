@@ -26,23 +26,24 @@ const CRD_KINDS: [&str; 4] = ["NodeFeatureRule", "PodMonitor", "PrometheusRule",
 const TABLE_BEGIN: &str = "<!-- outside-restricted:begin -->";
 const TABLE_END: &str = "<!-- outside-restricted:end -->";
 
-/// The mixin with a placeholder (`@@NAME@@`) for each value the chart's PrometheusRule template
-/// fills in from its values: the job selector, the runbook base URL, and each alert's `for`,
-/// `severity` and `threshold` (templates/prometheusrule.yaml).
+/// The mixin with a placeholder (`@@NAME@@`) for each value the chart's templates fill in from
+/// its values: the job selector (`jobSelector`, in the rules, alerts and dashboards), the runbook
+/// base URL, and each alert's `for`, `severity` and `threshold` (templates/prometheusrule.yaml,
+/// templates/dashboards.yaml).
 const PLACEHOLDERS: &str = "(import 'mixin.libsonnet') + { _config+:: { \
      amdHsmpSelector: '@@selector@@', runbookBaseURL: '@@runbookBaseURL@@', \
      alerts: std.mapWithKey(function(name, alert) alert { 'for': '@@%s.for@@' % name, \
      severity: '@@%s.severity@@' % name, [if std.objectHas(alert, 'threshold') then 'threshold']: \
      '@@%s.threshold@@' % name }, super.alerts) } }";
 
-/// The mixin's settings that the chart's values override (`prometheusRule.selector`, `.alerts`,
+/// The mixin's settings that the chart's values override (`jobSelector`, `prometheusRule.alerts`,
 /// `.alertLabels`, `.runbookBaseURL`), at the mixin's defaults: the chart's one copy of them.
 const MIXIN_CONFIG: &str = "local c = (import 'mixin.libsonnet')._config; { selector: \
      c.amdHsmpSelector, runbookBaseURL: c.runbookBaseURL, alertLabels: c.alertLabels, alerts: \
      c.alerts }";
 
 /// What the chart's `files/` must hold, each file with its content: the mixin's rules and alerts
-/// with [`PLACEHOLDERS`], its settings ([`MIXIN_CONFIG`]), and its dashboards as they are (Helm reads files inside the chart
+/// and dashboards with [`PLACEHOLDERS`], and its settings ([`MIXIN_CONFIG`]) (Helm reads files inside the chart
 /// only).
 pub fn mixin_copies(root: &Path) -> Result<Vec<(Vec<u8>, PathBuf)>> {
     let chart = root.join(CHART).join("files");
@@ -63,9 +64,18 @@ pub fn mixin_copies(root: &Path) -> Result<Vec<(Vec<u8>, PathBuf)>> {
         ensure!(out.status.success(), "jsonnet: {}", String::from_utf8_lossy(&out.stderr));
         copies.push((out.stdout, chart.join(file)));
     }
-    let mut dashboards: Vec<_> = fs::read_dir(root.join("mixin/dashboards_out"))?
-        .map(|e| e.map(|e| e.path()))
-        .collect::<Result<_, _>>()?;
+    // The dashboards as `jsonnet -m` writes dashboards_out/, with the placeholders.
+    let made = tempfile::tempdir()?;
+    let out = Command::new("jsonnet")
+        .arg("-m")
+        .arg(made.path())
+        .args(["-e", &format!("({PLACEHOLDERS}).grafanaDashboards")])
+        .current_dir(root.join("mixin"))
+        .output()
+        .context("cannot run jsonnet (cargo xtask deps installs it)")?;
+    ensure!(out.status.success(), "jsonnet: {}", String::from_utf8_lossy(&out.stderr));
+    let mut dashboards: Vec<_> =
+        fs::read_dir(made.path())?.map(|e| e.map(|e| e.path())).collect::<Result<_, _>>()?;
     dashboards.sort();
     for d in dashboards {
         let name = d.file_name().context("dashboard without a name")?.to_owned();
@@ -270,6 +280,7 @@ pub fn check_variant(
     }
     operator_objects(&objects, &variant.merged)?;
     rules_as_the_mixin_makes_them(root, &objects, variant)?;
+    dashboards_select_the_job(root, &objects, &variant.merged)?;
     carried_over(&objects, &variant.merged)?;
     energy_sources_and_capabilities(&objects, variant)?;
     host_paths_every_node_has(&objects, variant)?;
@@ -380,14 +391,14 @@ fn host_paths_every_node_has(objects: &[Value], variant: &Variant) -> Result<()>
 
 /// The custom resources, which no schema here covers, and the NetworkPolicy: their references
 /// The PrometheusRule's groups are exactly what the mixin makes with the values' settings as its
-/// config (`prometheusRule.selector`, `.alerts`, `.alertLabels`, `.runbookBaseURL`): the chart's
+/// config (`jobSelector`, `prometheusRule.alerts`, `.alertLabels`, `.runbookBaseURL`): the chart's
 /// template fills in the mixin's placeholders as jsonnet would have made the text, so that the
 /// chart and the mixin take the same keys and give the same rules.
 fn rules_as_the_mixin_makes_them(root: &Path, objects: &[Value], variant: &Variant) -> Result<()> {
     let Some(rule) = objects.iter().find(|o| o["kind"] == "PrometheusRule") else {
         return Ok(());
     };
-    let want = mixin_rules(root, &variant.merged["prometheusRule"])?;
+    let want = mixin_rules(root, &variant.merged)?;
     let have = &rule["spec"]["groups"];
     if *have == want {
         return match variant.name.as_str() {
@@ -402,6 +413,73 @@ fn rules_as_the_mixin_makes_them(root: &Path, objects: &[Value], variant: &Varia
     bail!(
         "the PrometheusRule differs from the mixin's rules with its settings (- mixin, + chart):\n{diff}"
     )
+}
+
+/// Every query of the dashboards' ConfigMaps selects the job as the values say: each panel's
+/// targets by the `job` variable (`job=~"$job"`), and each variable that reads a job by that
+/// variable or (the `job` variable itself, the `cluster` one) by the job selector in effect
+/// (`jobSelector`, else the mixin's);
+/// no other `job` matcher but node_exporter's, in the join that reads its series.
+fn dashboards_select_the_job(root: &Path, objects: &[Value], merged: &Value) -> Result<()> {
+    const BY_VARIABLE: &str = "job=~\"$job\"";
+    let mixin = crate::workspace::stdout_of(
+        Command::new("jsonnet").args(["-e", MIXIN_CONFIG]).current_dir(root.join("mixin")),
+    )?;
+    let mixin: Value = serde_json::from_str(&mixin)?;
+    let selector = match job_selector(merged) {
+        "" => mixin["selector"].as_str().context("the mixin's selector")?.to_owned(),
+        given => given.to_owned(),
+    };
+    let node_exporter = "job=\"node-exporter\"";
+    for map in objects.iter().filter(|o| o["kind"] == "ConfigMap") {
+        for (name, text) in map["data"].as_object().context("ConfigMap data")? {
+            let dashboard: Value = serde_json::from_str(text.as_str().unwrap_or_default())
+                .with_context(|| format!("{name} is not JSON"))?;
+            let mut queries = Vec::new();
+            for v in dashboard["templating"]["list"].as_array().into_iter().flatten() {
+                let query = v["query"]["query"].as_str().or(v["query"].as_str()).unwrap_or("");
+                if v["type"] == "query" && query.contains("job") {
+                    ensure!(
+                        query.contains(&selector) || query.contains(BY_VARIABLE),
+                        "{name}: variable {} reads {query:?}, by neither {selector} nor $job",
+                        v["name"]
+                    );
+                    queries.push(query.replace(&selector, "").replace(BY_VARIABLE, ""));
+                }
+            }
+            let mut panels: Vec<&Value> =
+                dashboard["panels"].as_array().into_iter().flatten().collect();
+            // A collapsed row holds its panels.
+            let nested: Vec<&Value> =
+                panels.iter().flat_map(|p| p["panels"].as_array().into_iter().flatten()).collect();
+            panels.extend(nested);
+            for panel in panels {
+                for target in panel["targets"].as_array().into_iter().flatten() {
+                    let expr = target["expr"].as_str().unwrap_or("");
+                    ensure!(
+                        expr.contains(BY_VARIABLE),
+                        "{name}: panel {} selects no $job: {expr}",
+                        panel["title"]
+                    );
+                    queries.push(expr.replace(BY_VARIABLE, "").replace(node_exporter, ""));
+                }
+            }
+            ensure!(queries.len() > 10, "{name}: only {} queries", queries.len());
+            let stray: Vec<&String> = queries.iter().filter(|q| q.contains("job=")).collect();
+            ensure!(stray.is_empty(), "{name}: queries with another job matcher: {stray:?}");
+        }
+    }
+    Ok(())
+}
+
+/// The job selector the values give: `jobSelector`, else its earlier name
+/// `prometheusRule.selector`; empty for the mixin's own.
+fn job_selector(merged: &Value) -> &str {
+    [&merged["jobSelector"], &merged["prometheusRule"]["selector"]]
+        .into_iter()
+        .filter_map(Value::as_str)
+        .find(|s| !s.is_empty())
+        .unwrap_or("")
 }
 
 /// The values file whose alerts `alerts_test.yaml` tests.
@@ -431,9 +509,11 @@ fn tuned_alerts_fire_as_tuned(root: &Path, groups: &Value) -> Result<()> {
 }
 
 /// The mixin's recording rules and alerts (as one list of groups, without empty ones) with the
-/// chart's `prometheusRule` values over its config, key by key; an empty string is the mixin's
+/// chart's `jobSelector` and `prometheusRule` values over its config, key by key; an empty string is the mixin's
 /// own setting, and `for: ""` jsonnet's `null`.
-pub fn mixin_rules(root: &Path, values: &Value) -> Result<Value> {
+pub fn mixin_rules(root: &Path, merged: &Value) -> Result<Value> {
+    let mut values = merged["prometheusRule"].clone();
+    values["selector"] = job_selector(merged).into();
     let expr = format!(
         "local v = {values}; local m = (import 'mixin.libsonnet') + {{ _config+:: {{ \
          [if v.selector != '' then 'amdHsmpSelector']: v.selector, \

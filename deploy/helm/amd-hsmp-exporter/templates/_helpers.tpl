@@ -148,3 +148,12 @@ metricRelabelings:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
+
+{{/* The job the mixin's rules, alerts and dashboards select: `jobSelector`, else its earlier
+name `prometheusRule.selector` (accepted for one release), else the mixin's own
+(files/mixin_config.yaml). Read with a fallback: `helm upgrade --reuse-values` from a chart
+without the key has none. */}}
+{{- define "amd-hsmp-exporter.jobSelector" -}}
+{{- $earlier := dig "prometheusRule" "selector" "" .Values.AsMap -}}
+{{- dig "jobSelector" "" .Values.AsMap | default $earlier | default (.Files.Get "files/mixin_config.yaml" | fromYaml).selector -}}
+{{- end -}}
