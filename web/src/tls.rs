@@ -934,6 +934,31 @@ pub(crate) mod tests {
         assert!(pki.handshake(&tls, Some(self_signed(&["scraper"]))).await.is_err());
     }
 
+    /// Each `client_auth_type` admits what Go's `tls.ClientAuthType` of the same name admits:
+    /// no certificate, one of the configured CA, or one of no known CA (self-signed).
+    #[tokio::test]
+    async fn each_client_auth_type_admits_what_go_admits() {
+        let pki = Pki::new();
+        // (client_auth_type, with client_ca_file, admits: none, the CA's, a self-signed one)
+        let table = [
+            ("NoClientCert", false, [true, true, true]),
+            ("RequestClientCert", false, [true, true, true]),
+            ("RequireAnyClientCert", false, [false, true, true]),
+            ("VerifyClientCertIfGiven", true, [true, true, false]),
+            ("RequireAndVerifyClientCert", true, [false, true, false]),
+        ];
+        for (auth, with_ca, admits) in table {
+            let ca = if with_ca { "client_ca_file: ca.pem\n" } else { "" };
+            let tls = pki.load(&format!("client_auth_type: {auth}\n{ca}"));
+            let clients = [None, Some(pki.client(&["scraper"])), Some(self_signed(&["scraper"]))];
+            for (client, admitted) in clients.into_iter().zip(admits) {
+                let given = client.is_some();
+                let verdict = pki.handshake(&tls, client).await;
+                assert_eq!(verdict.is_ok(), admitted, "{auth}, certificate {given}: {verdict:?}");
+            }
+        }
+    }
+
     /// exporter-toolkit's rule: one of the client certificate's SANs equals one listed.
     #[tokio::test]
     async fn client_allowed_sans_admit_a_listed_san_and_refuse_any_other() {
