@@ -45,12 +45,11 @@ fn probes(telemetry_path: &str) -> Router {
 /// accepts it (`Accept-Encoding: gzip`, which Prometheus sends).
 pub fn service(exporter: Arc<Exporter>, web: Arc<amd_hsmp_web::config::WebState>) -> Router {
     let probes = probes(&exporter.config().telemetry_path);
+    // The scrapes read the refusals through the exporter, not a request extension, which would
+    // cost every request an allocation or two.
+    exporter.serve_behind(Arc::clone(&web));
     app(exporter)
-        .layer(axum::middleware::from_fn_with_state(
-            Arc::clone(&web),
-            amd_hsmp_web::layer::middleware,
-        ))
-        .layer(axum::Extension(web))
+        .layer(axum::middleware::from_fn_with_state(web, amd_hsmp_web::layer::middleware))
         .merge(probes)
         .layer(tower_http::compression::CompressionLayer::new())
 }
@@ -72,7 +71,6 @@ impl IntoResponse for AppError {
 
 async fn telemetry(
     State(exporter): State<Arc<Exporter>>,
-    web: Option<axum::Extension<Arc<amd_hsmp_web::config::WebState>>>,
     headers: HeaderMap,
 ) -> Result<Response, AppError> {
     let Some(permit) = exporter.admit_scrape() else {
@@ -85,7 +83,7 @@ async fn telemetry(
     let format = negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
     let mut report = exporter.scrape(budget, &permit, Owners::Wanted).await;
     // Counted only with a configuration file: without one nothing is ever refused.
-    if let Some(axum::Extension(web)) = web
+    if let Some(web) = exporter.web()
         && web.path().is_some()
         && exporter.config().exporter_metrics
     {

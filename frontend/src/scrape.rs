@@ -205,6 +205,9 @@ pub struct Exporter {
     skip_log: SkipLog,
     /// This process in `procfs`, for the `process_*` metrics.
     process: ProcFs,
+    /// The web layer it is served behind ([`crate::http::service`]), whose refusals a scrape
+    /// reports; unset when it is served bare ([`crate::http::app`], the tests).
+    web: std::sync::OnceLock<Arc<amd_hsmp_web::config::WebState>>,
 }
 
 /// Whether a request wants the core owners (a scrape) or not (a page view, which shows none).
@@ -237,8 +240,19 @@ impl Exporter {
             owner_log: CauseLog::default(),
             skip_log: SkipLog::default(),
             process: ProcFs::own(&config.procfs),
+            web: std::sync::OnceLock::new(),
             config,
         })
+    }
+
+    /// Serves behind `web`: its refusals join the scrapes' reports. The first call wins.
+    pub(crate) fn serve_behind(&self, web: Arc<amd_hsmp_web::config::WebState>) {
+        let _ = self.web.set(web);
+    }
+
+    /// The web layer it is served behind, if any.
+    pub(crate) fn web(&self) -> Option<&amd_hsmp_web::config::WebState> {
+        self.web.get().map(|web| &**web)
     }
 
     /// The configuration.
