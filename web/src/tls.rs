@@ -934,6 +934,16 @@ pub(crate) mod tests {
         assert!(pki.handshake(&tls, Some(self_signed(&["scraper"]))).await.is_err());
     }
 
+    /// `prefer_server_cipher_suites` (true when absent, as in exporter-toolkit) is rustls'
+    /// `ignore_client_order`: the server's order of the cipher suites wins.
+    #[test]
+    fn prefer_server_cipher_suites_decides_whose_order_wins() {
+        let pki = Pki::new();
+        assert!(pki.load("").config.ignore_client_order);
+        assert!(pki.load("prefer_server_cipher_suites: true\n").config.ignore_client_order);
+        assert!(!pki.load("prefer_server_cipher_suites: false\n").config.ignore_client_order);
+    }
+
     /// Each `client_auth_type` admits what Go's `tls.ClientAuthType` of the same name admits:
     /// no certificate, one of the configured CA, or one of no known CA (self-signed).
     #[tokio::test]
