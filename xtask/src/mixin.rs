@@ -217,7 +217,7 @@ fn generated_files(dir: &Path, work: &Path) -> Result<String> {
 }
 
 /// Evaluates a jsonnet expression in `dir` and parses the JSON it prints.
-fn eval_json(dir: &Path, expr: &str) -> Result<Value> {
+pub(crate) fn eval_json(dir: &Path, expr: &str) -> Result<Value> {
     let out = stdout_of(Command::new("jsonnet").arg("-e").arg(expr).current_dir(dir))?;
     serde_json::from_str(&out).with_context(|| format!("jsonnet output of {expr} is not JSON"))
 }
@@ -779,7 +779,7 @@ fn substitute(expr: &str, defined: &BTreeSet<&str>, values: Values<'_>) -> Resul
 // Helpers
 
 /// `promtool check rules FILES` or `promtool test rules FILES` in `dir`.
-fn promtool(dir: &Path, verb: &str, files: &[&str]) -> Result<String> {
+pub(crate) fn promtool(dir: &Path, verb: &str, files: &[&str]) -> Result<String> {
     stdout_of(Command::new("promtool").args([verb, "rules"]).args(files).current_dir(dir))
 }
 

@@ -56,24 +56,20 @@ pub fn mixin_copies(root: &Path) -> Result<Vec<(Vec<u8>, PathBuf)>> {
         (MIXIN_CONFIG, "mixin_config.yaml"),
     ] {
         let expr = format!("std.manifestYamlDoc({of}, false, false)");
-        let out = Command::new("jsonnet")
-            .args(["-S", "-e", &expr])
-            .current_dir(root.join("mixin"))
-            .output()
-            .context("cannot run jsonnet (cargo xtask deps installs it)")?;
-        ensure!(out.status.success(), "jsonnet: {}", String::from_utf8_lossy(&out.stderr));
-        copies.push((out.stdout, chart.join(file)));
+        let text = crate::workspace::stdout_of(
+            Command::new("jsonnet").args(["-S", "-e", &expr]).current_dir(root.join("mixin")),
+        )?;
+        copies.push((text.into_bytes(), chart.join(file)));
     }
     // The dashboards as `jsonnet -m` writes dashboards_out/, with the placeholders.
     let made = tempfile::tempdir()?;
-    let out = Command::new("jsonnet")
-        .arg("-m")
-        .arg(made.path())
-        .args(["-e", &format!("({PLACEHOLDERS}).grafanaDashboards")])
-        .current_dir(root.join("mixin"))
-        .output()
-        .context("cannot run jsonnet (cargo xtask deps installs it)")?;
-    ensure!(out.status.success(), "jsonnet: {}", String::from_utf8_lossy(&out.stderr));
+    crate::workspace::output(
+        Command::new("jsonnet")
+            .arg("-m")
+            .arg(made.path())
+            .args(["-e", &format!("({PLACEHOLDERS}).grafanaDashboards")])
+            .current_dir(root.join("mixin")),
+    )?;
     let mut dashboards: Vec<_> =
         fs::read_dir(made.path())?.map(|e| e.map(|e| e.path())).collect::<Result<_, _>>()?;
     dashboards.sort();
@@ -422,10 +418,7 @@ fn rules_as_the_mixin_makes_them(root: &Path, objects: &[Value], variant: &Varia
 /// no other `job` matcher but node_exporter's, in the join that reads its series.
 fn dashboards_select_the_job(root: &Path, objects: &[Value], merged: &Value) -> Result<()> {
     const BY_VARIABLE: &str = "job=~\"$job\"";
-    let mixin = crate::workspace::stdout_of(
-        Command::new("jsonnet").args(["-e", MIXIN_CONFIG]).current_dir(root.join("mixin")),
-    )?;
-    let mixin: Value = serde_json::from_str(&mixin)?;
+    let mixin = crate::mixin::eval_json(&root.join("mixin"), MIXIN_CONFIG)?;
     let selector = match job_selector(merged) {
         "" => mixin["selector"].as_str().context("the mixin's selector")?.to_owned(),
         given => given.to_owned(),
@@ -493,18 +486,8 @@ fn tuned_alerts_fire_as_tuned(root: &Path, groups: &Value) -> Result<()> {
     fs::write(dir.path().join("rules.yaml"), json!({ "groups": groups }).to_string())?;
     let test = dir.path().join("alerts_test.yaml");
     fs::copy(root.join("xtask/src/kube/alerts_test.yaml"), &test)?;
-    let out = Command::new("promtool")
-        .arg("test")
-        .arg("rules")
-        .arg(&test)
-        .output()
-        .context("cannot run promtool (cargo xtask deps installs it)")?;
-    ensure!(
-        out.status.success(),
-        "promtool test rules of the tuned alerts:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crate::mixin::promtool(dir.path(), "test", &["alerts_test.yaml"])
+        .context("promtool test rules of the tuned alerts")?;
     Ok(())
 }
 
@@ -524,10 +507,7 @@ pub fn mixin_rules(root: &Path, merged: &Value) -> Result<Value> {
            if std.objectHas(v.alerts, name) then v.alerts[name] else {{}}), super.alerts) }} }}; \
          [g for g in m.prometheusRules.groups + m.prometheusAlerts.groups if g.rules != []]"
     );
-    let out = crate::workspace::stdout_of(
-        Command::new("jsonnet").args(["-e", &expr]).current_dir(root.join("mixin")),
-    )?;
-    Ok(serde_json::from_str(&out)?)
+    crate::mixin::eval_json(&root.join("mixin"), &expr)
 }
 
 /// hold (the monitors select the pods' labels in the pods' namespace, name their port, set `job`
