@@ -30,7 +30,8 @@ pub(crate) const BROKER_GROUP: &str = "amd-hsmp-broker";
 pub(crate) const EXPORTER_USER: &str = "amd-hsmp-exporter";
 /// The group the packaged socket unit gives the socket (`SocketGroup=`).
 pub(crate) const EXPORTER_GROUP: &str = "amd-hsmp-exporter";
-/// How long per-core energy is watched.
+/// How long `--check` waits between its two passes of per-core energy reads (each core's rate
+/// is over the time between its two reads: see `energy_over`).
 pub(crate) const ENERGY_WINDOW: Duration = Duration::from_secs(2);
 /// A mailbox message that takes longer than this is slow: the `cores` line then stops at the
 /// first slow socket's first core, instead of one message per core (a firmware answers in
@@ -275,6 +276,9 @@ pub(crate) struct Inputs<'a> {
     pub labels: &'a dyn Fn(&Path) -> Option<String>,
     /// Waits while energy accumulates and returns how long that was.
     pub energy_wait: &'a mut dyn FnMut() -> Duration,
+    /// The clock that stamps each energy read ([`Instant::now`]; a test's own clock, so that
+    /// its rates do not depend on the machine's speed).
+    pub energy_clock: &'a mut dyn FnMut() -> Instant,
     /// With `--simulate`: the simulated machine's topology; its device answers, and there is no
     /// node, driver or label to check.
     pub simulated: Option<Topology>,
@@ -402,15 +406,16 @@ fn checks(inputs: &mut Inputs<'_>, report: &mut Report<'_>) {
     };
     if let Some(energy) = perf {
         let read = |i| energy.read(i);
-        report.push(energy_over("perf power_core", topo.cores.len(), read, inputs.energy_wait));
+        let (wait, clock) = (&mut *inputs.energy_wait, &mut *inputs.energy_clock);
+        report.push(energy_over("perf power_core", topo.cores.len(), read, wait, clock));
     } else if let Some(opener) = inputs.msr {
         report.push(msr_setup(inputs.sysfs, inputs.msr_root, inputs.etc));
-        report.push(energy_msr(&topo, opener, inputs.energy_wait));
+        report.push(energy_msr(&topo, opener, inputs.energy_wait, inputs.energy_clock));
     } else if let Some(why) = no_hsmp_energy {
         report.push(Line::skip("energy", format!("not read through HSMP: {why}")));
     } else if rapl {
         if let Some(t) = &transport {
-            report.push(energy_hsmp(t.as_ref(), &topo, inputs.energy_wait));
+            report.push(energy_hsmp(t.as_ref(), &topo, inputs.energy_wait, inputs.energy_clock));
         }
     } else {
         report.push(Line::warn(
@@ -938,26 +943,28 @@ pub(crate) fn boost_range(limits: &[(usize, u32)], part_max_mhz: Option<u32>) ->
     }
 }
 
-/// Judges per-core energy over `waited`: every core must advance, at no more than the most a
-/// core can draw ([`MAX_CORE_WATTS`], the bound the MSR fallback's restart rule uses too).
+/// Judges per-core energy over `intervals`, the time between each core's two reads: every
+/// core must advance, at no more than the most a core can draw ([`MAX_CORE_WATTS`], the bound
+/// the MSR fallback's restart rule uses too).
 pub(crate) fn energy_rates(
     source: &str,
     before: &[Result<f64, ItemError>],
     after: &[Result<f64, ItemError>],
-    waited: Duration,
+    intervals: &[Duration],
 ) -> Line {
-    let seconds = waited.as_secs_f64();
-    if seconds <= 0.0 {
+    if intervals.is_empty() || intervals.iter().any(Duration::is_zero) {
         return Line::skip("energy", "no time passed");
     }
+    // The line names the mean interval.
+    let seconds = intervals.iter().map(Duration::as_secs_f64).sum::<f64>() / intervals.len() as f64;
     let mut watts = Vec::new();
     let mut unread = Vec::new();
     let mut stuck = Vec::new();
     let mut implausible = Vec::new();
-    for (index, (b, a)) in before.iter().zip(after).enumerate() {
+    for (index, ((b, a), interval)) in before.iter().zip(after).zip(intervals).enumerate() {
         match (b, a) {
             (Ok(b), Ok(a)) => {
-                let w = (a - b) / seconds;
+                let w = (a - b) / interval.as_secs_f64();
                 if w <= 0.0 {
                     stuck.push(index);
                 } else if w > MAX_CORE_WATTS {
@@ -998,7 +1005,12 @@ pub(crate) fn energy_rates(
 }
 
 /// Per-core energy through HSMP RAPL.
-fn energy_hsmp(t: &dyn HsmpTransport, topo: &Topology, wait: &mut dyn FnMut() -> Duration) -> Line {
+fn energy_hsmp(
+    t: &dyn HsmpTransport,
+    topo: &Topology,
+    wait: &mut dyn FnMut() -> Duration,
+    clock: &mut dyn FnMut() -> Instant,
+) -> Line {
     let esu: Vec<Result<u8, ItemError>> =
         topo.sockets.iter().map(|&s| messages::rapl_esu(t, s)).collect();
     let read = |index: usize| {
@@ -1008,34 +1020,68 @@ fn energy_hsmp(t: &dyn HsmpTransport, topo: &Topology, wait: &mut dyn FnMut() ->
         let counter = messages::rapl_core_counter(t, core.socket, core.apic_id)?;
         Ok(amd_hsmp_proto::Energy { counter, esu })
     };
-    energy_over("HSMP RAPL", topo.cores.len(), read, wait)
+    energy_over("HSMP RAPL", topo.cores.len(), read, wait, clock)
 }
 
 /// Every core's energy read by `read` (by index into the topology's cores) before and after
-/// `wait`, as rates: the `energy` line of each source.
+/// `wait`, as rates over the time between each core's two reads: the `energy` line of each
+/// source. `clock` stamps the start of each read and the end of each pass.
 fn energy_over(
     source: &str,
     cores: usize,
     read: impl Fn(usize) -> Result<amd_hsmp_proto::Energy, ItemError>,
     wait: &mut dyn FnMut() -> Duration,
+    clock: &mut dyn FnMut() -> Instant,
 ) -> Line {
-    let all = || -> Vec<Result<f64, ItemError>> {
-        (0..cores).map(|i| read(i).map(amd_hsmp_proto::Energy::joules)).collect()
+    // One pass: each core's joules and when its read started, then when the pass ended.
+    let mut pass = || {
+        let mut started = Vec::with_capacity(cores);
+        let joules: Vec<Result<f64, ItemError>> = (0..cores)
+            .map(|i| {
+                started.push(clock());
+                read(i).map(amd_hsmp_proto::Energy::joules)
+            })
+            .collect();
+        (joules, started, clock())
     };
-    let before = all();
+    let (before, first, first_end) = pass();
     let waited = wait();
-    energy_rates(source, &before, &all(), waited)
+    let (after, second, second_end) = pass();
+    // A pass reads one core after another (one mailbox message each on HSMP: 384 on a Turin
+    // 2P), so it takes time of its own, more under load, and not always as long in both
+    // passes. A core's two reads are the rest of the first pass after its read, the wait, and
+    // the second pass up to its read apart: the wait alone would overstate every rate by
+    // about a pass over the wait, and one pass's length would miss where the passes differ.
+    // The wait says how long it took (in production a sleep timed on the same clock), the
+    // clock the passes.
+    let second_start = second.first().copied().unwrap_or(second_end);
+    let intervals: Vec<Duration> = first
+        .iter()
+        .zip(&second)
+        .map(|(read_before, read_after)| {
+            first_end
+                .saturating_duration_since(*read_before)
+                .saturating_add(waited)
+                .saturating_add(read_after.saturating_duration_since(second_start))
+        })
+        .collect();
+    energy_rates(source, &before, &after, &intervals)
 }
 
 /// Per-core energy through the MSR devices, opened as the broker opens them.
-fn energy_msr(topo: &Topology, opener: &dyn MsrOpener, wait: &mut dyn FnMut() -> Duration) -> Line {
+fn energy_msr(
+    topo: &Topology,
+    opener: &dyn MsrOpener,
+    wait: &mut dyn FnMut() -> Duration,
+    clock: &mut dyn FnMut() -> Instant,
+) -> Line {
     let energy = match MsrEnergy::open(topo, opener) {
         Ok(e) => e,
         Err(e) => {
             return Line::fail("energy", format!("MSR fallback: {e}"), hints::MSR_UNOPENED);
         }
     };
-    energy_over("MSR", topo.cores.len(), |i| energy.read(i), wait)
+    energy_over("MSR", topo.cores.len(), |i| energy.read(i), wait, clock)
 }
 
 /// The kernel's `power_core` PMU: whether it exists, the kernel release and

@@ -42,6 +42,7 @@ pub(crate) fn run(
         std::thread::sleep(super::ENERGY_WINDOW);
         started.elapsed()
     };
+    let mut clock = std::time::Instant::now;
     let mut inputs = super::Inputs {
         procfs: &cli.procfs,
         sysfs: &cli.sysfs,
@@ -55,6 +56,7 @@ pub(crate) fn run(
         accounts: &accounts,
         labels: &super::selinux_label,
         energy_wait: &mut wait,
+        energy_clock: &mut clock,
         simulated,
     };
     // Each line is printed as soon as it is decided. A watchdog ends the run at

@@ -12,7 +12,8 @@ fn static_machine(profile: Profile) -> Arc<Machine> {
 }
 
 /// Runs every check against `machine` in `--simulate` mode (no node, driver or labels), with a
-/// socket path where nothing listens; `wait` stands for the energy window.
+/// socket path where nothing listens; `wait` stands for the energy window, and the passes of
+/// energy reads take no time.
 fn run_simulated(
     machine: &Arc<Machine>,
     msr: bool,
@@ -46,6 +47,7 @@ fn run_simulated_streaming(
         accounts: &accounts,
         labels: &no_labels,
         energy_wait: wait,
+        energy_clock: &mut stopped_clock(),
         simulated: Some(machine.topology().clone()),
     };
     run_streaming(&mut inputs, emit)
@@ -57,6 +59,12 @@ fn line<'a>(lines: &'a [Line], name: &str) -> &'a Line {
 
 fn fix(line: &Line) -> &str {
     line.fix.as_deref().unwrap_or("")
+}
+
+/// A clock that does not move: a pass of energy reads takes no time on it.
+fn stopped_clock() -> impl FnMut() -> Instant {
+    let now = Instant::now();
+    move || now
 }
 
 /// 2 J per core during a wait said to last one second: 2 W per core.
@@ -349,11 +357,55 @@ fn energy_that_does_not_advance_fails() {
     assert!(l.found.contains("0 of 384 cores advancing"), "{l}");
 }
 
+/// Regression: each core's energy delta was divided by the wait alone, though a core's two
+/// reads are also a pass of reads (one mailbox message per core) apart, so `--check`
+/// overstated power by about a pass over the wait, more under load. Here each pass takes 1 s
+/// and the wait 2 s on the test's clock: the old division reported 3 W of the cores' 2 W.
+#[test]
+fn the_energy_check_divides_by_the_time_between_a_cores_two_reads_not_the_wait_alone() {
+    let line = |steps: [u64; 8]| {
+        // Four cores at 2 W each, counted in 2^-10 J: a core's counter at `t` ms is
+        // 2 J/s × t × 1024 / 1000, whole at every multiple of 125 ms. Read `k` (of both passes)
+        // samples the counter, then takes `steps[k]` ms.
+        let origin = Instant::now();
+        let now = std::cell::Cell::new(Duration::ZERO);
+        let reads = std::cell::Cell::new(0);
+        let read = |_core: usize| {
+            let (t, k) = (now.get(), reads.get());
+            reads.set(k + 1);
+            now.set(t + Duration::from_millis(steps[k]));
+            let counter = u64::try_from(t.as_millis() * 2048 / 1000).unwrap();
+            Ok(amd_hsmp_proto::Energy { counter, esu: 10 })
+        };
+        let mut wait = || {
+            now.set(now.get() + Duration::from_secs(2));
+            Duration::from_secs(2)
+        };
+        let mut clock = || origin + now.get();
+        let l = energy_over("HSMP RAPL", 4, read, &mut wait, &mut clock);
+        assert_eq!(l.verdict, Verdict::Pass, "{l}");
+        l.found
+    };
+    assert_eq!(
+        line([250; 8]),
+        "HSMP RAPL: 4 of 4 cores advancing over 3.0 s, 8.0 W in total (2.00 W per core on \
+         average)"
+    );
+    // A slow first read (a pass that starts cold) puts the first core 3.25 s from its second
+    // read and the others 3 s: each core's rate is over its own interval, not the first
+    // pass's length and the wait (7.5 W) nor the wait alone (12.25 W).
+    assert_eq!(
+        line([500, 250, 250, 250, 250, 250, 250, 250]),
+        "HSMP RAPL: 4 of 4 cores advancing over 3.1 s, 8.0 W in total (2.00 W per core on \
+         average)"
+    );
+}
+
 #[test]
 fn implausible_power_fails() {
     let before = [Ok(0.0), Ok(0.0)];
     let after = [Ok(1.0), Ok(500.0)];
-    let l = energy_rates("HSMP RAPL", &before, &after, Duration::from_secs(1));
+    let l = energy_rates("HSMP RAPL", &before, &after, &[Duration::from_secs(1); 2]);
     assert_eq!(l.verdict, Verdict::Fail, "{l}");
     assert!(l.found.contains("core index 1: 500.0 W"), "{l}");
 }
@@ -363,10 +415,10 @@ fn implausible_power_fails() {
 #[test]
 fn implausible_means_beyond_the_most_a_core_can_draw() {
     let just_under = [Ok(crate::msr::MAX_CORE_WATTS - 1.0)];
-    let l = energy_rates("MSR", &[Ok(0.0)], &just_under, Duration::from_secs(1));
+    let l = energy_rates("MSR", &[Ok(0.0)], &just_under, &[Duration::from_secs(1)]);
     assert_eq!(l.verdict, Verdict::Pass, "{l}");
     let just_over = [Ok(crate::msr::MAX_CORE_WATTS + 1.0)];
-    let l = energy_rates("MSR", &[Ok(0.0)], &just_over, Duration::from_secs(1));
+    let l = energy_rates("MSR", &[Ok(0.0)], &just_over, &[Duration::from_secs(1)]);
     assert_eq!(l.verdict, Verdict::Fail, "{l}");
 }
 
@@ -462,6 +514,7 @@ fn a_fixture_machine_is_read_like_the_real_one() {
         accounts: &accounts,
         labels: &no_labels,
         energy_wait: &mut wait,
+        energy_clock: &mut stopped_clock(),
         simulated: None,
     };
     let lines = run(&mut inputs);
@@ -651,6 +704,7 @@ fn on_a_part_without_hsmp_rapl_the_energy_line_reads_the_perf_counter() {
         accounts: &accounts,
         labels: &no_labels,
         energy_wait: &mut wait,
+        energy_clock: &mut stopped_clock(),
         simulated: Some(machine.topology().clone()),
     };
     let lines = run(&mut inputs);
