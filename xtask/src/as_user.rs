@@ -142,10 +142,10 @@ const PREBUILT: &str = "AMD_HSMP_E2E_PREBUILT";
 /// Search permission for others added to the directories above some paths that lacked it,
 /// taken back when dropped.
 #[derive(Debug)]
-struct Search(Vec<(PathBuf, u32)>);
+pub(crate) struct Search(Vec<(PathBuf, u32)>);
 
 impl Search {
-    fn grant(paths: &[PathBuf]) -> Result<Search> {
+    pub(crate) fn grant(paths: &[PathBuf]) -> Result<Search> {
         let mut changed = Search(Vec::new());
         for path in paths {
             let path = path.canonicalize().with_context(|| format!("{}", path.display()))?;
@@ -153,7 +153,7 @@ impl Search {
                 let mode = std::fs::metadata(dir)?.mode() & 0o7777;
                 if mode & 0o001 == 0 && !changed.0.iter().any(|(d, _)| d == dir) {
                     std::fs::set_permissions(dir, PermissionsExt::from_mode(mode | 0o001))?;
-                    println!("test-as-user: others may search {} for the run", dir.display());
+                    println!("xtask: others may search {} for the run", dir.display());
                     changed.0.push((dir.to_path_buf(), mode));
                 }
             }
@@ -166,7 +166,7 @@ impl Drop for Search {
     fn drop(&mut self) {
         for (dir, mode) in self.0.iter().rev() {
             if let Err(e) = std::fs::set_permissions(dir, PermissionsExt::from_mode(*mode)) {
-                eprintln!("test-as-user: cannot restore the mode of {}: {e}", dir.display());
+                eprintln!("xtask: cannot restore the mode of {}: {e}", dir.display());
             }
         }
     }

@@ -46,6 +46,8 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("podman", "podman"),
     ("runc", "runc"),
     ("catatonit", "catatonit"),
+    // `cargo xtask release` signs the checksums of its artifacts (xtask/src/release/sign.rs).
+    ("minisign", "minisign"),
 ];
 
 /// PyPI packages of the kube-test venv (`~/.cache/amd-hsmp-exporter/kube-venv`): Helm's SDK in a
@@ -61,7 +63,46 @@ pub const CARGO_TOOLS: &[(&str, &str, &str)] = &[
     ("cargo-deny", "0.20.2", "cargo-deny"),
     // `cargo xtask image`: the binaries carry their dependency list (image.rs).
     ("cargo-auditable", "0.7.7", "cargo-auditable"),
+    // `cargo xtask release`: the SBOM of each binary, from the dependency list cargo-auditable
+    // embeds in it (the same project's converter).
+    ("auditable2cdx", "0.1.0", "auditable2cdx"),
 ];
+
+/// The commands `cargo xtask release` runs, besides cargo: Debian's (of [`PACKAGES`] or of
+/// every Debian system) and [`CARGO_TOOLS`]'.
+const RELEASE_COMMANDS: &[&str] = &[
+    "minisign",
+    "rpmbuild",
+    "xz",
+    "setpriv",
+    "ldd",
+    "cargo-deb",
+    "cargo-auditable",
+    "auditable2cdx",
+];
+
+/// Fails listing the commands of [`RELEASE_COMMANDS`] that are missing, and the cargo tools at
+/// another version than pinned.
+pub fn require_release_tools() -> Result<()> {
+    let mut missing: Vec<String> =
+        RELEASE_COMMANDS.iter().filter(|c| !on_path(c)).map(|c| c.to_string()).collect();
+    missing.extend(
+        CARGO_TOOLS
+            .iter()
+            .filter(|(krate, version, cmd)| {
+                RELEASE_COMMANDS.contains(cmd)
+                    && on_path(cmd)
+                    && !tool_at_version(krate, cmd, version)
+            })
+            .map(|(krate, version, _)| format!("{krate} {version}")),
+    );
+    ensure!(
+        missing.is_empty(),
+        "missing for the release: {}; run `cargo xtask deps` (as root for the Debian packages)",
+        missing.join(", ")
+    );
+    Ok(())
+}
 
 /// rpmlint, pinned, from PyPI: Debian's rpmlint carries Debian's configuration, and only the
 /// release's source distribution carries Fedora's (`configs/Fedora/`; the wheel does not), which

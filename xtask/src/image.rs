@@ -39,7 +39,7 @@ pub const SIM_BROKER: &str = "amd-hsmp-sim-broker";
 pub const USER: &str = "65534";
 /// The target the binaries are built for (explicit, so that `+crt-static` does not reach build
 /// scripts and proc macros).
-const TARGET: &str = "x86_64-unknown-linux-gnu";
+pub(crate) const TARGET: &str = "x86_64-unknown-linux-gnu";
 /// `org.opencontainers.image.source`: the workspace's `repository`.
 const SOURCE: &str = "https://github.com/amd-hsmp-exporter/amd-hsmp-exporter";
 /// `org.opencontainers.image.licenses`: the workspace's `license`.
@@ -51,7 +51,7 @@ const DOCUMENTATION: &str =
     "https://github.com/amd-hsmp-exporter/amd-hsmp-exporter/blob/main/docs/kubernetes.md";
 /// The cargo tool the image's build needs (of `deps::CARGO_TOOLS`): the image installs it
 /// alone, not the packaging and licence checks' tools.
-const CARGO_TOOL: &str = "cargo-auditable";
+pub(crate) const CARGO_TOOL: &str = "cargo-auditable";
 
 /// What the archive is made of: nothing else goes into it.
 #[derive(Debug, Clone)]
@@ -166,15 +166,15 @@ pub fn check_reproducible(root: &Path, first: &Archive) -> Result<()> {
 
 /// What the build takes from the commit.
 #[derive(Debug, Clone)]
-struct Meta {
-    epoch: u64,
-    revision: String,
+pub(crate) struct Meta {
+    pub(crate) epoch: u64,
+    pub(crate) revision: String,
 }
 
 impl Meta {
     /// `SOURCE_DATE_EPOCH` if set, else the commit's time; the commit, `-dirty` when the tree
     /// differs from it.
-    fn of(root: &Path) -> Result<Meta> {
+    pub(crate) fn of(root: &Path) -> Result<Meta> {
         let epoch = match std::env::var("SOURCE_DATE_EPOCH") {
             Ok(v) if !v.trim().is_empty() => v.trim().to_owned(),
             _ => git(root, &["log", "-1", "--format=%ct"])?,
@@ -257,7 +257,7 @@ fn build_from(
     write_archive(&inputs, out)
 }
 
-fn cargo_home() -> Result<PathBuf> {
+pub(crate) fn cargo_home() -> Result<PathBuf> {
     match std::env::var_os("CARGO_HOME") {
         Some(home) => Ok(PathBuf::from(home)),
         None => {
@@ -267,7 +267,7 @@ fn cargo_home() -> Result<PathBuf> {
 }
 
 /// A binary of the image is static, carries its dependency list, and names none of `private`.
-fn check_binary(path: &Path, private: &[PathBuf]) -> Result<()> {
+pub(crate) fn check_binary(path: &Path, private: &[PathBuf]) -> Result<()> {
     let bytes = fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let ldd = Command::new("ldd").arg(path).output().context("cannot run ldd")?;
     let said =
@@ -296,7 +296,7 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 
 /// Copies the files git knows or would add (tracked and untracked, not ignored) from `root` to
 /// `dest`: the sources as they are, changes included, without `target/`.
-fn copy_sources(root: &Path, dest: &Path) -> Result<()> {
+pub(crate) fn copy_sources(root: &Path, dest: &Path) -> Result<()> {
     let out = Command::new("git")
         .args(["ls-files", "-z", "--cached", "--others", "--exclude-standard"])
         .current_dir(root)
@@ -328,20 +328,20 @@ pub fn digest(bytes: &[u8]) -> String {
 }
 
 /// RFC 3339 of `epoch`, UTC, seconds.
-fn rfc3339(epoch: u64) -> String {
+pub(crate) fn rfc3339(epoch: u64) -> String {
     let time = std::time::UNIX_EPOCH + std::time::Duration::from_secs(epoch);
     humantime::format_rfc3339_seconds(time).to_string()
 }
 
 /// A tar in which every entry has owner 0:0, no owner names, `mtime` = `epoch`, directories
 /// 0755 and the given modes: entries in the order given (callers sort them).
-struct Tar {
+pub(crate) struct Tar {
     builder: tar::Builder<Vec<u8>>,
     epoch: u64,
 }
 
 impl Tar {
-    fn new(epoch: u64) -> Tar {
+    pub(crate) fn new(epoch: u64) -> Tar {
         Tar { builder: tar::Builder::new(Vec::new()), epoch }
     }
 
@@ -375,16 +375,17 @@ impl Tar {
     }
 
     /// Every directory above each file, then the files, all in byte order of their paths.
-    fn tree(mut self, files: &[(String, Vec<u8>, u32)]) -> Result<Vec<u8>> {
+    pub(crate) fn tree(mut self, files: &[(String, Vec<u8>, u32)]) -> Result<Vec<u8>> {
         // (path, None for a directory or the file's bytes and mode)
         type Entry<'a> = (String, Option<(&'a [u8], u32)>);
         let mut entries: Vec<Entry<'_>> = Vec::new();
+        let mut dirs = std::collections::BTreeSet::new();
         for (path, data, mode) in files {
             let mut dir = String::new();
             for part in path.split('/').collect::<Vec<_>>().split_last().map_or(&[][..], |s| s.1) {
                 dir.push_str(part);
                 dir.push('/');
-                if !entries.iter().any(|(p, _)| *p == dir) {
+                if dirs.insert(dir.clone()) {
                     entries.push((dir.clone(), None));
                 }
             }
@@ -402,7 +403,7 @@ impl Tar {
 }
 
 /// gzip with a fixed header (no name, mtime 0, OS "unknown") at the best level.
-fn gzip(bytes: &[u8]) -> Result<Vec<u8>> {
+pub(crate) fn gzip(bytes: &[u8]) -> Result<Vec<u8>> {
     let mut enc = flate2::GzBuilder::new()
         .mtime(0)
         .operating_system(255)
@@ -479,15 +480,7 @@ pub fn write_archive(inputs: &Inputs, out: &Path) -> Result<Archive> {
             },
         }],
     });
-    let mut entries = vec![
-        ("oci-layout".to_owned(), br#"{"imageLayoutVersion":"1.0.0"}"#.to_vec(), 0o644),
-        ("index.json".to_owned(), serde_json::to_vec(&index)?, 0o644),
-    ];
-    for blob in [&layer_gz, &config, &manifest] {
-        let name = digest(blob).replacen(':', "/", 1);
-        entries.push((format!("blobs/{name}"), blob.clone(), 0o644));
-    }
-    let archive = Tar::new(inputs.epoch).tree(&entries)?;
+    let archive = layout(&index, &[&layer_gz, &config, &manifest], inputs.epoch)?;
     if let Some(dir) = out.parent() {
         fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
@@ -502,12 +495,32 @@ pub fn write_archive(inputs: &Inputs, out: &Path) -> Result<Archive> {
     })
 }
 
+/// An OCI image layout as a tar: `oci-layout`, the index and each blob under its digest.
+pub(crate) fn layout(index: &Value, blobs: &[&Vec<u8>], epoch: u64) -> Result<Vec<u8>> {
+    let mut entries = vec![
+        ("oci-layout".to_owned(), br#"{"imageLayoutVersion":"1.0.0"}"#.to_vec(), 0o644),
+        ("index.json".to_owned(), serde_json::to_vec(index)?, 0o644),
+    ];
+    for blob in blobs {
+        let name = digest(blob).replacen(':', "/", 1);
+        entries.push((format!("blobs/{name}"), blob.to_vec(), 0o644));
+    }
+    Tar::new(epoch).tree(&entries)
+}
+
 /// The blobs of an archive by digest, and its index: for the tests and `kube-test`.
 pub fn read_archive(path: &Path) -> Result<(Value, std::collections::BTreeMap<String, Vec<u8>>)> {
+    let bytes = fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    read_archive_bytes(&bytes)
+}
+
+/// [`read_archive`] of an archive's bytes.
+pub fn read_archive_bytes(
+    bytes: &[u8],
+) -> Result<(Value, std::collections::BTreeMap<String, Vec<u8>>)> {
     let mut index = None;
     let mut blobs = std::collections::BTreeMap::new();
-    let bytes = fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let mut archive = tar::Archive::new(bytes.as_slice());
+    let mut archive = tar::Archive::new(bytes);
     for entry in archive.entries()? {
         let mut entry = entry?;
         if entry.header().entry_type() != tar::EntryType::Regular {

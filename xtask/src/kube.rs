@@ -21,6 +21,9 @@ mod chart;
 mod pod;
 mod upgrade;
 
+pub(crate) use chart::CHART;
+pub(crate) use upgrade::field as chart_field;
+
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::json;
 use std::path::PathBuf;

@@ -8,7 +8,8 @@
 //! real driver and the package under systemd in a QEMU guest whose SMU is the simulator; see
 //! `vm.rs`), `bench` (the benchmark of a scrape's cost; not part of `test`), `image [--reproducible]`
 //! (the OCI image, see `image.rs`), `kube-test [--no-pods]` (the Helm chart, and its pod in podman:
-//! `kube.rs`).
+//! `kube.rs`), `release [--dry-run] [--out DIR]` (every artifact of a release, built twice and
+//! compared, its checksums signed: `release.rs`).
 
 #![forbid(unsafe_code)]
 
@@ -23,6 +24,7 @@ mod kube;
 mod man;
 mod mixin;
 mod packaging;
+mod release;
 mod tidy;
 mod vm;
 mod workspace;
@@ -33,7 +35,8 @@ use std::process::ExitCode;
 use workspace::{cargo, root};
 
 const USAGE: &str = "usage: cargo xtask <demo [--scenario NAME]|test|test-as-user|deps|packaging|man OUTDIR|\
-                     mixin [--live]|vm-test|bench [--help]|image [--reproducible]|kube-test [--no-pods]>";
+                     mixin [--live]|vm-test|bench [--help]|image [--reproducible]|kube-test [--no-pods]|\
+                     release [--dry-run] [--out DIR]>";
 
 fn main() -> ExitCode {
     match run() {
@@ -60,6 +63,7 @@ fn run() -> Result<()> {
         },
         Some("mixin") => mixin::check(&root(), args.get(1).is_some_and(|a| a == "--live")),
         Some("vm-test") => vm::run(&args[1..]),
+        Some("release") => release::run(&args[1..]),
         Some("test-as-user") => as_user::run(),
         Some("test") => {
             deps::install()?;

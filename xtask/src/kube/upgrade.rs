@@ -133,7 +133,8 @@ fn check_upgrade(answer: &Value) -> Result<()> {
 }
 
 /// `version` in Chart.yaml.
-fn field<'a>(chart_yaml: &'a str, key: &str) -> Result<&'a str> {
+/// A top-level scalar of Chart.yaml (`version`, `appVersion`).
+pub(crate) fn field<'a>(chart_yaml: &'a str, key: &str) -> Result<&'a str> {
     chart_yaml
         .lines()
         .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
