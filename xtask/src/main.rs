@@ -8,12 +8,14 @@
 //! real driver and the package under systemd in a QEMU guest whose SMU is the simulator; see
 //! `vm.rs`), `bench` (the benchmark of a scrape's cost; not part of `test`), `image [--reproducible]`
 //! (the OCI image, see `image.rs`), `kube-test [--no-pods]` (the Helm chart, and its pod in podman:
-//! `kube.rs`).
+//! `kube.rs`), `changelog [--check|--release|--notes V]` (CHANGELOG.md from the commits:
+//! `changelog.rs`).
 
 #![forbid(unsafe_code)]
 
 mod as_user;
 mod bench;
+mod changelog;
 mod demo;
 mod deps;
 mod golden;
@@ -33,7 +35,8 @@ use std::process::ExitCode;
 use workspace::{cargo, root};
 
 const USAGE: &str = "usage: cargo xtask <demo [--scenario NAME]|test|test-as-user|deps|packaging|man OUTDIR|\
-                     mixin [--live]|vm-test|bench [--help]|image [--reproducible]|kube-test [--no-pods]>";
+                     mixin [--live]|vm-test|bench [--help]|image [--reproducible]|kube-test [--no-pods]|\
+                     changelog [--check|--release|--notes V]>";
 
 fn main() -> ExitCode {
     match run() {
@@ -50,6 +53,7 @@ fn run() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("demo") => demo::run(&args[1..]),
         Some("bench") => bench::run(&args[1..]),
+        Some("changelog") => changelog::run(&args[1..]),
         Some("deps") => deps::install(),
         Some("image") => image::run(&args[1..]),
         Some("kube-test") => kube::run(&args[1..]),
