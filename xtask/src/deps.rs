@@ -140,7 +140,8 @@ pub fn install() -> Result<()> {
     }
     install_cargo_tools()?;
     install_kube_venv()?;
-    install_venv(&mixin_venv()?, MIXIN_VENV_PACKAGES, "the mixin check's venv")
+    install_venv(&mixin_venv()?, MIXIN_VENV_PACKAGES, "the mixin check's venv")?;
+    install_venv(&lint_venv()?, LINT_VENV_PACKAGES, "the lint venv")
 }
 
 /// The kube-test venv's directory, outside the clone.
@@ -156,6 +157,20 @@ fn install_kube_venv() -> Result<()> {
 
 /// PyPI packages of the mixin check's venv ([`mixin_venv`]): Grafana's typed dashboard model.
 pub const MIXIN_VENV_PACKAGES: &[&str] = &["grafana-foundation-sdk==1769699379!11.6.0"];
+
+/// PyPI packages of the lint venv ([`lint_venv`]): a JSON Schema validator, for the workflows
+/// against SchemaStore's schema.
+pub const LINT_VENV_PACKAGES: &[&str] = &["check-jsonschema==0.39.0"];
+
+/// The lint venv's directory, outside the clone.
+pub fn lint_venv() -> Result<PathBuf> {
+    Ok(cache()?.join("lint-venv"))
+}
+
+fn cache() -> Result<PathBuf> {
+    let home = std::env::var_os("HOME").ok_or_else(|| anyhow::anyhow!("HOME is not set"))?;
+    Ok(PathBuf::from(home).join(".cache/amd-hsmp-exporter"))
+}
 
 /// The venv of the mixin check's typed dashboard model, outside the clone.
 pub fn mixin_venv() -> Result<PathBuf> {

@@ -21,6 +21,11 @@ mod chart;
 mod pod;
 mod upgrade;
 
+#[cfg(test)]
+pub(crate) use chart::CHART;
+#[cfg(test)]
+pub(crate) use upgrade::field as chart_field;
+
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::json;
 use std::path::PathBuf;

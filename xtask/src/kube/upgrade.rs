@@ -132,8 +132,8 @@ fn check_upgrade(answer: &Value) -> Result<()> {
     Ok(())
 }
 
-/// `version` in Chart.yaml.
-fn field<'a>(chart_yaml: &'a str, key: &str) -> Result<&'a str> {
+/// The field `key` (`version`, `appVersion`, `name`) of Chart.yaml's text.
+pub(crate) fn field<'a>(chart_yaml: &'a str, key: &str) -> Result<&'a str> {
     chart_yaml
         .lines()
         .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
