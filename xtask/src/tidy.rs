@@ -1,6 +1,6 @@
 //! Repository-wide checks that run as ordinary tests: toolchain floor, file headers, what the
 //! privileged process links, ARCHITECTURE.md against the code, module graphs without cycles, and
-//! the release workflow against what it publishes.
+//! the release workflow and renovate.json against what they publish and update.
 
 /// The Rust source files under `root` (the workspace, or one crate's `src/`), outside `target/`,
 /// hidden folders and the fixture trees, sorted; none for a folder that does not exist.
@@ -55,6 +55,8 @@ mod architecture;
 mod figures;
 #[cfg(test)]
 mod modules;
+#[cfg(test)]
+mod renovate;
 #[cfg(test)]
 mod workflow;
 
