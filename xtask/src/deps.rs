@@ -34,6 +34,8 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("hunspell-en-us", "/usr/share/hunspell/en_US.dic"),
     // The mixin checks (mixin.rs); promtool is above.
     ("jsonnet", "jsonnet"),
+    // Renovate's configuration schema, from its npm package (xtask/src/tidy/renovate.rs).
+    ("npm", "npm"),
     // The mixin's Slurm epilog example and its test (xtask/src/mixin/epilog.rs): curl, and mawk,
     // Debian's awk (the test runs the script with gawk too where it is installed).
     ("curl", "curl"),
@@ -181,7 +183,9 @@ pub fn install() -> Result<()> {
     }
     install_cargo_tools()?;
     install_kube_venv()?;
-    install_venv(&mixin_venv()?, MIXIN_VENV_PACKAGES, "the mixin check's venv")
+    install_venv(&mixin_venv()?, MIXIN_VENV_PACKAGES, "the mixin check's venv")?;
+    install_venv(&lint_venv()?, LINT_VENV_PACKAGES, "the lint venv")?;
+    install_renovate_schema()
 }
 
 /// The kube-test venv's directory, outside the clone.
@@ -197,6 +201,56 @@ fn install_kube_venv() -> Result<()> {
 
 /// PyPI packages of the mixin check's venv ([`mixin_venv`]): Grafana's typed dashboard model.
 pub const MIXIN_VENV_PACKAGES: &[&str] = &["grafana-foundation-sdk==1769699379!11.6.0"];
+
+/// PyPI packages of the lint venv ([`lint_venv`]): a JSON Schema validator, for renovate.json
+/// against [`RENOVATE_VERSION`]'s schema and the workflows against SchemaStore's.
+pub const LINT_VENV_PACKAGES: &[&str] = &["check-jsonschema==0.39.0"];
+
+/// The Renovate release whose configuration schema (`renovate-schema.json`, in its npm package)
+/// checks renovate.json; the package alone, without its dependencies, from `npm pack`.
+pub const RENOVATE_VERSION: &str = "44.121.2";
+
+/// The lint venv's directory, outside the clone.
+pub fn lint_venv() -> Result<PathBuf> {
+    Ok(cache()?.join("lint-venv"))
+}
+
+/// Renovate's configuration schema, `~/.cache/amd-hsmp-exporter/renovate-VERSION/renovate-schema.json`.
+pub fn renovate_schema() -> Result<PathBuf> {
+    Ok(cache()?.join(format!("renovate-{RENOVATE_VERSION}")).join("renovate-schema.json"))
+}
+
+fn cache() -> Result<PathBuf> {
+    let home = std::env::var_os("HOME").ok_or_else(|| anyhow::anyhow!("HOME is not set"))?;
+    Ok(PathBuf::from(home).join(".cache/amd-hsmp-exporter"))
+}
+
+/// Unpacks [`renovate_schema`] from the npm package of [`RENOVATE_VERSION`] when missing.
+fn install_renovate_schema() -> Result<()> {
+    let schema = renovate_schema()?;
+    if schema.is_file() {
+        return Ok(());
+    }
+    let dir = schema.parent().unwrap_or(std::path::Path::new("."));
+    eprintln!("xtask: fetching renovate {RENOVATE_VERSION}'s schema into {}", dir.display());
+    std::fs::create_dir_all(dir)?;
+    let package = format!("renovate@{RENOVATE_VERSION}");
+    crate::workspace::run_cmd(
+        Command::new("npm").args(["pack", "--silent", &package]).current_dir(dir),
+    )
+    .map_err(|e| e.context("cannot fetch Renovate's package (npm is Debian's package npm)"))?;
+    let tarball = dir.join(format!("renovate-{RENOVATE_VERSION}.tgz"));
+    crate::workspace::run_cmd(
+        Command::new("tar")
+            .arg("-xzf")
+            .arg(&tarball)
+            .arg("-C")
+            .arg(dir)
+            .args(["--strip-components=1", "package/renovate-schema.json"]),
+    )?;
+    std::fs::remove_file(&tarball)?;
+    Ok(())
+}
 
 /// The venv of the mixin check's typed dashboard model, outside the clone.
 pub fn mixin_venv() -> Result<PathBuf> {

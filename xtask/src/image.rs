@@ -26,9 +26,13 @@ use std::process::Command;
 
 /// The image's name; the tag is the workspace version.
 pub const NAME: &str = "amd-hsmp-exporter";
+/// The image's repository once loaded into podman (the chart's default is the published one).
+pub fn local_repository() -> String {
+    format!("localhost/{NAME}")
+}
 /// The image's reference once loaded into podman.
 pub fn reference() -> String {
-    format!("localhost/{NAME}:{}", env!("CARGO_PKG_VERSION"))
+    format!("{}:{}", local_repository(), env!("CARGO_PKG_VERSION"))
 }
 /// The binaries, installed in `/usr/bin`.
 pub const BINARIES: [&str; 2] = ["amd-hsmp-broker", "amd-hsmp-exporter"];

@@ -104,20 +104,24 @@ pub fn run(args: &[String]) -> Result<()> {
     })?;
     let documented = chart::documented_outside(&root)?;
     let variants = chart::variants(&python, &root)?;
-    let mut default = None;
     for variant in &variants {
-        let (rendered, summary) = chart::check_variant(&python, &root, variant, &documented)?;
+        let (_, summary) = chart::check_variant(&python, &root, variant, &documented)?;
         println!("kube-test: chart {summary}");
-        if variant.name == "default-values.yaml" {
-            default = Some(rendered);
-        }
     }
-    let default = default.context("no ci/default-values.yaml")?;
+    let default = variants
+        .iter()
+        .find(|v| v.name == "default-values.yaml")
+        .context("no ci/default-values.yaml")?;
     if pods {
         pod::require_root()?;
         let archive = crate::image::build(&root)?;
         crate::image::check_reproducible(&root, &archive)?;
-        pod::run(&root, &archive, default.daemonset()?)?;
+        // The chart names the published image; the pod runs the one just built and loaded into
+        // podman, set as an operator sets a mirror.
+        let mut local = default.clone();
+        local.values["image"] = json!({"repository": crate::image::local_repository()});
+        let (rendered, _) = chart::check_variant(&python, &root, &local, &documented)?;
+        pod::run(&root, &archive, rendered.daemonset()?)?;
     }
     println!("kube-test: passed in {:.0} s", started.elapsed().as_secs_f64());
     Ok(())

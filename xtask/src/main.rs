@@ -9,12 +9,14 @@
 //! `vm.rs`), `bench` (the benchmark of a scrape's cost; not part of `test`), `image [--reproducible]`
 //! (the OCI image, see `image.rs`), `kube-test [--no-pods]` (the Helm chart, and its pod in podman:
 //! `kube.rs`), `release [--dry-run] [--out DIR]` (every artifact of a release, built twice and
-//! compared, its checksums signed: `release.rs`).
+//! compared, its checksums signed: `release.rs`), `changelog [--check|--release|--notes V]`
+//! (CHANGELOG.md from the commits: `changelog.rs`).
 
 #![forbid(unsafe_code)]
 
 mod as_user;
 mod bench;
+mod changelog;
 mod demo;
 mod deps;
 mod golden;
@@ -36,7 +38,7 @@ use workspace::{cargo, root};
 
 const USAGE: &str = "usage: cargo xtask <demo [--scenario NAME]|test|test-as-user|deps|packaging|man OUTDIR|\
                      mixin [--live]|vm-test|bench [--help]|image [--reproducible]|kube-test [--no-pods]|\
-                     release [--dry-run] [--out DIR]>";
+                     release [--dry-run] [--out DIR]|changelog [--check|--release|--notes V]>";
 
 fn main() -> ExitCode {
     match run() {
@@ -53,6 +55,7 @@ fn run() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("demo") => demo::run(&args[1..]),
         Some("bench") => bench::run(&args[1..]),
+        Some("changelog") => changelog::run(&args[1..]),
         Some("deps") => deps::install(),
         Some("image") => image::run(&args[1..]),
         Some("kube-test") => kube::run(&args[1..]),

@@ -41,6 +41,58 @@ pub const KEY_VARIABLE: &str = "AMD_HSMP_RELEASE_MINISIGN_KEY";
 /// The variable that passes the revision to the builds of the trees, which have no git history.
 const REVISION_VARIABLE: &str = "AMD_HSMP_RELEASE_REVISION";
 
+/// The names of a release's files, V the workspace version and CV the chart's: the builds
+/// write these, [`run`] requires exactly [`artifacts`], and the workflow's check reads them.
+pub mod names {
+    use super::tree::NAME;
+
+    pub fn tarball(v: &str) -> String {
+        format!("{NAME}-{v}-x86_64-linux.tar.gz")
+    }
+    /// cargo-deb's name.
+    pub fn deb(v: &str) -> String {
+        format!("{NAME}_{v}-1_amd64.deb")
+    }
+    /// rpmbuild's name (`Release: 1%{?dist}`, EL9).
+    pub fn srpm(v: &str) -> String {
+        format!("{NAME}-{v}-1.el9.src.rpm")
+    }
+    pub fn image(v: &str) -> String {
+        format!("{NAME}-{v}.oci.tar")
+    }
+    pub fn chart_tgz(cv: &str) -> String {
+        format!("{NAME}-{cv}.tgz")
+    }
+    pub fn chart_oci(cv: &str) -> String {
+        format!("{NAME}-chart-{cv}.oci.tar")
+    }
+    pub fn sbom(binary: &str, v: &str) -> String {
+        format!("{binary}-{v}.cdx.json")
+    }
+    pub fn image_sbom(v: &str) -> String {
+        format!("{NAME}-{v}.oci.cdx.json")
+    }
+}
+
+/// Every file of a release, sorted by name.
+pub fn artifacts(v: &str, cv: &str) -> Vec<String> {
+    let mut all = vec![
+        names::tarball(v),
+        names::deb(v),
+        names::srpm(v),
+        names::image(v),
+        names::chart_tgz(cv),
+        names::chart_oci(cv),
+        names::image_sbom(v),
+        sign::SUMS.to_owned(),
+        sign::SIGNATURE.to_owned(),
+        sign::PUBLIC_KEY.to_owned(),
+    ];
+    all.extend(image::BINARIES.iter().map(|b| names::sbom(b, v)));
+    all.sort();
+    all
+}
+
 /// What `release` was asked.
 #[derive(Debug, PartialEq, Eq)]
 struct Options {
@@ -167,6 +219,13 @@ pub fn run(args: &[String]) -> Result<()> {
         fs::copy(builders[0].out().join(name), out.join(name))?;
     }
     let signed = sign::sign_and_verify(&out, &files, key.as_deref(), &version, &meta.revision)?;
+    let chart_yaml = fs::read_to_string(root.join(crate::kube::CHART).join("Chart.yaml"))?;
+    let expected = artifacts(&version, crate::kube::chart_field(&chart_yaml, "version")?);
+    let mut written: Vec<String> = fs::read_dir(&out)?
+        .map(|e| Ok(e?.file_name().to_string_lossy().into_owned()))
+        .collect::<Result<_>>()?;
+    written.sort();
+    ensure!(written == expected, "the release wrote {written:?}, not {expected:?}");
     println!(
         "release: {} artifacts built twice, identical; {signed}; in {} ({:.0} s)",
         files.len(),
@@ -327,6 +386,28 @@ fn which_dir(name: &str) -> Result<PathBuf> {
     std::env::split_paths(&path)
         .find(|dir| dir.join(name).is_file())
         .with_context(|| format!("{name} is not on PATH; run `cargo xtask deps`"))
+}
+
+/// The files under `dir` that `keep` keeps (by their path relative to `dir`), as tar entries
+/// under `prefix`: executable ones 0755, others 0644, whatever the builder's umask made them.
+fn tree_files(
+    dir: &Path,
+    prefix: &str,
+    keep: impl Fn(&Path) -> bool,
+) -> Result<Vec<(String, Vec<u8>, u32)>> {
+    let mut files = Vec::new();
+    for path in walkdir(dir)? {
+        let rel = path.strip_prefix(dir)?;
+        let meta = fs::symlink_metadata(&path)?;
+        if rel.as_os_str().is_empty() || meta.is_dir() || !keep(rel) {
+            continue;
+        }
+        ensure!(meta.is_file(), "{} is not a file: a release tarball holds files", path.display());
+        let mode = if meta.mode() & 0o100 != 0 { 0o755 } else { 0o644 };
+        let name = format!("{prefix}/{}", rel.to_str().context("a path that is not UTF-8")?);
+        files.push((name, fs::read(&path)?, mode));
+    }
+    Ok(files)
 }
 
 /// The two outputs hold the same files with the same bytes; returns their names, sorted.

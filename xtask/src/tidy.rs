@@ -1,5 +1,6 @@
 //! Repository-wide checks that run as ordinary tests: toolchain floor, file headers, what the
-//! privileged process links, ARCHITECTURE.md against the code, and module graphs without cycles.
+//! privileged process links, ARCHITECTURE.md against the code, module graphs without cycles, and
+//! the release workflow and renovate.json against what they publish and update.
 
 /// The Rust source files under `root` (the workspace, or one crate's `src/`), outside `target/`,
 /// hidden folders and the fixture trees, sorted; none for a folder that does not exist.
@@ -32,12 +33,32 @@ fn files_with(root: &std::path::Path, wanted: impl Fn(&str) -> bool) -> Vec<std:
     files
 }
 
+/// Runs the lint venv's check-jsonschema with `args`; fails with its report when it refuses.
+#[cfg(test)]
+fn check_jsonschema<I: IntoIterator<Item = S>, S: AsRef<std::ffi::OsStr>>(args: I) {
+    let tool = crate::deps::lint_venv().unwrap().join("bin/check-jsonschema");
+    let out = std::process::Command::new(&tool)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", tool.display()));
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[cfg(test)]
 mod architecture;
 #[cfg(test)]
 mod figures;
 #[cfg(test)]
 mod modules;
+#[cfg(test)]
+mod renovate;
+#[cfg(test)]
+mod workflow;
 
 #[cfg(test)]
 mod tests {

@@ -206,6 +206,13 @@ pub fn run(root: &Path, archive: &crate::image::Archive, daemonset: &Value) -> R
     );
 
     let template = &daemonset["spec"]["template"];
+    for c in template["spec"]["containers"].as_array().context("containers")? {
+        ensure!(
+            c["image"] == reference.as_str(),
+            "the pod would pull {}, not {reference}",
+            c["image"]
+        );
+    }
     ensure!(
         !Path::new("/dev/hsmp").exists(),
         "this machine has /dev/hsmp: the run on a node without the device cannot be made here"

@@ -132,8 +132,7 @@ fn check_upgrade(answer: &Value) -> Result<()> {
     Ok(())
 }
 
-/// `version` in Chart.yaml.
-/// A top-level scalar of Chart.yaml (`version`, `appVersion`).
+/// The field `key` (`version`, `appVersion`, `name`) of Chart.yaml's text.
 pub(crate) fn field<'a>(chart_yaml: &'a str, key: &str) -> Result<&'a str> {
     chart_yaml
         .lines()

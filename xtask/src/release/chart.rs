@@ -3,7 +3,7 @@
 //! function of the files and the commit's time alone; and the same `.tgz` as an OCI artifact
 //! (Helm's media types), an OCI image layout in a tar, for `oras cp --from-oci-layout`.
 
-use super::tree::tree_files;
+use super::tree_files;
 use crate::image::{Tar, digest, gzip, rfc3339};
 use crate::kube::{CHART, chart_field};
 use anyhow::{Result, bail};
@@ -27,7 +27,7 @@ pub fn package(tree: &Path, out: &Path, epoch: u64) -> Result<()> {
         top != ".helmignore" && !ignored.contains(&top)
     })?;
     let tgz = gzip(&Tar::new(epoch).tree(&files)?)?;
-    fs::write(out.join(format!("{name}-{version}.tgz")), &tgz)?;
+    fs::write(out.join(super::names::chart_tgz(version)), &tgz)?;
 
     // What `helm push` stores as the config: the chart's metadata, as JSON.
     let mut config = serde_json::Map::new();
@@ -57,7 +57,7 @@ pub fn package(tree: &Path, out: &Path, epoch: u64) -> Result<()> {
         }],
     });
     let layout = crate::image::layout(&index, &[&tgz, &config, &manifest], epoch)?;
-    fs::write(out.join(format!("{name}-chart-{version}.oci.tar")), layout)?;
+    fs::write(out.join(super::names::chart_oci(version)), layout)?;
     Ok(())
 }
 

@@ -1,13 +1,13 @@
 //! One build of a release from one tree (`cargo xtask release --tree TREE --out OUT`), run by
 //! [`super::run`] as each builder: every artifact into `OUT`, from the tree's files alone.
 
-use super::{chart, epoch, revision, walkdir};
+use super::{chart, epoch, names, revision, tree_files};
 use crate::image::{self, BINARIES, Inputs, TARGET, Tar, gzip};
 use crate::workspace::run_cmd;
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
 use std::fs;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -24,7 +24,7 @@ pub fn build(tree: &Path, out: &Path) -> Result<()> {
     tarball(tree, out, &version, epoch, &bins)?;
     deb(tree, out)?;
     srpm(tree, out, &version, epoch, &revision)?;
-    let image = out.join(format!("{NAME}-{version}.oci.tar"));
+    let image = out.join(names::image(&version));
     let files = BINARIES.iter().zip(&bins).map(|(b, p)| (format!("usr/bin/{b}"), p.clone()));
     let archive = image::write_archive(
         &Inputs {
@@ -98,7 +98,7 @@ fn tarball(tree: &Path, out: &Path, version: &str, epoch: u64, bins: &[PathBuf])
         let name = Path::new(doc).file_name().context("a file name")?.to_string_lossy();
         files.push((format!("{top}/{name}"), fs::read(tree.join(doc))?, 0o644));
     }
-    let name = format!("{NAME}-{version}-x86_64-linux.tar.gz");
+    let name = names::tarball(version);
     fs::write(out.join(name), gzip(&Tar::new(epoch).tree(&files)?)?)?;
     Ok(())
 }
@@ -172,28 +172,6 @@ fn srpm(tree: &Path, out: &Path, version: &str, epoch: u64, revision: &str) -> R
     Ok(())
 }
 
-/// The files under `dir` that `keep` keeps (by their path relative to `dir`), as tar entries
-/// under `prefix`: executable ones 0755, others 0644, whatever the builder's umask made them.
-pub(super) fn tree_files(
-    dir: &Path,
-    prefix: &str,
-    keep: impl Fn(&Path) -> bool,
-) -> Result<Vec<(String, Vec<u8>, u32)>> {
-    let mut files = Vec::new();
-    for path in walkdir(dir)? {
-        let rel = path.strip_prefix(dir)?;
-        let meta = fs::symlink_metadata(&path)?;
-        if rel.as_os_str().is_empty() || meta.is_dir() || !keep(rel) {
-            continue;
-        }
-        ensure!(meta.is_file(), "{} is not a file: a release tarball holds files", path.display());
-        let mode = if meta.mode() & 0o100 != 0 { 0o755 } else { 0o644 };
-        let name = format!("{prefix}/{}", rel.to_str().context("a path that is not UTF-8")?);
-        files.push((name, fs::read(&path)?, mode));
-    }
-    Ok(files)
-}
-
 /// xz of `bytes`, single-threaded (a multi-threaded xz cuts blocks by the machine's cores).
 fn xz(bytes: &[u8]) -> Result<Vec<u8>> {
     let mut child = Command::new("xz")
@@ -221,11 +199,11 @@ fn sboms(out: &Path, version: &str, bins: &[PathBuf], image: &image::Archive) ->
         let mut sbom: Value = serde_json::from_str(&text).context("auditable2cdx's output")?;
         ensure!(sbom["bomFormat"] == "CycloneDX", "auditable2cdx wrote no CycloneDX for {bin}");
         reproducible(&mut sbom);
-        fs::write(out.join(format!("{bin}-{version}.cdx.json")), pretty(&sbom)?)?;
+        fs::write(out.join(names::sbom(bin, version)), pretty(&sbom)?)?;
         binaries.push((bin, sbom));
     }
     let sbom = image_sbom(version, &image.manifest_digest, &binaries);
-    fs::write(out.join(format!("{NAME}-{version}.oci.cdx.json")), pretty(&sbom)?)?;
+    fs::write(out.join(names::image_sbom(version)), pretty(&sbom)?)?;
     Ok(())
 }
 
