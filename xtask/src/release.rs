@@ -471,6 +471,35 @@ mod tests {
     }
 
     #[test]
+    fn a_release_is_of_a_clean_commit_tagged_with_the_version_and_needs_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let git = |args: &[&str]| image::git(dir.path(), args).unwrap();
+        git(&["init", "-q"]);
+        fs::write(dir.path().join("f"), "1").unwrap();
+        git(&["add", "f"]);
+        git(&["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c"]);
+        let meta = |dirty: bool| Meta {
+            epoch: 1,
+            revision: format!(
+                "{}{}",
+                git(&["rev-parse", "HEAD"]),
+                if dirty { "-dirty" } else { "" }
+            ),
+        };
+        let refused =
+            |dirty| release_key(dir.path(), "1.2.3", &meta(dirty)).unwrap_err().to_string();
+        assert!(refused(true).contains("changes"), "{}", refused(true));
+        assert!(refused(false).contains("not tagged v1.2.3"), "{}", refused(false));
+        git(&["tag", "v1.2.4"]);
+        assert!(refused(false).contains("[v1.2.4]"), "{}", refused(false));
+        git(&["tag", "v1.2.3"]);
+        // Tagged: what is left is the key, which this test's environment does not name.
+        if std::env::var_os(KEY_VARIABLE).is_none() {
+            assert!(refused(false).contains(KEY_VARIABLE), "{}", refused(false));
+        }
+    }
+
+    #[test]
     fn a_copy_for_another_user_has_its_modes_cut_by_that_users_umask() {
         let dir = tempfile::tempdir().unwrap();
         let from = dir.path().join("a");
