@@ -10,8 +10,10 @@
 //!    exactly the table in docs/kubernetes.md (`chart.rs`).
 //! 4. `helm upgrade --reuse-values` from every earlier chart renders what the operator meant, and
 //!    Chart.yaml's `version` moved with every change under the chart (`upgrade.rs`).
-//! 5. The image: built (its reproducibility is `cargo xtask release --dry-run`'s to prove).
-//! 6. The pod in podman, on the simulator and on the FUSE fake device (`pod.rs`).
+//! 5. The chart as the release packages it (`release::package_chart`) loads in Helm and renders
+//!    what the directory renders.
+//! 6. The image: built (its reproducibility is `cargo xtask release --dry-run`'s to prove).
+//! 7. The pod in podman, on the simulator and on the FUSE fake device (`pod.rs`).
 //!
 //! Helm and the schemas come from a venv in `~/.cache/amd-hsmp-exporter/kube-venv` that
 //! `cargo xtask deps` makes (the `helm-python-sdk` wheel embeds the Helm SDK; `kubernetes-validate`
@@ -92,6 +94,41 @@ pub fn run(args: &[String]) -> Result<()> {
             "unknown keys refused, by name (and node-exporter's {}); the API schemas refuse \
              unknown fields",
             chart::NODE_EXPORTER_ONLY.join(", ")
+        ))
+    })?;
+    step("the release's chart package", || {
+        // What `cargo xtask release` ships: Helm loads the .tgz, lints it clean and renders
+        // exactly what the chart's directory renders.
+        let dir = tempfile::tempdir()?;
+        crate::release::package_chart(&root, dir.path())?;
+        let chart_yaml = std::fs::read_to_string(root.join(chart::CHART).join("Chart.yaml"))?;
+        let version = upgrade::field(&chart_yaml, "version")?;
+        let tgz = dir.path().join(crate::release::names::chart_tgz(version));
+        let render = |chart: &std::path::Path| {
+            chart::helm(
+                &python,
+                &root,
+                &json!({"op": "render", "chart": chart, "values": {}, "name": chart::RELEASE,
+                        "namespace": chart::NAMESPACE, "versions": chart::KUBE_VERSIONS}),
+            )
+        };
+        let (packaged, tree) = (render(&tgz)?, render(&root.join(chart::CHART))?);
+        ensure!(
+            packaged["lint_errors"].as_array().is_some_and(Vec::is_empty),
+            "Helm's lint of {}: {}",
+            tgz.display(),
+            packaged["lint"]
+        );
+        ensure!(
+            packaged["objects"] == tree["objects"] && packaged["notes"] == tree["notes"],
+            "{} renders other objects than {}",
+            tgz.display(),
+            chart::CHART
+        );
+        Ok(format!(
+            "{} loads, lints clean and renders the directory's {} objects",
+            tgz.file_name().unwrap_or_default().to_string_lossy(),
+            tree["objects"].as_array().map_or(0, Vec::len)
         ))
     })?;
     step("chart version", || upgrade::check_version(&root))?;

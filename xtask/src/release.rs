@@ -93,6 +93,12 @@ pub fn artifacts(v: &str, cv: &str) -> Vec<String> {
     all
 }
 
+/// The chart of the sources at `root` as the release packages it (`.tgz` and OCI artifact),
+/// into `out`, stamped with the commit's time: for kube-test, which loads it in Helm.
+pub fn package_chart(root: &Path, out: &Path) -> Result<()> {
+    chart::package(root, out, Meta::of(root)?.epoch)
+}
+
 /// What `release` was asked.
 #[derive(Debug, PartialEq, Eq)]
 struct Options {
