@@ -19,6 +19,7 @@ use self::deb::{deb, same_install_tree};
 use self::install_tree::install_tree;
 use self::licenses::dependency_licenses;
 use self::rpm::rpm;
+pub(crate) use self::rpm::workspace_version;
 use self::selinux::selinux;
 use self::units::units;
 use anyhow::{Context, Result, bail};

@@ -299,7 +299,7 @@ fn rpm_manifest(rpm: &Path) -> Result<(String, BTreeSet<String>)> {
     Ok((manifest, files))
 }
 
-pub(super) fn workspace_version(root: &Path) -> Result<String> {
+pub(crate) fn workspace_version(root: &Path) -> Result<String> {
     let manifest = read(&root.join("Cargo.toml"))?;
     let mut in_package = false;
     for line in manifest.lines().map(str::trim) {

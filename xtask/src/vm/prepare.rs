@@ -130,7 +130,11 @@ fn is_current(dir: &Path, key: &str) -> bool {
 
 /// Builds `dir` with `build` into `dir.tmp` unless its stamp holds `key`, then moves it into
 /// place with the stamp. Returns whether it was cached.
-fn cached(dir: &Path, key: &str, build: impl FnOnce(&Path) -> Result<()>) -> Result<bool> {
+pub(super) fn cached(
+    dir: &Path,
+    key: &str,
+    build: impl FnOnce(&Path) -> Result<()>,
+) -> Result<bool> {
     if is_current(dir, key) {
         return Ok(true);
     }
@@ -515,8 +519,9 @@ const POWER_CORE_SOURCE: &str = "power_core_sim.c";
 pub const POWER_CORE_MODULE: &str = "power_core_sim.ko";
 
 /// Builds the project's `.deb` from the checkout, as the packaging check does: release
-/// binaries, then `cargo deb --no-build`. Returns its path.
-pub fn deb(cache: &Cache) -> Result<PathBuf> {
+/// binaries, then `cargo deb --no-build`; its binaries must report `revision`, the checkout's.
+/// Returns its path.
+pub fn deb(cache: &Cache, revision: &str) -> Result<PathBuf> {
     crate::workspace::build_release_daemons()?;
     let out = cache.dir.join("run/deb");
     if out.exists() {
@@ -524,12 +529,13 @@ pub fn deb(cache: &Cache) -> Result<PathBuf> {
     }
     fs::create_dir_all(&out)?;
     crate::packaging::helpers::cargo_deb(&out)?;
-    let debs: Vec<PathBuf> = fs::read_dir(&out)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "deb"))
-        .collect();
-    let [deb] = &debs[..] else { bail!("cargo deb wrote {} packages, expected one", debs.len()) };
-    Ok(deb.clone())
+    let deb = super::previous::only_deb(&out)?;
+    let built = super::previous::deb_revision(&deb, &cache.dir.join("run/deb-binaries"))?;
+    ensure!(
+        built == revision,
+        "the .deb's binaries report revision {built}, the checkout is at {revision}"
+    );
+    Ok(deb)
 }
 
 /// The package names of the `.deb`'s `Depends` (first alternative of each).
