@@ -344,6 +344,25 @@ sed 's/^/dpkg: /' /run/upgrade-dpkg.out
     )
 }
 
+/// Lists the new package's files, requires each in dpkg's list and on disk with the package's
+/// contents, counts the previous package's files that differ from what is installed, and
+/// prints both binaries' `--version`.
+const FILES_SCRIPT: &str = r#"set -e
+rm -rf /run/new-deb /run/old-deb
+dpkg-deb -x /root/vm/amd-hsmp-exporter.deb /run/new-deb
+dpkg-deb -x /root/vm/amd-hsmp-exporter-previous.deb /run/old-deb
+sums() { (cd "$1" && find . -type f -exec md5sum {} + | sed 's|  \./|  /|'); }
+(cd /run/new-deb && find . -type f | sed 's|^\.||' | sort) >/run/new-files
+dpkg -L amd-hsmp-exporter | sort | grep -Fxf /run/new-files | cmp - /run/new-files
+sums /run/new-deb | md5sum --quiet -c
+echo "$(wc -l </run/new-files) files of the new package listed by dpkg and installed;" \
+	"$(sums /run/old-deb | md5sum --quiet -c 2>/dev/null | grep -c FAILED || true) of the" \
+	"previous package's $(sums /run/old-deb | wc -l) replaced"
+amd-hsmp-broker --version | head -n 1
+amd-hsmp-exporter --version | head -n 1
+rm -rf /run/new-deb /run/old-deb
+"#;
+
 /// Check U: the previous release's package, installed afresh and serving, upgraded to this
 /// checkout's with `dpkg -i` while the guest scrapes: both services restarted and active, the
 /// new package's files installed, scrapes incomplete for at most [`UPGRADE_GAP`], no counter
@@ -410,22 +429,15 @@ pub(super) fn upgrade(ctx: &mut Ctx<'_>) -> Result<Verdict> {
         socket.text.trim() == "active",
         format!("amd-hsmp-broker.socket {}", socket.text.trim()),
     );
-    // dpkg's database holds the new package's files, and they are on disk.
-    let files = sh(
-        vm,
-        "dpkg-deb -I /root/vm/amd-hsmp-exporter.deb md5sums | \
-         cmp - /var/lib/dpkg/info/amd-hsmp-exporter.md5sums && dpkg -V amd-hsmp-exporter && \
-         echo \"$(dpkg-deb -I /root/vm/amd-hsmp-exporter-previous.deb md5sums | \
-         grep -vxFf /var/lib/dpkg/info/amd-hsmp-exporter.md5sums | wc -l) of \
-         $(wc -l </var/lib/dpkg/info/amd-hsmp-exporter.md5sums) files changed\" && \
-         amd-hsmp-broker --version | head -n 1 && amd-hsmp-exporter --version | head -n 1",
-    )?;
+    // dpkg lists every file of the new package, each on disk as the package has it (cargo-deb
+    // writes no md5sums for dpkg -V), and some of the previous package's are replaced.
+    let files = vm.run(FILES_SCRIPT, UPGRADE_TIMEOUT)?;
     let revisions: Vec<String> =
         files.text.lines().filter_map(crate::vm::previous::version_revision).collect();
     ev.check(
         files.ok() && revisions.len() == 2 && revisions.iter().all(|r| *r == releases.current),
         format!(
-            "dpkg's md5sums are the new package's, dpkg -V clean, binaries at {}: {}",
+            "the new package's files installed, binaries at revision {}: {}",
             releases.current,
             files.text.trim().replace('\n', "; ")
         ),
