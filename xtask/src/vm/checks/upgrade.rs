@@ -87,7 +87,7 @@ impl Logged {
 }
 
 /// The scrape log the guest printed: `scrape START END STATUS` lines, each followed by that
-/// answer's sample lines.
+/// answer's sample lines; what comes before the first is not the log's.
 pub(super) fn parse_log(text: &str) -> Result<Vec<Logged>> {
     let mut log: Vec<Logged> = Vec::new();
     let mut body = String::new();
@@ -304,7 +304,8 @@ fn unit_states(vm: &mut Vm, units: &[&str]) -> Result<Vec<UnitState>> {
 const SERVICES: [&str; 2] = ["amd-hsmp-broker.service", "amd-hsmp-exporter.service"];
 
 /// The scraper and the upgrade, one guest script: scrapes until the upgrade is done and three
-/// answers came after it, then prints `dpkg START END EXIT`, the log and dpkg's output.
+/// answers came after it, then prints `dpkg START END EXIT`, dpkg's output (`dpkg: ` lines)
+/// and the log, which [`parse_log`] reads from its first `scrape` line to the end.
 fn upgrade_script() -> String {
     format!(
         r#"set -u
@@ -338,8 +339,8 @@ done
 touch "$stop"
 wait "$pid"
 echo "dpkg $t0 $t1 $rc"
-cat "$log"
 sed 's/^/dpkg: /' /run/upgrade-dpkg.out
+cat "$log"
 "#
     )
 }
@@ -519,7 +520,12 @@ mod tests {
 
     #[test]
     fn an_upgrade_with_a_short_gap_and_a_counted_reset_passes() {
-        let log = parse_log(&upgrade_log((5.0, 6.0), 700.0)).unwrap();
+        // As the guest prints it: the dpkg lines first.
+        let text = format!(
+            "dpkg 1003.0 1008.0 0\ndpkg: Unpacking amd-hsmp-exporter (0.1.0-1) over (0.1.0-1) ...\n{}",
+            upgrade_log((5.0, 6.0), 700.0)
+        );
+        let log = parse_log(&text).unwrap();
         assert_eq!(log.len(), 30);
         assert_eq!(log[0].revision(), Some("aaaaaaaaaaaa"));
         let j = judge(&log, 2, UPGRADE);
