@@ -20,14 +20,15 @@ use anyhow::{Context, Result, bail};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// The most time from one complete scrape to the next that the upgrade may cause: the
-/// exporter's restart by the package's `postinst` (the old process stopping within its
-/// runtime's shutdown grace, the new one binding its port), the broker's (restarted by the same
-/// script, or started again by the next connection to its socket), and the first sample of the
-/// new pair (every mailbox read under TCG, about a second), plus the scraper's own period and
-/// one scrape. Measured under TCG on a loaded host: 1.3 to 2.6 s. The bound is generous
-/// against a slow host, not a figure of the upgrade on hardware.
-pub(crate) const UPGRADE_GAP: Duration = Duration::from_secs(15);
+/// The most time from one complete scrape to the next that the upgrade may cause. The package's
+/// `postinst` try-restarts the broker with its socket, which restarts the exporter too (its
+/// unit `Requires=` the socket), then restarts the exporter once more. The longest outage is the
+/// first: the old exporter's stop lets a scrape in flight finish, and that scrape waits for the
+/// stopped broker until its deadline (10 s without a timeout header); then the broker's start,
+/// the exporter's and the first sample of the new pair (every mailbox read), plus the scraper's
+/// period and one scrape. Measured under TCG on a host at load average 6 to 10: 23.1 s. The
+/// bound is generous against a slow host, not a figure of the upgrade on hardware.
+pub(crate) const UPGRADE_GAP: Duration = Duration::from_secs(45);
 
 /// The scraper's pause between two scrapes (plus the scrape itself and curl's start-up).
 const SCRAPE_PERIOD: &str = "0.15";
