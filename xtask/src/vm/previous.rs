@@ -10,9 +10,9 @@
 //! fingerprints removed, so that exactly the members are compiled again; both packages'
 //! binaries are then asked for their revision ([`deb_revision`]).
 
-use super::prepare::{Cache, cached};
+use super::prepare::{Cache, cached, deb_revision, only_deb};
 use crate::image::git;
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -162,18 +162,6 @@ pub fn deb(
     Ok((deb, was_cached))
 }
 
-/// The one `.deb` in `dir`.
-pub fn only_deb(dir: &Path) -> Result<PathBuf> {
-    let debs: Vec<PathBuf> = fs::read_dir(dir)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "deb"))
-        .collect();
-    let [deb] = &debs[..] else {
-        bail!("{} holds {} packages, expected one", dir.display(), debs.len())
-    };
-    Ok(deb.clone())
-}
-
 /// Copies the release directory of `from` (a target directory) into `to`, without the
 /// workspace members' fingerprints: cargo then compiles exactly the members again and takes
 /// every dependency compiled alike as fresh.
@@ -194,40 +182,6 @@ fn seed_target(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The revision both binaries of the `.deb` at `deb` report with `--version`, unpacked into
-/// `scratch`; an error when they differ.
-pub fn deb_revision(deb: &Path, scratch: &Path) -> Result<String> {
-    if scratch.exists() {
-        fs::remove_dir_all(scratch)?;
-    }
-    fs::create_dir_all(scratch)?;
-    crate::workspace::output(Command::new("dpkg-deb").arg("-x").arg(deb).arg(scratch))?;
-    let mut revisions = Vec::new();
-    for binary in ["amd-hsmp-broker", "amd-hsmp-exporter"] {
-        let text = crate::workspace::stdout_of(
-            Command::new(scratch.join("usr/bin").join(binary)).arg("--version"),
-        )?;
-        revisions.push(
-            version_revision(&text)
-                .with_context(|| format!("{binary} --version names no revision: {text}"))?,
-        );
-    }
-    fs::remove_dir_all(scratch)?;
-    ensure!(
-        revisions[0] == revisions[1],
-        "{} has binaries of two revisions {revisions:?}",
-        deb.display()
-    );
-    Ok(revisions.remove(0))
-}
-
-/// The revision in a `--version` text: `..., version 0.1.0 (branch: main, revision: X)`.
-pub fn version_revision(text: &str) -> Option<String> {
-    let rest = text.split_once("revision: ")?.1;
-    let revision = rest.split(')').next()?.trim();
-    (!revision.is_empty()).then(|| revision.to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,13 +194,5 @@ mod tests {
         assert_eq!(newest_other_tag(&tags, "0.3.0"), Some("v0.2.1"));
         assert_eq!(newest_other_tag(&["v0.1.0"], "0.1.0"), None);
         assert_eq!(newest_other_tag(&[], "0.1.0"), None);
-    }
-
-    #[test]
-    fn the_revision_is_read_from_version_output() {
-        let text = "amd-hsmp-exporter, version 0.1.0 (branch: main, revision: 0123456789ab)\n  \
-                    build user: x";
-        assert_eq!(version_revision(text).as_deref(), Some("0123456789ab"));
-        assert_eq!(version_revision("amd-hsmp-exporter 0.1.0"), None);
     }
 }

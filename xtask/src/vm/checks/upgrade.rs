@@ -383,7 +383,7 @@ pub(super) fn upgrade(ctx: &mut Ctx<'_>) -> Result<Verdict> {
          amd-hsmp-exporter --version | head -n 1",
         UPGRADE_TIMEOUT,
     )?;
-    let installed = crate::vm::previous::version_revision(&old.text);
+    let installed = crate::vm::prepare::version_revision(&old.text);
     ev.check(
         old.ok() && installed.as_deref() == Some(previous.revision.as_str()),
         format!(
@@ -435,7 +435,7 @@ pub(super) fn upgrade(ctx: &mut Ctx<'_>) -> Result<Verdict> {
     // writes no md5sums for dpkg -V), and some of the previous package's are replaced.
     let files = vm.run(FILES_SCRIPT, UPGRADE_TIMEOUT)?;
     let revisions: Vec<String> =
-        files.text.lines().filter_map(crate::vm::previous::version_revision).collect();
+        files.text.lines().filter_map(crate::vm::prepare::version_revision).collect();
     ev.check(
         files.ok() && revisions.len() == 2 && revisions.iter().all(|r| *r == releases.current),
         format!(
