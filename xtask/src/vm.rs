@@ -12,6 +12,7 @@ mod guest;
 mod mailbox;
 mod pmu;
 mod prepare;
+mod previous;
 mod responder;
 mod sim;
 
@@ -144,10 +145,29 @@ pub fn run(args: &[String]) -> Result<()> {
         let (ko, cached) = prepare::power_core_module(&cache, &chroot, &kernel)?;
         Ok((ko, format!("{} {}", prepare::POWER_CORE_MODULE, cached_word(cached))))
     })?;
+    let root = crate::workspace::root();
+    let current = previous::current_revision(&root)?;
     let deb = steps.run("project .deb", || {
-        let deb = prepare::deb(&cache)?;
-        let detail = format!("{} built", root_display(&deb));
+        let deb = prepare::deb(&cache, &current)?;
+        let detail = format!("{} built, revision {current}", root_display(&deb));
         Ok((deb, detail))
+    })?;
+    let releases = steps.run("previous release's .deb", || {
+        let version = crate::packaging::workspace_version(&root)?;
+        let release = previous::previous(&root, &version)?;
+        let target = crate::workspace::target_dir(&root);
+        let (previous_deb, cached) = previous::deb(&cache, &root, &target, &release)?;
+        let detail = format!(
+            "{} ({}, revision {}) {}",
+            release.name,
+            release.commit,
+            release.revision,
+            cached_word(cached)
+        );
+        Ok((
+            previous::Releases { previous: (release, previous_deb), current: current.clone() },
+            detail,
+        ))
     })?;
     let rootfs = steps.run("guest root (bookworm, systemd)", || {
         let depends = prepare::deb_depends(&deb)?;
@@ -161,7 +181,8 @@ pub fn run(args: &[String]) -> Result<()> {
     })?;
     let initrd = steps.run("initramfs with the package and the agent", || {
         let power_core = (power_core.as_path(), kernel.choice.abi.as_str());
-        let initrd = overlay(&cache, &run_dir, &rootfs, &deb, &selinux, power_core)?;
+        let debs = (deb.as_path(), releases.previous.1.as_path());
+        let initrd = overlay(&cache, &run_dir, &rootfs, debs, &selinux, power_core)?;
         Ok((initrd, "built".to_string()))
     })?;
     let ssdts = steps.run("SSDT (one AMDI0097 device per socket)", || {
@@ -191,7 +212,7 @@ pub fn run(args: &[String]) -> Result<()> {
             ram: PathBuf::from(format!("/dev/shm/amd-hsmp-vm-{}", std::process::id())),
             run,
         };
-        verdicts.extend(boot_and_check(&mut steps, guest, &spec)?);
+        verdicts.extend(boot_and_check(&mut steps, guest, &spec, &releases)?);
     }
 
     let summary = steps.summary();
@@ -226,6 +247,7 @@ fn boot_and_check(
     steps: &mut Steps,
     guest: Guest,
     spec: &guest::BootSpec,
+    releases: &previous::Releases,
 ) -> Result<Vec<checks::Verdict>> {
     let ram = guest::RamFile(spec.ram.clone());
     let topology =
@@ -254,7 +276,7 @@ fn boot_and_check(
         Ok((vm, format!("console in {}", spec.run.join("console.log").display())))
     })?;
     let verdicts = steps.run(&format!("checks ({guest:?})"), || {
-        let verdicts = checks::run_all(guest, &mut vm, &responder, &mut |v| {
+        let verdicts = checks::run_all(guest, &mut vm, &responder, releases, &mut |v| {
             eprintln!(
                 "vm-test: check {} {}: {}",
                 v.id,
@@ -310,7 +332,8 @@ fn root_display(p: &Path) -> String {
     p.display().to_string()
 }
 
-/// The per-run initramfs: the cached root, then a second archive with the package, the timing
+/// The per-run initramfs: the cached root, then a second archive with the package and the
+/// previous release's (check U), the timing
 /// loop, the `power_core` PMU module for kernel `abi` (loaded by check P, from the modules
 /// directory: SELinux lets `insmod` load only files labelled as modules) and the agent with its
 /// unit enabled.
@@ -318,7 +341,7 @@ fn overlay(
     cache: &Cache,
     run: &Path,
     rootfs: &Path,
-    deb: &Path,
+    (deb, previous_deb): (&Path, &Path),
     selinux: &prepare::SelinuxFiles,
     (power_core, abi): (&Path, &str),
 ) -> Result<PathBuf> {
@@ -330,6 +353,7 @@ fn overlay(
     }
     set_mode(&stage.join("root"), 0o700)?;
     fs::copy(deb, stage.join("root/vm/amd-hsmp-exporter.deb"))?;
+    fs::copy(previous_deb, stage.join("root/vm/amd-hsmp-exporter-previous.deb"))?;
     fs::write(stage.join("root/vm/hsmp-time.pl"), repo_file("tests/vm/hsmp-time.pl")?)?;
     let extra = stage.join("usr/lib/modules").join(abi).join("extra");
     fs::create_dir_all(&extra)?;

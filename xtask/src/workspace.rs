@@ -56,31 +56,36 @@ fn cargo_command(args: &[&str]) -> Command {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.args(args).current_dir(root());
     for (name, _) in std::env::vars_os() {
-        let name_str = name.to_string_lossy();
-        if RUN_ONLY_VARS
-            .iter()
-            .any(|v| name_str == *v || (v.ends_with('_') && name_str.starts_with(v)))
-        {
+        if is_run_only_var(&name.to_string_lossy()) {
             cmd.env_remove(&name);
         }
     }
     cmd
 }
 
+/// Whether `name` is one of [`RUN_ONLY_VARS`], which a cargo started from xtask must not
+/// inherit.
+pub fn is_run_only_var(name: &str) -> bool {
+    RUN_ONLY_VARS.iter().any(|v| name == *v || (v.ends_with('_') && name.starts_with(v)))
+}
+
 /// Builds the release binaries of the two daemons, as the packages ship them: what the
 /// packaging check and the VM test's `.deb` are made from.
 pub fn build_release_daemons() -> Result<()> {
-    cargo(&[
-        "build",
-        "--release",
-        "--locked",
-        "--package",
-        "amd-hsmp-broker",
-        "--package",
-        "amd-hsmp-exporter",
-        "--bins",
-    ])
+    cargo(&RELEASE_DAEMONS)
 }
+
+/// cargo's arguments of [`build_release_daemons`].
+pub const RELEASE_DAEMONS: [&str; 8] = [
+    "build",
+    "--release",
+    "--locked",
+    "--package",
+    "amd-hsmp-broker",
+    "--package",
+    "amd-hsmp-exporter",
+    "--bins",
+];
 
 /// Runs a command to completion; a non-zero exit is an error naming the command.
 pub fn run_cmd(cmd: &mut Command) -> Result<()> {

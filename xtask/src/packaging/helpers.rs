@@ -22,8 +22,14 @@ pub(super) fn set_mode(path: &Path, mode: u32) -> Result<()> {
 
 /// Builds the project's `.deb` from the release binaries already built, into `out`.
 pub(crate) fn cargo_deb(out: &Path) -> Result<()> {
+    crate::workspace::cargo(&cargo_deb_args(out)?)
+}
+
+/// cargo's arguments that build the project's `.deb` from the release binaries already built,
+/// into `out`.
+pub(crate) fn cargo_deb_args(out: &Path) -> Result<[&str; 8]> {
     let out = out.to_str().context("the .deb output path is not UTF-8")?;
-    crate::workspace::cargo(&[
+    Ok([
         "deb",
         "--package",
         "amd-hsmp-exporter",

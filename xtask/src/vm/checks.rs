@@ -9,9 +9,11 @@ mod package;
 mod perf;
 mod selinux;
 mod units;
+mod upgrade;
 mod venice;
 
 use super::guest::{Output, Vm};
+use super::previous::Releases;
 use super::responder::Responder;
 use anyhow::{Result, bail};
 use std::time::Duration;
@@ -22,6 +24,7 @@ use package::{driver, operator_check, package};
 use perf::{perf_with_drop_in, perf_without_drop_in, power_core_pmu};
 use selinux::{avc_denials, confinement, domains, selinux};
 use units::{sandbox, web_config};
+use upgrade::upgrade;
 use venice::venice;
 
 /// Most a guest command may take (TCG is slow; `apt-get install` is the longest but one).
@@ -114,16 +117,17 @@ const CHECKS: &[(&str, Check)] = &[
     ("A", avc_denials),
 ];
 
-/// The checks of the second boot, a Venice-like guest, after [`CHECKS`].
-const VENICE_CHECKS: &[(&str, Check)] = &[("V", venice)];
+/// The checks of the second boot, a Venice-like guest, after [`CHECKS`]: check U ends the run,
+/// since it purges the package the set-up installed.
+const VENICE_CHECKS: &[(&str, Check)] = &[("V", venice), ("U", upgrade)];
 
 /// The guests the test boots, one after the other, each with its checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Guest {
-    /// A Milan (family 0x19, model 0x01), a part `--check` knows: every check but V.
+    /// A Milan (family 0x19, model 0x01), a part `--check` knows: every check but V and U.
     Milan,
     /// A Venice-like part (family 0x1A, model 0x50, a Zen 6 this release does not know, APIC
-    /// ids above 255): check V.
+    /// ids above 255): checks V and U.
     Venice,
 }
 
@@ -151,6 +155,8 @@ impl Guest {
 struct Ctx<'a> {
     vm: &'a mut Vm,
     responder: &'a Responder,
+    /// This checkout's revision and the previous release's package (check U).
+    releases: &'a Releases,
     /// The system state once the guest settled, before the package (check 2).
     settled: Output,
     /// SELinux as booted (check S).
@@ -178,11 +184,12 @@ pub fn run_all(
     guest: Guest,
     vm: &mut Vm,
     responder: &Responder,
+    releases: &Releases,
     report: &mut dyn FnMut(&Verdict),
 ) -> Result<Vec<Verdict>> {
     // Check 1's time includes the set-up's.
     let mut since = std::time::Instant::now();
-    let mut ctx = prepare(vm, responder)?;
+    let mut ctx = prepare(vm, responder, releases)?;
     let mut verdicts = Vec::new();
     for (id, check) in guest.checks() {
         let mut v = check(&mut ctx)?;
@@ -205,7 +212,11 @@ fn sh(vm: &mut Vm, script: &str) -> Result<Output> {
 
 /// Before the checks: the guest's APIC ids, SELinux as booted, the policy module and the package
 /// installed, the driver loaded.
-fn prepare<'a>(vm: &'a mut Vm, responder: &'a Responder) -> Result<Ctx<'a>> {
+fn prepare<'a>(
+    vm: &'a mut Vm,
+    responder: &'a Responder,
+    releases: &'a Releases,
+) -> Result<Ctx<'a>> {
     let topo = responder.topology();
     // The guest's APIC ids must be the ones the responder translates.
     let apic = sh(vm, "awk -F': ' '/^apicid/ {print $2}' /proc/cpuinfo")?;
@@ -244,6 +255,7 @@ fn prepare<'a>(vm: &'a mut Vm, responder: &'a Responder) -> Result<Ctx<'a>> {
     Ok(Ctx {
         vm,
         responder,
+        releases,
         settled,
         booted,
         policy: (policy, policy_seconds),

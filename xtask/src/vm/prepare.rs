@@ -130,7 +130,11 @@ fn is_current(dir: &Path, key: &str) -> bool {
 
 /// Builds `dir` with `build` into `dir.tmp` unless its stamp holds `key`, then moves it into
 /// place with the stamp. Returns whether it was cached.
-fn cached(dir: &Path, key: &str, build: impl FnOnce(&Path) -> Result<()>) -> Result<bool> {
+pub(super) fn cached(
+    dir: &Path,
+    key: &str,
+    build: impl FnOnce(&Path) -> Result<()>,
+) -> Result<bool> {
     if is_current(dir, key) {
         return Ok(true);
     }
@@ -515,8 +519,9 @@ const POWER_CORE_SOURCE: &str = "power_core_sim.c";
 pub const POWER_CORE_MODULE: &str = "power_core_sim.ko";
 
 /// Builds the project's `.deb` from the checkout, as the packaging check does: release
-/// binaries, then `cargo deb --no-build`. Returns its path.
-pub fn deb(cache: &Cache) -> Result<PathBuf> {
+/// binaries, then `cargo deb --no-build`; its binaries must report `revision`, the checkout's.
+/// Returns its path.
+pub fn deb(cache: &Cache, revision: &str) -> Result<PathBuf> {
     crate::workspace::build_release_daemons()?;
     let out = cache.dir.join("run/deb");
     if out.exists() {
@@ -524,12 +529,59 @@ pub fn deb(cache: &Cache) -> Result<PathBuf> {
     }
     fs::create_dir_all(&out)?;
     crate::packaging::helpers::cargo_deb(&out)?;
-    let debs: Vec<PathBuf> = fs::read_dir(&out)?
+    let deb = only_deb(&out)?;
+    let built = deb_revision(&deb, &cache.dir.join("run/deb-binaries"))?;
+    ensure!(
+        built == revision,
+        "the .deb's binaries report revision {built}, the checkout is at {revision}"
+    );
+    Ok(deb)
+}
+
+/// The one `.deb` in `dir`.
+pub fn only_deb(dir: &Path) -> Result<PathBuf> {
+    let debs: Vec<PathBuf> = fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|e| e == "deb"))
         .collect();
-    let [deb] = &debs[..] else { bail!("cargo deb wrote {} packages, expected one", debs.len()) };
+    let [deb] = &debs[..] else {
+        bail!("{} holds {} packages, expected one", dir.display(), debs.len())
+    };
     Ok(deb.clone())
+}
+
+/// The revision both binaries of the `.deb` at `deb` report with `--version`, unpacked into
+/// `scratch`; an error when they differ.
+pub fn deb_revision(deb: &Path, scratch: &Path) -> Result<String> {
+    if scratch.exists() {
+        fs::remove_dir_all(scratch)?;
+    }
+    fs::create_dir_all(scratch)?;
+    crate::workspace::output(Command::new("dpkg-deb").arg("-x").arg(deb).arg(scratch))?;
+    let mut revisions = Vec::new();
+    for binary in ["amd-hsmp-broker", "amd-hsmp-exporter"] {
+        let text = crate::workspace::stdout_of(
+            Command::new(scratch.join("usr/bin").join(binary)).arg("--version"),
+        )?;
+        revisions.push(
+            version_revision(&text)
+                .with_context(|| format!("{binary} --version names no revision: {text}"))?,
+        );
+    }
+    fs::remove_dir_all(scratch)?;
+    ensure!(
+        revisions[0] == revisions[1],
+        "{} has binaries of two revisions {revisions:?}",
+        deb.display()
+    );
+    Ok(revisions.remove(0))
+}
+
+/// The revision in a `--version` text: `..., version 0.1.0 (branch: main, revision: X)`.
+pub fn version_revision(text: &str) -> Option<String> {
+    let rest = text.split_once("revision: ")?.1;
+    let revision = rest.split(')').next()?.trim();
+    (!revision.is_empty()).then(|| revision.to_string())
 }
 
 /// The package names of the `.deb`'s `Depends` (first alternative of each).
@@ -712,6 +764,14 @@ pub fn cpio_dir(dir: &Path, out: &Path, log: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_revision_is_read_from_version_output() {
+        let text = "amd-hsmp-exporter, version 0.1.0 (branch: main, revision: 0123456789ab)\n  \
+                    build user: x";
+        assert_eq!(version_revision(text).as_deref(), Some("0123456789ab"));
+        assert_eq!(version_revision("amd-hsmp-exporter 0.1.0"), None);
+    }
 
     #[test]
     fn setfiles_output_becomes_a_setfattr_restore_file_relative_to_the_root() {
