@@ -23,9 +23,6 @@ mod chart;
 mod pod;
 mod upgrade;
 
-pub(crate) use chart::CHART;
-pub(crate) use upgrade::field as chart_field;
-
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::json;
 use std::path::PathBuf;
@@ -102,7 +99,7 @@ pub fn run(args: &[String]) -> Result<()> {
         let dir = tempfile::tempdir()?;
         crate::release::package_chart(&root, dir.path())?;
         let chart_yaml = std::fs::read_to_string(root.join(chart::CHART).join("Chart.yaml"))?;
-        let version = upgrade::field(&chart_yaml, "version")?;
+        let version = crate::workspace::chart_field(&chart_yaml, "version")?;
         let tgz = dir.path().join(crate::release::names::chart_tgz(version));
         let render = |chart: &std::path::Path| {
             chart::helm(

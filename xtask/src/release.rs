@@ -225,8 +225,8 @@ pub fn run(args: &[String]) -> Result<()> {
         fs::copy(builders[0].out().join(name), out.join(name))?;
     }
     let signed = sign::sign_and_verify(&out, &files, key.as_deref(), &version, &meta.revision)?;
-    let chart_yaml = fs::read_to_string(root.join(crate::kube::CHART).join("Chart.yaml"))?;
-    let expected = artifacts(&version, crate::kube::chart_field(&chart_yaml, "version")?);
+    let chart_yaml = fs::read_to_string(root.join(crate::workspace::CHART).join("Chart.yaml"))?;
+    let expected = artifacts(&version, crate::workspace::chart_field(&chart_yaml, "version")?);
     let mut written: Vec<String> = fs::read_dir(&out)?
         .map(|e| Ok(e?.file_name().to_string_lossy().into_owned()))
         .collect::<Result<_>>()?;

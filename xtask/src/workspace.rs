@@ -5,6 +5,18 @@ use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// The chart, from the workspace root.
+pub const CHART: &str = "deploy/helm/amd-hsmp-exporter";
+
+/// A top-level scalar of Chart.yaml (`version`, `appVersion`, `name`), as Helm writes it.
+pub fn chart_field<'a>(chart_yaml: &'a str, key: &str) -> Result<&'a str> {
+    chart_yaml
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .map(|v| v.trim().trim_matches('"'))
+        .with_context(|| format!("Chart.yaml has no {key}"))
+}
+
 /// The workspace root.
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
@@ -138,6 +150,14 @@ pub fn stdout_of(cmd: &mut Command) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chart_yaml_fields_read_as_helm_writes_them() {
+        let y = "apiVersion: v2\nversion: 0.2.0\nappVersion: \"0.1.0\"\n";
+        assert_eq!(chart_field(y, "version").unwrap(), "0.2.0");
+        assert_eq!(chart_field(y, "appVersion").unwrap(), "0.1.0");
+        assert!(chart_field(y, "kubeVersion").is_err());
+    }
 
     /// A failed command's error names it and shows the end of what it printed on each stream,
     /// not all of it; a command that succeeds hands its standard output back.

@@ -11,8 +11,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-/// The chart, from the workspace root.
-pub const CHART: &str = "deploy/helm/amd-hsmp-exporter";
+pub use crate::workspace::CHART;
 /// The oldest and newest Kubernetes the chart claims (`kubeVersion` in Chart.yaml: from 1.25,
 /// when Pod Security Admission became stable; kubernetes-validate's newest schemas).
 pub const KUBE_VERSIONS: [&str; 2] = ["1.25.0", "1.37.0"];

@@ -5,7 +5,7 @@
 
 use super::tree_files;
 use crate::image::{Tar, digest, gzip, rfc3339};
-use crate::kube::{CHART, chart_field};
+use crate::workspace::{CHART, chart_field};
 use anyhow::{Result, bail};
 use serde_json::json;
 use std::fs;

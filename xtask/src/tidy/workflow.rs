@@ -156,8 +156,8 @@ fn workflow(root: &Path) -> Value {
 /// The versions the release is of: the workspace's (Cargo.toml, as xtask is built with it) and
 /// the chart's (Chart.yaml, as its version check reads it).
 fn versions(root: &Path) -> (String, String) {
-    let chart_yaml = read(root, &format!("{}/Chart.yaml", crate::kube::CHART));
-    let chart = crate::kube::chart_field(&chart_yaml, "version").unwrap().to_owned();
+    let chart_yaml = read(root, &format!("{}/Chart.yaml", crate::workspace::CHART));
+    let chart = crate::workspace::chart_field(&chart_yaml, "version").unwrap().to_owned();
     (env!("CARGO_PKG_VERSION").to_owned(), chart)
 }
 
@@ -226,14 +226,14 @@ fn the_release_publishes_what_cargo_xtask_release_names() {
     assert!(named.iter().any(|n| n == "*"), "{RELEASE} does not attach dist/* to the release");
     // The image goes where the chart's default points; the chart beside it, under charts/.
     let values: Value =
-        serde_norway::from_str(&read(&root, &format!("{}/values.yaml", crate::kube::CHART)))
+        serde_norway::from_str(&read(&root, &format!("{}/values.yaml", crate::workspace::CHART)))
             .unwrap();
     let repository = values["image"]["repository"].as_str().unwrap();
     let env = &workflow["jobs"]["publish"]["env"];
     assert_eq!(env["IMAGE"].as_str(), Some(repository));
     let (registry, _) = repository.rsplit_once('/').unwrap();
-    let chart_yaml = read(&root, &format!("{}/Chart.yaml", crate::kube::CHART));
-    let name = crate::kube::chart_field(&chart_yaml, "name").unwrap();
+    let chart_yaml = read(&root, &format!("{}/Chart.yaml", crate::workspace::CHART));
+    let name = crate::workspace::chart_field(&chart_yaml, "name").unwrap();
     assert_eq!(env["CHART"].as_str(), Some(format!("{registry}/charts/{name}").as_str()));
 }
 
