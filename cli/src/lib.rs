@@ -10,6 +10,12 @@
 //! RFC 3339 writers are its own, so that the privileged process links no more for its log (no
 //! tracing-subscriber, serde_json or humantime).
 #![forbid(unsafe_code)]
+// Linked into the privileged process: no panics, as the broker.
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+#![cfg_attr(
+    test,
+    allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)
+)]
 
 pub mod duration;
 pub mod error;

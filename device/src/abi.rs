@@ -40,31 +40,33 @@ impl HsmpMessage {
     /// The message as the kernel copies it in and out: 44 bytes, native (little) endian,
     /// padding zeroed.
     pub fn to_bytes(&self) -> [u8; Self::SIZE] {
+        let fields = (self.msg_id.to_le_bytes().into_iter())
+            .chain(self.num_args.to_le_bytes())
+            .chain(self.response_sz.to_le_bytes())
+            .chain(self.args.iter().flat_map(|a| a.to_le_bytes()))
+            .chain(self.sock_ind.to_le_bytes());
+        // 42 bytes of fields, then the two bytes of padding left at zero.
         let mut b = [0u8; Self::SIZE];
-        b[0..4].copy_from_slice(&self.msg_id.to_le_bytes());
-        b[4..6].copy_from_slice(&self.num_args.to_le_bytes());
-        b[6..8].copy_from_slice(&self.response_sz.to_le_bytes());
-        for (i, a) in self.args.iter().enumerate() {
-            b[8 + 4 * i..12 + 4 * i].copy_from_slice(&a.to_le_bytes());
+        for (byte, field) in b.iter_mut().zip(fields) {
+            *byte = field;
         }
-        b[40..42].copy_from_slice(&self.sock_ind.to_le_bytes());
         b
     }
 
     /// Parses the 44-byte kernel representation (padding ignored).
     pub fn from_bytes(b: &[u8; Self::SIZE]) -> Self {
-        let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
-        let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
+        let [m0, m1, m2, m3, n0, n1, r0, r1, words @ .., s0, s1, _, _] = *b;
+        let words: [u8; 4 * HSMP_MAX_MSG_LEN] = words;
         let mut args = [0u32; HSMP_MAX_MSG_LEN];
-        for (i, a) in args.iter_mut().enumerate() {
-            *a = u32_at(8 + 4 * i);
+        for (a, word) in args.iter_mut().zip(words.as_chunks::<4>().0) {
+            *a = u32::from_le_bytes(*word);
         }
         HsmpMessage {
-            msg_id: u32_at(0),
-            num_args: u16_at(4),
-            response_sz: u16_at(6),
+            msg_id: u32::from_le_bytes([m0, m1, m2, m3]),
+            num_args: u16::from_le_bytes([n0, n1]),
+            response_sz: u16::from_le_bytes([r0, r1]),
             args,
-            sock_ind: u16_at(40),
+            sock_ind: u16::from_le_bytes([s0, s1]),
         }
     }
 }

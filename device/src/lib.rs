@@ -20,6 +20,12 @@
 //! Reference: `arch/x86/include/uapi/asm/amd_hsmp.h`, `drivers/platform/x86/amd/hsmp/hsmp.c`
 //! and `arch/x86/kernel/msr.c` in the kernel source.
 #![deny(unsafe_code)]
+// Linked into the privileged process: no panics, as the broker.
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+#![cfg_attr(
+    test,
+    allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)
+)]
 
 pub mod abi;
 pub mod cpus;

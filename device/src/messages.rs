@@ -45,10 +45,10 @@ pub enum Message {
 
 // Every message the broker sends has an entry in the driver's table, so `desc` cannot fail.
 const _: () = {
-    let mut i = 0;
-    while i < Message::ALL.len() {
-        assert!(table::msg_desc(Message::ALL[i].id()).is_some());
-        i += 1;
+    let mut rest: &[Message] = &Message::ALL;
+    while let [message, tail @ ..] = rest {
+        assert!(table::msg_desc(message.id()).is_some());
+        rest = tail;
     }
 };
 

@@ -215,15 +215,11 @@ struct DevPerfEvent {
 
 impl PerfCounter for DevPerfEvent {
     fn read(&self) -> Result<PerfReading, Errno> {
-        let mut buf = [0u8; 24];
-        match (&self.file).read(&mut buf) {
+        let mut buf = [[0u8; 8]; 3];
+        match (&self.file).read(buf.as_flattened_mut()) {
             Ok(24) => {
-                let word = |i: usize| {
-                    let mut w = [0u8; 8];
-                    w.copy_from_slice(&buf[8 * i..8 * i + 8]);
-                    u64::from_ne_bytes(w)
-                };
-                Ok(PerfReading { value: word(0), enabled_ns: word(1), running_ns: word(2) })
+                let [value, enabled_ns, running_ns] = buf.map(u64::from_ne_bytes);
+                Ok(PerfReading { value, enabled_ns, running_ns })
             }
             // The kernel returns nothing for an event in error state: it no longer counts (its
             // CPU went away).

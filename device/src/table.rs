@@ -124,6 +124,7 @@ const DESC_TABLE: [MsgDesc; HSMP_MSG_ID_MAX as usize] = [
 ];
 
 /// The descriptor of message `msg_id`, `None` outside the table.
+#[expect(clippy::indexing_slicing, reason = "the table holds HSMP_MSG_ID_MAX entries")]
 pub const fn msg_desc(msg_id: u32) -> Option<MsgDesc> {
     if msg_id < HSMP_MSG_ID_MAX { Some(DESC_TABLE[msg_id as usize]) } else { None }
 }

@@ -63,8 +63,8 @@ pub trait Message: Serialize + DeserializeOwned + Send + Sized {
         async move {
             let mut prefix = [0u8; 4];
             let mut got = 0;
-            while got < 4 {
-                match reader.read(&mut prefix[got..]).await {
+            while let Some(rest) = prefix.get_mut(got..).filter(|rest| !rest.is_empty()) {
+                match reader.read(rest).await {
                     Ok(0) => return Err(eof_in_prefix(got)),
                     Ok(n) => got += n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -145,7 +145,10 @@ pub(crate) fn encode_frame<T: Serialize + ?Sized>(
     if len32 > max {
         return Err(FrameError::TooLarge { len: len32, max });
     }
-    buf[..4].copy_from_slice(&len32.to_le_bytes());
+    // The first four bytes are the zeros written above; postcard only appended after them.
+    if let Some(prefix) = buf.get_mut(..4) {
+        prefix.copy_from_slice(&len32.to_le_bytes());
+    }
     Ok(buf)
 }
 
@@ -164,8 +167,8 @@ fn read_prefix(
     mut read: impl FnMut(&mut [u8]) -> io::Result<usize>,
 ) -> Result<(), FrameError> {
     let mut got = 0;
-    while got < 4 {
-        match read(&mut prefix[got..]) {
+    while let Some(rest) = prefix.get_mut(got..).filter(|rest| !rest.is_empty()) {
+        match read(rest) {
             Ok(0) => return Err(eof_in_prefix(got)),
             Ok(n) => got += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}

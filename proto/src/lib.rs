@@ -22,6 +22,12 @@
 //! is sent in place of the handshake's answer, before any version is agreed. Each variant says
 //! which version introduced it by linking a constant of [`version`].
 #![forbid(unsafe_code)]
+// Linked into the privileged process: no panics, as the broker.
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+#![cfg_attr(
+    test,
+    allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)
+)]
 
 mod frame;
 #[cfg(any(test, feature = "testing"))]
@@ -311,13 +317,20 @@ impl<T> PerFamily<T> {
 
 impl<T> std::ops::Index<Family> for PerFamily<T> {
     type Output = T;
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "`Family as usize` is below `COUNT` for every variant"
+    )]
     fn index(&self, family: Family) -> &T {
-        // `Family as usize` is below `COUNT` for every variant: the array cannot be too short.
         &self.0[family as usize]
     }
 }
 
 impl<T> std::ops::IndexMut<Family> for PerFamily<T> {
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "`Family as usize` is below `COUNT` for every variant"
+    )]
     fn index_mut(&mut self, family: Family) -> &mut T {
         &mut self.0[family as usize]
     }
