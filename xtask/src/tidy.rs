@@ -56,6 +56,8 @@ mod figures;
 #[cfg(test)]
 mod modules;
 #[cfg(test)]
+mod privileged;
+#[cfg(test)]
 mod renovate;
 #[cfg(test)]
 mod workflow;
@@ -111,41 +113,6 @@ mod tests {
         }
         assert!(checked > 10, "parsed only {checked} packages from cargo metadata");
         assert!(offenders.is_empty(), "above rust-version {floor}: {offenders:?}");
-    }
-
-    /// What the privileged process links is a reviewed list: a crate that joins the broker's
-    /// normal dependency closure (a new dependency, or a new transitive one after an update)
-    /// fails this test until `broker/dependencies.txt` names it. Names only, so that a patch
-    /// release is not a diff; `UPDATE_GOLDEN=1` rewrites the file.
-    #[test]
-    fn the_brokers_dependencies_are_the_reviewed_list() {
-        let root = crate::workspace::root();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let out = Command::new(cargo)
-            .args(["tree", "--locked", "-e", "normal", "-p", "amd-hsmp-broker", "--prefix", "none"])
-            .args(["--target", "x86_64-unknown-linux-gnu", "--format", "{p}"])
-            .current_dir(&root)
-            .output()
-            .expect("cargo tree runs");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let tree = String::from_utf8(out.stdout).unwrap();
-        let mut names: Vec<&str> =
-            tree.lines().filter_map(|l| l.split_whitespace().next()).collect();
-        names.sort_unstable();
-        names.dedup();
-        let listed = names.join("\n") + "\n";
-        let path = root.join("broker/dependencies.txt");
-        if std::env::var_os("UPDATE_GOLDEN").is_some() {
-            std::fs::write(&path, &listed).unwrap();
-        }
-        let reviewed = std::fs::read_to_string(&path).unwrap_or_default();
-        let reviewed: Vec<&str> = reviewed.lines().filter(|l| !l.starts_with('#')).collect();
-        assert_eq!(
-            reviewed, names,
-            "the broker's dependency closure changed; review it and refresh broker/dependencies.txt \
-             with UPDATE_GOLDEN=1 cargo test -p xtask tidy"
-        );
-        assert!(names.len() <= 36, "{} packages in the privileged process", names.len());
     }
 
     fn metadata(root: &Path) -> serde_json::Value {
