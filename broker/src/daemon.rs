@@ -59,8 +59,9 @@ pub fn main(program: &str, args: Args, simulation: Option<&dyn Simulation>) -> E
     }
     match run(args, simulation) {
         Ok(()) => ExitCode::SUCCESS,
+        // The chain in the `error` field, as every other line that reports an error.
         Err(e) => {
-            tracing::error!("{e:#}");
+            tracing::error!(error = %amd_hsmp_cli::chain(e.as_ref()), "exiting");
             ExitCode::FAILURE
         }
     }

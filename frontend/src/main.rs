@@ -30,9 +30,10 @@ fn main() -> ExitCode {
     }
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
-        // Once, as a log record on standard error like every other line of the exporter.
+        // Once, as a log record on standard error like every other line of the exporter, its
+        // chain in the `error` field as every other line that reports an error.
         Err(e) => {
-            tracing::error!("{e:#}");
+            tracing::error!(error = %amd_hsmp_cli::chain(e.as_ref()), "exiting");
             ExitCode::FAILURE
         }
     }

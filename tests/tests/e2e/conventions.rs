@@ -69,3 +69,41 @@ fn the_exporter_logs_json_records_on_request() {
     let at: Vec<usize> = HEAD.iter().map(|k| line.find(&format!("\"{k}\":")).unwrap()).collect();
     assert!(at.is_sorted(), "keys out of order: {line}");
 }
+
+/// A start-up failure is one record like every other error: the message says what happened
+/// (`exiting`), the `error` field holds the whole chain, outermost cause first.
+#[test]
+fn a_fatal_error_is_a_record_with_its_chain_in_the_error_field() {
+    let bins = harness::binaries().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Command::new(&bins.sim_broker)
+        .args(["--simulate", "milan-1p", "--log.format", "json"])
+        .args(["--allow-group", "no-such-group-here", "--listen"])
+        .arg(dir.path().join("s.sock"))
+        .output()
+        .unwrap();
+    let web = dir.path().join("web.yml");
+    std::fs::write(&web, "tls_server_config: [").unwrap();
+    let exporter = Command::new(&bins.exporter)
+        .args(["--log.format", "json", "--web.listen-address", "127.0.0.1:0"])
+        .arg("--web.config.file")
+        .arg(&web)
+        .output()
+        .unwrap();
+    for (name, out, cause) in
+        [("broker", broker, "no such group"), ("exporter", exporter, "web.yml")]
+    {
+        assert_eq!(out.status.code(), Some(1), "{name}");
+        let text = String::from_utf8(out.stderr).unwrap();
+        let records: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect();
+        let fatal = records.last().unwrap_or_else(|| panic!("{name} logged nothing"));
+        assert_eq!(fatal["level"], "ERROR", "{name}: {text}");
+        assert_eq!(fatal["msg"], "exiting", "{name}: {text}");
+        let error =
+            fatal["error"].as_str().unwrap_or_else(|| panic!("{name}: no error field: {text}"));
+        assert!(error.contains(cause) && error.contains(": "), "{name}: {error}");
+    }
+}
