@@ -143,7 +143,7 @@ pub struct Args {
     pub common: CommonArgs,
 }
 
-pub fn parse_poll_interval(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_poll_interval(s: &str) -> Result<Duration, String> {
     let d = amd_hsmp_cli::duration::parse(s)?;
     if d < Duration::from_millis(10) || d > Duration::from_secs(600) {
         return Err("must be between 10ms and 10m (the counter wraps after ~65536 J)".into());
@@ -151,7 +151,7 @@ pub fn parse_poll_interval(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-pub fn parse_socket_mode(s: &str) -> Result<u32, String> {
+pub(crate) fn parse_socket_mode(s: &str) -> Result<u32, String> {
     let mode = u32::from_str_radix(s, 8).map_err(|_| format!("{s:?} is not an octal mode"))?;
     if mode & !0o666 != 0 || mode & 0o600 != 0o600 {
         return Err("must be between 0600 and 0666: read and write for the owner, no x bits".into());
@@ -159,7 +159,7 @@ pub fn parse_socket_mode(s: &str) -> Result<u32, String> {
     Ok(mode)
 }
 
-pub fn parse_max_age(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_max_age(s: &str) -> Result<Duration, String> {
     let d = amd_hsmp_cli::duration::parse(s)?;
     if d > Duration::from_secs(10) {
         return Err("must be at most 10s (well under a scrape interval)".into());
@@ -167,7 +167,7 @@ pub fn parse_max_age(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-pub fn parse_idle_timeout(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_idle_timeout(s: &str) -> Result<Duration, String> {
     let d = amd_hsmp_cli::duration::parse(s)?;
     if d < Duration::from_secs(1) || d > Duration::from_secs(240) {
         return Err("must be between 1s and 4m".into());
@@ -175,7 +175,7 @@ pub fn parse_idle_timeout(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-pub fn parse_check_timeout(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_check_timeout(s: &str) -> Result<Duration, String> {
     let d = amd_hsmp_cli::duration::parse(s)?;
     if d < Duration::from_secs(1) || d > Duration::from_secs(600) {
         return Err("must be between 1s and 10m".into());

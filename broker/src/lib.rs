@@ -10,8 +10,8 @@
 //! **Invariant:** the broker never listens on an IP socket and never parses text from a peer.
 //! **Invariant:** no `unsafe` here; the system calls that need it live in `amd_hsmp_device`.
 #![forbid(unsafe_code)]
-// What the binaries, the simulator's broker, xtask, fuzz and the e2e crate use is `pub`;
-// everything else is `pub(crate)`.
+// Its entry points only: `daemon`, `lockdown` (for the seccomp example) and the re-exports
+// below are `pub`; everything else is `pub(crate)` in private modules.
 #![warn(unreachable_pub)]
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 // An index out of bounds is a panic the lints above cannot see: use `get` and iterators.
@@ -22,7 +22,7 @@
 )]
 
 mod check;
-pub mod cli;
+mod cli;
 mod counters;
 pub mod daemon;
 mod energy;
@@ -31,7 +31,14 @@ mod hotplug;
 pub mod lockdown;
 mod msr;
 mod perf;
-pub mod sampler;
+mod sampler;
 mod server;
 mod sleep;
-pub mod topology;
+mod topology;
+
+// What the other programs of the workspace take from the broker besides `daemon`: its command
+// line (flattened into the simulator's broker, rendered into man pages), the topology's discovery
+// (fuzzed) and the freshness bound (the VM test's exporter check).
+pub use cli::{Args, Cli, command};
+pub use sampler::DEFAULT_MAX_AGE;
+pub use topology::discover as discover_topology;

@@ -4,7 +4,7 @@
 #![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 
-use amd_hsmp_broker::cli::Cli;
+use amd_hsmp_broker::Cli;
 use clap::Parser as _;
 use std::process::ExitCode;
 

@@ -373,7 +373,7 @@ pub(crate) fn parse_cpu_list(text: &str) -> Result<Vec<u32>, CpuListError> {
 /// The cores whose APIC id is wider than `GET_RAPL_CORE_COUNTER` carries (16 bits): their
 /// HSMP energy is refused per item ([`ItemError::Rejected`](amd_hsmp_proto::ItemError)), never
 /// read through a truncated id, and the broker names them once at start-up.
-pub fn beyond_rapl_apic_ids(topo: &Topology) -> Vec<&Core> {
+pub(crate) fn beyond_rapl_apic_ids(topo: &Topology) -> Vec<&Core> {
     topo.cores.iter().filter(|c| c.apic_id > messages::RAPL_APIC_ID_MAX).collect()
 }
 

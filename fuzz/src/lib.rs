@@ -159,7 +159,7 @@ pub fn discover_from(data: &[u8]) -> Option<Topology> {
             write(&topo.join("physical_package_id"), package);
         }
     }
-    amd_hsmp_broker::topology::discover(&procfs, &sysfs).ok()
+    amd_hsmp_broker::discover_topology(&procfs, &sysfs).ok()
 }
 
 /// The consistency of a discovered topology (see [`topology`]).

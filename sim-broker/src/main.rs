@@ -41,7 +41,7 @@ struct Cli {
     simulate_time: Option<f64>,
 
     #[command(flatten)]
-    broker: amd_hsmp_broker::cli::Args,
+    broker: amd_hsmp_broker::Args,
 }
 
 /// The variable `--simulate.time` falls back to.

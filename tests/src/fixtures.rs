@@ -96,7 +96,7 @@ pub fn diff_trees(want: &Path, have: &Path) -> io::Result<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use amd_hsmp_broker::topology::discover;
+    use amd_hsmp_broker::discover_topology as discover;
     use amd_hsmp_proto::Topology;
 
     fn discover_fixture(spec: &MachineSpec) -> (tempfile::TempDir, Topology) {

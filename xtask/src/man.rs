@@ -29,7 +29,7 @@ fn binaries() -> [Page; 2] {
     [
         Page {
             name: "amd-hsmp-broker",
-            command: amd_hsmp_broker::cli::command(),
+            command: amd_hsmp_broker::command(),
             section: "8",
             exit_status: "0 after SIGTERM or SIGINT (a socket file created with \\-\\-listen is removed); \
              1 when start\\-up fails (the message names the step); 2 for a bad command line; \
@@ -324,7 +324,7 @@ mod tests {
     fn readme_broker_table_lists_every_broker_flag() {
         let readme = fs::read_to_string(root().join("README.md")).unwrap();
         let missing =
-            undocumented(&amd_hsmp_broker::cli::command(), &readme, "### amd-hsmp-broker").unwrap();
+            undocumented(&amd_hsmp_broker::command(), &readme, "### amd-hsmp-broker").unwrap();
         assert!(missing.is_empty(), "README.md's amd-hsmp-broker table does not list {missing:?}");
     }
 

@@ -333,7 +333,7 @@ struct Shared {
 /// The socket workers start with the first sample, not in [`Sampler::with_max_age`]: the broker creates
 /// the sampler before it drops its capabilities, which must happen while it is single-threaded.
 #[derive(Debug)]
-pub struct Sampler {
+pub(crate) struct Sampler {
     shared: Shared,
     workers: Workers,
     /// The online CPUs against those at start-up, looked at after each sample.
@@ -435,7 +435,7 @@ impl Sampler {
     }
 
     /// The machine this sampler reads.
-    pub fn topology(&self) -> &Topology {
+    pub(crate) fn topology(&self) -> &Topology {
         &self.shared.topology
     }
 
@@ -443,15 +443,16 @@ impl Sampler {
     /// read by then (the rest [`ItemError::DeadlineExceeded`]). Every value was read no
     /// earlier than the freshness bound before this call; nothing is sent for this request
     /// after `deadline`.
-    pub fn sample(&self, what: Families, deadline: Instant) -> Sample {
+    #[cfg(test)]
+    pub(crate) fn sample(&self, what: Families, deadline: Instant) -> Sample {
         self.sample_while(what, deadline, &|| false)
     }
 
-    /// [`Sampler::sample`] for a requester that may go away: while it waits, `gone` is asked
+    /// A sample for a requester that may go away: while it waits, `gone` is asked
     /// every 50 ms whether anyone still waits for the answer (the connection's peer has hung
     /// up). Once it says so, the request stops waiting and wants nothing more: the items only
     /// it wanted are not read for it, and it answers at once with what it has.
-    pub fn sample_while(
+    pub(crate) fn sample_while(
         &self,
         what: Families,
         deadline: Instant,

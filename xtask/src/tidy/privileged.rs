@@ -168,3 +168,18 @@ fn denied_lints_are_read_from_every_deny_attribute() {
     assert!(lints.contains("clippy::panic") && lints.contains("clippy::unwrap_used"), "{lints}");
     assert!(!lints.contains("unsafe_code"), "{lints}");
 }
+
+/// The broker's library exposes its entry points only: at most two public modules (`daemon`,
+/// and `lockdown` for the seccomp example); what other programs take besides is re-exported
+/// item by item at its root.
+#[test]
+fn the_broker_library_exposes_at_most_two_public_modules() {
+    let lib = std::fs::read_to_string(crate::workspace::root().join("broker/src/lib.rs")).unwrap();
+    let public: Vec<&str> = lib
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("pub mod "))
+        .map(|m| m.trim_end_matches(';'))
+        .collect();
+    assert!(public.len() <= 2, "broker/src/lib.rs exposes {public:?}");
+    assert!(public.contains(&"daemon"), "{public:?}");
+}

@@ -4,7 +4,7 @@
 use super::{COMMAND_TIMEOUT, Evidence};
 use crate::vm::guest::{Output, Vm};
 use crate::vm::responder::Responder;
-use amd_hsmp_broker::sampler::DEFAULT_MAX_AGE;
+use amd_hsmp_broker::DEFAULT_MAX_AGE;
 use amd_hsmp_proto::{FrequencyLimit, LimitReason};
 use anyhow::{Context, Result, bail};
 use std::collections::BTreeMap;
