@@ -15,7 +15,7 @@
 //! `cargo run --example seccomp -- open-rw /dev/null sleep 2000 socket`
 //! Exit codes: 0 all actions done, 2 bad arguments, 1 the filter could not be installed.
 
-use amd_hsmp_broker::lockdown;
+use amd_hsmp_broker::{SocketFile, install_seccomp};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -25,7 +25,7 @@ fn main() -> ExitCode {
         Some("--socket-file") if args.len() > 1 => {
             let path = args.remove(1);
             args.remove(0);
-            match lockdown::SocketFile::new(std::path::Path::new(&path)) {
+            match SocketFile::new(std::path::Path::new(&path)) {
                 Ok(file) => Some(file),
                 Err(e) => {
                     eprintln!("cannot open the directory of {path}: {e}");
@@ -39,7 +39,7 @@ fn main() -> ExitCode {
         eprintln!("cannot set no-new-privs: {e}");
         return ExitCode::FAILURE;
     }
-    if let Err(e) = lockdown::install_seccomp(socket_file.as_ref()) {
+    if let Err(e) = install_seccomp(socket_file.as_ref()) {
         eprintln!("cannot install the filter: {e}");
         return ExitCode::FAILURE;
     }

@@ -1,5 +1,7 @@
-//! `amd-hsmp-broker --check`: the troubleshooting table as a program an operator runs on the
-//! machine itself, with the package and no build tools.
+//! `amd-hsmp-check`: the troubleshooting table as a program an operator runs on the machine
+//! itself, with the package and no build tools. A binary of its own, so that the daemon, which
+//! holds capabilities at start-up, links none of it; it takes the broker's flags, to check the
+//! service as configured. [`main`] is its entry point (and `amd-hsmp-sim-broker --check`'s).
 //!
 //! Each precondition of a scrape is one [`Line`]: a verdict, what was found and, where it fails,
 //! the fix. `FAIL` means a scrape cannot have that part of its telemetry; `WARN` is worth
@@ -117,7 +119,7 @@ pub(crate) fn deadline(timeout: Duration, after: Option<&str>) -> Line {
     Line::fail(
         "deadline",
         format!(
-            "--check did not finish within {} s: {step} is still waiting for a device or a file \
+            "the checks did not finish within {} s: {step} is still waiting for a device or a file \
              that does not answer",
             timeout.as_secs()
         ),
@@ -1314,7 +1316,10 @@ fn hello(path: &Path) -> Result<String, String> {
     Ok(format!("broker {version} answers, {cores} cores"))
 }
 
-pub(crate) mod command;
+mod command;
+
+pub use crate::cli::{CHECK_PROGRAM as PROGRAM, check_args as args, check_command as command};
+pub use command::main;
 
 #[cfg(test)]
 mod tests;

@@ -125,18 +125,17 @@ pub struct Args {
     #[arg(long = "path.sysfs", value_name = "PATH", default_value = "/sys")]
     pub sysfs: PathBuf,
 
-    /// Check every precondition of a scrape on this machine (CPU, driver, /dev/hsmp, SELinux,
-    /// the firmware's answers, energy, the socket), print one line each with its verdict and
-    /// fix, and exit: 0 when nothing a scrape needs fails, 1 otherwise. Starts no server; run it
-    /// as root with the flags the service has (/etc/sysconfig/amd-hsmp-broker with the RPM,
-    /// /etc/default/amd-hsmp-broker with the .deb).
+    /// Run amd-hsmp-check with the other flags instead of serving (moved there; this form goes
+    /// in the next release). It checks every precondition of a scrape on this machine, prints
+    /// one line each with its verdict and fix, and exits 0 when nothing a scrape needs fails, 1
+    /// otherwise.
     #[arg(long)]
     pub check: bool,
 
-    /// How long --check may take in all. Past it a `deadline` line names the check that did not
-    /// finish (a device or a file that does not answer) and --check exits 1.
+    /// How long the checks may take in all. Past it a `deadline` line names the check that did
+    /// not finish (a device or a file that does not answer) and they exit 1.
     #[arg(long = "check.timeout", value_name = "DURATION", default_value = "30s",
-          value_parser = parse_check_timeout, requires = "check")]
+          value_parser = parse_check_timeout)]
     pub check_timeout: Duration,
 
     #[command(flatten)]
@@ -197,9 +196,44 @@ impl Args {
     }
 }
 
-/// The broker's `clap` definition, for the man page and the completions.
+/// The broker's `clap` definition, for `main`, the man page and the completions.
 pub fn command() -> clap::Command {
-    Cli::command()
+    serving_rules(Cli::command())
+}
+
+/// The broker's flags as `amd-hsmp-broker` parses them; exits 2 on a usage error.
+pub fn parse() -> Args {
+    let matches = command().get_matches();
+    <Cli as clap::FromArgMatches>::from_arg_matches(&matches).map_or_else(|e| e.exit(), |c| c.args)
+}
+
+/// What a command that serves (the broker, the simulator's broker) adds to [`Args`]:
+/// `--check.timeout` only with `--check`. `amd-hsmp-check` takes it alone.
+pub fn serving_rules(command: clap::Command) -> clap::Command {
+    command.mut_arg("check_timeout", |a| a.requires("check"))
+}
+
+/// The program that checks a scrape's preconditions, installed beside the broker.
+pub const CHECK_PROGRAM: &str = "amd-hsmp-check";
+
+/// `amd-hsmp-check`'s `clap` definition: the broker's flags, so that it runs with the service's,
+/// `--check` hidden (it is what the program does).
+pub fn check_command() -> clap::Command {
+    let about = "Checks every precondition of a scrape on this machine (CPU, driver, /dev/hsmp, \
+        SELinux, the firmware's answers, energy, the broker's socket), prints one line each with \
+        its verdict and fix, and exits 0 when nothing a scrape needs fails, 1 otherwise. Starts \
+        no server. Run it as root with the flags the broker's service has \
+        (/etc/sysconfig/amd-hsmp-broker with the RPM, /etc/default/amd-hsmp-broker with the .deb): \
+        they are the broker's, read as the broker reads them (--listen is the socket it asks).";
+    let command = clap::Command::new(CHECK_PROGRAM).disable_version_flag(true);
+    // After the flags: flattening them sets the description of their struct.
+    <Args as clap::Args>::augment_args(command).about(about).mut_arg("check", |a| a.hide(true))
+}
+
+/// `amd-hsmp-check`'s flags, parsed from its command line; exits 2 on a usage error.
+pub fn check_args() -> Args {
+    let matches = check_command().get_matches();
+    <Args as clap::FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
 
 #[cfg(test)]

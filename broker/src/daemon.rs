@@ -1,5 +1,5 @@
-//! The start-up sequence and `--check` of the broker, shared by `amd-hsmp-broker`, which serves
-//! this machine's devices, and `amd-hsmp-sim-broker`, which serves a [`Simulation`] instead.
+//! The start-up sequence of the broker, shared by `amd-hsmp-broker`, which serves this machine's
+//! devices, and `amd-hsmp-sim-broker`, which serves a [`Simulation`] instead.
 //!
 //! Exit codes: 0 after `SIGTERM` or `SIGINT` (the `--listen` socket file removed), 1 start-up
 //! failure (the message names the step), 2 bad command line (clap's, in the binaries), 75
@@ -9,9 +9,9 @@
 //! start-up, before the capabilities are dropped and the socket taken, ends the broker by the
 //! signal's default action (no exit code: "killed by SIGTERM", which systemd counts as a clean
 //! stop), so a start-up stuck on a device or a file that does not answer still stops when told.
-//! `--check` exits 0 when no check fails and 1 otherwise, past `--check.timeout` included.
+//! `--check` runs [`CHECK_PROGRAM`] in the broker's place, whose exit codes it then has.
 
-use crate::cli::Args;
+use crate::cli::{Args, CHECK_PROGRAM};
 use crate::server::{self, Backend, Identity, ServerConfig};
 use crate::{energy, hotplug, lockdown, msr, sampler::Sampler, topology};
 use amd_hsmp_device::perf::SysfsPmu;
@@ -38,8 +38,10 @@ pub trait Simulation {
     fn check(&self) -> Machine;
 }
 
-/// The broker's `main` after parsing: `--version`, logging, then `--check` or serving. `program`
-/// names the binary in `--version` and messages; `simulation`, if any, replaces the devices.
+/// The broker's `main` after parsing: `--version`, logging, then serving. `program` names the
+/// binary in `--version` and messages; `simulation`, if any, replaces the devices. `--check` is
+/// [`CHECK_PROGRAM`]'s: this runs it in place of the broker (see [`run_check_program`]), so the
+/// daemon links none of the checks.
 pub fn main(program: &str, args: Args, simulation: Option<&dyn Simulation>) -> ExitCode {
     if args.common.version {
         print!("{}", amd_hsmp_cli::version::report(program));
@@ -50,12 +52,7 @@ pub fn main(program: &str, args: Args, simulation: Option<&dyn Simulation>) -> E
         return ExitCode::FAILURE;
     }
     if args.check {
-        // The serving path below holds no --check code: it is all in `check::command`.
-        let (simulated, (hsmp, msr, perf)) = match simulation.map(Simulation::check) {
-            Some(Machine { topology, hsmp, msr, perf, .. }) => (Some(topology), (hsmp, msr, perf)),
-            None => (None, devices(&args)),
-        };
-        return crate::check::command::run(program, &args, simulated, hsmp, msr, perf);
+        return run_check_program(std::env::args_os().skip(1));
     }
     match run(args, simulation) {
         Ok(()) => ExitCode::SUCCESS,
@@ -65,6 +62,28 @@ pub fn main(program: &str, args: Args, simulation: Option<&dyn Simulation>) -> E
             ExitCode::FAILURE
         }
     }
+}
+
+/// `amd-hsmp-broker --check`, kept for one release: replaces this process by
+/// [`CHECK_PROGRAM`] from the broker's own directory, with the same flags but `--check`, after a
+/// warning that names it. Returns only if it cannot be run.
+fn run_check_program(args: impl Iterator<Item = std::ffi::OsString>) -> ExitCode {
+    use std::os::unix::process::CommandExt as _;
+    let path = match std::env::current_exe() {
+        Ok(exe) => exe.with_file_name(CHECK_PROGRAM),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot find the broker's own directory to run {CHECK_PROGRAM}");
+            return ExitCode::FAILURE;
+        }
+    };
+    tracing::warn!(
+        program = %path.display(),
+        "--check has moved to {CHECK_PROGRAM}, which takes the broker's flags: running it; \
+         amd-hsmp-broker --check goes in the next release"
+    );
+    let error = std::process::Command::new(&path).args(args.filter(|a| a != "--check")).exec();
+    tracing::error!(error = %error, program = %path.display(), "cannot run {CHECK_PROGRAM}");
+    ExitCode::FAILURE
 }
 
 /// The machine the broker serves: its topology and how to reach its devices.
@@ -123,10 +142,10 @@ fn start_hotplug(sysfs: &Path) -> Option<hotplug::Started> {
 }
 
 /// How the broker reaches its devices: `/dev/hsmp`, the MSR devices, the perf PMU.
-type Devices = (Box<dyn HsmpOpener>, Box<dyn MsrOpener>, Box<dyn PmuLocator>);
+pub(crate) type Devices = (Box<dyn HsmpOpener>, Box<dyn MsrOpener>, Box<dyn PmuLocator>);
 
 /// This machine's `/dev/hsmp`, MSR devices and perf PMU, where the command line says they are.
-fn devices(cli: &Args) -> Devices {
+pub(crate) fn devices(cli: &Args) -> Devices {
     (
         Box::new(HsmpDeviceOpener { path: cli.hsmp_device.clone() }),
         Box::new(MsrDeviceOpener { root: cli.msr_device_root.clone() }),

@@ -6,7 +6,7 @@
 pub(crate) const DEVICE_DENIED: &str = "ls -l /dev/hsmp must show group amd-hsmp-broker readable \
      (udevadm trigger --action=change --subsystem-match=misc --sysname-match=hsmp_cdev); under \
      SELinux: ausearch -m avc -c amd-hsmp-broker, and ls -Z /dev/hsmp must show \
-     amd_hsmp_device_t (restorecon -v /dev/hsmp); run amd-hsmp-broker --check";
+     amd_hsmp_device_t (restorecon -v /dev/hsmp); run amd-hsmp-check";
 
 /// The SELinux boolean that lets the broker's domain read `/dev/cpu/N/msr` (the MSR fallback);
 /// its file under selinuxfs exists only while the `amd_hsmp` policy module is loaded.
@@ -14,7 +14,7 @@ pub(crate) const MSR_BOOLEAN: &str = "amd_hsmp_broker_use_msr";
 
 /// What to do when the MSR devices are refused (`EACCES`) although the MSR fallback is on.
 pub(crate) const MSR_DENIED: &str = "under SELinux: setsebool -P amd_hsmp_broker_use_msr on \
-     (ausearch -m avc -c amd-hsmp-broker shows the denial); run amd-hsmp-broker --check \
+     (ausearch -m avc -c amd-hsmp-broker shows the denial); run amd-hsmp-check \
      --collector.core-energy.msr-fallback";
 
 /// What to do when the MSR fallback cannot open its devices.

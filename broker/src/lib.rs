@@ -10,8 +10,8 @@
 //! **Invariant:** the broker never listens on an IP socket and never parses text from a peer.
 //! **Invariant:** no `unsafe` here; the system calls that need it live in `amd_hsmp_device`.
 #![forbid(unsafe_code)]
-// Its entry points only: `daemon`, `lockdown` (for the seccomp example) and the re-exports
-// below are `pub`; everything else is `pub(crate)` in private modules.
+// Its entry points only: `daemon` and `check` (the two programs) and the re-exports below are
+// `pub`; everything else is `pub(crate)` in private modules.
 #![warn(unreachable_pub)]
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 // An index out of bounds is a panic the lints above cannot see: use `get` and iterators.
@@ -21,14 +21,14 @@
     allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)
 )]
 
-mod check;
+pub mod check;
 mod cli;
 mod counters;
 pub mod daemon;
 mod energy;
 mod hints;
 mod hotplug;
-pub mod lockdown;
+mod lockdown;
 mod msr;
 mod perf;
 mod sampler;
@@ -38,7 +38,9 @@ mod topology;
 
 // What the other programs of the workspace take from the broker besides `daemon`: its command
 // line (flattened into the simulator's broker, rendered into man pages), the topology's discovery
-// (fuzzed) and the freshness bound (the VM test's exporter check).
-pub use cli::{Args, Cli, command};
+// (fuzzed), the freshness bound (the VM test's exporter check) and the seccomp filter (the
+// example that watches it act).
+pub use cli::{Args, Cli, command, parse, serving_rules};
+pub use lockdown::{SocketFile, install_seccomp};
 pub use sampler::DEFAULT_MAX_AGE;
 pub use topology::discover as discover_topology;

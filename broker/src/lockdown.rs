@@ -56,7 +56,7 @@ pub enum LockdownError {
 /// Drops every capability (bounding, ambient, inheritable, effective, permitted) and sets
 /// no-new-privs. The bounding set can only be emptied with `CAP_SETPCAP`; without it (an
 /// unprivileged start) it is left as the service manager gave it, which no-new-privs makes inert.
-pub fn drop_privileges() -> Result<(), LockdownError> {
+pub(crate) fn drop_privileges() -> Result<(), LockdownError> {
     let threads = std::fs::read_dir("/proc/self/task").map_err(LockdownError::Threads)?.count();
     if threads != 1 {
         return Err(LockdownError::NotSingleThreaded(threads));

@@ -4,10 +4,8 @@
 #![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 
-use amd_hsmp_broker::Cli;
-use clap::Parser as _;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    amd_hsmp_broker::daemon::main("amd-hsmp-broker", Cli::parse().args, None)
+    amd_hsmp_broker::daemon::main("amd-hsmp-broker", amd_hsmp_broker::parse(), None)
 }

@@ -1,10 +1,17 @@
-//! The packaged broker serves devices only: the simulator is `amd-hsmp-sim-broker`'s, and none of
-//! it may come back into the privileged binary (the dependency list pins the crate; this pins
-//! the binary Cargo builds for these tests).
+//! The packaged broker serves devices only: the simulator is `amd-hsmp-sim-broker`'s and the
+//! checks are `amd-hsmp-check`'s, and none of either may come back into the privileged binary
+//! (the dependency list pins the crates; this pins the binaries Cargo builds for these tests).
 
 use std::process::Command;
 
 const BROKER: &str = env!("CARGO_BIN_EXE_amd-hsmp-broker");
+const CHECK: &str = env!("CARGO_BIN_EXE_amd-hsmp-check");
+
+/// Whether the file at `path` holds `needle`.
+fn holds(path: &str, needle: &str) -> bool {
+    let binary = std::fs::read(path).unwrap();
+    binary.windows(needle.len()).any(|w| w == needle.as_bytes())
+}
 
 #[test]
 fn the_broker_takes_no_simulate_flag() {
@@ -28,4 +35,18 @@ fn the_broker_binary_holds_no_simulator_code() {
     }
     // The search itself works: the broker's own crate name is in its symbols.
     assert!(holds(b"amd_hsmp_broker"), "{BROKER} has no symbols to search");
+}
+
+/// The daemon, which holds capabilities at start-up, links none of the checks: their text (the
+/// verdict, a fix, the deadline's thread name) goes with their code, and is in `amd-hsmp-check`.
+#[test]
+fn the_broker_binary_holds_no_check_code() {
+    for needle in [
+        "every check a scrape needs passed",
+        "check --path.procfs and --path.sysfs",
+        "check-deadline",
+    ] {
+        assert!(!holds(BROKER, needle), "{BROKER} contains {needle:?}");
+        assert!(holds(CHECK, needle), "{CHECK} lacks {needle:?}: the search finds nothing");
+    }
 }

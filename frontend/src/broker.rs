@@ -198,7 +198,7 @@ fn connect_hint(source: &io::Error) -> &'static str {
         io::ErrorKind::PermissionDenied => {
             " (permission denied: the exporter's user needs write access to the socket through \
              group amd-hsmp-exporter; under SELinux: ausearch -m avc -c amd-hsmp-exporter; \
-             amd-hsmp-broker --check names the fix)"
+             amd-hsmp-check names the fix)"
         }
         _ => "",
     }

@@ -133,7 +133,8 @@ const IGNORED: [&str; 5] = ["hsmp_device", "msr_device_root", "perf_pmu_root", "
 
 /// The command line: the broker's, with [`IGNORED`] hidden.
 fn command() -> clap::Command {
-    IGNORED.iter().fold(Cli::command(), |cmd, id| cmd.mut_arg(*id, |a| a.hide(true)))
+    let command = amd_hsmp_broker::serving_rules(Cli::command());
+    IGNORED.iter().fold(command, |cmd, id| cmd.mut_arg(*id, |a| a.hide(true)))
 }
 
 fn main() -> ExitCode {
@@ -148,6 +149,10 @@ fn main() -> ExitCode {
                 Err(e) => command().error(ErrorKind::ValueValidation, e).exit(),
             };
             let simulated = Simulated { profile, scenario: cli.simulate_scenario, clock };
+            // The checks on the simulated machine: in this process, which holds it.
+            if cli.broker.check {
+                return amd_hsmp_broker::check::main(PROGRAM, cli.broker, Some(&simulated));
+            }
             amd_hsmp_broker::daemon::main(PROGRAM, cli.broker, Some(&simulated))
         }
         // `--version` alone: answered before anything is opened.

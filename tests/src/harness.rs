@@ -34,6 +34,8 @@ pub struct Binaries {
     pub sim_broker: PathBuf,
     /// `amd-hsmp-exporter`.
     pub exporter: PathBuf,
+    /// `amd-hsmp-check`: the checks of a scrape's preconditions, with the broker's flags.
+    pub check: PathBuf,
 }
 
 impl Binaries {
@@ -94,12 +96,13 @@ fn build_binaries() -> Result<Binaries> {
         broker: dir.join("amd-hsmp-broker"),
         sim_broker: dir.join("amd-hsmp-sim-broker"),
         exporter: dir.join("amd-hsmp-exporter"),
+        check: dir.join("amd-hsmp-check"),
     };
     let packages = ["amd-hsmp-broker", "amd-hsmp-sim-broker", "amd-hsmp-exporter"];
     let mut what: Vec<&str> = packages.iter().flat_map(|p| ["-p", p]).collect();
     what.push("--bins");
     cargo_build(&dir, &what)?;
-    for bin in [&bins.broker, &bins.sim_broker, &bins.exporter] {
+    for bin in [&bins.broker, &bins.sim_broker, &bins.exporter, &bins.check] {
         if !bin.is_file() {
             bail!("{} does not exist after the build", bin.display());
         }

@@ -6,7 +6,7 @@
 //! assumes root without saying so fails here. Doctests are left out: rustdoc is root's
 //! toolchain, which the user cannot run.
 //!
-//! Five of xtask's own tests run cargo itself, which is root's here ([`NEED_CARGO`]), and stay
+//! Six of xtask's own tests run cargo itself, which is root's here ([`NEED_CARGO`]), and stay
 //! out of this run only.
 //!
 //! The user's home and temporary directory is a fresh directory it owns. Where a directory
@@ -129,11 +129,12 @@ fn as_user(t: &TestExe, home: &Path) -> Command {
 /// Tests that run cargo itself or read what only cargo sets (`cargo metadata`, `CARGO_PKG_NAME`):
 /// they pass for a user with a toolchain of its own (`cargo test --workspace`), but the user
 /// here has none, since the toolchain is root's. Left out of this run by name, and only here.
-const NEED_CARGO: [&str; 5] = [
+const NEED_CARGO: [&str; 6] = [
+    "tidy::privileged::every_workspace_crate_the_broker_links_denies_panics",
+    "tidy::privileged::the_brokers_dependencies_are_the_reviewed_list",
     "tidy::renovate::the_brokers_renovate_rule_names_its_dependencies",
     "tidy::tests::architecture_crate_graph_is_the_workspace_graph",
     "tidy::tests::no_package_needs_a_newer_rustc_than_the_workspace",
-    "tidy::tests::the_brokers_dependencies_are_the_reviewed_list",
     "workspace::tests::cargo_run_builds_in_the_environment_of_a_plain_cargo_build",
 ];
 

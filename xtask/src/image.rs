@@ -1,6 +1,6 @@
-//! `cargo xtask image [--reproducible]`: the OCI image with both daemons, written by this code as
+//! `cargo xtask image [--reproducible]`: the OCI image with the daemons and amd-hsmp-check, written by this code as
 //! an OCI archive (`target/image/amd-hsmp-exporter.oci.tar`, `podman load -i` reads it), with no
-//! base image: nothing but the two binaries, static (glibc `+crt-static`), in `/usr/bin`.
+//! base image: nothing but the binaries, static (glibc `+crt-static`), in `/usr/bin`.
 //!
 //! Reproducible: the binaries are built by `cargo auditable build` (their dependency list is
 //! embedded, for `cargo audit bin` and image scanners) with `SOURCE_DATE_EPOCH` and the revision
@@ -34,8 +34,11 @@ pub fn local_repository() -> String {
 pub fn reference() -> String {
     format!("{}:{}", local_repository(), env!("CARGO_PKG_VERSION"))
 }
-/// The binaries, installed in `/usr/bin`.
-pub const BINARIES: [&str; 2] = ["amd-hsmp-broker", "amd-hsmp-exporter"];
+/// The binaries, installed in `/usr/bin`: the two daemons and `amd-hsmp-check`, which an operator
+/// runs in the broker's container (`kubectl exec`).
+pub const BINARIES: [&str; 3] = ["amd-hsmp-broker", "amd-hsmp-exporter", "amd-hsmp-check"];
+/// The packages that build [`BINARIES`] (`--bins`): `amd-hsmp-check` is the broker's.
+pub const PACKAGES: [&str; 2] = ["amd-hsmp-broker", "amd-hsmp-exporter"];
 /// The simulating broker: built with the binaries (static, the same flags) but not put in the
 /// image, which holds what a node runs; `cargo xtask kube-test` mounts it into its simulator pod.
 pub const SIM_BROKER: &str = "amd-hsmp-sim-broker";
@@ -202,7 +205,7 @@ pub(crate) fn git(root: &Path, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8(out.stdout)?.trim().to_owned())
 }
 
-/// `cargo auditable build` of both daemons from the sources at `src`, then the archive at `out`.
+/// `cargo auditable build` of the binaries from the sources at `src`, then the archive at `out`.
 /// `private` are paths no binary may contain (the checkout, cargo's home, the target directory).
 fn build_from(
     src: &Path,
@@ -231,7 +234,7 @@ fn build_from(
     crate::workspace::run_cmd(
         Command::new(cargo)
             .args(["auditable", "build", "--release", "--locked", "--target", TARGET])
-            .args(BINARIES.iter().chain(&[SIM_BROKER]).flat_map(|b| ["--package", b]))
+            .args(PACKAGES.iter().chain(&[SIM_BROKER]).flat_map(|b| ["--package", b]))
             .arg("--bins")
             .current_dir(src)
             .env("CARGO_TARGET_DIR", target_dir)

@@ -1,5 +1,5 @@
 //! `cargo xtask man OUTDIR`: man pages (clap_mangen) and bash, zsh and fish completions
-//! (clap_complete) for both binaries, generated from the same `clap` definitions they parse.
+//! (clap_complete) for the three programs, generated from the same `clap` definitions they parse.
 //!
 //! The packages install the copies kept in `packaging/man/` and `packaging/completions/` (so
 //! that neither rpmbuild nor cargo-deb has to run xtask); a test regenerates them and fails when
@@ -12,12 +12,13 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 /// One binary's man page: its name, `clap` definition, section (8 for the broker, a system
-/// daemon, as sshd(8); 1 for the exporter) and the hand-written sections (roff) that follow the
-/// options.
+/// daemon, as sshd(8), and for amd-hsmp-check, run by the administrator; 1 for the exporter),
+/// the page its SEE ALSO names, and the hand-written sections (roff) that follow the options.
 struct Page {
     name: &'static str,
     command: clap::Command,
     section: &'static str,
+    see_also: (&'static str, &'static str),
     exit_status: &'static str,
     files: &'static str,
     environment: &'static str,
@@ -25,12 +26,13 @@ struct Page {
 }
 
 /// The binaries and their man pages.
-fn binaries() -> [Page; 2] {
+fn binaries() -> [Page; 3] {
     [
         Page {
             name: "amd-hsmp-broker",
             command: amd_hsmp_broker::command(),
             section: "8",
+            see_also: ("amd-hsmp-exporter", "1"),
             exit_status: "0 after SIGTERM or SIGINT (a socket file created with \\-\\-listen is removed); \
              1 when start\\-up fails (the message names the step); 2 for a bad command line; \
              75 to start afresh after CPU hotplug (a core whose energy event was lost, or a CPU \
@@ -52,15 +54,14 @@ fn binaries() -> [Page; 2] {
              \\-\\-collector.core\\-energy.msr\\-fallback.\n\
              .TP\nLISTEN_FDS, LISTEN_PID\nThe socket passed by systemd socket activation, used \
              without \\-\\-listen.\n",
-            examples: "Check that a scrape can work on this machine:\n.PP\n.nf\n\
-             amd\\-hsmp\\-broker \\-\\-check \\-\\-collector.core\\-energy.msr\\-fallback\n.fi\n.PP\n\
-             Serve by hand, without systemd, to the exporter\\*(Aqs user:\n.PP\n.nf\n\
+            examples: "Serve by hand, without systemd, to the exporter\\*(Aqs user:\n.PP\n.nf\n\
              amd\\-hsmp\\-broker \\-\\-listen /run/amd\\-hsmp/broker.sock \\-\\-allow\\-user amd\\-hsmp\\-exporter\n.fi\n",
         },
         Page {
             name: "amd-hsmp-exporter",
             command: amd_hsmp_exporter::cli::command(),
             section: "1",
+            see_also: ("amd-hsmp-broker", "8"),
             exit_status: "0 after a clean shutdown on SIGTERM or SIGINT; 1 when start\\-up fails (e.g. an \
              address cannot be bound); 2 for an invalid flag. A missing broker or device is \
              never a reason to exit: the exporter serves amd_hsmp_broker_up 0 or amd_hsmp_up 0.",
@@ -76,6 +77,30 @@ fn binaries() -> [Page; 2] {
              curl http://10.0.0.5:10054/metrics\n.fi\n.PP\n\
              Without the per\\-core boost limits:\n.PP\n.nf\n\
              amd\\-hsmp\\-exporter \\-\\-no\\-collector.boost\\-limit\n.fi\n",
+        },
+        Page {
+            name: "amd-hsmp-check",
+            command: amd_hsmp_broker::check::command(),
+            section: "8",
+            see_also: ("amd-hsmp-broker", "8"),
+            exit_status: "0 when nothing a scrape needs fails (warnings included); 1 when a check \
+             fails, or when the checks have not finished within \\-\\-check.timeout (a \
+             deadline line names the one still waiting); 2 for a bad command line.",
+            files: ".TP\n/etc/sysconfig/amd\\-hsmp\\-broker (RPM), /etc/default/amd\\-hsmp\\-broker (.deb)\n\
+             The broker\\*(Aqs extra flags (OPTIONS), which it takes to check the service as \
+             configured.\n\
+             .TP\n/dev/hsmp, /dev/cpu/N/msr, /sys/bus/event_source/devices/power_core\n\
+             The devices and the PMU checked (\\-\\-hsmp.device, \\-\\-msr.device\\-root).\n\
+             .TP\n/run/amd\\-hsmp/broker.sock\nThe broker\\*(Aqs socket, asked for its protocol \
+             (\\-\\-listen).\n",
+            environment: ".TP\nOPTIONS\nNot read: give the broker\\*(Aqs flags on the command \
+             line, as in EXAMPLES.\n",
+            examples: "Check that a scrape can work on this machine, with the service\\*(Aqs \
+             flags (the .deb\\*(Aqs file; the RPM\\*(Aqs is /etc/sysconfig/amd\\-hsmp\\-broker):\n\
+             .PP\n.nf\n\
+             (. /etc/default/amd\\-hsmp\\-broker; amd\\-hsmp\\-check $OPTIONS)\n.fi\n.PP\n\
+             With the MSR fallback:\n.PP\n.nf\n\
+             amd\\-hsmp\\-check \\-\\-collector.core\\-energy.msr\\-fallback\n.fi\n",
         },
     ]
 }
@@ -131,11 +156,7 @@ fn man_page(page: &Page) -> Result<String> {
     out.extend_from_slice(synopsis(&page.command, page.name).as_bytes());
     man.render_description_section(&mut out)?;
     man.render_options_section(&mut out)?;
-    let (other, other_section) = if page.name == "amd-hsmp-broker" {
-        ("amd-hsmp-exporter", "1")
-    } else {
-        ("amd-hsmp-broker", "8")
-    };
+    let (other, other_section) = page.see_also;
     let other = other.replace('-', "\\-");
     let rest = format!(
         ".SH \"EXIT STATUS\"\n{}\n.SH FILES\n{}.SH ENVIRONMENT\n{}.SH EXAMPLES\n{}\
@@ -244,7 +265,7 @@ mod tests {
     #[test]
     fn packaged_man_pages_and_completions_are_generated_from_the_current_flags() {
         let files = generate().unwrap();
-        assert_eq!(files.len(), 8);
+        assert_eq!(files.len(), 12);
         let files = files.into_iter().map(|f| (f.path.to_string_lossy().into_owned(), f.text));
         if let Err(e) = expect_files(&root().join("packaging"), &files.collect(), &[]) {
             panic!("stale generated files:\n{e:#}");
@@ -267,9 +288,9 @@ mod tests {
 
     #[test]
     fn man_pages_have_files_environment_examples_and_a_synopsis_with_arguments() {
-        let [broker, exporter] = binaries();
+        let [broker, exporter, check] = binaries();
         assert_eq!((broker.section, exporter.section), ("8", "1"), "the daemon is in section 8");
-        for page in [&broker, &exporter] {
+        for page in [&broker, &exporter, &check] {
             let text = man_page(page).unwrap();
             for section in [".SH FILES", ".SH ENVIRONMENT", ".SH EXAMPLES", ".SH SYNOPSIS"] {
                 assert!(text.contains(section), "{} lacks {section}", page.name);
@@ -282,14 +303,21 @@ mod tests {
         assert!(text.contains(".BR amd\\-hsmp\\-exporter (1)"));
         let text = man_page(&exporter).unwrap();
         assert!(text.contains(".BR amd\\-hsmp\\-broker (8)"));
+        // The program checks; its own flag for it is hidden.
+        let text = man_page(&check).unwrap();
+        assert!(text.contains("[\\fB\\-\\-check.timeout\\fR \\fIDURATION\\fR]"), "{text}");
+        assert!(!text.contains("[\\fB\\-\\-check\\fR]"), "{text}");
+        assert!(text.contains(".BR amd\\-hsmp\\-broker (8)"));
     }
 
     #[test]
     fn completions_offer_the_flags_of_each_binary() {
         let files = generate().unwrap();
-        for (name, flag) in
-            [("amd-hsmp-broker", "--allow-uid"), ("amd-hsmp-exporter", "--web.listen-address")]
-        {
+        for (name, flag) in [
+            ("amd-hsmp-broker", "--allow-uid"),
+            ("amd-hsmp-exporter", "--web.listen-address"),
+            ("amd-hsmp-check", "--check.timeout"),
+        ] {
             for shell in
                 [format!("bash/{name}"), format!("zsh/_{name}"), format!("fish/{name}.fish")]
             {

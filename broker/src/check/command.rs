@@ -1,19 +1,38 @@
-//! `amd-hsmp-broker --check` as a command: the machine's accounts and the `--check.timeout`
-//! watchdog around [`super::run_streaming`], printing each line as it is decided. The daemon
-//! hands it the devices and nothing of it runs while the broker serves.
+//! `amd-hsmp-check` as a command: the machine's accounts and the `--check.timeout` watchdog
+//! around [`super::run_streaming`], printing each line as it is decided.
 
 use super::{Account, Accounts};
 use crate::cli::Args;
+use crate::daemon::{Machine, Simulation};
 use amd_hsmp_device::{HsmpOpener, MsrOpener, PmuLocator};
 use amd_hsmp_proto::Topology;
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-/// `--check`: runs the checks of [`crate::check`] on the devices `hsmp`, `msr` and `perf` (the
+/// `amd-hsmp-check`'s `main` after parsing, and `amd-hsmp-sim-broker --check`'s: `--version`,
+/// logging, then the checks on this machine's devices where the flags say they are, or on
+/// `simulation`'s machine. `program` names the binary in `--version` and the verdict.
+pub fn main(program: &str, args: Args, simulation: Option<&dyn Simulation>) -> ExitCode {
+    if args.common.version {
+        print!("{}", amd_hsmp_cli::version::report(program));
+        return ExitCode::SUCCESS;
+    }
+    if let Err(e) = amd_hsmp_cli::log::init(args.common.log_level, args.common.log_format) {
+        eprintln!("{program}: cannot set up logging: {e}");
+        return ExitCode::FAILURE;
+    }
+    let (simulated, (hsmp, msr, perf)) = match simulation.map(Simulation::check) {
+        Some(Machine { topology, hsmp, msr, perf, .. }) => (Some(topology), (hsmp, msr, perf)),
+        None => (None, crate::daemon::devices(&args)),
+    };
+    run(program, &args, simulated, hsmp, msr, perf)
+}
+
+/// Runs the checks of [`crate::check`] on the devices `hsmp`, `msr` and `perf` (the
 /// simulated machine's, with its topology as `simulated`) and prints one line each as soon as
 /// it is decided, within `--check.timeout`.
-pub(crate) fn run(
+fn run(
     program: &str,
     cli: &Args,
     simulated: Option<Topology>,
@@ -67,9 +86,9 @@ pub(crate) fn run(
     let timeout = cli.check_timeout;
     let verdict = |passed: bool| {
         if passed {
-            format!("{program} --check: every check a scrape needs passed")
+            format!("{program}: every check a scrape needs passed")
         } else {
-            format!("{program} --check: a scrape cannot work as it should; see FAIL above")
+            format!("{program}: a scrape cannot work as it should; see FAIL above")
         }
     };
     let failed = verdict(false);
@@ -83,7 +102,7 @@ pub(crate) fn run(
         }
     });
     if let Err(e) = watchdog {
-        eprintln!("{program}: cannot start the --check deadline: {e}; running without it");
+        eprintln!("{program}: cannot start the --check.timeout deadline: {e}; running without it");
     }
     let lock = || printed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let lines = super::run_streaming(&mut inputs, &mut |line| {

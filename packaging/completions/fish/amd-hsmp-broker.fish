@@ -17,14 +17,14 @@ complete -c amd-hsmp-broker -l connections.shared -d 'Connection slots shared by
 complete -c amd-hsmp-broker -l connections.idle-timeout -d 'A connection with no request for this long is closed (the exporter reconnects)' -r
 complete -c amd-hsmp-broker -l path.procfs -d 'procfs mount point (for cpuinfo)' -r -F
 complete -c amd-hsmp-broker -l path.sysfs -d 'sysfs mount point (for CPU topology)' -r -F
-complete -c amd-hsmp-broker -l check.timeout -d 'How long --check may take in all. Past it a `deadline` line names the check that did not finish (a device or a file that does not answer) and --check exits 1' -r
 complete -c amd-hsmp-broker -l log.level -d 'Only log messages with the given severity or above' -r -f -a "debug\t'Everything, including each reconnect attempt and each refused peer'
 info\t'Start-up, listening, peers and broker lost and found again'
 warn\t'Problems that cost telemetry'
 error\t'Only what stops the process'"
 complete -c amd-hsmp-broker -l log.format -d 'Output format of log messages: `logfmt` (`text` is accepted for it) or `json`, one record per line on standard error' -r -f -a "logfmt\t'`key=value` pairs, as Prometheus and node_exporter log by default'
 json\t'One JSON object per line'"
+complete -c amd-hsmp-broker -l check.timeout -d 'How long the checks may take in all. Past it a `deadline` line names the check that did not finish (a device or a file that does not answer) and they exit 1' -r
 complete -c amd-hsmp-broker -l collector.core-energy.msr-fallback -d 'Also read per-core energy from the MSR devices where HSMP lacks the RAPL messages and the perf counter cannot be opened: adds msr to --collector.core-energy.sources (needs CAP_SYS_RAWIO at start-up; dropped right after the devices are opened)'
-complete -c amd-hsmp-broker -l check -d 'Check every precondition of a scrape on this machine (CPU, driver, /dev/hsmp, SELinux, the firmware\'s answers, energy, the socket), print one line each with its verdict and fix, and exit: 0 when nothing a scrape needs fails, 1 otherwise. Starts no server; run it as root with the flags the service has (/etc/sysconfig/amd-hsmp-broker with the RPM, /etc/default/amd-hsmp-broker with the .deb)'
+complete -c amd-hsmp-broker -l check -d 'Run amd-hsmp-check with the other flags instead of serving (moved there; this form goes in the next release). It checks every precondition of a scrape on this machine, prints one line each with its verdict and fix, and exits 0 when nothing a scrape needs fails, 1 otherwise'
 complete -c amd-hsmp-broker -s V -l version -d 'Print the version, revision, build date and toolchain, then exit'
 complete -c amd-hsmp-broker -s h -l help -d 'Print help (see more with \'--help\')'

@@ -61,7 +61,7 @@ pub(super) fn rpm(
         &root.join("packaging/sysusers.d/amd-hsmp-exporter.conf"),
         &sources.join(format!("{RPM_NAME}.conf")),
     )?;
-    for bin in ["amd-hsmp-broker", "amd-hsmp-exporter"] {
+    for bin in ["amd-hsmp-broker", "amd-hsmp-exporter", "amd-hsmp-check"] {
         ensure!(release.join(bin).is_file(), "no release binary {}", release.join(bin).display());
     }
 

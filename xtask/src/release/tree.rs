@@ -2,7 +2,7 @@
 //! [`super::run`] as each builder: every artifact into `OUT`, from the tree's files alone.
 
 use super::{chart, epoch, names, revision, tree_files};
-use crate::image::{self, BINARIES, Inputs, TARGET, Tar, gzip};
+use crate::image::{self, BINARIES, Inputs, PACKAGES, TARGET, Tar, gzip};
 use crate::workspace::run_cmd;
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
@@ -40,7 +40,7 @@ pub fn build(tree: &Path, out: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `cargo auditable build` of both daemons, static, offline from the vendored crates; no path
+/// `cargo auditable build` of the binaries, static, offline from the vendored crates; no path
 /// of the tree or of the builder's home in them. Returns their paths, in [`BINARIES`]' order.
 fn binaries(tree: &Path, revision: &str) -> Result<Vec<PathBuf>> {
     let target_dir = tree.join("target");
@@ -62,7 +62,7 @@ fn binaries(tree: &Path, revision: &str) -> Result<Vec<PathBuf>> {
         Command::new("cargo")
             .args(["auditable", "build", "--release", "--locked", "--offline", "--quiet"])
             .args(["--target", TARGET])
-            .args(BINARIES.iter().flat_map(|b| ["--package", b]))
+            .args(PACKAGES.iter().flat_map(|b| ["--package", b]))
             .arg("--bins")
             .current_dir(tree)
             .env("CARGO_TARGET_DIR", &target_dir)
@@ -91,12 +91,13 @@ fn tarball(tree: &Path, out: &Path, version: &str, epoch: u64, bins: &[PathBuf])
     for (bin, path) in BINARIES.iter().zip(bins) {
         files.push((format!("{top}/{bin}"), fs::read(path)?, 0o755));
     }
-    for doc in ["LICENSE", "README.md", "packaging/man/amd-hsmp-broker.8"]
+    let pages = ["amd-hsmp-broker.8", "amd-hsmp-exporter.1", "amd-hsmp-check.8"];
+    for doc in ["LICENSE".to_owned(), "README.md".to_owned()]
         .into_iter()
-        .chain(["packaging/man/amd-hsmp-exporter.1"])
+        .chain(pages.map(|page| format!("packaging/man/{page}")))
     {
-        let name = Path::new(doc).file_name().context("a file name")?.to_string_lossy();
-        files.push((format!("{top}/{name}"), fs::read(tree.join(doc))?, 0o644));
+        let name = Path::new(&doc).file_name().context("a file name")?.to_string_lossy();
+        files.push((format!("{top}/{name}"), fs::read(tree.join(&doc))?, 0o644));
     }
     let name = names::tarball(version);
     fs::write(out.join(name), gzip(&Tar::new(epoch).tree(&files)?)?)?;
@@ -191,7 +192,7 @@ fn xz(bytes: &[u8]) -> Result<Vec<u8>> {
 
 /// A CycloneDX SBOM of each binary, from the dependency list `cargo auditable` embedded in it
 /// (`auditable2cdx`), and one of the image: the image as the described component, holding the
-/// two binaries, each with its crates.
+/// binaries, each with its crates.
 fn sboms(out: &Path, version: &str, bins: &[PathBuf], image: &image::Archive) -> Result<()> {
     let mut binaries = Vec::new();
     for (bin, path) in BINARIES.iter().zip(bins) {

@@ -19,7 +19,7 @@ const PANIC_LINTS: [&str; 4] =
     ["clippy::unwrap_used", "clippy::expect_used", "clippy::panic", "clippy::indexing_slicing"];
 
 /// The package names of the broker's normal run-time closure on x86_64 Linux, sorted.
-fn closure(root: &Path) -> Vec<String> {
+fn broker_closure_by_cargo_tree(root: &Path) -> Vec<String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
         .args(["tree", "--locked", "-e", "normal", "-p", "amd-hsmp-broker", "--prefix", "none"])
@@ -91,7 +91,7 @@ fn denied(lib_rs: &str) -> String {
 #[test]
 fn the_brokers_dependencies_are_the_reviewed_list() {
     let root = crate::workspace::root();
-    let names = closure(&root);
+    let names = broker_closure_by_cargo_tree(&root);
     let path = root.join(REVIEWED);
     let listed = std::fs::read_to_string(&path).unwrap_or_default();
     match review(&names, &listed, |name| std::env::var(name).ok()) {
@@ -143,8 +143,10 @@ fn a_crate_that_leaves_the_closure_is_also_a_reviewed_change() {
 #[test]
 fn every_workspace_crate_the_broker_links_denies_panics() {
     let root = crate::workspace::root();
-    let ours: Vec<String> =
-        closure(&root).into_iter().filter(|n| n.starts_with("amd-hsmp-")).collect();
+    let ours: Vec<String> = broker_closure_by_cargo_tree(&root)
+        .into_iter()
+        .filter(|n| n.starts_with("amd-hsmp-"))
+        .collect();
     assert!(ours.len() >= 4, "the broker links {ours:?}");
     let mut lax = Vec::new();
     for name in &ours {
@@ -169,9 +171,9 @@ fn denied_lints_are_read_from_every_deny_attribute() {
     assert!(!lints.contains("unsafe_code"), "{lints}");
 }
 
-/// The broker's library exposes its entry points only: at most two public modules (`daemon`,
-/// and `lockdown` for the seccomp example); what other programs take besides is re-exported
-/// item by item at its root.
+/// The broker's library exposes its entry points only: at most two public modules (`daemon` and
+/// `check`, the two programs'); what other programs take besides is re-exported item by item at
+/// its root.
 #[test]
 fn the_broker_library_exposes_at_most_two_public_modules() {
     let lib = std::fs::read_to_string(crate::workspace::root().join("broker/src/lib.rs")).unwrap();

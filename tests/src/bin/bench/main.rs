@@ -95,6 +95,8 @@ fn run(cli: Cli) -> Result<()> {
         // Not built for the benchmark, which measures the broker on the fake device.
         sim_broker: bin_dir.join("amd-hsmp-sim-broker"),
         exporter: bin_dir.join("amd-hsmp-exporter"),
+        // Not run by the benchmark.
+        check: bin_dir.join("amd-hsmp-check"),
     };
     for bin in [&bins.broker, &bins.exporter] {
         if !bin.is_file() {

@@ -1,5 +1,5 @@
 //! Checks 1, 2 and K: the driver probing from the SSDT and the udev rule, the package installed
-//! (users, socket, system state), and `amd-hsmp-broker --check` as an operator runs it.
+//! (users, socket, system state), and `amd-hsmp-check` as an operator runs it.
 
 use super::{COMMAND_TIMEOUT, Ctx, Evidence, Verdict, sh};
 use crate::vm::guest::{Output, Vm};
@@ -163,15 +163,15 @@ pub(super) fn while_energy_advances<T>(responder: &Responder, f: impl FnOnce() -
     })
 }
 
-/// Check K: `amd-hsmp-broker --check` as an operator runs it (root, unconfined): every check
-/// passes on the healthy guest (the responder's energy advancing meanwhile), the driver unloaded
-/// names modprobe, the socket's permissions broken name the group.
+/// Check K: `amd-hsmp-check` as an operator runs it (root, unconfined): every check passes on
+/// the healthy guest (the responder's energy advancing meanwhile), the driver unloaded names
+/// modprobe, the socket's permissions broken name the group; the last through
+/// `amd-hsmp-broker --check`, kept for one release, which runs the installed amd-hsmp-check.
 pub(super) fn operator_check(ctx: &mut Ctx<'_>) -> Result<Verdict> {
     let (vm, responder) = (&mut *ctx.vm, ctx.responder);
     let mut ev = Evidence::default();
-    let run_check = |vm: &mut Vm| {
-        vm.run("runcon -t unconfined_t -- bash -c 'amd-hsmp-broker --check'", COMMAND_TIMEOUT)
-    };
+    let run_check =
+        |vm: &mut Vm| vm.run("runcon -t unconfined_t -- bash -c 'amd-hsmp-check'", COMMAND_TIMEOUT);
     let healthy = while_energy_advances(responder, || run_check(vm))?;
     let failed: Vec<&str> = healthy.text.lines().filter(|l| l.starts_with("FAIL")).collect();
     ev.check(
@@ -183,7 +183,7 @@ pub(super) fn operator_check(ctx: &mut Ctx<'_>) -> Result<Verdict> {
     }
     let unloaded = vm.run(
         "systemctl stop amd-hsmp-broker.service && modprobe -r hsmp_acpi hsmp_common && runcon -t unconfined_t -- bash -c \
-         'amd-hsmp-broker --check'; rc=$?; modprobe hsmp_acpi && udevadm settle; exit $rc",
+         'amd-hsmp-check'; rc=$?; modprobe hsmp_acpi && udevadm settle; exit $rc",
         COMMAND_TIMEOUT,
     )?;
     let driver = unloaded.text.lines().find(|l| l.starts_with("FAIL  driver")).unwrap_or("");
@@ -203,7 +203,12 @@ pub(super) fn operator_check(ctx: &mut Ctx<'_>) -> Result<Verdict> {
         broken.rc == 1 && socket.contains("through group amd-hsmp-exporter"),
         format!("socket mode 0600: exit {}; {socket}", broken.rc),
     );
-    Ok(ev.verdict("amd-hsmp-broker --check: healthy, driver unloaded, socket broken"))
+    ev.check(
+        broken.text.contains("--check has moved to amd-hsmp-check")
+            && broken.text.contains("amd-hsmp-check: a scrape cannot work as it should"),
+        "amd-hsmp-broker --check said where the checks moved and ran amd-hsmp-check".to_owned(),
+    );
+    Ok(ev.verdict("amd-hsmp-check: healthy, driver unloaded, socket broken (and the old form)"))
 }
 
 #[cfg(test)]

@@ -278,12 +278,12 @@ fn source_line(vm: &mut Vm) -> Result<String> {
     Ok(out.text.trim().to_string())
 }
 
-/// `amd-hsmp-broker --check` as an operator runs it, while the simulator's energy advances (its
+/// `amd-hsmp-check` as an operator runs it, while the simulator's energy advances (its
 /// energy line waits for that); its exit code, `perf` line and the other lines that failed or
 /// warned.
 fn check_perf_line(vm: &mut Vm, responder: &Responder) -> Result<(i32, String, Vec<String>)> {
     let out = while_energy_advances(responder, || {
-        vm.run("runcon -t unconfined_t -- bash -c 'amd-hsmp-broker --check'", COMMAND_TIMEOUT)
+        vm.run("runcon -t unconfined_t -- bash -c 'amd-hsmp-check'", COMMAND_TIMEOUT)
     })?;
     let line = out
         .text

@@ -44,7 +44,7 @@ pub(super) fn venice(ctx: &mut Ctx<'_>) -> Result<Verdict> {
     let source = source_of(&s);
     ev.check(source.as_deref() == Some("hsmp"), format!("energy source {source:?}"));
     let check = while_energy_advances(responder, || {
-        vm.run("runcon -t unconfined_t -- bash -c 'amd-hsmp-broker --check'", COMMAND_TIMEOUT)
+        vm.run("runcon -t unconfined_t -- bash -c 'amd-hsmp-check'", COMMAND_TIMEOUT)
     })?;
     let failed = check.text.lines().filter(|l| l.starts_with("FAIL")).count();
     ev.check(check.ok() && failed == 0, format!("--check: exit {}, {failed} FAIL lines", check.rc));
