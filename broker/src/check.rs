@@ -13,8 +13,9 @@
 //! `--path.sysfs`, `--hsmp.device`, `--msr.device-root`), so they are tested on fixture trees and
 //! the simulator; what needs the operating system (accounts, SELinux labels) is passed in.
 
+use crate::counters::{self, MAX_CORE_WATTS};
 use crate::hints::{self, MSR_BOOLEAN};
-use crate::msr::{MAX_CORE_WATTS, MsrEnergy};
+use crate::msr::MsrEnergy;
 use crate::topology;
 use amd_hsmp_device::{
     self as device, HsmpOpener, HsmpTransport, MsrOpener, PmuLocator, files, messages,
@@ -947,7 +948,7 @@ pub(crate) fn boost_range(limits: &[(usize, u32)], part_max_mhz: Option<u32>) ->
 
 /// Judges per-core energy over `intervals`, the time between each core's two reads: every
 /// core must advance, at no more than the most a core can draw ([`MAX_CORE_WATTS`], the bound
-/// the MSR fallback's restart rule uses too).
+/// the restart rules of the perf and MSR sources use too).
 pub(crate) fn energy_rates(
     source: &str,
     before: &[Result<f64, ItemError>],
@@ -1123,7 +1124,7 @@ fn perf(
             return (Line::fail("perf", why, "report this output: the PMU is not rapl.c's"), None);
         }
     };
-    let clock = Box::new(crate::perf::Running);
+    let clock = Box::new(counters::Running);
     let energy = match crate::perf::PerfEnergy::open(topo, &pmu, opener.as_ref(), clock) {
         Ok(energy) => energy,
         Err(e) => {

@@ -17,7 +17,7 @@
 //! One log line, `core energy source chosen`, names the source and why each other one was
 //! passed over (with no source at all, a warning says the same).
 
-use crate::counters::CoreCounters;
+use crate::counters::{self, CoreCounters};
 use crate::msr::{self, MsrEnergy};
 use crate::perf::{self, PerfEnergy};
 use amd_hsmp_device::{MsrOpener, PmuLocator};
@@ -160,7 +160,7 @@ fn open_perf(
     }
     let opened =
         openers.perf.locate().map_err(perf::PerfOpenError::from).and_then(|(pmu, opener)| {
-            PerfEnergy::open(topology, &pmu, opener.as_ref(), Box::new(perf::Running))
+            PerfEnergy::open(topology, &pmu, opener.as_ref(), Box::new(counters::Running))
         });
     match opened {
         Ok(energy) => Ok(Arc::new(energy)),

@@ -20,6 +20,7 @@
 //! nothing says what the counter did while it could not be read, the first reading after the
 //! CPU's return restarts the count from 0, counted like the others.
 
+use crate::counters::{BootTime, Clock, MAX_CORE_WATTS, RESTART_TOLERANCE};
 use amd_hsmp_device::msr::{MSR_CORE_ENERGY_STAT, MSR_RAPL_PWR_UNIT, energy_status_unit};
 use amd_hsmp_device::{Errno, MsrOpener, MsrTransport};
 use amd_hsmp_proto::{Energy, ItemError, Topology};
@@ -37,47 +38,12 @@ use std::time::Duration;
 )]
 pub(crate) const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(30);
 
-/// The most power one core can draw, in watts: the broker's one bound on a core's power. It
-/// bounds how fast a core's counter can wrap ([`wrap_window`]), what a reading may add before it
-/// is taken for a restarted counter, and, in `--check`, which energy rates are implausible. No
-/// EPYC core comes near it: the largest parts' package power (500 W) spread over their fewest
-/// cores (16) is 31 W a core, and a single core at full boost draws well under 20 W.
-pub(crate) const MAX_CORE_WATTS: f64 = 100.0;
-
 /// The shortest time in which a core's 32-bit counter of `2^-esu` J units can wrap:
 /// `2^32 × 2^-esu J / MAX_CORE_WATTS` (655 s at ESU 16). Two readings closer together than this
 /// are at most one wrap apart.
 pub(crate) fn wrap_window(esu: u8) -> Duration {
     let joules = f64::from(u32::MAX) * 0.5f64.powi(i32::from(esu));
     Duration::from_secs_f64(joules / MAX_CORE_WATTS)
-}
-
-/// The most time a core's counter may seem to run ahead of the clock at [`MAX_CORE_WATTS`]
-/// before it is taken for a restart: 1 s (100 J), at most an eighth of the wrap window (coarse
-/// units, where a wrap takes about a second). A counter that advances in steps, readings a few
-/// microseconds apart, and a simulated machine that adds a few joules at once are not restarts.
-pub(crate) const RESTART_TOLERANCE: Duration = Duration::from_secs(1);
-
-/// A clock for the wrap window: the time since some fixed start, counting the time the machine
-/// was suspended, so a suspend longer than a wrap cannot hide one. The broker's is [`BootTime`];
-/// a test injects its own to emulate a suspend.
-pub(crate) trait Clock: Debug + Send + Sync {
-    /// Now; an errno if the clock cannot be read.
-    fn now(&self) -> Result<Duration, Errno>;
-}
-
-/// `CLOCK_BOOTTIME`: monotonic and, unlike `CLOCK_MONOTONIC` (`std::time::Instant`), advancing
-/// while the machine is suspended (S3 or s2idle). Served by the vDSO; the seccomp filter admits
-/// `clock_gettime` for any clock all the same.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct BootTime;
-
-impl Clock for BootTime {
-    fn now(&self) -> Result<Duration, Errno> {
-        let now = rustix::time::clock_gettime_dynamic(rustix::time::DynamicClockId::Boottime)
-            .map_err(|e| e.raw_os_error())?;
-        Duration::try_from(now).map_err(|_| libc::EOVERFLOW)
-    }
 }
 
 /// Extends a wrapping 32-bit counter to a monotonic 64-bit count that starts at 0 on the first
@@ -432,28 +398,10 @@ fn poll_until_failure(energy: &MsrEnergy, interval: Duration) -> std::io::Error 
     }
 }
 
-/// A clock that moves only when told: a suspend, a stop or hours of running in a statement.
-#[cfg(test)]
-#[derive(Debug, Clone, Default)]
-pub(crate) struct FakeClock(Arc<Mutex<Duration>>);
-
-#[cfg(test)]
-impl FakeClock {
-    pub(crate) fn advance(&self, by: Duration) {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) += by;
-    }
-}
-
-#[cfg(test)]
-impl Clock for FakeClock {
-    fn now(&self) -> Result<Duration, Errno> {
-        Ok(*self.0.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::counters::FakeClock;
     use amd_hsmp_device::MsrDeviceOpener;
     use amd_hsmp_proto::Core;
     use std::collections::HashMap;
@@ -839,19 +787,6 @@ mod tests {
         cpu.set(MSR_CORE_ENERGY_STAT, u64::from(raw));
         assert_eq!(energy.read(0).unwrap().counter, 0);
         assert_eq!(energy.resets(), 2);
-    }
-
-    #[test]
-    fn the_window_clock_counts_from_boot_like_the_uptime() {
-        let uptime = || -> f64 {
-            let text = std::fs::read_to_string("/proc/uptime").unwrap();
-            text.split_whitespace().next().unwrap().parse().unwrap()
-        };
-        let before = uptime();
-        let now = BootTime.now().unwrap().as_secs_f64();
-        let after = uptime();
-        // /proc/uptime is CLOCK_BOOTTIME in hundredths of a second.
-        assert!(before - 0.01 <= now && now <= after + 0.01, "{before} <= {now} <= {after}");
     }
 
     #[test]

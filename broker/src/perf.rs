@@ -12,10 +12,10 @@
 //! so a counter the firmware restarts (across a suspend) would add up to 2^32 hardware units
 //! of energy never drawn. A step larger than [`MAX_CORE_WATTS`] allows over the time between
 //! the readings plus [`RESTART_TOLERANCE`] is therefore a counted reset (the count restarts from
-//! 0), and the time is `CLOCK_MONOTONIC` ([`Running`]), which stops while the machine sleeps: a
-//! core draws nothing while suspended, so a suspend adds no allowance. The residual is the MSR
-//! source's: a restart whose step fits within the allowance (a counter the firmware restarted
-//! close below its wrap) is counted as energy.
+//! 0), and the time is `CLOCK_MONOTONIC` ([`counters::Running`](crate::counters::Running)),
+//! which stops while the machine sleeps: a core draws nothing while suspended, so a suspend adds
+//! no allowance. The residual is the MSR source's: a restart whose step fits within the
+//! allowance (a counter the firmware restarted close below its wrap) is counted as energy.
 //!
 //! **CPU hotplug:** when the last online CPU of a core goes offline the kernel detaches the
 //! core's event and never adds it back, not even when the CPU returns (`device/tests/hotplug.rs`
@@ -23,24 +23,12 @@
 //! core is lost: its reset is counted when the loss is first seen, its item is `ENODEV` from
 //! then on, and [`crate::hotplug`] starts the broker afresh once one of its CPUs is online.
 
-use crate::counters::{CoreCounters, Resets, open_cores};
-use crate::msr::{Clock, MAX_CORE_WATTS, RESTART_TOLERANCE};
+use crate::counters::{Clock, CoreCounters, MAX_CORE_WATTS, RESTART_TOLERANCE, Resets, open_cores};
 use amd_hsmp_device::perf::{Pmu, PmuError};
 use amd_hsmp_device::{Errno, PerfCounter, PerfOpener, PerfReading};
 use amd_hsmp_proto::{Core, Energy, EnergySource, ItemError, Topology};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
-
-/// `CLOCK_MONOTONIC`: stops while the machine is suspended, when a core draws nothing.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Running;
-
-impl Clock for Running {
-    fn now(&self) -> Result<Duration, Errno> {
-        let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-        Duration::try_from(now).map_err(|_| libc::EOVERFLOW)
-    }
-}
 
 /// Why the perf source cannot be used at all.
 #[derive(Debug, thiserror::Error)]
@@ -255,7 +243,7 @@ fn open_core(opener: &dyn PerfOpener, cpu: u32, clock: &dyn Clock) -> Result<Per
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::msr::FakeClock;
+    use crate::counters::FakeClock;
     use std::sync::Arc;
 
     /// What one fake event answers, set by hand; the running time moves with each read

@@ -7,7 +7,7 @@
 use crate::msr::energy_status_unit;
 use crate::table::{self, MsgDesc, id};
 use crate::{HSMP_MAX_MSG_LEN, HsmpMessage, HsmpTransport, classify};
-use amd_hsmp_proto::ItemError;
+use amd_hsmp_proto::{ItemError, LimitReason};
 
 /// The messages the broker sends.
 ///
@@ -197,6 +197,9 @@ pub fn rapl_package_counter(transport: &dyn HsmpTransport, socket: u32) -> Resul
 /// The limiters a socket reports as imposing its frequency limit: bits 15:0 of the
 /// `GET_SOCKET_FREQ_LIMIT` reply, one bit per limiter (the kernel's descriptor table calls them
 /// the "frequency source"; AMD's E-SMI library names bits 0 to 7).
+///
+/// The bits are said once, by [`LimitReason::mask`] (the contract's name for each limiter);
+/// every constant here is that mask.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct LimitReasons(pub u16);
 
@@ -204,23 +207,28 @@ impl LimitReasons {
     /// No limiter.
     pub const NONE: LimitReasons = LimitReasons(0);
     /// cHTC-Active: the socket's thermal control (the temperature limit `Tctl` set for it).
-    pub const CHTC: LimitReasons = LimitReasons(0x01);
+    pub const CHTC: LimitReasons = LimitReasons::of(LimitReason::Chtc);
     /// PROCHOT: the PROCHOT_L pin is asserted (an external thermal or power alarm).
-    pub const PROCHOT: LimitReasons = LimitReasons(0x02);
+    pub const PROCHOT: LimitReasons = LimitReasons::of(LimitReason::Prochot);
     /// TDC: the thermal design current limit of a voltage rail.
-    pub const TDC: LimitReasons = LimitReasons(0x04);
+    pub const TDC: LimitReasons = LimitReasons::of(LimitReason::Tdc);
     /// PPT: the package power tracking limit (the socket's power cap).
-    pub const PPT: LimitReasons = LimitReasons(0x08);
+    pub const PPT: LimitReasons = LimitReasons::of(LimitReason::Ppt);
     /// OPN max: the part's own maximum frequency; nothing else holds the socket down.
-    pub const OPN_MAX: LimitReasons = LimitReasons(0x10);
+    pub const OPN_MAX: LimitReasons = LimitReasons::of(LimitReason::OpnMax);
     /// The reliability limit (voltage and temperature for the part's lifetime).
-    pub const RELIABILITY: LimitReasons = LimitReasons(0x20);
+    pub const RELIABILITY: LimitReasons = LimitReasons::of(LimitReason::Reliability);
     /// A cap set by an APML agent (the BMC).
-    pub const APML: LimitReasons = LimitReasons(0x40);
+    pub const APML: LimitReasons = LimitReasons::of(LimitReason::Apml);
     /// A cap set by an HSMP agent (software on the host).
-    pub const HSMP: LimitReasons = LimitReasons(0x80);
+    pub const HSMP: LimitReasons = LimitReasons::of(LimitReason::Hsmp);
     /// Bits 15:8, which the specification does not name.
-    pub const OTHER_MASK: LimitReasons = LimitReasons(0xFF00);
+    pub const OTHER_MASK: LimitReasons = LimitReasons::of(LimitReason::Other);
+
+    /// The bits that mean `reason`.
+    pub const fn of(reason: LimitReason) -> LimitReasons {
+        LimitReasons(reason.mask())
+    }
 
     /// The raw bits.
     pub const fn bits(self) -> u16 {

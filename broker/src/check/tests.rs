@@ -414,10 +414,10 @@ fn implausible_power_fails() {
 /// broker would count as energy is plausible here, one it would take for a restart is not.
 #[test]
 fn implausible_means_beyond_the_most_a_core_can_draw() {
-    let just_under = [Ok(crate::msr::MAX_CORE_WATTS - 1.0)];
+    let just_under = [Ok(crate::counters::MAX_CORE_WATTS - 1.0)];
     let l = energy_rates("MSR", &[Ok(0.0)], &just_under, &[Duration::from_secs(1)]);
     assert_eq!(l.verdict, Verdict::Pass, "{l}");
-    let just_over = [Ok(crate::msr::MAX_CORE_WATTS + 1.0)];
+    let just_over = [Ok(crate::counters::MAX_CORE_WATTS + 1.0)];
     let l = energy_rates("MSR", &[Ok(0.0)], &just_over, &[Duration::from_secs(1)]);
     assert_eq!(l.verdict, Verdict::Fail, "{l}");
 }
