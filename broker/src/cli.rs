@@ -213,6 +213,20 @@ pub fn serving_rules(command: clap::Command) -> clap::Command {
     command.mut_arg("check_timeout", |a| a.requires("check"))
 }
 
+/// What both programs do first with their flags: `--version` answered (then `Some(0)`), else
+/// logging set up as `--log.*` say (`Some(1)` if it cannot be). `None`: go on.
+pub(crate) fn begin(program: &str, args: &Args) -> Option<std::process::ExitCode> {
+    if args.common.version {
+        print!("{}", amd_hsmp_cli::version::report(program));
+        return Some(std::process::ExitCode::SUCCESS);
+    }
+    if let Err(e) = amd_hsmp_cli::log::init(args.common.log_level, args.common.log_format) {
+        eprintln!("{program}: cannot set up logging: {e}");
+        return Some(std::process::ExitCode::FAILURE);
+    }
+    None
+}
+
 /// The program that checks a scrape's preconditions, installed beside the broker.
 pub const CHECK_PROGRAM: &str = "amd-hsmp-check";
 

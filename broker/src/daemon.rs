@@ -43,13 +43,8 @@ pub trait Simulation {
 /// [`CHECK_PROGRAM`]'s: this runs it in place of the broker (see [`run_check_program`]), so the
 /// daemon links none of the checks.
 pub fn main(program: &str, args: Args, simulation: Option<&dyn Simulation>) -> ExitCode {
-    if args.common.version {
-        print!("{}", amd_hsmp_cli::version::report(program));
-        return ExitCode::SUCCESS;
-    }
-    if let Err(e) = amd_hsmp_cli::log::init(args.common.log_level, args.common.log_format) {
-        eprintln!("{program}: cannot set up logging: {e}");
-        return ExitCode::FAILURE;
+    if let Some(done) = crate::cli::begin(program, &args) {
+        return done;
     }
     if args.check {
         return run_check_program(std::env::args_os().skip(1));

@@ -14,13 +14,8 @@ use std::sync::Arc;
 /// logging, then the checks on this machine's devices where the flags say they are, or on
 /// `simulation`'s machine. `program` names the binary in `--version` and the verdict.
 pub fn main(program: &str, args: Args, simulation: Option<&dyn Simulation>) -> ExitCode {
-    if args.common.version {
-        print!("{}", amd_hsmp_cli::version::report(program));
-        return ExitCode::SUCCESS;
-    }
-    if let Err(e) = amd_hsmp_cli::log::init(args.common.log_level, args.common.log_format) {
-        eprintln!("{program}: cannot set up logging: {e}");
-        return ExitCode::FAILURE;
+    if let Some(done) = crate::cli::begin(program, &args) {
+        return done;
     }
     let (simulated, (hsmp, msr, perf)) = match simulation.map(Simulation::check) {
         Some(Machine { topology, hsmp, msr, perf, .. }) => (Some(topology), (hsmp, msr, perf)),
