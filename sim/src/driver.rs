@@ -7,7 +7,7 @@
 //! its read began, as the broker stamps it.
 
 use super::Machine;
-use super::faults::{Family, Target};
+use super::faults::{FaultGroup, Target};
 use amd_hsmp_device::msr::{MSR_CORE_ENERGY_STAT, MSR_RAPL_PWR_UNIT};
 use amd_hsmp_device::table::{HSMP_MSG_ID_MAX, MsgDesc, MsgKind, id, msg_desc};
 use amd_hsmp_device::{Errno, HsmpMessage, HsmpTransport, Message, MsrTransport};
@@ -288,7 +288,7 @@ impl HsmpTransport for Driver {
             return Err(libc::ENODEV);
         };
 
-        let family = Family::of_message(msg.msg_id);
+        let group = FaultGroup::of_message(msg.msg_id);
         let target = match Message::from_id(msg.msg_id) {
             Some(Message::GetBoostLimit | Message::GetCclkCoreLimit) => Target::Apic(msg.args[0]),
             Some(Message::GetRaplCoreCounter) => Target::Apic(msg.args[0] & 0xFFFF),
@@ -299,8 +299,8 @@ impl HsmpTransport for Driver {
                 f.driver_timeout,
                 f.socket_latency.get(&socket).copied().unwrap_or(f.latency),
                 f.wedged_sockets.contains(&socket),
-                family.and_then(|fam| f.errno.get(&(fam, target)).copied()),
-                family.is_some_and(|fam| f.unsupported.contains(&fam)),
+                group.and_then(|g| f.errno.get(&(g, target)).copied()),
+                group.is_some_and(|g| f.unsupported.contains(&g)),
             )
         });
 
@@ -374,9 +374,9 @@ impl MsrTransport for SimMsr {
                 return Some(libc::ENXIO);
             }
             f.errno
-                .get(&(Family::Msr, Target::Cpu(self.cpu)))
+                .get(&(FaultGroup::Msr, Target::Cpu(self.cpu)))
                 .copied()
-                .or((energy_msr && f.unsupported.contains(&Family::Msr)).then_some(libc::EIO))
+                .or((energy_msr && f.unsupported.contains(&FaultGroup::Msr)).then_some(libc::EIO))
         });
         if let Some(errno) = fault {
             return Err(errno);
@@ -646,9 +646,9 @@ mod tests {
         let ro = m.open_hsmp(AccessMode::ReadOnly).unwrap();
         let cores = m.topology().cores.clone();
         let mut faults = Faults::default();
-        faults.unsupported.insert(Family::ProcHot);
-        faults.errno.insert((Family::BoostLimit, Target::Apic(cores[1].apic_id)), libc::EIO);
-        faults.errno.insert((Family::Msr, Target::Cpu(cores[2].cpu)), libc::EIO);
+        faults.unsupported.insert(FaultGroup::Prochot);
+        faults.errno.insert((FaultGroup::BoostLimit, Target::Apic(cores[1].apic_id)), libc::EIO);
+        faults.errno.insert((FaultGroup::Msr, Target::Cpu(cores[2].cpu)), libc::EIO);
         m.set_faults(faults);
         assert_eq!(send(&ro, id::GET_PROC_HOT, 0, 1, 0, 0), Err(libc::ENOMSG));
         assert_eq!(send(&ro, id::GET_PROC_HOT, 0, 1, 0, 1), Err(libc::ENOMSG));
@@ -659,7 +659,7 @@ mod tests {
         assert_eq!(msr(cores[2].cpu), Err(libc::EIO));
 
         m.update_faults(|f| {
-            f.unsupported.insert(Family::Msr);
+            f.unsupported.insert(FaultGroup::Msr);
             f.hsmp_open = Some(libc::EACCES);
         });
         assert_eq!(msr(cores[1].cpu), Err(libc::EIO));
@@ -674,8 +674,8 @@ mod tests {
         let ro = m.open_hsmp(AccessMode::ReadOnly).unwrap();
         let cores = m.topology().cores.clone();
         let mut faults = Faults::default();
-        faults.errno.insert((Family::FrequencyLimit, Target::Socket(1)), libc::EIO);
-        let core = (Family::CoreFrequencyLimit, Target::Apic(cores[1].apic_id));
+        faults.errno.insert((FaultGroup::FrequencyLimit, Target::Socket(1)), libc::EIO);
+        let core = (FaultGroup::CoreFrequencyLimit, Target::Apic(cores[1].apic_id));
         faults.errno.insert(core, libc::EBUSY);
         m.set_faults(faults);
         assert!(send(&ro, id::GET_SOCKET_FREQ_LIMIT, 0, 1, 0, 0).is_ok());
@@ -683,7 +683,7 @@ mod tests {
         assert!(send(&ro, id::GET_CCLK_CORE_LIMIT, 1, 1, cores[0].apic_id, 0).is_ok());
         assert_eq!(send(&ro, id::GET_CCLK_CORE_LIMIT, 1, 1, cores[1].apic_id, 0), Err(libc::EBUSY));
         m.update_faults(|f| {
-            f.unsupported.insert(Family::FrequencyLimit);
+            f.unsupported.insert(FaultGroup::FrequencyLimit);
         });
         assert_eq!(send(&ro, id::GET_SOCKET_FREQ_LIMIT, 0, 1, 0, 0), Err(libc::ENOMSG));
     }

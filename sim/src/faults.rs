@@ -3,18 +3,20 @@
 
 use amd_hsmp_device::Errno;
 use amd_hsmp_device::table::id;
+use amd_hsmp_proto::Family;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 /// How long the kernel driver waits for the firmware (`HSMP_MSG_TIMEOUT`).
 pub const DRIVER_TIMEOUT: Duration = Duration::from_millis(100);
 
-/// A group of messages or registers that fail together. Scenario files name them in
-/// kebab case (`proto-version`, `boost-limit`, `proc-hot`, `rapl`, `rapl-package`,
-/// `frequency-limit`, `core-frequency-limit`, `msr`, `perf`).
+/// A group of messages or registers that fail together. Scenario files name them in kebab
+/// case: a group that reads a protocol family has the family's name ([`FaultGroup::of_family`]:
+/// `core-energy`, `boost-limit`, `prochot`, `frequency-limit`, `core-frequency-limit`,
+/// `package-energy`); the others are `test`, `smu-version`, `proto-version`, `msr` and `perf`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Family {
+pub enum FaultGroup {
     /// `HSMP_TEST`.
     Test,
     /// `HSMP_GET_SMU_VER`.
@@ -24,12 +26,12 @@ pub enum Family {
     /// `HSMP_GET_BOOST_LIMIT`.
     BoostLimit,
     /// `HSMP_GET_PROC_HOT`.
-    ProcHot,
+    Prochot,
     /// `HSMP_GET_RAPL_UNITS`, `HSMP_GET_RAPL_CORE_COUNTER`: without them the package counter,
     /// in the same units, is read as absent too.
-    Rapl,
+    CoreEnergy,
     /// `HSMP_GET_RAPL_PACKAGE_COUNTER` alone, for firmware that has the core counters only.
-    RaplPackage,
+    PackageEnergy,
     /// `HSMP_GET_SOCKET_FREQ_LIMIT`.
     FrequencyLimit,
     /// `HSMP_GET_CCLK_CORE_LIMIT`.
@@ -41,21 +43,34 @@ pub enum Family {
     Perf,
 }
 
-impl Family {
-    /// The family of HSMP message `msg_id`, if the simulator implements it.
-    pub fn of_message(msg_id: u32) -> Option<Family> {
+impl FaultGroup {
+    /// The group of HSMP message `msg_id`, if the simulator implements it.
+    pub fn of_message(msg_id: u32) -> Option<FaultGroup> {
         Some(match msg_id {
-            id::TEST => Family::Test,
-            id::GET_SMU_VER => Family::SmuVersion,
-            id::GET_PROTO_VER => Family::ProtoVersion,
-            id::GET_BOOST_LIMIT => Family::BoostLimit,
-            id::GET_PROC_HOT => Family::ProcHot,
-            id::GET_RAPL_UNITS | id::GET_RAPL_CORE_COUNTER => Family::Rapl,
-            id::GET_RAPL_PACKAGE_COUNTER => Family::RaplPackage,
-            id::GET_SOCKET_FREQ_LIMIT => Family::FrequencyLimit,
-            id::GET_CCLK_CORE_LIMIT => Family::CoreFrequencyLimit,
+            id::TEST => FaultGroup::Test,
+            id::GET_SMU_VER => FaultGroup::SmuVersion,
+            id::GET_PROTO_VER => FaultGroup::ProtoVersion,
+            id::GET_BOOST_LIMIT => FaultGroup::BoostLimit,
+            id::GET_PROC_HOT => FaultGroup::Prochot,
+            id::GET_RAPL_UNITS | id::GET_RAPL_CORE_COUNTER => FaultGroup::CoreEnergy,
+            id::GET_RAPL_PACKAGE_COUNTER => FaultGroup::PackageEnergy,
+            id::GET_SOCKET_FREQ_LIMIT => FaultGroup::FrequencyLimit,
+            id::GET_CCLK_CORE_LIMIT => FaultGroup::CoreFrequencyLimit,
             _ => return None,
         })
+    }
+
+    /// The group of the messages the broker reads protocol family `family` with; it has the
+    /// family's name ([`Family::name`]).
+    pub const fn of_family(family: Family) -> FaultGroup {
+        match family {
+            Family::CoreEnergy => FaultGroup::CoreEnergy,
+            Family::BoostLimit => FaultGroup::BoostLimit,
+            Family::Prochot => FaultGroup::Prochot,
+            Family::FrequencyLimit => FaultGroup::FrequencyLimit,
+            Family::CoreFrequencyLimit => FaultGroup::CoreFrequencyLimit,
+            Family::PackageEnergy => FaultGroup::PackageEnergy,
+        }
     }
 }
 
@@ -75,12 +90,12 @@ pub enum Target {
 /// timeout.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Faults {
-    /// Families the firmware does not implement: HSMP messages get "invalid message"
+    /// Groups the firmware does not implement: HSMP messages get "invalid message"
     /// (`ENOMSG`), MSR reads get `EIO` as a `#GP` would.
-    pub unsupported: BTreeSet<Family>,
-    /// An errno returned for one item of one family (e.g. `EIO` for `GET_BOOST_LIMIT` of one
+    pub unsupported: BTreeSet<FaultGroup>,
+    /// An errno returned for one item of one group (e.g. `EIO` for `GET_BOOST_LIMIT` of one
     /// APIC id), after the driver's validation and the socket lock, like a firmware failure.
-    pub errno: BTreeMap<(Family, Target), Errno>,
+    pub errno: BTreeMap<(FaultGroup, Target), Errno>,
     /// Time every HSMP message spends in the mailbox, holding its socket's lock. From
     /// `driver_timeout` on, the driver gives up with `ETIMEDOUT` after `driver_timeout`.
     pub latency: Duration,
@@ -136,6 +151,47 @@ impl Default for Faults {
             msr_open: None,
             perf_open: None,
             offline: BTreeSet::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MachineSpec;
+    use serde::Deserialize as _;
+    use serde::de::IntoDeserializer as _;
+    use serde::de::value::Error;
+
+    #[test]
+    fn every_protocol_family_has_the_fault_group_of_its_name() {
+        for family in Family::ALL {
+            let named = FaultGroup::deserialize(family.name().into_deserializer());
+            assert_eq!(named, Ok::<_, Error>(FaultGroup::of_family(family)), "{family}");
+        }
+    }
+
+    #[test]
+    fn a_familys_fault_group_is_the_group_of_the_message_it_is_read_with() {
+        for family in Family::ALL {
+            let message = MachineSpec::message(family);
+            let group = FaultGroup::of_message(message.id());
+            assert_eq!(group, Some(FaultGroup::of_family(family)), "{family}: {message:?}");
+        }
+    }
+
+    #[test]
+    fn the_groups_without_a_protocol_family_keep_their_names() {
+        for (name, group) in [
+            ("test", FaultGroup::Test),
+            ("smu-version", FaultGroup::SmuVersion),
+            ("proto-version", FaultGroup::ProtoVersion),
+            ("msr", FaultGroup::Msr),
+            ("perf", FaultGroup::Perf),
+        ] {
+            let named = FaultGroup::deserialize(name.into_deserializer());
+            assert_eq!(named, Ok::<_, Error>(group), "{name}");
+            assert!(Family::from_name(name).is_none(), "{name}");
         }
     }
 }

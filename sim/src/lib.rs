@@ -32,7 +32,7 @@ pub mod perf;
 pub mod profile;
 
 pub use driver::{AccessMode, Counters, Driver, MailboxState, SimMsr};
-pub use faults::{DRIVER_TIMEOUT, Family, Faults, Target};
+pub use faults::{DRIVER_TIMEOUT, FaultGroup, Faults, Target};
 pub use firmware::{Firmware, FwStatus, Mode, SimError};
 pub use live::{Clock, ManualClock, Scenario, UnknownScenario};
 pub use profile::{Cpu, MachineSpec, Profile, UnknownProfile};

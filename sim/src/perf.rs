@@ -3,7 +3,7 @@
 //! units of 2^-32 J to a 64-bit count that starts at 0 at the open.
 
 use super::Machine;
-use super::faults::{Family, Target};
+use super::faults::{FaultGroup, Target};
 use amd_hsmp_device::msr::{MSR_CORE_ENERGY_STAT, MSR_RAPL_PWR_UNIT, energy_status_unit};
 use amd_hsmp_device::perf::{DEFAULT_PMU_ROOT, POWER_CORE_PMU, Pmu, PmuError};
 use amd_hsmp_device::{Errno, PerfCounter, PerfOpener, PerfReading, PmuLocator};
@@ -15,7 +15,7 @@ use std::time::Instant;
 /// The simulated PMU's type number: beyond the kernel's fixed ones, like a dynamic type.
 pub const SIM_PMU_TYPE: u32 = 0x5eed;
 
-/// Finds the simulated machine's `power_core` PMU: absent when [`Family::Perf`] is in
+/// Finds the simulated machine's `power_core` PMU: absent when [`FaultGroup::Perf`] is in
 /// [`Faults::unsupported`](crate::Faults::unsupported) (a kernel older than 6.14).
 #[derive(Debug, Clone)]
 pub struct SimPmu {
@@ -24,7 +24,7 @@ pub struct SimPmu {
 
 impl PmuLocator for SimPmu {
     fn locate(&self) -> Result<(Pmu, Box<dyn PerfOpener>), PmuError> {
-        if self.machine.with_faults(|f| f.unsupported.contains(&Family::Perf)) {
+        if self.machine.with_faults(|f| f.unsupported.contains(&FaultGroup::Perf)) {
             return Err(PmuError::Absent(Path::new(DEFAULT_PMU_ROOT).join(POWER_CORE_PMU)));
         }
         let mut cpus: Vec<u32> = self.machine.topology().cores.iter().map(|c| c.cpu).collect();
@@ -95,7 +95,7 @@ struct SimPerfEvent {
 }
 
 impl PerfCounter for SimPerfEvent {
-    /// The count and times, or the injected errno of [`Family::Perf`] for the CPU.
+    /// The count and times, or the injected errno of [`FaultGroup::Perf`] for the CPU.
     ///
     /// An event whose CPU is offline now, or has been offline at any moment since the open
     /// ([`Faults::offline`](crate::Faults::offline)), is lost for good: it reads as it last
@@ -109,7 +109,7 @@ impl PerfCounter for SimPerfEvent {
         machine.counters.perf_reads.fetch_add(1, Ordering::Relaxed);
         let (fault, lost) = machine.with_faults(|f| {
             (
-                f.errno.get(&(Family::Perf, Target::Cpu(self.cpu))).copied(),
+                f.errno.get(&(FaultGroup::Perf, Target::Cpu(self.cpu))).copied(),
                 f.offline.contains(&self.cpu)
                     || machine.offline_generation(self.cpu) != self.generation,
             )
@@ -182,7 +182,7 @@ mod tests {
         let renewed = opener.open(0).unwrap();
         let first = renewed.read().unwrap();
         assert!(renewed.read().unwrap().running_ns > first.running_ns, "the new event counts");
-        faults.unsupported.insert(Family::Perf);
+        faults.unsupported.insert(FaultGroup::Perf);
         m.set_faults(faults);
         assert!(matches!(m.perf_locator().locate(), Err(PmuError::Absent(_))));
     }

@@ -711,7 +711,7 @@ mod tests {
     use amd_hsmp_device::messages::{self, Message};
     use amd_hsmp_device::{DevHsmp, MsrDeviceOpener};
     use amd_hsmp_proto::ItemError;
-    use amd_hsmp_sim::{Family, Faults, FirmwareConfig, Mode, Profile, Target};
+    use amd_hsmp_sim::{FaultGroup, Faults, FirmwareConfig, Mode, Profile, Target};
 
     /// Answers every message with its own id and socket in the first two words, or `errno`
     /// when set; counts nothing itself, so the fake's records are the only witness.
@@ -920,7 +920,7 @@ mod tests {
         let (machine, dev) = simulated();
         let apic = machine.topology().cores[3].apic_id;
         let mut faults = Faults::default();
-        faults.errno.insert((Family::BoostLimit, Target::Apic(apic)), libc::EIO);
+        faults.errno.insert((FaultGroup::BoostLimit, Target::Apic(apic)), libc::EIO);
         faults.wedged_sockets.insert(1);
         faults.driver_timeout = Duration::from_millis(20);
         machine.set_faults(faults);

@@ -12,7 +12,7 @@ use crate::harness::{self, Proc, Response};
 use amd_hsmp_device::Message;
 use amd_hsmp_device::messages::{LimitReasons, SocketFreqLimit};
 use amd_hsmp_proto::Topology;
-use amd_hsmp_sim::{Family, Faults, FirmwareConfig, Machine, MachineSpec, Mode, Target};
+use amd_hsmp_sim::{FaultGroup, Faults, FirmwareConfig, Machine, MachineSpec, Mode, Target};
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -79,9 +79,9 @@ fn yes() -> bool {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct FaultSpec {
-    /// Families the firmware does not implement (`ENOMSG`; `EIO` for `msr`).
+    /// Fault groups the firmware does not implement (`ENOMSG`; `EIO` for `msr`).
     #[serde(default)]
-    pub unsupported: Vec<Family>,
+    pub unsupported: Vec<FaultGroup>,
     /// Per-item errors.
     #[serde(default)]
     pub errors: Vec<ItemFault>,
@@ -102,11 +102,11 @@ pub struct FaultSpec {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ItemFault {
-    /// The family.
-    pub family: Family,
+    /// The fault group ([`FaultGroup`], in kebab case).
+    pub family: FaultGroup,
     /// `socket` label.
     pub socket: u32,
-    /// `core` label; required for per-core families, absent for per-socket ones.
+    /// `core` label; required for per-core groups, absent for per-socket ones.
     pub core: Option<u32>,
     /// The errno name, e.g. `EIO`, `ETIMEDOUT`.
     pub errno: String,
@@ -310,15 +310,20 @@ impl FaultSpec {
             let errno =
                 errno_by_name(&e.errno).with_context(|| format!("unknown errno {}", e.errno))?;
             let target = match (e.family, e.core) {
-                (Family::BoostLimit | Family::Rapl | Family::CoreFrequencyLimit, Some(core)) => {
-                    Target::Apic(core_of(topology, e.socket, core)?.apic_id)
-                }
-                (Family::Msr, Some(core)) => Target::Cpu(core_of(topology, e.socket, core)?.cpu),
                 (
-                    Family::ProtoVersion
-                    | Family::ProcHot
-                    | Family::FrequencyLimit
-                    | Family::RaplPackage,
+                    FaultGroup::BoostLimit
+                    | FaultGroup::CoreEnergy
+                    | FaultGroup::CoreFrequencyLimit,
+                    Some(core),
+                ) => Target::Apic(core_of(topology, e.socket, core)?.apic_id),
+                (FaultGroup::Msr, Some(core)) => {
+                    Target::Cpu(core_of(topology, e.socket, core)?.cpu)
+                }
+                (
+                    FaultGroup::ProtoVersion
+                    | FaultGroup::Prochot
+                    | FaultGroup::FrequencyLimit
+                    | FaultGroup::PackageEnergy,
                     None,
                 ) => Target::Socket(e.socket),
                 (family, core) => bail!("{family:?} fault with core {core:?} makes no sense"),
@@ -816,12 +821,12 @@ mod tests {
         let topology = fixtures::machine("genoa-2p").unwrap().topology();
         let spec: FaultSpec = toml::from_str(
             r#"
-            unsupported = ["rapl"]
+            unsupported = ["core-energy"]
             wedged-sockets = [1]
             errors = [
                 { family = "boost-limit", socket = 1, core = 8, errno = "EIO" },
                 { family = "msr", socket = 1, core = 8, errno = "EIO" },
-                { family = "proc-hot", socket = 0, errno = "EBUSY" },
+                { family = "prochot", socket = 0, errno = "EBUSY" },
             ]
             "#,
         )
@@ -829,10 +834,10 @@ mod tests {
         let faults = spec.resolve(&topology).unwrap();
         let core = core_of(&topology, 1, 8).unwrap();
         assert_ne!(core.apic_id, core.cpu);
-        assert_eq!(faults.errno[&(Family::BoostLimit, Target::Apic(core.apic_id))], libc::EIO);
-        assert_eq!(faults.errno[&(Family::Msr, Target::Cpu(core.cpu))], libc::EIO);
-        assert_eq!(faults.errno[&(Family::ProcHot, Target::Socket(0))], libc::EBUSY);
-        assert!(faults.unsupported.contains(&Family::Rapl));
+        assert_eq!(faults.errno[&(FaultGroup::BoostLimit, Target::Apic(core.apic_id))], libc::EIO);
+        assert_eq!(faults.errno[&(FaultGroup::Msr, Target::Cpu(core.cpu))], libc::EIO);
+        assert_eq!(faults.errno[&(FaultGroup::Prochot, Target::Socket(0))], libc::EBUSY);
+        assert!(faults.unsupported.contains(&FaultGroup::CoreEnergy));
         assert!(faults.wedged_sockets.contains(&1));
     }
 
@@ -851,10 +856,10 @@ mod tests {
         .unwrap();
         let faults = spec.resolve(&topology).unwrap();
         let core = core_of(&topology, 1, 8).unwrap();
-        assert_eq!(faults.errno[&(Family::FrequencyLimit, Target::Socket(1))], libc::EIO);
-        let per_core = (Family::CoreFrequencyLimit, Target::Apic(core.apic_id));
+        assert_eq!(faults.errno[&(FaultGroup::FrequencyLimit, Target::Socket(1))], libc::EIO);
+        let per_core = (FaultGroup::CoreFrequencyLimit, Target::Apic(core.apic_id));
         assert_eq!(faults.errno[&per_core], libc::EBUSY);
-        assert!(faults.unsupported.contains(&Family::CoreFrequencyLimit));
+        assert!(faults.unsupported.contains(&FaultGroup::CoreFrequencyLimit));
         let wrong: FaultSpec = toml::from_str(
             r#"errors = [{ family = "frequency-limit", socket = 0, core = 1, errno = "EIO" }]"#,
         )
@@ -937,7 +942,7 @@ mod tests {
     fn a_fault_on_a_core_the_machine_lacks_is_an_error() {
         let topology = fixtures::machine("genoa-2p").unwrap().topology();
         let spec: FaultSpec = toml::from_str(
-            r#"errors = [{ family = "rapl", socket = 0, core = 4, errno = "EIO" }]"#,
+            r#"errors = [{ family = "core-energy", socket = 0, core = 4, errno = "EIO" }]"#,
         )
         .unwrap();
         let err = spec.resolve(&topology).unwrap_err();

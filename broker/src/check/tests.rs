@@ -3,7 +3,7 @@
 
 use super::*;
 use amd_hsmp_device::messages::{LimitReasons, SocketFreqLimit};
-use amd_hsmp_sim::{Family, FirmwareConfig, Machine, Mode, Profile, Target};
+use amd_hsmp_sim::{FaultGroup, FirmwareConfig, Machine, Mode, Profile, Target};
 use std::fs;
 use std::sync::Arc;
 
@@ -334,7 +334,7 @@ fn a_core_that_does_not_answer_fails_naming_it() {
     let machine = static_machine(Profile::Turin2p);
     let core = machine.topology().cores[5].clone();
     machine.update_faults(|f| {
-        f.errno.insert((Family::BoostLimit, Target::Apic(core.apic_id)), libc::EIO);
+        f.errno.insert((FaultGroup::BoostLimit, Target::Apic(core.apic_id)), libc::EIO);
     });
     let lines = run_simulated(&machine, false, &mut two_watts(&machine));
     let l = line(&lines, "cores");
@@ -675,7 +675,7 @@ fn without_the_packaged_unit_the_perf_line_is_this_process_s_own_open() {
 fn a_kernel_without_the_pmu_warns_and_names_the_msr_fallback() {
     let machine = static_machine(Profile::Genoa2p);
     let mut faults = amd_hsmp_sim::Faults::default();
-    faults.unsupported.insert(Family::Perf);
+    faults.unsupported.insert(FaultGroup::Perf);
     machine.set_faults(faults);
     let (l, energy) = perf_line(&machine, system_root(true).path());
     assert_eq!(l.verdict, Verdict::Warn, "{l}");

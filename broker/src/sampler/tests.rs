@@ -8,8 +8,8 @@ use amd_hsmp_device::messages::{LimitReasons, SocketFreqLimit};
 use amd_hsmp_device::{Errno, HsmpMessage, Message};
 use amd_hsmp_proto::{Energy, FrequencyLimit};
 use amd_hsmp_sim::{
-    AccessMode, Driver, Family as Fault, Faults, FirmwareConfig, Machine, MachineSpec, Mode,
-    Profile, Target,
+    AccessMode, Driver, FaultGroup, Faults, FirmwareConfig, Machine, MachineSpec, Mode, Profile,
+    Target,
 };
 use std::sync::atomic::AtomicUsize;
 use std::sync::mpsc;
@@ -370,7 +370,7 @@ fn a_sample_sends_one_message_per_item_of_the_families_asked_for_and_none_for_th
 fn the_frequency_limit_is_read_once_per_socket_and_a_failing_socket_fails_alone() {
     let machine = turin(2);
     machine.update_faults(|f| {
-        f.errno.insert((Fault::FrequencyLimit, Target::Socket(0)), libc::EIO);
+        f.errno.insert((FaultGroup::FrequencyLimit, Target::Socket(0)), libc::EIO);
     });
     let (opener, sampler) = sampler(&machine);
     let what = Families { frequency_limit: true, ..Families::default() };
@@ -388,8 +388,8 @@ fn frequency_limits_unsupported_on_every_socket_are_remembered_and_asked_no_more
     // Genoa answers the messages; take them away as Milan's firmware does.
     let machine = genoa(2);
     machine.update_faults(|f| {
-        f.unsupported.insert(Fault::FrequencyLimit);
-        f.unsupported.insert(Fault::CoreFrequencyLimit);
+        f.unsupported.insert(FaultGroup::FrequencyLimit);
+        f.unsupported.insert(FaultGroup::CoreFrequencyLimit);
     });
     let (opener, sampler) = sampler(&machine);
     let what = Families {
@@ -424,7 +424,7 @@ fn the_package_energy_is_read_once_per_socket_and_omitted_where_the_firmware_lac
 
     let core_counters_only = turin(2);
     core_counters_only.update_faults(|f| {
-        f.unsupported.insert(Fault::RaplPackage);
+        f.unsupported.insert(FaultGroup::PackageEnergy);
     });
     let no_rapl = genoa(2);
     for machine in [core_counters_only, no_rapl] {
@@ -521,7 +521,7 @@ fn cores_are_addressed_by_apic_id_on_their_socket() {
 fn a_family_unsupported_on_every_item_is_remembered() {
     let machine = turin(3);
     machine.update_faults(|f| {
-        f.unsupported.insert(Fault::BoostLimit);
+        f.unsupported.insert(FaultGroup::BoostLimit);
     });
     let (opener, sampler) = sampler(&machine);
     let first = sampler.sample(V2_FAMILIES, soon());
@@ -542,7 +542,7 @@ fn one_failing_core_fails_only_its_item_and_is_asked_again() {
     let topo = machine.topology().clone();
     let bad = topo.cores[4].apic_id;
     machine.update_faults(|f| {
-        f.errno.insert((Fault::BoostLimit, Target::Apic(bad)), libc::EIO);
+        f.errno.insert((FaultGroup::BoostLimit, Target::Apic(bad)), libc::EIO);
     });
     let (opener, sampler) = sampler(&machine);
     for _ in 0..2 {
@@ -678,7 +678,7 @@ fn a_device_that_does_not_answer_the_version_has_failed() {
     let machine = genoa(2);
     machine.update_faults(|f| {
         for socket in 0..2 {
-            f.errno.insert((Fault::ProtoVersion, Target::Socket(socket)), libc::ETIMEDOUT);
+            f.errno.insert((FaultGroup::ProtoVersion, Target::Socket(socket)), libc::ETIMEDOUT);
         }
     });
     let (opener, sampler) = sampler(&machine);
@@ -1091,10 +1091,10 @@ fn one_socket_failing_as_gone_does_not_reopen_the_device() {
     let machine = turin(2);
     machine.update_faults(|f| {
         for core in machine.topology().cores.iter().filter(|c| c.socket == 1) {
-            f.errno.insert((Fault::BoostLimit, Target::Apic(core.apic_id)), libc::ENODEV);
-            f.errno.insert((Fault::Rapl, Target::Apic(core.apic_id)), libc::ENODEV);
+            f.errno.insert((FaultGroup::BoostLimit, Target::Apic(core.apic_id)), libc::ENODEV);
+            f.errno.insert((FaultGroup::CoreEnergy, Target::Apic(core.apic_id)), libc::ENODEV);
         }
-        f.errno.insert((Fault::ProcHot, Target::Socket(1)), libc::ENODEV);
+        f.errno.insert((FaultGroup::Prochot, Target::Socket(1)), libc::ENODEV);
     });
     let (opener, sampler) = sampler(&machine);
     for _ in 0..3 {
@@ -1173,7 +1173,7 @@ fn a_failure_class_is_logged_once_not_per_request() {
         machine.update_faults(|f| {
             for core in machine.topology().cores.iter().take(2) {
                 let target = Target::Apic(core.apic_id);
-                f.errno.insert((Fault::BoostLimit, target), libc::EREMOTEIO);
+                f.errno.insert((FaultGroup::BoostLimit, target), libc::EREMOTEIO);
             }
         });
         let (_opener, sampler) = sampler(&machine);
@@ -1288,7 +1288,7 @@ fn each_energy_value_carries_when_it_was_read_and_a_failed_one_none() {
     let topo = machine.topology().clone();
     let bad = topo.cores[1].apic_id;
     machine.update_faults(|f| {
-        f.errno.insert((Fault::Rapl, Target::Apic(bad)), libc::EIO);
+        f.errno.insert((FaultGroup::CoreEnergy, Target::Apic(bad)), libc::EIO);
     });
     let (_opener, sampler) = sampler(&machine);
     let before = monotonic_us();

@@ -3,8 +3,9 @@
 //! "The discipline of collectors and inputs"). The rows are the exporter's own list,
 //! `Collector::all()`: the six broker families (core energy, boost limit, PROCHOT, the socket
 //! and the per-core frequency limits, package energy) and the core owners. What the table knows
-//! of a row (its metric, its source, the simulator's fault family of its messages) is one arm
-//! of [`row`], which the compiler asks for; its series on a healthy [`MACHINE`] follow from the
+//! of a row (its metric and its source) is one arm of [`row`], which the compiler asks for; a
+//! broker row's messages fail as the simulator's fault group of its family's name
+//! ([`FaultGroup::of_family`]); its series on a healthy [`MACHINE`] follow from the
 //! fixture's topology and [`Family::scope`]. Each row's node has its collector on and every
 //! other off (`--no-collector.NAME`), so that its figures are its own; the core-owner row keeps
 //! core energy on as the rest a hostile hierarchy must leave whole. Each case is one test that
@@ -28,7 +29,7 @@ use amd_hsmp_e2e::{cgroups, fixtures};
 use amd_hsmp_exporter::collectors::Collector;
 use amd_hsmp_exporter::http::SCRAPE_TIMEOUT_HEADER;
 use amd_hsmp_proto::{Family, Scope, Topology};
-use amd_hsmp_sim::faults::Family as Fault;
+use amd_hsmp_sim::FaultGroup;
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -51,8 +52,9 @@ struct Row {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Source {
-    /// A broker family, read by the HSMP messages that the simulator fails as `fault`.
-    Broker { family: Family, fault: Fault },
+    /// A broker family, read by the HSMP messages that the simulator fails as the fault group
+    /// of the family's name ([`FaultGroup::of_family`]).
+    Broker { family: Family },
     /// The cgroup hierarchy.
     Cgroups,
 }
@@ -62,21 +64,15 @@ enum Source {
 fn row(collector: Collector) -> Row {
     let (metric, source) = match collector {
         Collector::Family(family) => {
-            let (metric, fault) = match family {
-                Family::CoreEnergy => ("amd_hsmp_core_energy_joules_total", Fault::Rapl),
-                Family::BoostLimit => ("amd_hsmp_core_boost_limit_hertz", Fault::BoostLimit),
-                Family::Prochot => ("amd_hsmp_prochot_active", Fault::ProcHot),
-                Family::FrequencyLimit => {
-                    ("amd_hsmp_socket_frequency_limit_hertz", Fault::FrequencyLimit)
-                }
-                Family::CoreFrequencyLimit => {
-                    ("amd_hsmp_core_frequency_limit_hertz", Fault::CoreFrequencyLimit)
-                }
-                Family::PackageEnergy => {
-                    ("amd_hsmp_package_energy_joules_total", Fault::RaplPackage)
-                }
+            let metric = match family {
+                Family::CoreEnergy => "amd_hsmp_core_energy_joules_total",
+                Family::BoostLimit => "amd_hsmp_core_boost_limit_hertz",
+                Family::Prochot => "amd_hsmp_prochot_active",
+                Family::FrequencyLimit => "amd_hsmp_socket_frequency_limit_hertz",
+                Family::CoreFrequencyLimit => "amd_hsmp_core_frequency_limit_hertz",
+                Family::PackageEnergy => "amd_hsmp_package_energy_joules_total",
             };
-            (metric, Source::Broker { family, fault })
+            (metric, Source::Broker { family })
         }
         Collector::CoreOwner => ("amd_hsmp_core_owner_info", Source::Cgroups),
     };
@@ -386,13 +382,14 @@ fn case_blocking_source(row: Row) {
 
 fn case_unreadable_source(row: Row) {
     match row.source {
-        Source::Broker { family, fault } => {
+        Source::Broker { family } => {
             // A per-core family refused for one core of socket 1, a per-socket one for socket 1.
             let core = match family.scope() {
                 Scope::Core => Some(5),
                 Scope::Socket => None,
             };
-            let refused = ItemFault { family: fault, socket: 1, core, errno: "EACCES".to_owned() };
+            let group = FaultGroup::of_family(family);
+            let refused = ItemFault { family: group, socket: 1, core, errno: "EACCES".to_owned() };
             let faults = FaultSpec { errors: vec![refused], ..FaultSpec::default() };
             let node = Node::start(row, true, faults, None);
             let (_, m) = node.scrape("10");

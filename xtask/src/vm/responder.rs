@@ -11,7 +11,7 @@
 use super::mailbox::Mailbox;
 use super::pmu;
 use super::sim::{
-    self, Errno, Family, Faults, FirmwareConfig, FwStatus, Machine, MachineSpec, Message,
+    self, Errno, FaultGroup, Faults, FirmwareConfig, FwStatus, Machine, MachineSpec, Message,
 };
 use anyhow::{Context, Result, bail};
 use std::collections::HashMap;
@@ -307,16 +307,16 @@ pub fn answer(
         let guest = args[0] & 0xFFFF;
         args[0] = (args[0] & !0xFFFF) | apic.get(&guest).copied().unwrap_or(guest);
     }
-    let family = Family::of_message(msg_id);
+    let group = FaultGroup::of_message(msg_id);
     let target =
         if per_core { sim::Target::Apic(args[0] & 0xFFFF) } else { sim::Target::Socket(socket) };
-    if let Some(errno) = family.and_then(|f| faults.errno.get(&(f, target)).copied()) {
+    if let Some(errno) = group.and_then(|g| faults.errno.get(&(g, target)).copied()) {
         return Ok(match status_for_errno(errno)? {
             None => Answer::Silence,
             Some(status) => Answer::Status(status, None),
         });
     }
-    if family.is_some_and(|f| faults.unsupported.contains(&f)) {
+    if group.is_some_and(|g| faults.unsupported.contains(&g)) {
         return Ok(Answer::Status(FwStatus::InvalidMessage.code(), None));
     }
     let socket = u16::try_from(socket).context("socket index out of range")?;
@@ -379,8 +379,8 @@ mod tests {
         let (m, apic) = two_sockets();
         let mut f = Faults::default();
         f.wedged_sockets.insert(1);
-        f.errno.insert((Family::BoostLimit, sim::Target::Apic(0)), libc::EIO);
-        f.unsupported.insert(Family::Rapl);
+        f.errno.insert((FaultGroup::BoostLimit, sim::Target::Apic(0)), libc::EIO);
+        f.unsupported.insert(FaultGroup::CoreEnergy);
         assert_eq!(answer(&m, &f, &apic, 1, 0x0B, [0; 8]).unwrap(), Answer::Silence);
         assert_eq!(
             answer(&m, &f, &apic, 0, 0x0A, [0; 8]).unwrap(),
@@ -416,7 +416,7 @@ mod tests {
         m.firmware().set_boost_limit(1, 0, 2500).unwrap();
         assert_eq!(word(&m, &apic, 1, 0x1A, 1), 2500);
         let mut f = Faults::default();
-        f.errno.insert((Family::CoreFrequencyLimit, sim::Target::Apic(2)), libc::EBUSY);
+        f.errno.insert((FaultGroup::CoreFrequencyLimit, sim::Target::Apic(2)), libc::EBUSY);
         let mut args = [0u32; 8];
         args[0] = 1;
         assert_eq!(answer(&m, &f, &apic, 1, 0x1A, args).unwrap(), Answer::Status(0xFC, None));

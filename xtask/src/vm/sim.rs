@@ -3,5 +3,6 @@
 
 pub use amd_hsmp_device::{Errno, Message};
 pub use amd_hsmp_sim::{
-    DRIVER_TIMEOUT, Family, Faults, FirmwareConfig, FwStatus, Machine, MachineSpec, Profile, Target,
+    DRIVER_TIMEOUT, FaultGroup, Faults, FirmwareConfig, FwStatus, Machine, MachineSpec, Profile,
+    Target,
 };

@@ -6,7 +6,7 @@ use super::exporter::{exact_values, expected, healthy, scrape, wait_for_exporter
 use super::{COMMAND_TIMEOUT, Ctx, Evidence, Verdict, sh};
 use crate::vm::guest::Vm;
 use crate::vm::responder::Responder;
-use crate::vm::sim::{DRIVER_TIMEOUT, Family, Target};
+use crate::vm::sim::{DRIVER_TIMEOUT, FaultGroup, Target};
 use amd_hsmp_exporter::collectors::Collectors;
 use anyhow::{Context, Result, bail};
 use std::time::Duration;
@@ -87,7 +87,7 @@ pub(super) fn faults(ctx: &mut Ctx<'_>) -> Result<Verdict> {
     let before_faults = scrape(vm, 10.0)?;
     let failing = responder.sim_apic(0, FAILING_CORE);
     responder.update_faults(|f| {
-        f.errno.insert((Family::BoostLimit, Target::Apic(failing)), libc::EIO);
+        f.errno.insert((FaultGroup::BoostLimit, Target::Apic(failing)), libc::EIO);
         f.wedged_sockets.insert(1);
     });
     // With Prometheus' default timeout every message gets its answer or the driver's timeout:
