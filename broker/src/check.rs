@@ -679,16 +679,22 @@ fn labels(selinux: &Selinux, inputs: &Inputs<'_>) -> Line {
     let Selinux::Enabled { msr_boolean: Some(_), .. } = selinux else {
         return Line::skip("labels", "the amd_hsmp policy module is not loaded");
     };
-    let exe = std::fs::read_link(inputs.procfs.join("self/exe")).unwrap_or_default();
     let mut wanted = vec![
         (inputs.hsmp_device.to_path_buf(), "amd_hsmp_device_t"),
-        (exe, "amd_hsmp_broker_exec_t"),
+        (broker_executable(inputs.procfs), "amd_hsmp_broker_exec_t"),
     ];
     if let Some(dir) = inputs.socket.parent() {
         wanted.push((dir.to_path_buf(), "amd_hsmp_runtime_t"));
     }
     wanted.push((inputs.socket.to_path_buf(), "amd_hsmp_runtime_t"));
     label_line(&wanted, inputs.labels)
+}
+
+/// The broker's executable: `amd-hsmp-broker` beside this program (`/proc/self/exe`), which the
+/// packages install in one directory. Not this program, which the policy does not label.
+fn broker_executable(procfs: &Path) -> PathBuf {
+    let exe = std::fs::read_link(procfs.join("self/exe")).unwrap_or_default();
+    exe.with_file_name(crate::cli::BROKER_PROGRAM)
 }
 
 /// `labels` over `(path, wanted type)`; paths that do not exist are left to the other checks.

@@ -11,7 +11,7 @@ use std::time::Duration;
 /// Reads AMD EPYC telemetry from /dev/hsmp (and optionally the MSR devices) and answers typed
 /// requests from amd-hsmp-exporter on a Unix socket. It never touches the network.
 #[derive(Debug, Parser)]
-#[command(name = "amd-hsmp-broker", about, long_about = None, disable_version_flag = true)]
+#[command(name = BROKER_PROGRAM, about, long_about = None, disable_version_flag = true)]
 pub struct Cli {
     #[command(flatten)]
     pub args: Args,
@@ -226,6 +226,9 @@ pub(crate) fn begin(program: &str, args: &Args) -> Option<std::process::ExitCode
     }
     None
 }
+
+/// The broker's program, whose label `amd-hsmp-check` checks beside itself.
+pub(crate) const BROKER_PROGRAM: &str = "amd-hsmp-broker";
 
 /// The program that checks a scrape's preconditions, installed beside the broker.
 pub const CHECK_PROGRAM: &str = "amd-hsmp-check";

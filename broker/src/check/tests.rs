@@ -255,6 +255,17 @@ fn a_device_with_the_generic_label_fails_naming_restorecon() {
     assert_eq!(label_line(&wanted, &ours).verdict, Verdict::Pass);
 }
 
+/// Regression (VM tier, check K): `amd-hsmp-check` failed its `labels` line on a healthy
+/// node because it looked for the broker's label on its own executable, which the policy leaves
+/// `bin_t`. The executable it checks is the broker beside it.
+#[test]
+fn the_labels_line_checks_the_broker_beside_the_check_not_the_check_itself() {
+    let procfs = tempfile::tempdir().unwrap();
+    fs::create_dir(procfs.path().join("self")).unwrap();
+    std::os::unix::fs::symlink("/usr/bin/amd-hsmp-check", procfs.path().join("self/exe")).unwrap();
+    assert_eq!(broker_executable(procfs.path()), Path::new("/usr/bin/amd-hsmp-broker"));
+}
+
 #[test]
 fn a_socket_the_exporters_group_cannot_write_fails_naming_the_group() {
     let dir = tempfile::tempdir().unwrap();
