@@ -84,20 +84,21 @@ fn binaries(tree: &Path, revision: &str) -> Result<Vec<PathBuf>> {
 }
 
 /// `NAME-VERSION-x86_64-linux.tar.gz`: the binaries, the licence, the README and the man pages
-/// under `NAME-VERSION/`.
+/// (every page of `packaging/man/`, which `cargo xtask man` keeps to one per program) under
+/// `NAME-VERSION/`.
 fn tarball(tree: &Path, out: &Path, version: &str, epoch: u64, bins: &[PathBuf]) -> Result<()> {
     let top = format!("{NAME}-{version}");
     let mut files = Vec::new();
     for (bin, path) in BINARIES.iter().zip(bins) {
         files.push((format!("{top}/{bin}"), fs::read(path)?, 0o755));
     }
-    let pages = ["amd-hsmp-broker.8", "amd-hsmp-exporter.1", "amd-hsmp-check.8"];
-    for doc in ["LICENSE".to_owned(), "README.md".to_owned()]
-        .into_iter()
-        .chain(pages.map(|page| format!("packaging/man/{page}")))
-    {
-        let name = Path::new(&doc).file_name().context("a file name")?.to_string_lossy();
-        files.push((format!("{top}/{name}"), fs::read(tree.join(&doc))?, 0o644));
+    let mut pages: Vec<PathBuf> = fs::read_dir(tree.join("packaging/man"))?
+        .map(|entry| entry.map(|e| e.path()))
+        .collect::<std::io::Result<_>>()?;
+    pages.sort();
+    for doc in [tree.join("LICENSE"), tree.join("README.md")].into_iter().chain(pages) {
+        let name = doc.file_name().context("a file name")?.to_string_lossy();
+        files.push((format!("{top}/{name}"), fs::read(&doc)?, 0o644));
     }
     let name = names::tarball(version);
     fs::write(out.join(name), gzip(&Tar::new(epoch).tree(&files)?)?)?;
@@ -305,6 +306,40 @@ fn pretty(value: &Value) -> Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tarball_holds_the_binaries_the_licence_the_readme_and_every_man_page() {
+        let tree = tempfile::tempdir().unwrap();
+        let man = tree.path().join("packaging/man");
+        fs::create_dir_all(&man).unwrap();
+        for file in ["LICENSE", "README.md", "packaging/man/b.8", "packaging/man/a.1"] {
+            fs::write(tree.path().join(file), file).unwrap();
+        }
+        let bins: Vec<PathBuf> = BINARIES.iter().map(|b| tree.path().join(b)).collect();
+        for bin in &bins {
+            fs::write(bin, "ELF").unwrap();
+        }
+        let out = tempfile::tempdir().unwrap();
+        tarball(tree.path(), out.path(), "9.9.9", 0, &bins).unwrap();
+        let gz = fs::read(out.path().join(names::tarball("9.9.9"))).unwrap();
+        let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(&gz[..]));
+        let mut names: Vec<String> = archive
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap().path().unwrap().to_string_lossy().into_owned())
+            .filter(|n| !n.ends_with('/'))
+            .collect();
+        names.sort();
+        let top = format!("{NAME}-9.9.9");
+        let mut expected: Vec<String> = BINARIES
+            .iter()
+            .copied()
+            .chain(["LICENSE", "README.md", "a.1", "b.8"])
+            .map(|n| format!("{top}/{n}"))
+            .collect();
+        expected.sort();
+        assert_eq!(names, expected);
+    }
 
     #[test]
     fn an_sbom_loses_its_serial_number_and_time_and_says_it_is_reproducible() {
