@@ -43,10 +43,11 @@ fn run(path: &str) -> Result<(), String> {
     match call(&mut s, &Request::Sample { what: Families::ALL, deadline_ms: 5000 })? {
         Reply::Sample(x) => {
             println!("hsmp: {:?}", x.hsmp);
-            let source = x.energy_source.map(|s| format!(" from {s}")).unwrap_or_default();
-            println!("energy: {}{source}", count(&x.energy));
-            println!("boost limit: {}", count(&x.boost_limit));
-            println!("prochot: {}", count(&x.prochot));
+            let source = x.energy_source.map_or("none".to_owned(), |s| s.to_string());
+            println!("energy source: {source}");
+            for (family, readings) in x.readings.iter() {
+                println!("{family}: {}", count(readings));
+            }
             Ok(())
         }
         other => Err(format!("unexpected reply {other:?}")),

@@ -588,7 +588,7 @@ pub(crate) fn random_instance() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use amd_hsmp_proto::{Core, Families, Sample, Topology};
+    use amd_hsmp_proto::{Core, Families, Family, Sample, Topology};
     use std::sync::Mutex;
 
     #[derive(Default)]
@@ -662,7 +662,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(call(&mut c, &Request::Topology), Reply::Topology(backend.topology.clone()));
-        let what = Families { prochot: true, ..Families::default() };
+        let what = Families::of(&[Family::Prochot]);
         match call(&mut c, &Request::Sample { what, deadline_ms: 5000 }) {
             Reply::Sample(s) => assert_eq!(s, Sample::healthy(&backend.topology, what)),
             other => panic!("{other:?}"),

@@ -181,6 +181,7 @@ fn parse_sample_interval(text: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use amd_hsmp_proto::Family;
     use amd_hsmp_web::flags::ListenAddress;
 
     fn parse(args: &[&str]) -> Result<Args, clap::Error> {
@@ -194,7 +195,7 @@ mod tests {
         assert_eq!(args.telemetry_path, "/metrics");
         assert_eq!(args.broker_socket, PathBuf::from("/run/amd-hsmp/broker.sock"));
         assert_eq!(args.max_scrape_timeout, Duration::from_secs(10));
-        assert_eq!(args.families(), Families { core_frequency_limit: false, ..Families::ALL });
+        assert_eq!(args.families(), Families::ALL.without(Family::CoreFrequencyLimit));
         assert_eq!(args.common.log_level, amd_hsmp_cli::LogLevel::Info);
         assert_eq!(args.common.log_format, amd_hsmp_cli::LogFormat::Logfmt);
         assert!(!args.common.version);
@@ -269,34 +270,31 @@ mod tests {
 
     #[test]
     fn no_collector_flag_disables_only_that_family() {
-        let args = parse(&["--no-collector.boost-limit"]).map_err(|e| e.to_string()).unwrap();
-        assert_eq!(
-            args.families(),
-            Families {
-                core_energy: true,
-                boost_limit: false,
-                prochot: true,
-                frequency_limit: true,
-                core_frequency_limit: false,
-                package_energy: true,
-            }
-        );
+        let default = parse(&[]).unwrap().families();
+        for family in Family::ALL {
+            let flag = format!("--no-collector.{family}");
+            let args = parse(&[&flag]).map_err(|e| e.to_string()).unwrap();
+            assert_eq!(args.families(), default.without(family), "{flag}");
+        }
     }
 
     #[test]
     fn the_core_frequency_limit_is_off_by_default_and_the_socket_one_on() {
         let default = parse(&[]).unwrap().families();
-        assert!(default.frequency_limit && !default.core_frequency_limit);
+        assert!(
+            default.contains(Family::FrequencyLimit)
+                && !default.contains(Family::CoreFrequencyLimit)
+        );
         let on = parse(&["--collector.core-frequency-limit"]).unwrap().families();
-        assert!(on.core_frequency_limit);
+        assert!(on.contains(Family::CoreFrequencyLimit));
     }
 
     #[test]
     fn last_of_collector_and_no_collector_wins() {
         let off = parse(&["--collector.prochot", "--no-collector.prochot"]).unwrap();
-        assert!(!off.families().prochot);
+        assert!(!off.families().contains(Family::Prochot));
         let on = parse(&["--no-collector.prochot", "--collector.prochot"]).unwrap();
-        assert!(on.families().prochot);
+        assert!(on.families().contains(Family::Prochot));
     }
 
     #[test]

@@ -235,7 +235,7 @@ mod tests {
 
     #[test]
     fn turning_one_collector_off_asks_the_broker_for_every_other_family() {
-        let default = Families { core_frequency_limit: false, ..Families::ALL };
+        let default = Families::ALL.without(Family::CoreFrequencyLimit);
         assert_eq!(parse(&[]).families(), default, "all but the per-core frequency limit");
         let every = ["--collector.core-frequency-limit"];
         assert_eq!(parse(&every).families(), Families::ALL);

@@ -5,7 +5,7 @@
 //! be so, with why, instead of a map; then PROCHOT, each socket's frequency limit and the
 //! limiters imposing it in words, the device and the broker, and a banner when the broker
 //! serves its simulator. Power is each value's energy over the time between its two reads, as
-//! the broker stamps them (`Sample::energy_read_at_us`), not between the two answers.
+//! the broker stamps them (`Sample::read_at_us`), not between the two answers.
 //!
 //! A page view costs one sample, taken through the scrape path (`Exporter::scrape`, so it shares
 //! a broker request in flight like any scrape), and reads nothing of the cgroup hierarchy: the

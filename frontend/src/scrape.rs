@@ -17,7 +17,7 @@ use crate::translate::{CoreLabel, ErrorCounters, ErrorSource, Telemetry, transla
 use crate::work::{Permit, Permits};
 use crate::workload::{Ledger, Owners as WorkloadOwners, WorkloadReport};
 use amd_hsmp_cli::chain;
-use amd_hsmp_proto::{Families, Topology};
+use amd_hsmp_proto::{Families, Family, Topology};
 use amd_hsmp_web::ratelimit::RateLimit;
 use std::fmt;
 use std::path::PathBuf;
@@ -235,7 +235,7 @@ impl Exporter {
             walker: config.core_owner.clone().map(|root| {
                 Walker::with_max_age(root, config.procfs.clone(), config.core_owner_max_age)
             }),
-            ledger: (config.core_owner.is_some() && config.families.core_energy)
+            ledger: (config.core_owner.is_some() && config.families.contains(Family::CoreEnergy))
                 .then(|| Mutex::new(Ledger::new(config.core_owner_linger))),
             owner_log: CauseLog::default(),
             skip_log: SkipLog::default(),

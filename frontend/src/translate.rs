@@ -4,8 +4,8 @@
 use crate::broker::BrokerInfo;
 use crate::collectors::Collector;
 use amd_hsmp_proto::{
-    Core, DeviceStatus, EnergySource, Family, FrequencyLimit, ItemError, PerFamily, Readings,
-    Sample, Topology, Unavailable,
+    Core, DeviceStatus, Energy, EnergySource, Family, FrequencyLimit, ItemError, PerFamily,
+    Readings, Sample, Topology, Unavailable, Value,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -211,28 +211,36 @@ pub(crate) fn translate(
     errors.add_energy_resets(info.instance, sample.energy_resets);
 
     let cores: Vec<CoreLabel> = topology.cores.iter().map(CoreLabel::from).collect();
+    let sockets = &topology.sockets;
     let mut read = Reader { errors, deadline_exceeded: false, unread: Vec::new() };
-    out.energy_joules = read.collect(Family::CoreEnergy, &sample.energy, &cores, |e| e.joules());
+    let of = |family| &sample.readings[family];
+    out.energy_joules =
+        read.collect(Family::CoreEnergy, of(Family::CoreEnergy), &cores, |e: Energy| e.joules());
     out.energy_source = if out.energy_joules.is_empty() { None } else { sample.energy_source };
     out.energy_epoch = match out.energy_source {
         Some(EnergySource::Perf | EnergySource::Msr) => Some((info.instance, sample.energy_resets)),
         Some(EnergySource::Hsmp) | None => None,
     };
-    out.boost_limit_hertz = read.collect(Family::BoostLimit, &sample.boost_limit, &cores, hertz);
-    out.prochot = read.collect(Family::Prochot, &sample.prochot, &topology.sockets, |a| a);
-    out.frequency_limit =
-        read.collect(Family::FrequencyLimit, &sample.frequency_limit, &topology.sockets, |l| l);
+    out.boost_limit_hertz = read.collect(Family::BoostLimit, of(Family::BoostLimit), &cores, hertz);
+    out.prochot = read.collect(Family::Prochot, of(Family::Prochot), sockets, |a: bool| a);
+    out.frequency_limit = read.collect(
+        Family::FrequencyLimit,
+        of(Family::FrequencyLimit),
+        sockets,
+        |l: FrequencyLimit| l,
+    );
     out.core_frequency_limit_hertz =
-        read.collect(Family::CoreFrequencyLimit, &sample.core_frequency_limit, &cores, hertz);
+        read.collect(Family::CoreFrequencyLimit, of(Family::CoreFrequencyLimit), &cores, hertz);
     out.package_energy_joules =
-        read.collect(Family::PackageEnergy, &sample.package_energy, &topology.sockets, |e| {
+        read.collect(Family::PackageEnergy, of(Family::PackageEnergy), sockets, |e: Energy| {
             e.joules()
         });
+    let at = |family| &sample.read_at_us[family];
     out.energy_read_at_us =
-        read_at(&sample.energy, &sample.energy_read_at_us, out.energy_joules.len());
+        read_at(of(Family::CoreEnergy), at(Family::CoreEnergy), out.energy_joules.len());
     out.package_energy_read_at_us = read_at(
-        &sample.package_energy,
-        &sample.package_energy_read_at_us,
+        of(Family::PackageEnergy),
+        at(Family::PackageEnergy),
         out.package_energy_joules.len(),
     );
     out.deadline_exceeded = read.deadline_exceeded;
@@ -243,7 +251,7 @@ pub(crate) fn translate(
 /// The read times of the values [`Reader::collect`] kept of `readings` (`kept` of them), from
 /// the sample's `at` (aligned with the items): `None` each where the broker gave no time, or
 /// gave times not aligned with its items.
-fn read_at<T>(readings: &Readings<T>, at: &[Option<u64>], kept: usize) -> Vec<Option<u64>> {
+fn read_at(readings: &Readings<Value>, at: &[Option<u64>], kept: usize) -> Vec<Option<u64>> {
     let times: Vec<Option<u64>> = match readings {
         Readings::Values(values) if values.len() == at.len() => {
             values.iter().zip(at).filter(|(v, _)| v.is_ok()).map(|(_, at)| *at).collect()
@@ -268,14 +276,15 @@ struct Reader<'a> {
 }
 
 impl Reader<'_> {
-    /// The values of one family that were read, paired with their labels. A failed item is left
-    /// out and counted under `family`; an item the deadline left unread is left out and flags
-    /// the deadline. A reading not aligned with the topology is a broker fault: the whole
-    /// family is left out and counted under `broker`.
-    fn collect<T: Copy, L: Copy, V>(
+    /// The values of one family that were read, paired with their labels, each as `T`, the type
+    /// of the family's kind, turned by `convert`. A failed item is left out and counted under
+    /// `family`; an item the deadline left unread is left out and flags the deadline. A reading
+    /// not aligned with the topology, or holding a value of another kind, is a broker fault:
+    /// the whole family is left out and counted under `broker`.
+    fn collect<T: TryFrom<Value>, L: Copy, V>(
         &mut self,
         family: Family,
-        readings: &Readings<T>,
+        readings: &Readings<Value>,
         labels: &[L],
         convert: impl Fn(T) -> V,
     ) -> Vec<(L, V)> {
@@ -300,11 +309,19 @@ impl Reader<'_> {
             self.errors.add(ErrorSource::Broker, 1);
             return Vec::new();
         }
+        if let Some(Ok(other)) = values.iter().find(|v| v.is_ok_and(|v| v.kind() != family.kind()))
+        {
+            tracing::warn!(%family, value = ?other, "broker reply holds a value of another kind; family left out");
+            self.errors.add(ErrorSource::Broker, 1);
+            return Vec::new();
+        }
         let mut out = Vec::with_capacity(values.len());
         let mut failed = 0;
         for (label, value) in labels.iter().zip(values) {
-            match value {
-                Ok(v) => out.push((*label, convert(*v))),
+            match value.map(T::try_from) {
+                Ok(Ok(v)) => out.push((*label, convert(v))),
+                // A collector that asks for another kind than its family's: a failed item.
+                Ok(Err(_)) => failed += 1,
                 Err(ItemError::DeadlineExceeded) => self.deadline_exceeded = true,
                 Err(e) => {
                     failed += 1;
@@ -358,21 +375,29 @@ mod tests {
         BrokerInfo { broker_version: "0.1.0".into(), instance: 7, simulated: None }
     }
 
+    /// `items` as a family's readings.
+    fn values<T: Into<Value>>(items: Vec<Result<T, ItemError>>) -> Readings<Value> {
+        Readings::Values(items.into_iter().map(|v| v.map(Into::into)).collect())
+    }
+
     fn sample() -> Sample {
-        Sample {
-            energy: Readings::Values(vec![
-                Ok(Energy { counter: 3 << 16, esu: 16 }),
-                Err(ItemError::Io { errno: 5 }),
-                Ok(Energy { counter: 1 << 15, esu: 16 }),
-            ]),
-            boost_limit: Readings::Values(vec![
-                Ok(3700),
-                Ok(3600),
-                Err(ItemError::DeadlineExceeded),
-            ]),
-            prochot: Readings::Unavailable(Unavailable::Unsupported),
-            ..Sample::healthy(&topology(), Families::ALL)
-        }
+        let mut s = Sample::healthy(&topology(), Families::ALL);
+        s.readings[Family::CoreEnergy] = values(vec![
+            Ok(Energy { counter: 3 << 16, esu: 16 }),
+            Err(ItemError::Io { errno: 5 }),
+            Ok(Energy { counter: 1 << 15, esu: 16 }),
+        ]);
+        s.readings[Family::BoostLimit] =
+            values(vec![Ok(3700u32), Ok(3600), Err(ItemError::DeadlineExceeded)]);
+        s.readings[Family::Prochot] = Readings::Unavailable(Unavailable::Unsupported);
+        s
+    }
+
+    /// [`sample`] with `family`'s readings replaced by `readings`.
+    fn sample_with(family: Family, readings: Readings<Value>) -> Sample {
+        let mut s = sample();
+        s.readings[family] = readings;
+        s
     }
 
     #[test]
@@ -421,7 +446,8 @@ mod tests {
         let errors = ErrorCounters::default();
         let at = |instance, energy_resets| {
             let info = BrokerInfo { instance, ..info() };
-            let s = Sample { energy_resets, energy: Readings::NotRequested, ..sample() };
+            let s =
+                Sample { energy_resets, ..sample_with(Family::CoreEnergy, Readings::NotRequested) };
             translate(&info, &topology(), &s, &errors);
             count(&errors, ErrorSource::Family(Family::CoreEnergy))
         };
@@ -453,10 +479,7 @@ mod tests {
     fn a_socket_whose_frequency_limit_fails_is_absent_and_counted_under_frequency_limit() {
         let errors = ErrorCounters::default();
         let limit = FrequencyLimit { mhz: 3100, reasons: 0x08 };
-        let s = Sample {
-            frequency_limit: Readings::Values(vec![Err(ItemError::Busy), Ok(limit)]),
-            ..sample()
-        };
+        let s = sample_with(Family::FrequencyLimit, values(vec![Err(ItemError::Busy), Ok(limit)]));
         let t = translate(&info(), &topology(), &s, &errors);
         assert_eq!(t.frequency_limit, vec![(1, limit)]);
         assert_eq!(count(&errors, ErrorSource::Family(Family::FrequencyLimit)), 1);
@@ -471,8 +494,7 @@ mod tests {
         let t = translate(&info(), &topology(), &sample(), &errors);
         let joules = |s: u32| (amd_hsmp_proto::testing::PACKAGE_JOULES + u64::from(s)) as f64;
         assert_eq!(t.package_energy_joules, vec![(0, joules(0)), (1, joules(1))]);
-        let s =
-            Sample { package_energy: Readings::Unavailable(Unavailable::Unsupported), ..sample() };
+        let s = sample_with(Family::PackageEnergy, Readings::Unavailable(Unavailable::Unsupported));
         let t = translate(&info(), &topology(), &s, &errors);
         assert!(t.package_energy_joules.is_empty());
         assert_eq!(t.unread(Family::PackageEnergy), Some(Unread::Unsupported));
@@ -490,14 +512,15 @@ mod tests {
     #[test]
     fn a_family_not_read_at_all_says_why() {
         let mut s = sample();
-        s.energy = Readings::Unavailable(Unavailable::NoDevice);
-        s.boost_limit = Readings::NotRequested;
+        s.readings[Family::CoreEnergy] = Readings::Unavailable(Unavailable::NoDevice);
+        s.readings[Family::BoostLimit] = Readings::NotRequested;
         let t = translate(&info(), &topology(), &s, &ErrorCounters::default());
         assert_eq!(t.unread(Family::CoreEnergy), Some(Unread::NoDevice));
         assert_eq!(t.unread(Family::BoostLimit), Some(Unread::NotRequested));
         assert_eq!(t.unread(Family::Prochot), Some(Unread::Unsupported));
         // Read, though every item failed: not "unread".
-        let failed = Sample { energy: Readings::Values(vec![Err(ItemError::Busy); 3]), ..sample() };
+        let failed =
+            sample_with(Family::CoreEnergy, values::<Energy>(vec![Err(ItemError::Busy); 3]));
         let t = translate(&info(), &topology(), &failed, &ErrorCounters::default());
         assert_eq!(t.unread(Family::CoreEnergy), None);
     }
@@ -522,10 +545,23 @@ mod tests {
     fn misaligned_reply_drops_the_family_and_counts_broker() {
         let errors = ErrorCounters::default();
         let mut s = sample();
-        s.prochot = Readings::Values(vec![Ok(true)]);
+        s.readings[Family::Prochot] = values(vec![Ok(true)]);
         let t = translate(&info(), &topology(), &s, &errors);
         assert!(t.prochot.is_empty());
         assert_eq!(count(&errors, ErrorSource::Broker), 1);
+    }
+
+    #[test]
+    fn a_value_of_another_kind_drops_the_family_and_counts_broker() {
+        let errors = ErrorCounters::default();
+        // A boost limit of the kind of PROCHOT: a broker that put one family's values in
+        // another's place.
+        let s = sample_with(Family::BoostLimit, values(vec![Ok(true), Ok(false), Ok(true)]));
+        let t = translate(&info(), &topology(), &s, &errors);
+        assert!(t.boost_limit_hertz.is_empty());
+        assert_eq!(count(&errors, ErrorSource::Broker), 1);
+        assert_eq!(count(&errors, ErrorSource::Family(Family::BoostLimit)), 0);
+        assert_eq!(t.energy_joules.len(), 2, "the other families stay");
     }
 
     #[test]
@@ -533,7 +569,7 @@ mod tests {
         let errors = ErrorCounters::default();
         let mut s = sample();
         s.energy_source = Some(EnergySource::Msr);
-        s.energy = Readings::Values(vec![Err(ItemError::Busy); 3]);
+        s.readings[Family::CoreEnergy] = values::<Energy>(vec![Err(ItemError::Busy); 3]);
         let t = translate(&info(), &topology(), &s, &errors);
         assert!(t.energy_joules.is_empty());
         assert_eq!(t.energy_source, None);

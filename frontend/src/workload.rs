@@ -9,7 +9,7 @@
 //! and counted by [`Reason`]: the core changed hands, nobody held it, its owner was not known
 //! at one of the two samples, or its counter restarted in between (the counter went back, or
 //! the broker that keeps it is another instance or counted a reset). A sample is ordered by
-//! when the broker read each core (`Sample::energy_read_at_us`), so that a scrape served an
+//! when the broker read each core (`Sample::read_at_us`), so that a scrape served an
 //! older answer than one already taken adds nothing, and two scrapes served the same answer
 //! add it once.
 //!

@@ -4,8 +4,8 @@
 
 use amd_hsmp_fuzz::Alloc;
 use amd_hsmp_proto::{
-    Core, Energy, Families, ItemError, Message, PROTOCOL_VERSION, Readings, Reply, Request,
-    RequestError, Sample, Topology, Unavailable,
+    Core, Energy, Families, Family, ItemError, Message, PROTOCOL_VERSION, Readings, Reply, Request,
+    RequestError, Sample, Topology, Unavailable, Value,
 };
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
@@ -187,17 +187,18 @@ fn replies() -> Vec<Reply> {
             Core { socket: 1, core: 8, cpu: 1, apic_id: 256, threads: vec![1, 3] },
         ],
     };
-    let sample = Sample {
-        energy: Readings::Values(vec![
-            Ok(Energy { counter: 3 << 16, esu: 16 }),
-            Err(ItemError::Io { errno: 5 }),
-        ]),
-        boost_limit: Readings::Values(vec![Ok(3700), Err(ItemError::DeadlineExceeded)]),
-        prochot: Readings::Unavailable(Unavailable::Unsupported),
+    let mut sample = Sample {
         energy_resets: 3,
         oldest_read_us: 120_000,
         ..Sample::healthy(&topology, Families::ALL)
     };
+    sample.readings[Family::CoreEnergy] = Readings::Values(vec![
+        Ok(Value::Energy(Energy { counter: 3 << 16, esu: 16 })),
+        Err(ItemError::Io { errno: 5 }),
+    ]);
+    sample.readings[Family::BoostLimit] =
+        Readings::Values(vec![Ok(Value::Mhz(3700)), Err(ItemError::DeadlineExceeded)]);
+    sample.readings[Family::Prochot] = Readings::Unavailable(Unavailable::Unsupported);
     vec![
         Reply::Hello {
             protocol_version: PROTOCOL_VERSION,

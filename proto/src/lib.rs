@@ -51,22 +51,28 @@ pub mod version {
     /// [`Sample::max_age_ms`]: crate::Sample::max_age_ms
     pub const V2: u32 = 2;
     /// Two more families: each socket's frequency limit and the limiters imposing it
-    /// ([`Sample::frequency_limit`](crate::Sample::frequency_limit)) and each core's frequency
-    /// limit ([`Sample::core_frequency_limit`](crate::Sample::core_frequency_limit)), asked
-    /// for by two more [`Families`](crate::Families) flags.
+    /// ([`Family::FrequencyLimit`](crate::Family::FrequencyLimit)) and each core's frequency
+    /// limit ([`Family::CoreFrequencyLimit`](crate::Family::CoreFrequencyLimit)), then fields
+    /// of `Sample` of their own, asked for by two more [`Families`](crate::Families) flags.
     pub const V3: u32 = 3;
     /// A third energy source, the kernel's `power_core` PMU
     /// ([`EnergySource::Perf`](crate::EnergySource::Perf)), whose counts are in units of
     /// 2^-32 J ([`Energy::esu`](crate::Energy::esu) up to 63); and one more family, each
     /// socket's package energy counter
-    /// ([`Sample::package_energy`](crate::Sample::package_energy)), asked for by one more
+    /// ([`Family::PackageEnergy`](crate::Family::PackageEnergy)), asked for by one more
     /// [`Families`](crate::Families) flag.
     pub const V4: u32 = 4;
     /// When each energy value was read, on the machine's `CLOCK_MONOTONIC`
-    /// ([`Sample::energy_read_at_us`](crate::Sample::energy_read_at_us),
-    /// [`Sample::package_energy_read_at_us`](crate::Sample::package_energy_read_at_us)), so that
+    /// (then `Sample::energy_read_at_us` and `Sample::package_energy_read_at_us`, now
+    /// [`Sample::read_at_us`](crate::Sample::read_at_us)), so that
     /// power is energy over the time between two reads, not between two answers.
     pub const V5: u32 = 5;
+    /// A sample's families are one table indexed by [`Family`](crate::Family)
+    /// ([`Sample::readings`](crate::Sample::readings),
+    /// [`Sample::read_at_us`](crate::Sample::read_at_us)) of values of a few kinds
+    /// ([`Value`](crate::Value)), in place of one field per family: a new family is a variant
+    /// of `Family` and one more entry of each table, not a new field.
+    pub const V6: u32 = 6;
 }
 
 /// Where the packaged socket unit (`amd-hsmp-broker.socket`) puts the broker's socket: the
@@ -74,7 +80,7 @@ pub mod version {
 pub const DEFAULT_SOCKET: &str = "/run/amd-hsmp/broker.sock";
 
 /// Version of this protocol. Bumped on any change an older peer cannot decode.
-pub const PROTOCOL_VERSION: u32 = version::V5;
+pub const PROTOCOL_VERSION: u32 = version::V6;
 
 impl Message for Request {
     /// Requests are a few bytes.
@@ -129,68 +135,50 @@ impl Request {
     }
 }
 
-/// The telemetry families a [`Request::Sample`] can ask for.
+/// The telemetry families a [`Request::Sample`] can ask for: one flag per [`Family`], in
+/// [`Family::ALL`] order on the wire (since [`version::V1`], one flag appended per family).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct Families {
-    /// Per-core energy counters (HSMP RAPL, or the MSR fallback).
-    pub core_energy: bool,
-    /// Per-core boost limit (HSMP `GET_BOOST_LIMIT`).
-    pub boost_limit: bool,
-    /// Per-socket PROCHOT status (HSMP `GET_PROC_HOT`).
-    pub prochot: bool,
-    /// Since [`version::V3`]. Per-socket frequency limit and its limiters (HSMP
-    /// `GET_SOCKET_FREQ_LIMIT`).
-    pub frequency_limit: bool,
-    /// Since [`version::V3`]. Per-core frequency limit (HSMP `GET_CCLK_CORE_LIMIT`).
-    pub core_frequency_limit: bool,
-    /// Since [`version::V4`]. Per-socket package energy counter (HSMP
-    /// `GET_RAPL_PACKAGE_COUNTER`).
-    pub package_energy: bool,
-}
+pub struct Families(PerFamily<bool>);
 
 impl Families {
     /// Every family.
-    pub const ALL: Families = Families {
-        core_energy: true,
-        boost_limit: true,
-        prochot: true,
-        frequency_limit: true,
-        core_frequency_limit: true,
-        package_energy: true,
-    };
+    pub const ALL: Families = Families(PerFamily([true; Family::COUNT]));
 
     /// The families in `list`.
-    pub fn of(list: &[Family]) -> Families {
-        let mut families = Families::default();
-        for &family in list {
-            families.set(family, true);
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "`i` is below `list.len()`, and `Family as usize` below `COUNT` for every variant"
+    )]
+    pub const fn of(list: &[Family]) -> Families {
+        let mut on = [false; Family::COUNT];
+        let mut i = 0;
+        while i < list.len() {
+            on[list[i] as usize] = true;
+            i += 1;
         }
-        families
+        Families(PerFamily(on))
+    }
+
+    /// These families and `family`.
+    pub fn with(mut self, family: Family) -> Families {
+        self.set(family, true);
+        self
+    }
+
+    /// These families less `family`.
+    pub fn without(mut self, family: Family) -> Families {
+        self.set(family, false);
+        self
     }
 
     /// Whether `family` is asked for.
     pub fn contains(&self, family: Family) -> bool {
-        match family {
-            Family::CoreEnergy => self.core_energy,
-            Family::BoostLimit => self.boost_limit,
-            Family::Prochot => self.prochot,
-            Family::FrequencyLimit => self.frequency_limit,
-            Family::CoreFrequencyLimit => self.core_frequency_limit,
-            Family::PackageEnergy => self.package_energy,
-        }
+        self.0[family]
     }
 
     /// Asks for `family`, or not.
     pub fn set(&mut self, family: Family, on: bool) {
-        let flag = match family {
-            Family::CoreEnergy => &mut self.core_energy,
-            Family::BoostLimit => &mut self.boost_limit,
-            Family::Prochot => &mut self.prochot,
-            Family::FrequencyLimit => &mut self.frequency_limit,
-            Family::CoreFrequencyLimit => &mut self.core_frequency_limit,
-            Family::PackageEnergy => &mut self.package_energy,
-        };
-        *flag = on;
+        self.0[family] = on;
     }
 
     /// The families asked for, in [`Family::ALL`] order.
@@ -213,24 +201,41 @@ impl Families {
 }
 
 /// One telemetry family: what a [`Request::Sample`] can ask for ([`Families`]), and on the
-/// exporter's side one collector (`--collector.NAME`). Both processes keep what they know of a
-/// family in a [`PerFamily`] table indexed by it, so that a new family is one variant here and one
-/// row in each table, which the compiler asks for.
+/// exporter's side one collector (`--collector.NAME`). The wire ([`Families`],
+/// [`Sample::readings`]) and both processes keep what they know of a family in a [`PerFamily`]
+/// table indexed by it, so that a new family is one variant here and one row in each table,
+/// which the compiler asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {
-    /// Per-core energy counters ([`Sample::energy`]).
+    /// Per-core energy counters: HSMP `GET_RAPL_CORE_COUNTER`, or the fallbacks
+    /// ([`EnergySource`]).
     CoreEnergy,
-    /// Per-core boost limit ([`Sample::boost_limit`]).
+    /// Per-core boost limit in MHz (HSMP `GET_BOOST_LIMIT`).
     BoostLimit,
-    /// Per-socket PROCHOT status ([`Sample::prochot`]).
+    /// Per-socket PROCHOT status (HSMP `GET_PROC_HOT`).
     Prochot,
-    /// Since [`version::V3`]. Per-socket frequency limit and its limiters
-    /// ([`Sample::frequency_limit`]).
+    /// Since [`version::V3`]. Per-socket frequency limit and its limiters (HSMP
+    /// `GET_SOCKET_FREQ_LIMIT`).
     FrequencyLimit,
-    /// Since [`version::V3`]. Per-core frequency limit ([`Sample::core_frequency_limit`]).
+    /// Since [`version::V3`]. Per-core frequency limit in MHz (HSMP `GET_CCLK_CORE_LIMIT`).
     CoreFrequencyLimit,
-    /// Since [`version::V4`]. Per-socket package energy counter ([`Sample::package_energy`]).
+    /// Since [`version::V4`]. Per-socket package energy counter (HSMP
+    /// `GET_RAPL_PACKAGE_COUNTER`, in the same units as the core counters): the cores and what
+    /// draws beside them in the package (the uncore, memory controllers, I/O die).
     PackageEnergy,
+}
+
+/// What one value of a family is: the variants of [`Value`], which a family's items all share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// An energy counter ([`Value::Energy`]).
+    Energy,
+    /// A frequency in MHz ([`Value::Mhz`]).
+    Mhz,
+    /// A signal, asserted or not ([`Value::Asserted`]).
+    Asserted,
+    /// A frequency limit and its limiters ([`Value::FrequencyLimit`]).
+    FrequencyLimit,
 }
 
 /// What one value of a family belongs to.
@@ -277,6 +282,16 @@ impl Family {
         }
     }
 
+    /// What each of the family's values is.
+    pub const fn kind(self) -> Kind {
+        match self {
+            Family::CoreEnergy | Family::PackageEnergy => Kind::Energy,
+            Family::BoostLimit | Family::CoreFrequencyLimit => Kind::Mhz,
+            Family::Prochot => Kind::Asserted,
+            Family::FrequencyLimit => Kind::FrequencyLimit,
+        }
+    }
+
     /// How many values the family has on a machine of `cores` physical cores and `sockets`
     /// sockets: one per core or one per socket ([`Family::scope`]). The broker reads each with
     /// one mailbox message.
@@ -299,8 +314,10 @@ impl fmt::Display for Family {
     }
 }
 
-/// One `T` per [`Family`], indexed by it: the table a process keeps its per-family state in.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// One `T` per [`Family`], indexed by it: the table a process keeps its per-family state in, and
+/// the wire's per-family fields ([`Families`], [`Sample::readings`]). On the wire, the
+/// [`Family::COUNT`] entries in [`Family::ALL`] order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PerFamily<T>([T; Family::COUNT]);
 
 impl<T> PerFamily<T> {
@@ -312,6 +329,11 @@ impl<T> PerFamily<T> {
     /// Each family with its entry, in [`Family::ALL`] order.
     pub fn iter(&self) -> impl Iterator<Item = (Family, &T)> {
         Family::ALL.into_iter().zip(self.0.iter())
+    }
+
+    /// Each family with its entry, mutable, in [`Family::ALL`] order.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (Family, &mut T)> {
+        Family::ALL.into_iter().zip(self.0.iter_mut())
     }
 }
 
@@ -337,6 +359,10 @@ impl<T> std::ops::IndexMut<Family> for PerFamily<T> {
 }
 
 /// What the broker answers.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one reply a request, encoded once: a few hundred bytes moved, not worth a Box"
+)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Reply {
     /// Since [`version::V1`]. Answer to [`Request::Hello`].
@@ -413,10 +439,11 @@ pub struct Topology {
     pub cpu_family: u32,
     /// `model` from `/proc/cpuinfo`.
     pub cpu_model: u32,
-    /// Socket ids (`physical_package_id`), ascending. [`Sample::prochot`] is aligned with it.
+    /// Socket ids (`physical_package_id`), ascending. The readings of a family of
+    /// [`Scope::Socket`] are aligned with it.
     pub sockets: Vec<u32>,
-    /// One entry per physical core, sorted by (socket, core). [`Sample::energy`] and
-    /// [`Sample::boost_limit`] are aligned with it.
+    /// One entry per physical core, sorted by (socket, core). The readings of a family of
+    /// [`Scope::Core`] are aligned with it.
     pub cores: Vec<Core>,
 }
 
@@ -442,24 +469,12 @@ pub struct Core {
 pub struct Sample {
     /// State of `/dev/hsmp` at the time of the sample.
     pub hsmp: DeviceStatus,
-    /// Where [`Sample::energy`]'s values come from; `None` when energy is not read.
+    /// Where [`Family::CoreEnergy`]'s values come from; `None` when energy is not read.
     pub energy_source: Option<EnergySource>,
-    /// Per-core energy, aligned with [`Topology::cores`].
-    pub energy: Readings<Energy>,
-    /// Per-core boost limit in MHz, aligned with [`Topology::cores`].
-    pub boost_limit: Readings<u32>,
-    /// Per-socket PROCHOT (true = asserted), aligned with [`Topology::sockets`].
-    pub prochot: Readings<bool>,
-    /// Since [`version::V3`]. Per-socket frequency limit and the limiters imposing it, aligned
-    /// with [`Topology::sockets`].
-    pub frequency_limit: Readings<FrequencyLimit>,
-    /// Since [`version::V3`]. Per-core frequency limit in MHz, aligned with
-    /// [`Topology::cores`].
-    pub core_frequency_limit: Readings<u32>,
-    /// Since [`version::V4`]. Per-socket package energy (HSMP `GET_RAPL_PACKAGE_COUNTER`, in
-    /// the same units as the core counters), aligned with [`Topology::sockets`]: the cores and
-    /// what draws beside them in the package (the uncore, memory controllers, I/O die).
-    pub package_energy: Readings<Energy>,
+    /// Since [`version::V6`]. Each family's readings, one value per item aligned with
+    /// [`Topology::cores`] or [`Topology::sockets`] ([`Family::scope`]), each of the family's
+    /// kind ([`Family::kind`]). A family not asked for is [`Readings::NotRequested`].
+    pub readings: PerFamily<Readings<Value>>,
     /// Since [`version::V1`]. Energy counter resets since this broker instance started: each
     /// time a core's count restarted from 0 because a wrap of its 32-bit MSR counter may have
     /// gone unseen. Cumulative, so a lost reply loses no reset; 0 without the MSR fallback.
@@ -473,15 +488,14 @@ pub struct Sample {
     /// (or nothing was read). Never above `max_age_ms` × 1000. A client that hands this reply
     /// to a request which arrived later can tell whether it is still within the bound.
     pub oldest_read_us: u32,
-    /// Since [`version::V5`]. When each core's energy value in [`Sample::energy`] was read (the
-    /// read's start), in microseconds of the machine's `CLOCK_MONOTONIC`, aligned with
-    /// [`Topology::cores`]; `None` where the core has no value. The same clock for every broker
-    /// process on the machine, so two samples' readings are comparable across a restart; the
-    /// difference between two is the time the counter advanced over.
-    pub energy_read_at_us: Vec<Option<u64>>,
-    /// Since [`version::V5`]. The same for [`Sample::package_energy`], aligned with
-    /// [`Topology::sockets`].
-    pub package_energy_read_at_us: Vec<Option<u64>>,
+    /// Since [`version::V6`] (since [`version::V5`] for the two energy families, as fields of
+    /// their own). For each family of energy counters ([`Kind::Energy`]), when each of its
+    /// values in [`Sample::readings`] was read (the read's start), in microseconds of the
+    /// machine's `CLOCK_MONOTONIC`, aligned with its items; `None` where an item has no value.
+    /// Empty for the other families. The same clock for every broker process on the machine,
+    /// so two samples' readings are comparable across a restart; the difference between two is
+    /// the time the counter advanced over.
+    pub read_at_us: PerFamily<Vec<Option<u64>>>,
 }
 
 impl Sample {
@@ -558,6 +572,74 @@ pub enum Unavailable {
     /// Since [`version::V1`]. The firmware does not implement the message (`ENOMSG`); remembered,
     /// not asked again.
     Unsupported,
+}
+
+/// One item's value (a core's or a socket's), of its family's [`Kind`]. Since [`version::V6`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Value {
+    /// An energy counter reading.
+    Energy(Energy),
+    /// A frequency in MHz.
+    Mhz(u32),
+    /// Whether a signal is asserted (PROCHOT).
+    Asserted(bool),
+    /// A frequency limit and the limiters imposing it.
+    FrequencyLimit(FrequencyLimit),
+}
+
+impl Value {
+    /// What the value is.
+    pub const fn kind(self) -> Kind {
+        match self {
+            Value::Energy(_) => Kind::Energy,
+            Value::Mhz(_) => Kind::Mhz,
+            Value::Asserted(_) => Kind::Asserted,
+            Value::FrequencyLimit(_) => Kind::FrequencyLimit,
+        }
+    }
+}
+
+/// The value of a [`Value`] of one kind: `T::try_from(value)` is `Ok` when `value` is of `T`'s
+/// kind, and gives `value` back otherwise.
+macro_rules! value_of_kind {
+    ($($variant:ident($type:ty)),*) => {$(
+        impl From<$type> for Value {
+            fn from(value: $type) -> Value {
+                Value::$variant(value)
+            }
+        }
+
+        impl TryFrom<Value> for $type {
+            type Error = Value;
+            fn try_from(value: Value) -> Result<$type, Value> {
+                match value {
+                    Value::$variant(inner) => Ok(inner),
+                    other => Err(other),
+                }
+            }
+        }
+    )*};
+}
+
+value_of_kind!(Energy(Energy), Mhz(u32), Asserted(bool), FrequencyLimit(FrequencyLimit));
+
+impl<T> Readings<T> {
+    /// The readings with each value turned by `convert`; a value it refuses is `refused`.
+    pub fn map<U>(&self, convert: impl Fn(&T) -> Option<U>, refused: ItemError) -> Readings<U> {
+        match self {
+            Readings::NotRequested => Readings::NotRequested,
+            Readings::Unavailable(why) => Readings::Unavailable(*why),
+            Readings::Values(values) => Readings::Values(
+                values
+                    .iter()
+                    .map(|v| match v {
+                        Ok(v) => convert(v).ok_or(refused),
+                        Err(e) => Err(*e),
+                    })
+                    .collect(),
+            ),
+        }
+    }
 }
 
 /// One energy counter reading: joules = `counter` × 2^-`esu`.

@@ -1,10 +1,11 @@
 //! Examples of the contract for tests (the `testing` feature, which only dev-dependencies
 //! enable): a machine and a healthy broker's answer, so that a test states what it changes and
-//! takes the rest from here, e.g. `Sample { prochot: ..., ..Sample::healthy(&topology, what) }`.
+//! takes the rest from here, e.g. `sample.readings[Family::Prochot] = ...` on `Sample::healthy(&topology, what)`.
 //! A new family is written here once, not in every test that builds a sample.
 
 use crate::{
-    Core, DeviceStatus, Energy, EnergySource, Families, FrequencyLimit, Readings, Sample, Topology,
+    Core, DeviceStatus, Energy, EnergySource, Families, Family, FrequencyLimit, ItemError,
+    PerFamily, Readings, Sample, Topology, Value,
 };
 
 /// Energy status unit exponent of the examples (RAPL's usual 2^-16 J).
@@ -47,48 +48,59 @@ impl Sample {
     /// [`PACKAGE_JOULES`] + `s` J of package energy. Every value was read
     /// after the request arrived, within a freshness bound of 500 ms, at [`READ_AT_US`].
     pub fn healthy(topology: &Topology, what: Families) -> Sample {
-        fn read<T>(asked: bool, values: impl Iterator<Item = T>) -> Readings<T> {
-            if asked { Readings::Values(values.map(Ok).collect()) } else { Readings::NotRequested }
-        }
-        let cores = 0..topology.cores.len() as u64;
+        let cores = topology.cores.len();
+        let readings = PerFamily::from_fn(|family| {
+            if !what.contains(family) {
+                return Readings::NotRequested;
+            }
+            let items = family.items(cores, topology.sockets.len());
+            Readings::Values((0..items).map(|i| Ok(healthy(family, topology, i))).collect())
+        });
+        let read_at_us = PerFamily::from_fn(|family| match family {
+            // Each core read 10 µs after the one before, from 1 s after boot.
+            Family::CoreEnergy if what.contains(family) => {
+                (0..cores as u64).map(|i| Some(READ_AT_US + 10 * i)).collect()
+            }
+            Family::PackageEnergy if what.contains(family) => {
+                topology.sockets.iter().map(|_| Some(READ_AT_US)).collect()
+            }
+            _ => Vec::new(),
+        });
         Sample {
             hsmp: DeviceStatus::Ready { protocol_version: 7 },
-            energy_source: what.core_energy.then_some(EnergySource::Hsmp),
-            energy: read(
-                what.core_energy,
-                cores.clone().map(|i| Energy { counter: (1000 + i) << ESU, esu: ESU }),
-            ),
-            boost_limit: read(what.boost_limit, cores.clone().map(|_| 3700)),
-            prochot: read(what.prochot, topology.sockets.iter().map(|s| *s == 1)),
-            frequency_limit: read(
-                what.frequency_limit,
-                topology.sockets.iter().map(|s| match s {
-                    1 => FrequencyLimit { mhz: 1500, reasons: 0x02 },
-                    _ => FrequencyLimit { mhz: 3700, reasons: 0x10 },
-                }),
-            ),
-            core_frequency_limit: read(what.core_frequency_limit, cores.clone().map(|_| 3700)),
-            package_energy: read(
-                what.package_energy,
-                topology
-                    .sockets
-                    .iter()
-                    .map(|&s| Energy { counter: (PACKAGE_JOULES + u64::from(s)) << ESU, esu: ESU }),
-            ),
+            energy_source: what.contains(Family::CoreEnergy).then_some(EnergySource::Hsmp),
+            readings,
             energy_resets: 0,
             max_age_ms: 500,
             oldest_read_us: 0,
-            // Each core read 10 µs after the one before, from 1 s after boot.
-            energy_read_at_us: if what.core_energy {
-                cores.clone().map(|i| Some(READ_AT_US + 10 * i)).collect()
-            } else {
-                Vec::new()
-            },
-            package_energy_read_at_us: if what.package_energy {
-                topology.sockets.iter().map(|_| Some(READ_AT_US)).collect()
-            } else {
-                Vec::new()
-            },
+            read_at_us,
         }
+    }
+}
+
+/// Item `i`'s value of `family` in [`Sample::healthy`].
+fn healthy(family: Family, topology: &Topology, i: usize) -> Value {
+    let socket = topology.sockets.get(i).copied().unwrap_or_default();
+    match family {
+        Family::CoreEnergy => Energy { counter: (1000 + i as u64) << ESU, esu: ESU }.into(),
+        Family::BoostLimit | Family::CoreFrequencyLimit => Value::Mhz(3700),
+        Family::Prochot => Value::Asserted(socket == 1),
+        Family::FrequencyLimit => match socket {
+            1 => FrequencyLimit { mhz: 1500, reasons: 0x02 },
+            _ => FrequencyLimit { mhz: 3700, reasons: 0x10 },
+        }
+        .into(),
+        Family::PackageEnergy => {
+            Energy { counter: (PACKAGE_JOULES + u64::from(socket)) << ESU, esu: ESU }.into()
+        }
+    }
+}
+
+impl Sample {
+    /// `family`'s readings with each value as `T`, the type of the family's kind, e.g.
+    /// `sample.of::<Energy>(Family::CoreEnergy)`: what a test compares. A value of another kind
+    /// reads as [`ItemError::Rejected`], so a test that expects values fails on it.
+    pub fn of<T: TryFrom<Value>>(&self, family: Family) -> Readings<T> {
+        self.readings[family].map(|&v| T::try_from(v).ok(), ItemError::Rejected)
     }
 }

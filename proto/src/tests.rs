@@ -84,10 +84,18 @@ fn core() -> impl Strategy<Value = Core> {
         })
 }
 
+/// A value of any kind: a sample's values need not be of their family's kind on the wire.
+fn value() -> impl Strategy<Value = Value> + Clone {
+    prop_oneof![
+        (any::<u64>(), 0u8..64).prop_map(|(counter, esu)| Value::Energy(Energy { counter, esu })),
+        any::<u32>().prop_map(Value::Mhz),
+        any::<bool>().prop_map(Value::Asserted),
+        (any::<u16>(), any::<u16>())
+            .prop_map(|(mhz, reasons)| Value::FrequencyLimit(FrequencyLimit { mhz, reasons })),
+    ]
+}
+
 fn reply() -> impl Strategy<Value = Reply> {
-    let energy = (any::<u64>(), 0u8..64).prop_map(|(counter, esu)| Energy { counter, esu });
-    let frequency_limit =
-        (any::<u16>(), any::<u16>()).prop_map(|(mhz, reasons)| FrequencyLimit { mhz, reasons });
     prop_oneof![
         (any::<u32>(), "[0-9a-z.+-]{0,20}", any::<u64>(), prop::option::of("[a-z0-9-]{1,12}"))
             .prop_map(|(protocol_version, broker_version, instance, simulated)| Reply::Hello {
@@ -108,47 +116,24 @@ fn reply() -> impl Strategy<Value = Reply> {
         (
             device_status(),
             energy_source(),
-            readings(energy.clone()),
-            readings(any::<u32>()),
-            readings(any::<bool>()),
-            (readings(frequency_limit), readings(any::<u32>()), readings(energy)),
+            prop::collection::vec(readings(value()), Family::COUNT),
             (any::<u64>(), any::<u32>(), any::<u32>()),
-            (
-                prop::collection::vec(any::<Option<u64>>(), 0..8),
-                prop::collection::vec(any::<Option<u64>>(), 0..4)
-            )
+            prop::collection::vec(prop::collection::vec(any::<Option<u64>>(), 0..8), Family::COUNT),
         )
-            .prop_map(
-                |(
+            .prop_map(|(hsmp, energy_source, readings, freshness, read_at)| {
+                let (energy_resets, max_age_ms, oldest_read_us) = freshness;
+                let mut readings = readings.into_iter();
+                let mut read_at = read_at.into_iter();
+                Reply::Sample(Sample {
                     hsmp,
                     energy_source,
-                    energy,
-                    boost_limit,
-                    prochot,
-                    limits,
-                    freshness,
-                    read_at,
-                )| {
-                    let (frequency_limit, core_frequency_limit, package_energy) = limits;
-                    let (energy_resets, max_age_ms, oldest_read_us) = freshness;
-                    let (energy_read_at_us, package_energy_read_at_us) = read_at;
-                    Reply::Sample(Sample {
-                        hsmp,
-                        energy_source,
-                        energy,
-                        boost_limit,
-                        prochot,
-                        frequency_limit,
-                        core_frequency_limit,
-                        package_energy,
-                        energy_resets,
-                        max_age_ms,
-                        oldest_read_us,
-                        energy_read_at_us,
-                        package_energy_read_at_us,
-                    })
-                }
-            ),
+                    readings: PerFamily::from_fn(|_| readings.next().unwrap()),
+                    energy_resets,
+                    max_age_ms,
+                    oldest_read_us,
+                    read_at_us: PerFamily::from_fn(|_| read_at.next().unwrap()),
+                })
+            }),
         (any::<u32>(), any::<u32>()).prop_map(|(broker, peer)| Reply::Error(
             RequestError::VersionMismatch { broker, peer }
         )),
@@ -437,4 +422,49 @@ fn wire_units_convert_to_durations_and_back() {
     assert_eq!(sample.oldest_read(), Duration::from_micros(2));
     sample.set_freshness(Duration::MAX, Duration::MAX);
     assert_eq!((sample.max_age_ms, sample.oldest_read_us), (u32::MAX, u32::MAX));
+}
+
+#[test]
+fn families_are_one_flag_a_family_in_family_order_on_the_wire() {
+    let what = Families::of(&[Family::CoreEnergy, Family::Prochot, Family::PackageEnergy]);
+    let bytes = postcard::to_allocvec(&what).unwrap();
+    let want: Vec<u8> = Family::ALL.iter().map(|&f| u8::from(what.contains(f))).collect();
+    assert_eq!(bytes, want);
+    assert_eq!(want, [1, 0, 1, 0, 0, 1]);
+    assert_eq!(
+        Families::ALL.without(Family::Prochot),
+        Families::of(&[
+            Family::CoreEnergy,
+            Family::BoostLimit,
+            Family::FrequencyLimit,
+            Family::CoreFrequencyLimit,
+            Family::PackageEnergy
+        ])
+    );
+}
+
+#[test]
+fn a_value_converts_to_its_kinds_type_only() {
+    let energy = Energy { counter: 7, esu: 16 };
+    assert_eq!(Energy::try_from(Value::from(energy)), Ok(energy));
+    assert_eq!(u32::try_from(Value::Energy(energy)), Err(Value::Energy(energy)));
+    assert_eq!(bool::try_from(Value::Asserted(true)), Ok(true));
+    assert_eq!(u32::try_from(Value::Mhz(3700)), Ok(3700));
+    for value in [Value::Energy(energy), Value::Mhz(1), Value::Asserted(false)] {
+        assert_eq!(FrequencyLimit::try_from(value), Err(value), "{value:?}");
+    }
+}
+
+#[test]
+fn a_healthy_sample_holds_values_of_each_familys_kind() {
+    let topology = testing::topology(2, 3);
+    let sample = Sample::healthy(&topology, Families::ALL);
+    for (family, readings) in sample.readings.iter() {
+        let Readings::Values(values) = readings else { panic!("{family} not read") };
+        assert_eq!(values.len(), family.items(6, 2), "{family}");
+        assert!(values.iter().all(|v| v.unwrap().kind() == family.kind()), "{family}");
+    }
+    let none = Sample::healthy(&topology, Families::default());
+    assert!(none.readings.iter().all(|(_, r)| *r == Readings::NotRequested));
+    assert!(none.read_at_us.iter().all(|(_, at)| at.is_empty()));
 }

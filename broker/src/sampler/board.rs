@@ -9,9 +9,8 @@
 //! marks are the one pending reading, merged), and no item is read more often than the
 //! freshness bound lets a request reuse it.
 
-use super::family::Value;
 use super::{Clock, Plan, lock};
-use amd_hsmp_proto::{Families, Family, ItemError, PerFamily, Scope, Topology};
+use amd_hsmp_proto::{Families, Family, ItemError, PerFamily, Scope, Topology, Value};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 

@@ -37,14 +37,12 @@
 //! No lock is held across mailbox I/O: a `/dev/hsmp` opened after start-up is probed by the
 //! socket workers, under the deadline, so a wedged socket never blocks a healthy one.
 //!
-//! To add a family, on the broker's side (after its `Family` variant and `Sample` field in
-//! `proto`, and its message in `device`):
+//! To add a family, on the broker's side (after its `Family` variant in `proto`, with its
+//! scope and kind, and its message in `device`):
 //!
-//! - `family.rs`, the family table: a `Value` variant for its values, its arm of
-//!   `reading` (the message that reads one item and how its reply becomes the
-//!   value; per core or per socket is [`Family::scope`]), and its field in `sample`.
-//!   The compiler asks for the arm (an exhaustive `match` on `Family`) and for the field
-//!   (the `Sample` literal).
+//! - `family.rs`, the family table: its arm of `reading` (the message that reads one item and
+//!   how its reply becomes a `Value` of the family's kind; per core or per socket is
+//!   [`Family::scope`]). The compiler asks for the arm (an exhaustive `match` on `Family`).
 //! - `tests.rs`: a test of the family like the PROCHOT ones. Its message
 //!   (`MachineSpec::message` in the simulator) is what the cost tests count.
 //!
@@ -64,11 +62,11 @@ use crate::counters::CoreCounters;
 use amd_hsmp_device::errno::means_device_gone;
 use amd_hsmp_device::{self as device, HsmpOpener, HsmpTransport, messages};
 use amd_hsmp_proto::{
-    DeviceStatus, EnergySource, Families, Family, ItemError, PerFamily, Readings, Sample, Topology,
-    Unavailable,
+    DeviceStatus, EnergySource, Families, Family, ItemError, Kind, PerFamily, Readings, Sample,
+    Topology, Unavailable, Value,
 };
 use board::{Items, Source, Waiter};
-use family::{Reading, Value};
+use family::Reading;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
@@ -320,7 +318,7 @@ struct Shared {
     /// The id of the next device opened.
     next_device: AtomicU64,
     /// An instant of [`Shared::clock`] and the machine's `CLOCK_MONOTONIC` then, in µs: how a
-    /// read's instant becomes the wire's [`Sample::energy_read_at_us`].
+    /// read's instant becomes the wire's [`Sample::read_at_us`].
     anchor: (Instant, u64),
 }
 
@@ -646,11 +644,20 @@ impl Shared {
             _ => None,
         };
         let resets = self.fallback.as_ref().map_or(0, |counters| counters.resets());
-        let mut sample = family::sample(hsmp, energy_source, &readings, resets);
-        sample.energy_read_at_us = self.read_at_us(&sample.energy, &items.at[energy]);
-        sample.package_energy_read_at_us =
-            self.read_at_us(&sample.package_energy, &items.at[Family::PackageEnergy]);
-        sample
+        let read_at_us = PerFamily::from_fn(|family| match family.kind() {
+            Kind::Energy => self.read_at_us(&readings[family], &items.at[family]),
+            Kind::Mhz | Kind::Asserted | Kind::FrequencyLimit => Vec::new(),
+        });
+        Sample {
+            hsmp,
+            energy_source,
+            readings,
+            energy_resets: resets,
+            // The freshness is the requester's to set, from when its request arrived.
+            max_age_ms: 0,
+            oldest_read_us: 0,
+            read_at_us,
+        }
     }
 
     /// When each item with a value in `readings` was read, in µs of `CLOCK_MONOTONIC`; empty

@@ -18,14 +18,8 @@ use std::time::Duration;
 /// The families the tests of the sampler's mechanics (deadlines, freshness, queues) ask for and
 /// count the messages of: PROCHOT, core energy and boost limit. The frequency-limit families
 /// go through the same table and have tests of their own.
-const V2_FAMILIES: Families = Families {
-    core_energy: true,
-    boost_limit: true,
-    prochot: true,
-    frequency_limit: false,
-    core_frequency_limit: false,
-    package_energy: false,
-};
+const V2_FAMILIES: Families =
+    Families::of(&[Family::CoreEnergy, Family::BoostLimit, Family::Prochot]);
 
 /// How long a test waits for a gate before it fails; never reached when the code is right.
 const GATE: Duration = Duration::from_secs(20);
@@ -266,14 +260,17 @@ fn on_socket<T: Clone + std::fmt::Debug>(
 /// Whether `sample` has every energy counter and boost limit of `socket`, as the machine has
 /// them (a device not yet open by the deadline has none).
 fn socket_read_in_full(machine: &Machine, sample: &Sample, socket: u32) -> bool {
-    let opened =
-        matches!((&sample.energy, &sample.boost_limit), (Readings::Values(_), Readings::Values(_)));
+    let opened = matches!(
+        (&sample.of::<Energy>(Family::CoreEnergy), &sample.of::<u32>(Family::BoostLimit)),
+        (Readings::Values(_), Readings::Values(_))
+    );
     let cores = &machine.topology().cores;
     let energy = energy_of(machine);
     let expected = cores.iter().zip(energy).filter(|(c, _)| c.socket == socket).map(|(_, e)| e);
     opened
-        && on_socket(machine, &sample.energy, socket) == expected.collect::<Vec<_>>()
-        && all_ok(&on_socket(machine, &sample.boost_limit, socket))
+        && on_socket(machine, &sample.of::<Energy>(Family::CoreEnergy), socket)
+            == expected.collect::<Vec<_>>()
+        && all_ok(&on_socket(machine, &sample.of::<u32>(Family::BoostLimit), socket))
 }
 
 fn all_deadline<T: std::fmt::Debug>(items: &[Result<T, ItemError>]) -> bool {
@@ -322,16 +319,22 @@ fn a_sample_of_every_family_costs_one_message_per_item() {
         let sample = sampler.sample(Families::ALL, soon());
         assert_eq!(opener.count(), 3 + round * per_sample, "round {round}");
         assert_eq!(sample.hsmp, DeviceStatus::Ready { protocol_version: 7 });
-        assert_eq!(values(&sample.prochot), [Ok(false), Ok(true)]);
+        assert_eq!(values(&sample.of::<bool>(Family::Prochot)), [Ok(false), Ok(true)]);
         assert_eq!(sample.energy_source, Some(EnergySource::Hsmp));
-        assert_eq!(values(&sample.energy), energy_of(&machine));
-        assert_eq!(values(&sample.boost_limit), vec![Ok(3700); 6]);
+        assert_eq!(values(&sample.of::<Energy>(Family::CoreEnergy)), energy_of(&machine));
+        assert_eq!(values(&sample.of::<u32>(Family::BoostLimit)), vec![Ok(3700); 6]);
         let opn = FrequencyLimit { mhz: 3700, reasons: LimitReasons::OPN_MAX.bits() };
         let limited = FrequencyLimit { mhz: 3100, reasons: LimitReasons::PPT.bits() };
-        assert_eq!(values(&sample.frequency_limit), [Ok(opn), Ok(limited)]);
+        assert_eq!(
+            values(&sample.of::<FrequencyLimit>(Family::FrequencyLimit)),
+            [Ok(opn), Ok(limited)]
+        );
         let cores = [3700, 3700, 3700, 3100, 3100, 3100].map(Ok);
-        assert_eq!(values(&sample.core_frequency_limit), cores);
-        assert_eq!(values(&sample.package_energy), package_energy_of(&machine));
+        assert_eq!(values(&sample.of::<u32>(Family::CoreFrequencyLimit)), cores);
+        assert_eq!(
+            values(&sample.of::<Energy>(Family::PackageEnergy)),
+            package_energy_of(&machine)
+        );
     }
     assert_eq!(opener.opens(), 1);
     assert_eq!(machine.counters().mailbox_total(), 3 + 3 * per_sample as u64);
@@ -360,8 +363,8 @@ fn a_sample_sends_one_message_per_item_of_the_families_asked_for_and_none_for_th
             let want = if what.contains(family) { family.items(6, 2) } else { 0 };
             assert_eq!(sent, want, "{family} in a sample of {what:?}");
         }
-        if !what.core_frequency_limit {
-            assert_eq!(sample.core_frequency_limit, Readings::NotRequested);
+        if !what.contains(Family::CoreFrequencyLimit) {
+            assert_eq!(sample.of::<u32>(Family::CoreFrequencyLimit), Readings::NotRequested);
         }
     }
 }
@@ -373,12 +376,16 @@ fn the_frequency_limit_is_read_once_per_socket_and_a_failing_socket_fails_alone(
         f.errno.insert((FaultGroup::FrequencyLimit, Target::Socket(0)), libc::EIO);
     });
     let (opener, sampler) = sampler(&machine);
-    let what = Families { frequency_limit: true, ..Families::default() };
+    let what = Families::of(&[Family::FrequencyLimit]);
     for round in 1..=2 {
         let sample = sampler.sample(what, soon());
         let opn = FrequencyLimit { mhz: 3700, reasons: LimitReasons::OPN_MAX.bits() };
         let want = [Err(ItemError::Io { errno: libc::EIO }), Ok(opn)];
-        assert_eq!(values(&sample.frequency_limit), want, "round {round}");
+        assert_eq!(
+            values(&sample.of::<FrequencyLimit>(Family::FrequencyLimit)),
+            want,
+            "round {round}"
+        );
         assert_eq!(opener.count_of(Message::GetSocketFreqLimit), 2 * round, "asked again");
     }
 }
@@ -392,19 +399,22 @@ fn frequency_limits_unsupported_on_every_socket_are_remembered_and_asked_no_more
         f.unsupported.insert(FaultGroup::CoreFrequencyLimit);
     });
     let (opener, sampler) = sampler(&machine);
-    let what = Families {
-        frequency_limit: true,
-        core_frequency_limit: true,
-        prochot: true,
-        ..Families::default()
-    };
+    let what = Families::of(&[Family::FrequencyLimit, Family::CoreFrequencyLimit, Family::Prochot]);
     for round in 1..=3 {
         let sample = sampler.sample(what, soon());
         let unsupported = Unavailable::Unsupported;
-        assert_eq!(sample.frequency_limit, Readings::Unavailable(unsupported), "round {round}");
+        assert_eq!(
+            sample.of::<FrequencyLimit>(Family::FrequencyLimit),
+            Readings::Unavailable(unsupported),
+            "round {round}"
+        );
         let core = Readings::Unavailable(unsupported);
-        assert_eq!(sample.core_frequency_limit, core, "round {round}");
-        assert_eq!(values(&sample.prochot), [Ok(false), Ok(false)], "round {round}");
+        assert_eq!(sample.of::<u32>(Family::CoreFrequencyLimit), core, "round {round}");
+        assert_eq!(
+            values(&sample.of::<bool>(Family::Prochot)),
+            [Ok(false), Ok(false)],
+            "round {round}"
+        );
     }
     assert_eq!(opener.count_of(Message::GetSocketFreqLimit), 2, "asked again");
     assert_eq!(opener.count_of(Message::GetCclkCoreLimit), 4, "asked again");
@@ -415,11 +425,11 @@ fn frequency_limits_unsupported_on_every_socket_are_remembered_and_asked_no_more
 /// without RAPL) has the family remembered unsupported and asked no more.
 #[test]
 fn the_package_energy_is_read_once_per_socket_and_omitted_where_the_firmware_lacks_it() {
-    let what = Families { package_energy: true, ..Families::default() };
+    let what = Families::of(&[Family::PackageEnergy]);
     let machine = turin(2);
     let (opener, turin_sampler) = sampler(&machine);
     let sample = turin_sampler.sample(what, soon());
-    assert_eq!(values(&sample.package_energy), package_energy_of(&machine));
+    assert_eq!(values(&sample.of::<Energy>(Family::PackageEnergy)), package_energy_of(&machine));
     assert_eq!(opener.count_of(Message::GetRaplPackageCounter), 2);
 
     let core_counters_only = turin(2);
@@ -430,9 +440,9 @@ fn the_package_energy_is_read_once_per_socket_and_omitted_where_the_firmware_lac
     for machine in [core_counters_only, no_rapl] {
         let (opener, sampler) = sampler(&machine);
         for round in 1..=3 {
-            let sample = sampler.sample(Families { core_energy: true, ..what }, soon());
+            let sample = sampler.sample(what.with(Family::CoreEnergy), soon());
             let unsupported = Readings::Unavailable(Unavailable::Unsupported);
-            assert_eq!(sample.package_energy, unsupported, "round {round}");
+            assert_eq!(sample.of::<Energy>(Family::PackageEnergy), unsupported, "round {round}");
         }
         let sent = opener.count_of(Message::GetRaplPackageCounter);
         assert!(sent <= 2, "asked again: {sent}");
@@ -454,20 +464,23 @@ fn in_the_thermal_event_prochot_and_the_frequency_limit_drop_together_on_the_las
     };
     let machine = Machine::new(spec, config);
     let (_opener, sampler) = sampler(&machine);
-    let what = Families { prochot: true, frequency_limit: true, ..Families::default() };
+    let what = Families::of(&[Family::Prochot, Family::FrequencyLimit]);
     let limits = |sample: &Sample| -> Vec<FrequencyLimit> {
-        values(&sample.frequency_limit).into_iter().map(Result::unwrap).collect()
+        values(&sample.of::<FrequencyLimit>(Family::FrequencyLimit))
+            .into_iter()
+            .map(Result::unwrap)
+            .collect()
     };
 
     let before = sampler.sample(what, soon());
-    assert_eq!(values(&before.prochot), [Ok(false), Ok(false)]);
+    assert_eq!(values(&before.of::<bool>(Family::Prochot)), [Ok(false), Ok(false)]);
     let calm = limits(&before);
     let opn = LimitReasons::OPN_MAX.bits();
     assert!(calm.iter().all(|l| l.reasons == opn), "{calm:?}");
 
     clock.set(Duration::from_secs(60));
     let during = sampler.sample(what, soon());
-    assert_eq!(values(&during.prochot), [Ok(false), Ok(true)]);
+    assert_eq!(values(&during.of::<bool>(Family::Prochot)), [Ok(false), Ok(true)]);
     let hot = limits(&during);
     assert_eq!(hot[0], calm[0], "socket 0 is spared");
     assert!(hot[1].mhz < calm[1].mhz, "{hot:?} after {calm:?}");
@@ -480,13 +493,13 @@ fn a_family_not_asked_for_costs_nothing() {
     let machine = turin(4);
     let (opener, sampler) = sampler(&machine);
     let before = opener.count();
-    let what = Families { boost_limit: true, ..Families::default() };
+    let what = Families::of(&[Family::BoostLimit]);
     let sample = sampler.sample(what, soon());
     assert_eq!(opener.count() - before, 8);
     assert_eq!(opener.count_of(Message::GetBoostLimit), 8);
-    assert_eq!(sample.energy, Readings::NotRequested);
+    assert_eq!(sample.of::<Energy>(Family::CoreEnergy), Readings::NotRequested);
     assert_eq!(sample.energy_source, None);
-    assert_eq!(sample.prochot, Readings::NotRequested);
+    assert_eq!(sample.of::<bool>(Family::Prochot), Readings::NotRequested);
 
     sampler.sample(Families::default(), soon());
     assert_eq!(opener.count() - before, 8);
@@ -499,7 +512,7 @@ fn cores_are_addressed_by_apic_id_on_their_socket() {
     let (opener, sampler) = sampler(&machine);
     let c = &topo.cores[4];
     machine.firmware().set_boost_limit(c.socket, c.core, 3123).unwrap();
-    let what = Families { boost_limit: true, ..Families::default() };
+    let what = Families::of(&[Family::BoostLimit]);
     let sample = sampler.sample(what, soon());
 
     let mut sent: Vec<_> = opener
@@ -514,7 +527,7 @@ fn cores_are_addressed_by_apic_id_on_their_socket() {
     assert!(topo.cores.iter().any(|c| c.apic_id != c.cpu));
     let mut limits = vec![Ok(3700); 6];
     limits[4] = Ok(3123);
-    assert_eq!(values(&sample.boost_limit), limits);
+    assert_eq!(values(&sample.of::<u32>(Family::BoostLimit)), limits);
 }
 
 #[test]
@@ -525,15 +538,21 @@ fn a_family_unsupported_on_every_item_is_remembered() {
     });
     let (opener, sampler) = sampler(&machine);
     let first = sampler.sample(V2_FAMILIES, soon());
-    assert_eq!(first.boost_limit, Readings::Unavailable(Unavailable::Unsupported));
+    assert_eq!(
+        first.of::<u32>(Family::BoostLimit),
+        Readings::Unavailable(Unavailable::Unsupported)
+    );
     assert_eq!(opener.count_of(Message::GetBoostLimit), 6);
 
     let before = opener.count();
     let second = sampler.sample(V2_FAMILIES, soon());
-    assert_eq!(second.boost_limit, Readings::Unavailable(Unavailable::Unsupported));
+    assert_eq!(
+        second.of::<u32>(Family::BoostLimit),
+        Readings::Unavailable(Unavailable::Unsupported)
+    );
     assert_eq!(opener.count_of(Message::GetBoostLimit), 6, "asked again");
     assert_eq!(opener.count() - before, 6 + 2);
-    assert_eq!(values(&second.prochot), [Ok(false), Ok(false)]);
+    assert_eq!(values(&second.of::<bool>(Family::Prochot)), [Ok(false), Ok(false)]);
 }
 
 #[test]
@@ -548,7 +567,10 @@ fn one_failing_core_fails_only_its_item_and_is_asked_again() {
     for _ in 0..2 {
         let mut want = vec![Ok(3700); 6];
         want[4] = Err(ItemError::Io { errno: libc::EIO });
-        assert_eq!(values(&sampler.sample(V2_FAMILIES, soon()).boost_limit), want);
+        assert_eq!(
+            values(&sampler.sample(V2_FAMILIES, soon()).of::<u32>(Family::BoostLimit)),
+            want
+        );
     }
     assert_eq!(opener.count_of(Message::GetBoostLimit), 12);
 }
@@ -561,9 +583,18 @@ fn past_the_deadline_nothing_is_sent() {
     let sample = sampler.sample(V2_FAMILIES, Instant::now());
     assert_eq!(opener.count(), before);
     assert_eq!(sample.hsmp, DeviceStatus::Ready { protocol_version: 7 });
-    assert_eq!(values(&sample.energy), vec![Err(ItemError::DeadlineExceeded); 6]);
-    assert_eq!(values(&sample.boost_limit), vec![Err(ItemError::DeadlineExceeded); 6]);
-    assert_eq!(values(&sample.prochot), vec![Err(ItemError::DeadlineExceeded); 2]);
+    assert_eq!(
+        values(&sample.of::<Energy>(Family::CoreEnergy)),
+        vec![Err(ItemError::DeadlineExceeded); 6]
+    );
+    assert_eq!(
+        values(&sample.of::<u32>(Family::BoostLimit)),
+        vec![Err(ItemError::DeadlineExceeded); 6]
+    );
+    assert_eq!(
+        values(&sample.of::<bool>(Family::Prochot)),
+        vec![Err(ItemError::DeadlineExceeded); 2]
+    );
 }
 
 /// Regression (D4): a worker delivering an item after its request had been answered indexed
@@ -603,15 +634,15 @@ fn a_deadline_passing_mid_sample_stops_the_messages_and_keeps_what_was_read() {
     assert_eq!(sent, stopped_sent + 9);
     let ok = |n: usize, m: usize, k: usize| n + m + k;
     let read = ok(
-        values(&sample.energy).iter().filter(|v| v.is_ok()).count(),
-        values(&sample.boost_limit).iter().filter(|v| v.is_ok()).count(),
-        values(&sample.prochot).iter().filter(|v| v.is_ok()).count(),
+        values(&sample.of::<Energy>(Family::CoreEnergy)).iter().filter(|v| v.is_ok()).count(),
+        values(&sample.of::<u32>(Family::BoostLimit)).iter().filter(|v| v.is_ok()).count(),
+        values(&sample.of::<bool>(Family::Prochot)).iter().filter(|v| v.is_ok()).count(),
     );
     assert_eq!(read, sent - 1, "every message answered before the deadline is in the reply");
     assert_eq!(worker_panics(), panics, "a socket worker panicked");
     // A later sample reads everything again.
     let next = sampler.sample(V2_FAMILIES, clock.after(30_000));
-    assert_eq!(values(&next.energy), energy_of(&machine));
+    assert_eq!(values(&next.of::<Energy>(Family::CoreEnergy)), energy_of(&machine));
 }
 
 #[test]
@@ -628,8 +659,14 @@ fn a_device_that_appears_later_is_picked_up() {
     for _ in 0..3 {
         let sample = sampler.sample(V2_FAMILIES, soon());
         assert_eq!(sample.hsmp, DeviceStatus::Absent);
-        assert_eq!(sample.boost_limit, Readings::Unavailable(Unavailable::NoDevice));
-        assert_eq!(sample.energy, Readings::Unavailable(Unavailable::NoDevice));
+        assert_eq!(
+            sample.of::<u32>(Family::BoostLimit),
+            Readings::Unavailable(Unavailable::NoDevice)
+        );
+        assert_eq!(
+            sample.of::<Energy>(Family::CoreEnergy),
+            Readings::Unavailable(Unavailable::NoDevice)
+        );
     }
     // Once at start-up, then at most once per sample.
     assert_eq!(opener.opens(), 4);
@@ -638,9 +675,12 @@ fn a_device_that_appears_later_is_picked_up() {
     opener.refuse(None); // modprobe amd_hsmp
     let sample = sampler.sample(V2_FAMILIES, soon());
     assert_eq!(sample.hsmp, DeviceStatus::Ready { protocol_version: 5 });
-    assert_eq!(values(&sample.boost_limit), vec![Ok(3800); 4]);
+    assert_eq!(values(&sample.of::<u32>(Family::BoostLimit)), vec![Ok(3800); 4]);
     // Genoa has no RAPL: the probes find out once, no counter is asked.
-    assert_eq!(sample.energy, Readings::Unavailable(Unavailable::Unsupported));
+    assert_eq!(
+        sample.of::<Energy>(Family::CoreEnergy),
+        Readings::Unavailable(Unavailable::Unsupported)
+    );
     assert_eq!(opener.count_of(Message::GetProtoVer), 2, "one probe per socket");
     assert_eq!(opener.count_of(Message::GetRaplUnits), 2);
     assert_eq!(opener.count_of(Message::GetRaplCoreCounter), 0);
@@ -684,15 +724,15 @@ fn a_device_that_does_not_answer_the_version_has_failed() {
     let (opener, sampler) = sampler(&machine);
     let sample = sampler.sample(V2_FAMILIES, soon());
     assert_eq!(sample.hsmp, DeviceStatus::Failed(ItemError::TimedOut));
-    assert_eq!(sample.prochot, Readings::Unavailable(Unavailable::NoDevice));
-    assert_eq!(sample.boost_limit, Readings::Unavailable(Unavailable::NoDevice));
+    assert_eq!(sample.of::<bool>(Family::Prochot), Readings::Unavailable(Unavailable::NoDevice));
+    assert_eq!(sample.of::<u32>(Family::BoostLimit), Readings::Unavailable(Unavailable::NoDevice));
     assert_eq!(opener.count_of(Message::GetProcHot), 0);
 
     // Once the firmware answers, the device is opened again and served.
     machine.set_faults(Default::default());
     let sample = sampler.sample(V2_FAMILIES, soon());
     assert_eq!(sample.hsmp, DeviceStatus::Ready { protocol_version: 5 });
-    assert_eq!(values(&sample.prochot), [Ok(false), Ok(false)]);
+    assert_eq!(values(&sample.of::<bool>(Family::Prochot)), [Ok(false), Ok(false)]);
 }
 
 #[test]
@@ -710,7 +750,10 @@ fn sockets_are_read_in_parallel_and_each_socket_serially() {
     assert_eq!(machine.mailbox(0).entered, before[0] + 1);
     machine.release_socket(0);
     let sample = request.join().unwrap();
-    assert!(all_ok(&values(&sample.energy)) && all_ok(&values(&sample.boost_limit)));
+    assert!(
+        all_ok(&values(&sample.of::<Energy>(Family::CoreEnergy)))
+            && all_ok(&values(&sample.of::<u32>(Family::BoostLimit)))
+    );
     assert_eq!(machine.mailbox(0).max_pending, 1);
     assert_eq!(machine.mailbox(1).max_pending, 1);
 }
@@ -741,9 +784,9 @@ fn the_answer_comes_at_the_deadline_even_with_messages_in_flight() {
     machine.release_socket(1);
     sampler.wait_idle();
     assert_eq!(in_flight, [1, 1], "both messages were held when the answer came");
-    assert_eq!(values(&sample.prochot), [Err(ItemError::DeadlineExceeded); 2]);
-    assert!(all_deadline(&values(&sample.energy)));
-    assert!(all_deadline(&values(&sample.boost_limit)));
+    assert_eq!(values(&sample.of::<bool>(Family::Prochot)), [Err(ItemError::DeadlineExceeded); 2]);
+    assert!(all_deadline(&values(&sample.of::<Energy>(Family::CoreEnergy))));
+    assert!(all_deadline(&values(&sample.of::<u32>(Family::BoostLimit))));
     // Nothing was sent after the deadline.
     assert_eq!(opener.count() - before, 2);
 }
@@ -772,7 +815,10 @@ fn a_wedged_socket_holds_one_message_and_queues_no_work() {
         assert!(socket_read_in_full(&machine, &sample, 0), "{round}");
         let healthy_now = machine.mailbox(0);
         assert_eq!((healthy_now.entered, healthy_now.pending), (healthy + 7, 0), "{round}");
-        assert!(all_deadline(&on_socket(&machine, &sample.energy, 1)), "{round}");
+        assert!(
+            all_deadline(&on_socket(&machine, &sample.of::<Energy>(Family::CoreEnergy), 1)),
+            "{round}"
+        );
         let wedged = machine.mailbox(1);
         assert_eq!((wedged.entered, wedged.pending), (before.entered + 1, 1), "{round}");
     }
@@ -785,7 +831,7 @@ fn a_wedged_socket_holds_one_message_and_queues_no_work() {
     assert_eq!(machine.mailbox(1).max_pending, 1);
     // The socket is read again by the next request.
     let sample = sampler.sample(V2_FAMILIES, clock.after(30_000));
-    assert!(all_ok(&values(&sample.energy)));
+    assert!(all_ok(&values(&sample.of::<Energy>(Family::CoreEnergy))));
 }
 
 /// Regression (P4): a request whose peer had hung up waited in the sampler until its deadline,
@@ -810,7 +856,7 @@ fn a_request_whose_requester_is_gone_stops_waiting_and_wants_nothing_more() {
     gone.store(true, Ordering::SeqCst);
     // Its deadline is 30 s away; it answers within the next check of `gone`.
     let sample = rx.recv_timeout(GATE).expect("still waiting after its requester left");
-    assert!(all_deadline(&on_socket(&machine, &sample.energy, 1)));
+    assert!(all_deadline(&on_socket(&machine, &sample.of::<Energy>(Family::CoreEnergy), 1)));
     request.join().unwrap();
     let sent_to_1 = || opener.sent().iter().filter(|m| m.sock_ind == 1).count();
     let sent = sent_to_1();
@@ -847,8 +893,11 @@ fn a_busy_socket_queues_the_request_and_serves_it_when_free() {
     assert!(early.is_err(), "answered while socket 1 was busy: {early:?}");
     machine.release_socket(1);
     let sample = rx.recv_timeout(GATE).expect("answered once the socket is free");
-    assert_eq!(values(&sample.energy), energy_of(&machine));
-    assert!(all_ok(&values(&sample.boost_limit)) && all_ok(&values(&sample.prochot)));
+    assert_eq!(values(&sample.of::<Energy>(Family::CoreEnergy)), energy_of(&machine));
+    assert!(
+        all_ok(&values(&sample.of::<u32>(Family::BoostLimit)))
+            && all_ok(&values(&sample.of::<bool>(Family::Prochot)))
+    );
     request.join().unwrap();
 }
 
@@ -857,7 +906,7 @@ fn a_busy_socket_queues_the_request_and_serves_it_when_free() {
 /// request gets its families, and what they share is read once.
 #[test]
 fn a_request_for_other_families_shares_the_socket_and_is_not_starved() {
-    let energy_only = Families { core_energy: true, ..Families::default() };
+    let energy_only = Families::of(&[Family::CoreEnergy]);
     for (first_asks, second_asks) in [(energy_only, V2_FAMILIES), (V2_FAMILIES, energy_only)] {
         let machine = turin(3);
         let (opener, sampler) = sampler_with_max_age(&machine, Duration::from_secs(60));
@@ -877,10 +926,14 @@ fn a_request_for_other_families_shares_the_socket_and_is_not_starved() {
         let (first, second) = (first.join().unwrap(), second.join().unwrap());
         let (all, energy) =
             if first_asks == V2_FAMILIES { (first, second) } else { (second, first) };
-        assert_eq!(values(&energy.energy), energy_of(&machine));
-        assert_eq!(values(&all.energy), energy_of(&machine));
-        assert!(all_ok(&values(&all.boost_limit)), "{first_asks:?} first: {:?}", all.boost_limit);
-        assert!(all_ok(&values(&all.prochot)));
+        assert_eq!(values(&energy.of::<Energy>(Family::CoreEnergy)), energy_of(&machine));
+        assert_eq!(values(&all.of::<Energy>(Family::CoreEnergy)), energy_of(&machine));
+        assert!(
+            all_ok(&values(&all.of::<u32>(Family::BoostLimit))),
+            "{first_asks:?} first: {:?}",
+            all.of::<u32>(Family::BoostLimit)
+        );
+        assert!(all_ok(&values(&all.of::<bool>(Family::Prochot))));
         // The energy counters were read once for both.
         assert_eq!(opener.count() - before, 2 * 6 + 2, "each item read once");
     }
@@ -913,8 +966,11 @@ fn a_later_request_never_gets_values_read_before_the_bound_while_a_long_one_wait
     machine.wait_mailbox(0, GATE, |b| b.pending == 0 && b.entered == socket_0_before + 14).unwrap();
     clock.advance(Duration::from_millis(2000));
     let later = later.join().unwrap();
-    assert_eq!(on_socket(&machine, &later.energy, 0), energy_of(&machine)[..3]);
-    assert!(all_ok(&on_socket(&machine, &later.boost_limit, 0)));
+    assert_eq!(
+        on_socket(&machine, &later.of::<Energy>(Family::CoreEnergy), 0),
+        energy_of(&machine)[..3]
+    );
+    assert!(all_ok(&on_socket(&machine, &later.of::<u32>(Family::BoostLimit), 0)));
     assert_eq!(socket_0(), read_once + 7, "socket 0 read again for the later request");
     assert_eq!(later.oldest_read_us, 0, "every value was read after the request arrived");
     assert_eq!(later.max_age_ms, 50);
@@ -934,7 +990,7 @@ fn a_request_within_the_bound_takes_the_reads_before_it_and_says_how_old_they_ar
     clock.advance(Duration::from_millis(1500));
     let second = sampler.sample(V2_FAMILIES, clock.after(30_000));
     assert_eq!(opener.count(), before, "no message");
-    assert_eq!(second.energy, first.energy);
+    assert_eq!(second.of::<Energy>(Family::CoreEnergy), first.of::<Energy>(Family::CoreEnergy));
     assert_eq!(second.oldest_read_us, 1_500_000);
     assert_eq!(second.max_age_ms, 60_000);
     // At the bound the reads are still taken; past it, read again.
@@ -958,7 +1014,7 @@ fn requests_in_a_loop_read_each_item_at_most_once_per_max_age() {
     // the one at 110 ms reads again, and so on: 5 readings in 500 ms.
     for _ in 0..50 {
         let sample = sampler.sample(V2_FAMILIES, clock.after(1000));
-        assert!(all_ok(&values(&sample.energy)));
+        assert!(all_ok(&values(&sample.of::<Energy>(Family::CoreEnergy))));
         clock.advance(Duration::from_millis(10));
     }
     assert_eq!(opener.count() - before, 5 * (2 * 6 + 2), "one reading per 110 ms");
@@ -992,13 +1048,23 @@ fn concurrent_samples_share_one_reading_each_answered_at_its_own_deadline() {
         machine.wait_mailbox(1, GATE, |b| b.pending == 0 && b.entered == socket_1 + 7).unwrap();
         clock.advance(Duration::from_millis(2000));
         let short = short.join().unwrap();
-        assert!(all_ok(&on_socket(&machine, &short.energy, 1)), "short first: {short_first}");
-        assert!(all_deadline(&on_socket(&machine, &short.energy, 0)));
+        assert!(
+            all_ok(&on_socket(&machine, &short.of::<Energy>(Family::CoreEnergy), 1)),
+            "short first: {short_first}"
+        );
+        assert!(all_deadline(&on_socket(&machine, &short.of::<Energy>(Family::CoreEnergy), 0)));
         assert!(!long.is_finished(), "the long request waits for the rest of the reading");
         machine.release_socket(0);
         let long = long.join().unwrap();
-        assert_eq!(values(&long.energy), energy_of(&machine), "short first: {short_first}");
-        assert!(all_ok(&values(&long.boost_limit)) && all_ok(&values(&long.prochot)));
+        assert_eq!(
+            values(&long.of::<Energy>(Family::CoreEnergy)),
+            energy_of(&machine),
+            "short first: {short_first}"
+        );
+        assert!(
+            all_ok(&values(&long.of::<u32>(Family::BoostLimit)))
+                && all_ok(&values(&long.of::<bool>(Family::Prochot)))
+        );
         assert_eq!(opener.count() - before, 2 * 6 + 2, "one reading's messages");
     }
 }
@@ -1043,7 +1109,10 @@ fn a_late_device_with_a_wedged_socket_serves_the_healthy_socket_in_time() {
         assert!(socket_read_in_full(&machine, &sample, 1), "{round}");
         assert_eq!((served.entered, served.pending), (healthy + probes + 5, 0), "{round}");
         assert_eq!(sample.hsmp, DeviceStatus::Ready { protocol_version: 7 }, "{round}");
-        assert_eq!(values(&sample.prochot)[0], Err(ItemError::DeadlineExceeded));
+        assert_eq!(
+            values(&sample.of::<bool>(Family::Prochot))[0],
+            Err(ItemError::DeadlineExceeded)
+        );
     }
     machine.release_socket(0);
 }
@@ -1054,15 +1123,19 @@ fn a_late_device_with_a_wedged_socket_serves_the_healthy_socket_in_time() {
 fn a_device_gone_on_every_socket_is_reopened() {
     let machine = turin(2);
     let (opener, sampler) = sampler(&machine);
-    assert!(all_ok(&values(&sampler.sample(V2_FAMILIES, soon()).energy)));
+    assert!(all_ok(&values(&sampler.sample(V2_FAMILIES, soon()).of::<Energy>(Family::CoreEnergy))));
     opener.replace();
     let broken = sampler.sample(V2_FAMILIES, soon());
-    assert!(values(&broken.boost_limit).iter().all(|v| *v == Err(ItemError::NoSuchSocket)));
+    assert!(
+        values(&broken.of::<u32>(Family::BoostLimit))
+            .iter()
+            .all(|v| *v == Err(ItemError::NoSuchSocket))
+    );
     let sample = sampler.sample(V2_FAMILIES, soon());
     assert_eq!(opener.opens(), 2);
     assert_eq!(sample.hsmp, DeviceStatus::Ready { protocol_version: 7 });
-    assert_eq!(values(&sample.energy), energy_of(&machine));
-    assert!(all_ok(&values(&sample.boost_limit)));
+    assert_eq!(values(&sample.of::<Energy>(Family::CoreEnergy)), energy_of(&machine));
+    assert!(all_ok(&values(&sample.of::<u32>(Family::BoostLimit))));
 }
 
 /// A reopened device keeps the energy units it had: with the MSR fallback on a part with
@@ -1082,7 +1155,7 @@ fn a_reopened_device_keeps_its_energy_source() {
     let sample = sampler.sample(V2_FAMILIES, soon());
     assert_eq!(opener.opens(), 2);
     assert_eq!(sample.energy_source, Some(EnergySource::Hsmp));
-    assert_eq!(values(&sample.energy), energy_of(&machine));
+    assert_eq!(values(&sample.of::<Energy>(Family::CoreEnergy)), energy_of(&machine));
     assert_eq!(opener.count_of(Message::GetRaplUnits), before, "units taken over");
 }
 
@@ -1099,7 +1172,7 @@ fn one_socket_failing_as_gone_does_not_reopen_the_device() {
     let (opener, sampler) = sampler(&machine);
     for _ in 0..3 {
         let sample = sampler.sample(V2_FAMILIES, soon());
-        assert!(all_ok(&on_socket(&machine, &sample.energy, 0)));
+        assert!(all_ok(&on_socket(&machine, &sample.of::<Energy>(Family::CoreEnergy), 0)));
     }
     assert_eq!(opener.opens(), 1);
 }
@@ -1133,7 +1206,7 @@ fn energy_falls_back_to_the_msrs_when_rapl_is_unsupported() {
     machine.firmware().advance_all_energy(3.0).unwrap();
     let sample = sampler.sample(V2_FAMILIES, soon());
     assert_eq!(sample.energy_source, Some(EnergySource::Msr));
-    let energy = values(&sample.energy);
+    let energy = values(&sample.of::<Energy>(Family::CoreEnergy));
     assert_eq!(energy, vec![Ok(Energy { counter: 3 << 16, esu: 16 }); 6]);
     // Only boost limits and PROCHOT went to the mailbox.
     assert_eq!(opener.count() - before, 6 + 2);
@@ -1152,7 +1225,7 @@ fn energy_comes_from_the_msrs_without_an_hsmp_device() {
     let sample = sampler.sample(V2_FAMILIES, soon());
     assert_eq!(sample.hsmp, DeviceStatus::Absent);
     assert_eq!(sample.energy_source, Some(EnergySource::Msr));
-    assert_eq!(sample.prochot, Readings::Unavailable(Unavailable::NoDevice));
+    assert_eq!(sample.of::<bool>(Family::Prochot), Readings::Unavailable(Unavailable::NoDevice));
 
     // A late device without RAPL: energy stays with the MSRs, before and after the probes.
     opener.refuse(None);
@@ -1160,7 +1233,7 @@ fn energy_comes_from_the_msrs_without_an_hsmp_device() {
         let sample = sampler.sample(V2_FAMILIES, soon());
         assert_eq!(sample.hsmp, DeviceStatus::Ready { protocol_version: 5 });
         assert_eq!(sample.energy_source, Some(EnergySource::Msr));
-        assert!(all_ok(&values(&sample.energy)));
+        assert!(all_ok(&values(&sample.of::<Energy>(Family::CoreEnergy))));
     }
     assert_eq!(opener.count_of(Message::GetRaplCoreCounter), 0);
 }
@@ -1206,7 +1279,10 @@ fn without_hsmp_rapl_energy_comes_exactly_from_the_perf_counter() {
     machine.firmware().advance_all_energy(3.0).unwrap();
     let sample = sampler.sample(V2_FAMILIES, soon());
     assert_eq!(sample.energy_source, Some(EnergySource::Perf));
-    assert_eq!(values(&sample.energy), vec![Ok(Energy { counter: 3 << 32, esu: 32 }); 6]);
+    assert_eq!(
+        values(&sample.of::<Energy>(Family::CoreEnergy)),
+        vec![Ok(Energy { counter: 3 << 32, esu: 32 }); 6]
+    );
     assert_eq!(opener.count_of(Message::GetRaplCoreCounter), 0);
     // One read per core at the open, one per core for the sample; no MSR device touched.
     assert_eq!(machine.counters().perf_reads(), 12);
@@ -1230,7 +1306,10 @@ fn hsmp_left_out_of_the_sources_is_never_read_for_energy() {
     machine.firmware().advance_all_energy(2.0).unwrap();
     let sample = sampler.sample(V2_FAMILIES, soon());
     assert_eq!(sample.energy_source, Some(EnergySource::Perf));
-    assert_eq!(values(&sample.energy), vec![Ok(Energy { counter: 2 << 32, esu: 32 }); 4]);
+    assert_eq!(
+        values(&sample.of::<Energy>(Family::CoreEnergy)),
+        vec![Ok(Energy { counter: 2 << 32, esu: 32 }); 4]
+    );
     assert_eq!(opener.count_of(Message::GetRaplCoreCounter), 0);
 }
 
@@ -1248,7 +1327,10 @@ fn a_perf_counter_refused_falls_to_the_msrs_only_where_enabled() {
     let sample = sampler.sample(V2_FAMILIES, soon());
     // Never a wrong value: no energy at all.
     assert_eq!(sample.energy_source, None);
-    assert_eq!(sample.energy, Readings::Unavailable(Unavailable::Unsupported));
+    assert_eq!(
+        sample.of::<Energy>(Family::CoreEnergy),
+        Readings::Unavailable(Unavailable::Unsupported)
+    );
 }
 
 #[test]
@@ -1258,7 +1340,7 @@ fn a_perf_counter_that_stops_counting_fails_its_core_alone() {
     // The core's CPU goes offline: the kernel freezes its event, which reads standing still.
     let cpu = machine.topology().cores[1].cpu;
     machine.set_faults(Faults { offline: [cpu].into(), ..Faults::default() });
-    let energy = values(&sampler.sample(V2_FAMILIES, soon()).energy);
+    let energy = values(&sampler.sample(V2_FAMILIES, soon()).of::<Energy>(Family::CoreEnergy));
     assert_eq!(energy[1], Err(ItemError::Io { errno: libc::ENODEV }));
     assert!(energy.iter().enumerate().all(|(i, e)| i == 1 || e.is_ok()), "{energy:?}");
 }
@@ -1294,8 +1376,8 @@ fn each_energy_value_carries_when_it_was_read_and_a_failed_one_none() {
     let before = monotonic_us();
     let sample = sampler.sample(Families::ALL, soon());
     let after = monotonic_us();
-    assert_eq!(values(&sample.energy).len(), 6);
-    let at = &sample.energy_read_at_us;
+    assert_eq!(values(&sample.of::<Energy>(Family::CoreEnergy)).len(), 6);
+    let at = &sample.read_at_us[Family::CoreEnergy];
     assert_eq!(at.len(), 6, "{at:?}");
     assert_eq!(at[1], None, "a failed read has no time");
     for (i, t) in at.iter().enumerate().filter(|&(i, _)| i != 1) {
@@ -1304,12 +1386,16 @@ fn each_energy_value_carries_when_it_was_read_and_a_failed_one_none() {
     }
     // One socket's cores in the order its worker reads them.
     assert!(at[0] < at[2] && at[3] < at[4] && at[4] < at[5], "{at:?}");
-    let package = &sample.package_energy_read_at_us;
+    let package = &sample.read_at_us[Family::PackageEnergy];
     assert!(package.len() == 2 && package.iter().all(|t| t.is_some_and(|t| t >= before)));
     // A later sample's reads are later.
     let next = sampler.sample(Families::ALL, soon());
-    assert!(next.energy_read_at_us[0] > at[0], "{:?} then {at:?}", next.energy_read_at_us);
+    assert!(
+        next.read_at_us[Family::CoreEnergy][0] > at[0],
+        "{:?} then {at:?}",
+        next.read_at_us[Family::CoreEnergy]
+    );
     // Not asked for: no times.
     let boost_only = Families::of(&[Family::BoostLimit]);
-    assert!(sampler.sample(boost_only, soon()).energy_read_at_us.is_empty());
+    assert!(sampler.sample(boost_only, soon()).read_at_us[Family::CoreEnergy].is_empty());
 }

@@ -4,10 +4,10 @@
 //! every message.
 
 use super::board::{Board, Item, Read, Source, Task, Waiter};
-use super::family::{self, Reading, Value};
+use super::family::{self, Reading};
 use super::{Clock, OpenDevice, Reader, lock};
 use amd_hsmp_device::messages;
-use amd_hsmp_proto::{ItemError, Scope, Topology};
+use amd_hsmp_proto::{ItemError, Scope, Topology, Value};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -232,7 +232,7 @@ fn step(job: &SocketJob, task: &Task, round: &mut Round) -> Step {
             Step::Read(read(r), Source::Hsmp(device.id))
         }
         (Reading::Energy, Ok(Reader::Counters(counters))) => {
-            Step::Read(read(counters.read(index).map(Value::CoreEnergy)), Source::Counters)
+            Step::Read(read(counters.read(index).map(Value::Energy)), Source::Counters)
         }
         // The fallback counters read core energy only.
         (Reading::Message(_) | Reading::Counter(_), Ok(Reader::Counters(_))) => Step::Skip,

@@ -3,7 +3,7 @@
 
 use crate::support::*;
 use amd_hsmp_proto::{
-    DeviceStatus, Families, ItemError, Readings, RequestError, Topology, Unavailable,
+    DeviceStatus, Families, Family, ItemError, Readings, RequestError, Topology, Unavailable,
 };
 use axum::http::StatusCode;
 use std::sync::Arc;
@@ -60,7 +60,9 @@ async fn unsupported_family_is_absent_and_not_an_error() {
     let dir = socket_dir();
     let _broker = MockBroker::start(
         &dir.path,
-        Behaviour::edited(|s| s.boost_limit = Readings::Unavailable(Unavailable::Unsupported)),
+        Behaviour::edited(|s| {
+            s.readings[Family::BoostLimit] = Readings::Unavailable(Unavailable::Unsupported)
+        }),
     );
     let m = scrape(&router(config(&dir.path))).await;
     assert!(!m.mentions("amd_hsmp_core_boost_limit_hertz"), "{}", m.text);
@@ -74,8 +76,8 @@ async fn one_failing_core_omits_only_its_series_and_counts_cumulatively() {
     let _broker = MockBroker::start(
         &dir.path,
         Behaviour::edited(|s| {
-            fail_item(&mut s.energy, 5, ItemError::Io { errno: 5 });
-            fail_item(&mut s.prochot, 0, ItemError::TimedOut);
+            fail_item(&mut s.readings[Family::CoreEnergy], 5, ItemError::Io { errno: 5 });
+            fail_item(&mut s.readings[Family::Prochot], 0, ItemError::TimedOut);
         }),
     );
     let router = router(config(&dir.path));
@@ -102,9 +104,9 @@ async fn device_missing_reports_down_without_telemetry_or_error() {
         &dir.path,
         Behaviour::edited(|s| {
             s.hsmp = DeviceStatus::Absent;
-            s.energy = Readings::Unavailable(Unavailable::NoDevice);
-            s.boost_limit = Readings::Unavailable(Unavailable::NoDevice);
-            s.prochot = Readings::Unavailable(Unavailable::NoDevice);
+            s.readings[Family::CoreEnergy] = Readings::Unavailable(Unavailable::NoDevice);
+            s.readings[Family::BoostLimit] = Readings::Unavailable(Unavailable::NoDevice);
+            s.readings[Family::Prochot] = Readings::Unavailable(Unavailable::NoDevice);
         }),
     );
     let m = scrape(&router(config(&dir.path))).await;
@@ -204,8 +206,8 @@ async fn items_left_unread_at_the_deadline_are_absent_and_count_scrape_once() {
         &dir.path,
         Behaviour::edited(|s| {
             for i in 4..8 {
-                fail_item(&mut s.energy, i, ItemError::DeadlineExceeded);
-                fail_item(&mut s.boost_limit, i, ItemError::DeadlineExceeded);
+                fail_item(&mut s.readings[Family::CoreEnergy], i, ItemError::DeadlineExceeded);
+                fail_item(&mut s.readings[Family::BoostLimit], i, ItemError::DeadlineExceeded);
             }
         }),
     );
@@ -223,12 +225,9 @@ async fn disabled_collector_is_never_asked_of_the_broker() {
     let dir = socket_dir();
     let broker = MockBroker::start(&dir.path, Behaviour::healthy());
     let mut config = config(&dir.path);
-    config.families = Families { core_energy: true, ..Families::default() };
+    config.families = Families::of(&[Family::CoreEnergy]);
     let m = scrape(&router(config)).await;
-    assert_eq!(
-        *broker.seen.families.lock().unwrap(),
-        vec![Families { core_energy: true, ..Families::default() }]
-    );
+    assert_eq!(*broker.seen.families.lock().unwrap(), vec![Families::of(&[Family::CoreEnergy])]);
     assert!(!m.mentions("amd_hsmp_core_boost_limit_hertz"));
     assert!(!m.mentions("amd_hsmp_prochot_active"));
     assert_eq!(m.count("amd_hsmp_core_energy_joules_total"), 8);
@@ -239,7 +238,7 @@ async fn energy_source_info_follows_the_energy_family() {
     let dir = socket_dir();
     let broker = MockBroker::start(&dir.path, Behaviour::healthy());
     let mut config = config(&dir.path);
-    config.families = Families { core_energy: false, ..Families::ALL };
+    config.families = Families::ALL.without(Family::CoreEnergy);
     let m = scrape(&router(config)).await;
     assert!(!m.mentions("amd_hsmp_core_energy"), "{}", m.text);
     assert_eq!(broker.samples(), 1);
@@ -305,7 +304,7 @@ async fn reply_not_aligned_with_the_topology_drops_that_family() {
     let _broker = MockBroker::start(
         &dir.path,
         Behaviour::edited(|s| {
-            if let Readings::Values(values) = &mut s.boost_limit {
+            if let Readings::Values(values) = &mut s.readings[Family::BoostLimit] {
                 values.pop();
             }
         }),
@@ -389,8 +388,8 @@ fn partial_below(ms: u32) -> Responder {
         let mut s = healthy(t, what, deadline_ms);
         if deadline_ms < ms {
             for i in (1..t.cores.len()).step_by(2) {
-                fail_item(&mut s.energy, i, ItemError::DeadlineExceeded);
-                fail_item(&mut s.boost_limit, i, ItemError::DeadlineExceeded);
+                fail_item(&mut s.readings[Family::CoreEnergy], i, ItemError::DeadlineExceeded);
+                fail_item(&mut s.readings[Family::BoostLimit], i, ItemError::DeadlineExceeded);
             }
         }
         s
@@ -405,8 +404,8 @@ fn unread_by_answer(unread: &'static [usize]) -> Responder {
         let mut s = healthy(t, what, deadline_ms);
         let n = answers.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         for i in 0..unread[n.min(unread.len() - 1)] {
-            fail_item(&mut s.energy, i, ItemError::DeadlineExceeded);
-            fail_item(&mut s.boost_limit, i, ItemError::DeadlineExceeded);
+            fail_item(&mut s.readings[Family::CoreEnergy], i, ItemError::DeadlineExceeded);
+            fail_item(&mut s.readings[Family::BoostLimit], i, ItemError::DeadlineExceeded);
         }
         s
     })

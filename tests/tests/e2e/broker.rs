@@ -7,7 +7,7 @@ use amd_hsmp_e2e::energy::{UNITS_PER_WRAP, WrappingEnergy};
 use amd_hsmp_e2e::fake::{FakeConfig, FakeDevice, NodeState};
 use amd_hsmp_e2e::fixtures;
 use amd_hsmp_e2e::harness::{self, BrokerClient, Proc, one_at_a_time, values};
-use amd_hsmp_proto::{self as proto, Families, Readings};
+use amd_hsmp_proto::{self as proto, Energy, Families, Family, Readings};
 use rustix::process::{Pid, Signal};
 use std::io::{BufRead, Read, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -99,8 +99,8 @@ const DEADLINE_MS: u32 = 10_000;
 
 /// Every core's extended energy count, in units; panics on a failed core.
 fn energy(client: &mut BrokerClient) -> Vec<u64> {
-    let what = Families { core_energy: true, ..Families::default() };
-    values(&client.sample(what, DEADLINE_MS).energy)
+    let what = Families::of(&[Family::CoreEnergy]);
+    values(&client.sample(what, DEADLINE_MS).of::<Energy>(Family::CoreEnergy))
         .into_iter()
         .map(|e| e.unwrap_or_else(|e| panic!("core energy failed: {e:?}")).counter)
         .collect()
@@ -174,9 +174,9 @@ fn full_sample_of_a_simulated_turin_2p() {
     let sample = c.sample(Families::ALL, DEADLINE_MS);
     assert_eq!(sample.hsmp, proto::DeviceStatus::Ready { protocol_version: 7 });
     assert_eq!(sample.energy_source, Some(proto::EnergySource::Hsmp));
-    let energy = values(&sample.energy);
-    let boost = values(&sample.boost_limit);
-    let prochot = values(&sample.prochot);
+    let energy = values(&sample.of::<Energy>(Family::CoreEnergy));
+    let boost = values(&sample.of::<u32>(Family::BoostLimit));
+    let prochot = values(&sample.of::<bool>(Family::Prochot));
     assert_eq!(energy.len() + boost.len(), 768);
     assert_eq!(prochot.len(), 2);
     assert!(energy.iter().all(Result::is_ok), "{energy:?}");
@@ -187,11 +187,11 @@ fn full_sample_of_a_simulated_turin_2p() {
 #[test]
 fn disabled_families_are_not_read() {
     let broker = Broker::simulated("turin-2p", &[]);
-    let what = Families { prochot: true, ..Families::default() };
+    let what = Families::of(&[Family::Prochot]);
     let sample = broker.client().sample(what, DEADLINE_MS);
-    assert_eq!(sample.energy, Readings::NotRequested);
-    assert_eq!(sample.boost_limit, Readings::NotRequested);
-    assert_eq!(values(&sample.prochot).len(), 2);
+    assert_eq!(sample.of::<Energy>(Family::CoreEnergy), Readings::NotRequested);
+    assert_eq!(sample.of::<u32>(Family::BoostLimit), Readings::NotRequested);
+    assert_eq!(values(&sample.of::<bool>(Family::Prochot)).len(), 2);
 }
 
 #[test]
@@ -406,21 +406,21 @@ fn the_real_broker_reads_energy_through_the_real_perf_event_open() {
     let broker = broker_on_this_machine(&[], pmu.path());
     let mut client = broker.client();
     let cores = client.topology().cores.len();
-    let what = Families { core_energy: true, ..Families::default() };
+    let what = Families::of(&[Family::CoreEnergy]);
     let first = client.sample(what, DEADLINE_MS);
     assert_eq!(first.energy_source, Some(proto::EnergySource::Perf), "{}", broker.log());
-    let first = values(&first.energy);
+    let first = values(&first.of::<Energy>(Family::CoreEnergy));
     assert_eq!(first.len(), cores);
     // Time passes on every CPU's clock: the counts only grow.
     until("every count grows", || {
-        let now = values(&client.sample(what, DEADLINE_MS).energy);
+        let now = values(&client.sample(what, DEADLINE_MS).of::<Energy>(Family::CoreEnergy));
         now.iter()
             .zip(&first)
             .all(|(n, f)| n.as_ref().unwrap().counter > f.as_ref().unwrap().counter)
     });
     // The counts are the kernel's (cpu-clock's nanoseconds, whatever its clock does on this
     // machine), carried in the PMU's unit, 2^-32 J.
-    let last = values(&client.sample(what, DEADLINE_MS).energy);
+    let last = values(&client.sample(what, DEADLINE_MS).of::<Energy>(Family::CoreEnergy));
     assert!(last.iter().all(|l| l.as_ref().is_ok_and(|l| l.esu == 32)), "{last:?}");
     let log = broker.log();
     assert!(
@@ -439,10 +439,14 @@ fn without_cap_perfmon_the_broker_passes_perf_over_and_exports_no_energy() {
     let pmu = software_pmu();
     let withheld = ["setpriv", "--bounding-set", "-perfmon,-sys_admin", "--inh-caps", "-all"];
     let broker = broker_on_this_machine(&withheld, pmu.path());
-    let what = Families { core_energy: true, ..Families::default() };
+    let what = Families::of(&[Family::CoreEnergy]);
     let sample = broker.client().sample(what, DEADLINE_MS);
     assert_eq!(sample.energy_source, None, "never a value from a source that did not open");
-    assert!(!matches!(sample.energy, Readings::Values(_)), "{:?}", sample.energy);
+    assert!(
+        !matches!(sample.of::<Energy>(Family::CoreEnergy), Readings::Values(_)),
+        "{:?}",
+        sample.of::<Energy>(Family::CoreEnergy)
+    );
     let log = broker.log();
     assert!(log.contains("no core energy source at start-up"), "{log}");
     assert!(log.contains("CAP_PERFMON") && log.contains("perf-energy.conf"), "{log}");
@@ -503,7 +507,7 @@ fn hotplug_core(topology: &proto::Topology) -> Option<(u32, usize)> {
 /// Samples core energy until the broker exits after one of the answers, which it does once it
 /// starts afresh; returns the last answer and the exit status.
 fn sample_until_the_fresh_start(broker: &mut Broker) -> (proto::Sample, std::process::ExitStatus) {
-    let what = Families { core_energy: true, ..Families::default() };
+    let what = Families::of(&[Family::CoreEnergy]);
     let mut client = broker.client();
     let deadline = Instant::now() + PATIENCE;
     loop {
@@ -525,20 +529,24 @@ fn a_perf_core_whose_cpu_goes_offline_and_back_returns_after_a_fresh_start_with_
     let mut broker = broker_on_this_machine(&[], pmu.path());
     let mut client = broker.client();
     let Some((cpu, core)) = hotplug_core(&client.topology()) else { return };
-    let what = Families { core_energy: true, ..Families::default() };
+    let what = Families::of(&[Family::CoreEnergy]);
     let first = client.sample(what, DEADLINE_MS);
     assert_eq!(first.energy_source, Some(proto::EnergySource::Perf), "{}", broker.log());
-    assert!(values(&first.energy).iter().all(Result::is_ok), "{:?}", first.energy);
+    assert!(
+        values(&first.of::<Energy>(Family::CoreEnergy)).iter().all(Result::is_ok),
+        "{:?}",
+        first.of::<Energy>(Family::CoreEnergy)
+    );
     let offline = harness::OfflineCpu::take(cpu).unwrap();
     // Absent while offline (the first reading may still see the time it ran before), its
     // loss counted once; the other cores count on.
     let mut gone = client.sample(what, DEADLINE_MS);
     until("the offline core is absent", || {
         gone = client.sample(what, DEADLINE_MS);
-        values(&gone.energy)[core].is_err()
+        values(&gone.of::<Energy>(Family::CoreEnergy))[core].is_err()
     });
     let gone = client.sample(what, DEADLINE_MS);
-    let items = values(&gone.energy);
+    let items = values(&gone.of::<Energy>(Family::CoreEnergy));
     assert_eq!(items[core], Err(proto::ItemError::Io { errno: libc::ENODEV }), "{items:?}");
     assert!(items.iter().enumerate().all(|(i, v)| i == core || v.is_ok()), "{items:?}");
     assert_eq!(gone.energy_resets, 1);
@@ -553,11 +561,11 @@ fn a_perf_core_whose_cpu_goes_offline_and_back_returns_after_a_fresh_start_with_
     // core again.
     let again = broker_on_this_machine(&[], pmu.path());
     let mut client = again.client();
-    let start = values(&client.sample(what, DEADLINE_MS).energy);
+    let start = values(&client.sample(what, DEADLINE_MS).of::<Energy>(Family::CoreEnergy));
     until("the returned core counts again", || {
         let now = client.sample(what, DEADLINE_MS);
         now.energy_resets == 0
-            && values(&now.energy)[core]
+            && values(&now.of::<Energy>(Family::CoreEnergy))[core]
                 .as_ref()
                 .is_ok_and(|e| e.counter > start[core].as_ref().map_or(u64::MAX, |s| s.counter))
     });
@@ -583,8 +591,12 @@ fn a_cpu_offline_at_start_up_is_read_after_a_fresh_start_once_it_comes_online() 
     let again = broker_on_this_machine(&[], pmu.path());
     let mut client = again.client();
     assert_eq!(client.topology().cores.len(), cores);
-    let what = Families { core_energy: true, ..Families::default() };
-    assert!(values(&client.sample(what, DEADLINE_MS).energy).iter().all(Result::is_ok));
+    let what = Families::of(&[Family::CoreEnergy]);
+    assert!(
+        values(&client.sample(what, DEADLINE_MS).of::<Energy>(Family::CoreEnergy))
+            .iter()
+            .all(Result::is_ok)
+    );
 }
 
 // ---- Signals ----
@@ -651,7 +663,11 @@ fn a_broker_in_its_own_pid_namespace_serves_a_peer_outside_it() {
     // The broker sees this process's pid as 0: it is outside the broker's namespace.
     let mut c = broker.client();
     assert_eq!(c.topology().cores.len(), 64);
-    assert!(values(&c.sample(Families::ALL, DEADLINE_MS).prochot).iter().all(Result::is_ok));
+    assert!(
+        values(&c.sample(Families::ALL, DEADLINE_MS).of::<bool>(Family::Prochot))
+            .iter()
+            .all(Result::is_ok)
+    );
     let log = broker.log();
     assert!(!log.contains("credentials"), "{log}");
 }
@@ -849,7 +865,7 @@ impl WrapRig {
                 self.broker.log()
             );
         }
-        let what = Families { core_energy: true, ..Families::default() };
+        let what = Families::of(&[Family::CoreEnergy]);
         assert_eq!(self.broker.client().sample(what, DEADLINE_MS).energy_resets, 0, "no reset");
         let log = self.broker.log();
         assert!(!log.contains("panicked"), "{log}");
@@ -864,7 +880,7 @@ impl WrapRig {
         self.model.freeze();
         let mut client = self.broker.client();
         let counts = energy(&mut client);
-        let what = Families { core_energy: true, ..Families::default() };
+        let what = Families::of(&[Family::CoreEnergy]);
         let resets = client.sample(what, DEADLINE_MS).energy_resets;
         assert_eq!(resets, self.cpus.len() as u64, "one reset per core");
         let errors = core_energy_errors(addr);

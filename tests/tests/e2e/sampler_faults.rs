@@ -6,7 +6,7 @@
 use amd_hsmp_e2e::fake::{Node, NodeState, TimedMessage};
 use amd_hsmp_e2e::harness::{self, BrokerClient, Exposition, values};
 use amd_hsmp_e2e::scenario::{self, Rig, Scrape};
-use amd_hsmp_proto::{Core, DeviceStatus, Families, ItemError, Sample, Topology};
+use amd_hsmp_proto::{Core, DeviceStatus, Energy, Families, Family, ItemError, Sample, Topology};
 use amd_hsmp_sim::Machine;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -68,7 +68,7 @@ impl Client {
 
 /// The energy items of `sample` on `socket`.
 fn energy_on(topology: &Topology, sample: &Sample, socket: u32) -> Vec<Result<u64, ItemError>> {
-    let energy = values(&sample.energy);
+    let energy = values(&sample.of::<Energy>(Family::CoreEnergy));
     let on = topology.cores.iter().zip(energy).filter(|(c, _)| c.socket == socket);
     on.map(|(_, e)| e.map(|e| e.counter)).collect()
 }
@@ -130,7 +130,11 @@ fn a_wedged_socket_keeps_the_healthy_socket_served_and_piles_nothing_up() {
     let topology = machine.topology().clone();
     let mut client = Client::connect(&rig);
     // The first sample starts the socket workers.
-    assert!(values(&client.sample(5_000).energy).iter().all(Result::is_ok), "{}", rig.logs());
+    assert!(
+        values(&client.sample(5_000).of::<Energy>(Family::CoreEnergy)).iter().all(Result::is_ok),
+        "{}",
+        rig.logs()
+    );
     let threads_before = threads(pid);
     let before = machine.mailbox(1);
 
@@ -144,8 +148,11 @@ fn a_wedged_socket_keeps_the_healthy_socket_served_and_piles_nothing_up() {
         assert!(took < Duration::from_millis(1_500), "sample {samples} took {took:?}");
         let healthy = energy_on(&topology, &sample, 0);
         assert!(healthy.iter().all(Result::is_ok), "sample {samples}: {healthy:?}");
-        assert!(values(&sample.boost_limit).iter().take(192).all(Result::is_ok));
-        assert_eq!(values(&sample.prochot), [Ok(false), Err(ItemError::DeadlineExceeded)]);
+        assert!(values(&sample.of::<u32>(Family::BoostLimit)).iter().take(192).all(Result::is_ok));
+        assert_eq!(
+            values(&sample.of::<bool>(Family::Prochot)),
+            [Ok(false), Err(ItemError::DeadlineExceeded)]
+        );
         let wedged = energy_on(&topology, &sample, 1);
         assert!(wedged.iter().all(|e| *e == Err(ItemError::DeadlineExceeded)));
         let now = threads(pid);
@@ -197,7 +204,7 @@ fn samples_whose_deadline_passes_mid_sample_never_panic() {
                     while Instant::now() < stop {
                         let deadline_ms = 1 + (n * 7 + c * 13) % 60;
                         let sample = client.sample(deadline_ms as u32);
-                        assert_eq!(values(&sample.prochot).len(), 2);
+                        assert_eq!(values(&sample.of::<bool>(Family::Prochot)).len(), 2);
                         n += 1;
                     }
                     (n, client)
@@ -214,7 +221,11 @@ fn samples_whose_deadline_passes_mid_sample_never_panic() {
     // On a connection of the storm: a new one could be refused while the broker still counts the
     // closed ones against the uid's two slots.
     let sample = clients[0].sample(5_000);
-    assert!(values(&sample.energy).iter().all(Result::is_ok), "{}", rig.logs());
+    assert!(
+        values(&sample.of::<Energy>(Family::CoreEnergy)).iter().all(Result::is_ok),
+        "{}",
+        rig.logs()
+    );
 }
 
 /// Regression (D6): a `/dev/hsmp` that appeared after start-up was probed under the device
@@ -239,8 +250,11 @@ fn a_late_device_node_with_a_wedged_socket_serves_the_healthy_socket_through_the
         assert_eq!(sample.hsmp, DeviceStatus::Ready { protocol_version: 7 }, "round {round}");
         let healthy = energy_on(&topology, &sample, 1);
         assert!(healthy.iter().all(Result::is_ok), "round {round}: {healthy:?}\n{}", rig.logs());
-        assert!(values(&sample.boost_limit).iter().skip(192).all(Result::is_ok));
-        assert_eq!(values(&sample.prochot), [Err(ItemError::DeadlineExceeded), Ok(false)]);
+        assert!(values(&sample.of::<u32>(Family::BoostLimit)).iter().skip(192).all(Result::is_ok));
+        assert_eq!(
+            values(&sample.of::<bool>(Family::Prochot)),
+            [Err(ItemError::DeadlineExceeded), Ok(false)]
+        );
     }
 }
 
@@ -288,9 +302,13 @@ fn concurrent_samples_with_different_deadlines_share_one_reading() {
     assert!(!long.is_finished(), "the long request waits for the rest of the reading");
     drop(held);
     let long = long.join().unwrap();
-    assert!(values(&long.energy).iter().all(Result::is_ok), "{}", rig.logs());
-    assert!(values(&long.boost_limit).iter().all(Result::is_ok));
-    assert_eq!(values(&long.prochot), [Ok(false), Ok(false)]);
+    assert!(
+        values(&long.of::<Energy>(Family::CoreEnergy)).iter().all(Result::is_ok),
+        "{}",
+        rig.logs()
+    );
+    assert!(values(&long.of::<u32>(Family::BoostLimit)).iter().all(Result::is_ok));
+    assert_eq!(values(&long.of::<bool>(Family::Prochot)), [Ok(false), Ok(false)]);
     let sent = machine.counters().mailbox_total() - before;
     // Every family, each item once.
     let one_reading = machine.spec().messages_per_sample(Families::ALL) as u64;
@@ -459,7 +477,10 @@ fn a_peer_with_a_long_deadline_beside_a_wedged_socket_holds_no_value_for_the_scr
     }
     drop(held);
     let peer = peer.join().unwrap();
-    assert!(values(&peer.energy).iter().all(Result::is_ok), "the peer is served in the end");
+    assert!(
+        values(&peer.of::<Energy>(Family::CoreEnergy)).iter().all(Result::is_ok),
+        "the peer is served in the end"
+    );
 }
 
 /// Regression (N2): a request for other families than the running reading's (a second exporter
@@ -503,7 +524,7 @@ fn requests_for_other_families_beside_a_scraper_cost_it_no_series() {
     let (run, count) = (Arc::clone(&stop), Arc::new(AtomicUsize::new(0)));
     let peer_count = Arc::clone(&count);
     let peer = std::thread::spawn(move || {
-        let energy = Families { core_energy: true, ..Families::default() };
+        let energy = Families::of(&[Family::CoreEnergy]);
         while !run.load(Ordering::Relaxed) {
             peer.0.sample(energy, 1000);
             peer_count.fetch_add(1, Ordering::Relaxed);

@@ -5,7 +5,7 @@
 
 use amd_hsmp_e2e::cgroups::{Hierarchy, cpu_list};
 use amd_hsmp_e2e::harness::{self, BrokerClient, Exposition, Proc};
-use amd_hsmp_proto::Topology;
+use amd_hsmp_proto::{Energy, Family, Topology};
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -246,7 +246,7 @@ fn a_job_shorter_than_the_scrape_interval_is_counted_by_the_samples_between_scra
 /// The energy counters of `cores` summed, from a fresh broker sample.
 fn cores_energy(node: &Node, broker: &mut BrokerClient, cores: &[(u32, u32)]) -> f64 {
     let sample = broker.sample(amd_hsmp_proto::Families::ALL, 5_000);
-    let values = harness::values(&sample.energy);
+    let values = harness::values(&sample.of::<Energy>(Family::CoreEnergy));
     node.topology
         .cores
         .iter()
