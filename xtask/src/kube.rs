@@ -25,7 +25,7 @@ mod upgrade;
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::json;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// The venv's Python, made by `cargo xtask deps`.
@@ -48,86 +48,8 @@ pub fn run(args: &[String]) -> Result<()> {
     let started = Instant::now();
     step("mixin copies", || chart::check_mixin_copies(&root))?;
     step("chart README", || chart::check_readme(&root))?;
-    step("values schema", || {
-        for (values, key) in [
-            (json!({"brokr": {}}), "brokr"),
-            (json!({"broker": {"deviceAcess": "privileged"}}), "deviceAcess"),
-            (json!({"broker": {"deviceAccess": "hostPath"}}), "deviceAccess"),
-            (json!({"serviceMonitor": {"enabled": true, "intervall": "1m"}}), "intervall"),
-            (json!({"namespaceOveride": "x"}), "namespaceOveride"),
-            (json!({"serviceMonitor": {"metricRelabeling": []}}), "metricRelabeling"),
-            (json!({"serviceMonitor": {"instanceLabel": "hostname"}}), "instanceLabel"),
-            (json!({"podMonitor": {"targetLabels": ["a"]}}), "targetLabels"),
-            (json!({"broker": {"coreEnergy": {"source": ["perf"]}}}), "source"),
-            (json!({"broker": {"coreEnergy": {"sources": ["msr"]}}}), "sources"),
-        ]
-        .into_iter()
-        .chain(chart::NODE_EXPORTER_ONLY.map(|key| (json!({key: {}}), key)))
-        {
-            let answer = chart::helm(
-                &python,
-                &root,
-                &json!({"op": "schema", "chart": chart::CHART, "values": values}),
-            )?;
-            let error = answer["schema_error"].as_str().unwrap_or("");
-            ensure!(
-                error.contains(key),
-                "values {values} accepted (or refused without naming {key}): {error:?}"
-            );
-        }
-        // The validator itself is strict: an unknown field in a Service is refused.
-        let answer = chart::helm(
-            &python,
-            &root,
-            &json!({"op": "validate", "versions": chart::KUBE_VERSIONS, "objects": [{
-                "apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"},
-                "spec": {"ports": [{"port": 1}], "clusterIPs": [], "bogus": 1}}]}),
-        )?;
-        ensure!(
-            answer["invalid"].as_array().is_some_and(|a| a.len() == chart::KUBE_VERSIONS.len()),
-            "kubernetes-validate accepted an unknown field: {answer}"
-        );
-        Ok(format!(
-            "unknown keys refused, by name (and node-exporter's {}); the API schemas refuse \
-             unknown fields",
-            chart::NODE_EXPORTER_ONLY.join(", ")
-        ))
-    })?;
-    step("the release's chart package", || {
-        // What `cargo xtask release` ships: Helm loads the .tgz, lints it clean and renders
-        // exactly what the chart's directory renders.
-        let dir = tempfile::tempdir()?;
-        crate::release::package_chart(&root, dir.path())?;
-        let chart_yaml = std::fs::read_to_string(root.join(chart::CHART).join("Chart.yaml"))?;
-        let version = crate::workspace::chart_field(&chart_yaml, "version")?;
-        let tgz = dir.path().join(crate::release::names::chart_tgz(version));
-        let render = |chart: &std::path::Path| {
-            chart::helm(
-                &python,
-                &root,
-                &json!({"op": "render", "chart": chart, "values": {}, "name": chart::RELEASE,
-                        "namespace": chart::NAMESPACE, "versions": chart::KUBE_VERSIONS}),
-            )
-        };
-        let (packaged, tree) = (render(&tgz)?, render(&root.join(chart::CHART))?);
-        ensure!(
-            packaged["lint_errors"].as_array().is_some_and(Vec::is_empty),
-            "Helm's lint of {}: {}",
-            tgz.display(),
-            packaged["lint"]
-        );
-        ensure!(
-            packaged["objects"] == tree["objects"] && packaged["notes"] == tree["notes"],
-            "{} renders other objects than {}",
-            tgz.display(),
-            chart::CHART
-        );
-        Ok(format!(
-            "{} loads, lints clean and renders the directory's {} objects",
-            tgz.file_name().unwrap_or_default().to_string_lossy(),
-            tree["objects"].as_array().map_or(0, Vec::len)
-        ))
-    })?;
+    step("values schema", || values_schema(&python, &root))?;
+    step("the release's chart package", || release_chart_package(&python, &root))?;
     step("chart version", || upgrade::check_version(&root))?;
     step("helm upgrade --reuse-values", || upgrade::check_reuse_values(&python, &root))?;
     step("refused combinations", || {
@@ -160,6 +82,92 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     println!("kube-test: passed in {:.0} s", started.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// The "values schema" step: `values.schema.json` refuses each misspelt key, and each of
+/// node-exporter's, naming it; the API schemas refuse an unknown field.
+fn values_schema(python: &Path, root: &Path) -> Result<String> {
+    for (values, key) in [
+        (json!({"brokr": {}}), "brokr"),
+        (json!({"broker": {"deviceAcess": "privileged"}}), "deviceAcess"),
+        (json!({"broker": {"deviceAccess": "hostPath"}}), "deviceAccess"),
+        (json!({"serviceMonitor": {"enabled": true, "intervall": "1m"}}), "intervall"),
+        (json!({"namespaceOveride": "x"}), "namespaceOveride"),
+        (json!({"serviceMonitor": {"metricRelabeling": []}}), "metricRelabeling"),
+        (json!({"serviceMonitor": {"instanceLabel": "hostname"}}), "instanceLabel"),
+        (json!({"podMonitor": {"targetLabels": ["a"]}}), "targetLabels"),
+        (json!({"broker": {"coreEnergy": {"source": ["perf"]}}}), "source"),
+        (json!({"broker": {"coreEnergy": {"sources": ["msr"]}}}), "sources"),
+    ]
+    .into_iter()
+    .chain(chart::NODE_EXPORTER_ONLY.map(|key| (json!({key: {}}), key)))
+    {
+        let answer = chart::helm(
+            python,
+            root,
+            &json!({"op": "schema", "chart": chart::CHART, "values": values}),
+        )?;
+        let error = answer["schema_error"].as_str().unwrap_or("");
+        ensure!(
+            error.contains(key),
+            "values {values} accepted (or refused without naming {key}): {error:?}"
+        );
+    }
+    // The validator itself is strict: an unknown field in a Service is refused.
+    let answer = chart::helm(
+        python,
+        root,
+        &json!({"op": "validate", "versions": chart::KUBE_VERSIONS, "objects": [{
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"},
+            "spec": {"ports": [{"port": 1}], "clusterIPs": [], "bogus": 1}}]}),
+    )?;
+    ensure!(
+        answer["invalid"].as_array().is_some_and(|a| a.len() == chart::KUBE_VERSIONS.len()),
+        "kubernetes-validate accepted an unknown field: {answer}"
+    );
+    Ok(format!(
+        "unknown keys refused, by name (and node-exporter's {}); the API schemas refuse \
+         unknown fields",
+        chart::NODE_EXPORTER_ONLY.join(", ")
+    ))
+}
+
+/// The "the release's chart package" step: the `.tgz` `cargo xtask release` ships loads, lints
+/// clean and renders what the chart's directory renders.
+fn release_chart_package(python: &Path, root: &Path) -> Result<String> {
+    // What `cargo xtask release` ships: Helm loads the .tgz, lints it clean and renders
+    // exactly what the chart's directory renders.
+    let dir = tempfile::tempdir()?;
+    crate::release::package_chart(root, dir.path())?;
+    let chart_yaml = std::fs::read_to_string(root.join(chart::CHART).join("Chart.yaml"))?;
+    let version = crate::workspace::chart_field(&chart_yaml, "version")?;
+    let tgz = dir.path().join(crate::release::names::chart_tgz(version));
+    let render = |chart: &std::path::Path| {
+        chart::helm(
+            python,
+            root,
+            &json!({"op": "render", "chart": chart, "values": {}, "name": chart::RELEASE,
+                    "namespace": chart::NAMESPACE, "versions": chart::KUBE_VERSIONS}),
+        )
+    };
+    let (packaged, tree) = (render(&tgz)?, render(&root.join(chart::CHART))?);
+    ensure!(
+        packaged["lint_errors"].as_array().is_some_and(Vec::is_empty),
+        "Helm's lint of {}: {}",
+        tgz.display(),
+        packaged["lint"]
+    );
+    ensure!(
+        packaged["objects"] == tree["objects"] && packaged["notes"] == tree["notes"],
+        "{} renders other objects than {}",
+        tgz.display(),
+        chart::CHART
+    );
+    Ok(format!(
+        "{} loads, lints clean and renders the directory's {} objects",
+        tgz.file_name().unwrap_or_default().to_string_lossy(),
+        tree["objects"].as_array().map_or(0, Vec::len)
+    ))
 }
 
 fn step(name: &str, f: impl FnOnce() -> Result<String>) -> Result<()> {

@@ -1,6 +1,7 @@
 //! Repository-wide checks that run as ordinary tests: toolchain floor, file headers, what the
-//! privileged process links, ARCHITECTURE.md against the code, module graphs without cycles, and
-//! the release workflow and renovate.json against what they publish and update.
+//! privileged process links, ARCHITECTURE.md against the code, module graphs without cycles,
+//! xtask's functions no longer than a hundred lines, and the release workflow and renovate.json
+//! against what they publish and update.
 
 /// The Rust source files under `root` (the workspace, or one crate's `src/`), outside `target/`,
 /// hidden folders and the fixture trees, sorted; none for a folder that does not exist.
@@ -53,6 +54,8 @@ fn check_jsonschema<I: IntoIterator<Item = S>, S: AsRef<std::ffi::OsStr>>(args: 
 mod architecture;
 #[cfg(test)]
 mod figures;
+#[cfg(test)]
+mod lengths;
 #[cfg(test)]
 mod modules;
 #[cfg(test)]

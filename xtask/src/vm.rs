@@ -103,6 +103,20 @@ pub fn run(args: &[String]) -> Result<()> {
         .with_context(|| format!("cannot create the cache {}", cache.dir.display()))?;
     let _lock = lock(&cache.dir)?;
     remove_stale_ram();
+    let run_dir = fresh_run_dir(&cache)?;
+    let mut steps = Steps::default();
+
+    let (kernel, power_core) = build_kernel(&mut steps, &cache)?;
+    let (deb, releases) = build_debs(&mut steps, &cache)?;
+    let guest_files = (&kernel, power_core.as_path(), deb.as_path(), &releases);
+    let (initrd, ssdts) = build_guest(&mut steps, &cache, &run_dir, guest_files)?;
+    let verdicts = check_guests(&mut steps, &run_dir, &kernel, (&initrd, &ssdts), &releases)?;
+    report(&steps, &verdicts, &run_dir)
+}
+
+/// The run's first step: the cache's `run` and `logs` folders emptied and created afresh; the
+/// `run` folder.
+fn fresh_run_dir(cache: &Cache) -> Result<PathBuf> {
     let run_dir = cache.dir.join("run");
     if run_dir.exists() {
         fs::remove_dir_all(&run_dir)
@@ -115,23 +129,27 @@ pub fn run(args: &[String]) -> Result<()> {
     fs::create_dir_all(&logs)?;
     fs::create_dir_all(&run_dir)?;
     eprintln!("vm-test: cache {} (logs in {})", cache.dir.display(), logs.display());
-    let mut steps = Steps::default();
+    Ok(run_dir)
+}
 
-    steps.run("host tools", || Ok(((), prepare::host_tools(&cache)?)))?;
+/// The host tools, then the kernel chosen and built with its modules in the build chroot, and
+/// the `power_core` PMU module built against it: the kernel and the module's path.
+fn build_kernel(steps: &mut Steps, cache: &Cache) -> Result<(prepare::Kernel, PathBuf)> {
+    steps.run("host tools", || Ok(((), prepare::host_tools(cache)?)))?;
     let choice = steps.run("kernel version", || {
-        let c = prepare::choose_kernel(&cache)?;
+        let c = prepare::choose_kernel(cache)?;
         let detail = format!("linux {} ({}) from trixie-backports", c.abi, c.version);
         Ok((c, detail))
     })?;
     let chroot = steps.run("build chroot (trixie buildd)", || {
-        let (root, cached) = prepare::build_chroot(&cache)?;
+        let (root, cached) = prepare::build_chroot(cache)?;
         Ok((
             root,
             format!("{} {}", root_display(&cache.dir.join("build-chroot")), cached_word(cached)),
         ))
     })?;
     let kernel = steps.run("kernel and amd_hsmp modules", || {
-        let (k, cached) = prepare::kernel(&cache, &chroot, &choice)?;
+        let (k, cached) = prepare::kernel(cache, &chroot, &choice)?;
         Ok((
             k,
             format!(
@@ -142,13 +160,18 @@ pub fn run(args: &[String]) -> Result<()> {
         ))
     })?;
     let power_core = steps.run("power_core PMU module", || {
-        let (ko, cached) = prepare::power_core_module(&cache, &chroot, &kernel)?;
+        let (ko, cached) = prepare::power_core_module(cache, &chroot, &kernel)?;
         Ok((ko, format!("{} {}", prepare::POWER_CORE_MODULE, cached_word(cached))))
     })?;
+    Ok((kernel, power_core))
+}
+
+/// This checkout's `.deb`, and the previous release's: the former's path and both releases.
+fn build_debs(steps: &mut Steps, cache: &Cache) -> Result<(PathBuf, previous::Releases)> {
     let root = crate::workspace::root();
     let current = previous::current_revision(&root)?;
     let deb = steps.run("project .deb", || {
-        let deb = prepare::deb(&cache, &current)?;
+        let deb = prepare::deb(cache, &current)?;
         let detail = format!("{} built, revision {current}", root_display(&deb));
         Ok((deb, detail))
     })?;
@@ -156,7 +179,7 @@ pub fn run(args: &[String]) -> Result<()> {
         let version = crate::packaging::workspace_version(&root)?;
         let release = previous::previous(&root, &version)?;
         let target = crate::workspace::target_dir(&root);
-        let (previous_deb, cached) = previous::deb(&cache, &root, &target, &release)?;
+        let (previous_deb, cached) = previous::deb(cache, &root, &target, &release)?;
         let detail = format!(
             "{} ({}, revision {}) {}",
             release.name,
@@ -169,31 +192,53 @@ pub fn run(args: &[String]) -> Result<()> {
             detail,
         ))
     })?;
+    Ok((deb, releases))
+}
+
+/// The guest's root, its SELinux files, the initramfs over it with the kernel's `power_core`
+/// module and both packages, and the SSDTs: the initramfs and the SSDTs.
+fn build_guest(
+    steps: &mut Steps,
+    cache: &Cache,
+    run_dir: &Path,
+    (kernel, power_core, deb, releases): (&prepare::Kernel, &Path, &Path, &previous::Releases),
+) -> Result<(PathBuf, Vec<PathBuf>)> {
     let rootfs = steps.run("guest root (bookworm, systemd)", || {
-        let depends = prepare::deb_depends(&deb)?;
-        let (cpio, cached) = prepare::rootfs(&cache, &kernel, &depends)?;
+        let depends = prepare::deb_depends(deb)?;
+        let (cpio, cached) = prepare::rootfs(cache, kernel, &depends)?;
         let size = fs::metadata(&cpio)?.len() >> 20;
         Ok((cpio, format!("{size} MiB initramfs {}", cached_word(cached))))
     })?;
     let selinux = steps.run("SELinux module and confinement probe", || {
-        let files = prepare::selinux_files(&cache, &run_dir)?;
+        let files = prepare::selinux_files(cache, run_dir)?;
         Ok((files, "amd_hsmp.pp.bz2 (Debian's reference policy), confine-probe built".into()))
     })?;
     let initrd = steps.run("initramfs with the package and the agent", || {
-        let power_core = (power_core.as_path(), kernel.choice.abi.as_str());
-        let debs = (deb.as_path(), releases.previous.1.as_path());
-        let initrd = overlay(&cache, &run_dir, &rootfs, debs, &selinux, power_core)?;
+        let power_core = (power_core, kernel.choice.abi.as_str());
+        let debs = (deb, releases.previous.1.as_path());
+        let initrd = overlay(cache, run_dir, &rootfs, debs, &selinux, power_core)?;
         Ok((initrd, "built".to_string()))
     })?;
     let ssdts = steps.run("SSDT (one AMDI0097 device per socket)", || {
-        let ssdts = guest::ssdts(&run_dir, SOCKETS, &cache.log("iasl"))?;
+        let ssdts = guest::ssdts(run_dir, SOCKETS, &cache.log("iasl"))?;
         Ok((ssdts, format!("{SOCKETS} tables compiled")))
     })?;
+    Ok((initrd, ssdts))
+}
 
+/// Boots each guest, Milan's then Venice's, on `kernel` with the `initrd` and `ssdts` built, and
+/// runs its checks: the verdicts of both.
+fn check_guests(
+    steps: &mut Steps,
+    run_dir: &Path,
+    kernel: &prepare::Kernel,
+    (initrd, ssdts): (&Path, &[PathBuf]),
+    releases: &previous::Releases,
+) -> Result<Vec<checks::Verdict>> {
     let mut verdicts = Vec::new();
     for guest in [Guest::Milan, Guest::Venice] {
         let run = match guest {
-            Guest::Milan => run_dir.clone(),
+            Guest::Milan => run_dir.to_path_buf(),
             Guest::Venice => run_dir.join("venice"),
         };
         fs::create_dir_all(&run)?;
@@ -203,8 +248,8 @@ pub fn run(args: &[String]) -> Result<()> {
         };
         let spec = guest::BootSpec {
             kernel: kernel.dir.join("vmlinuz"),
-            initrd: initrd.clone(),
-            ssdts: ssdts.clone(),
+            initrd: initrd.to_path_buf(),
+            ssdts: ssdts.to_vec(),
             sockets: SOCKETS,
             cores: CORES,
             apic_cores,
@@ -212,13 +257,18 @@ pub fn run(args: &[String]) -> Result<()> {
             ram: PathBuf::from(format!("/dev/shm/amd-hsmp-vm-{}", std::process::id())),
             run,
         };
-        verdicts.extend(boot_and_check(&mut steps, guest, &spec, &releases)?);
+        verdicts.extend(boot_and_check(steps, guest, &spec, releases)?);
     }
+    Ok(verdicts)
+}
 
+/// The run's last step: the step timings and the checks' table, printed and written to the run
+/// folder's `summary.txt`; an error naming the checks that failed.
+fn report(steps: &Steps, verdicts: &[checks::Verdict], run_dir: &Path) -> Result<()> {
     let summary = steps.summary();
     eprint!("vm-test: {summary}");
     let mut table = String::from("checks:\n");
-    for v in &verdicts {
+    for v in verdicts {
         table.push_str(&format!(
             "  {:<3} {}  {:>5.1} s  {}\n",
             v.id,

@@ -111,19 +111,45 @@ pub fn check(dir: &Path, work: &Path, bin: &Path) -> Result<String> {
         work: &work,
         uid: rustix::process::getuid().as_raw().to_string(),
     };
-    let mut running_broker = broker.start(PROFILE, &[], "broker-turin-2p.log")?;
+    let running_broker = broker.start(PROFILE, &[], "broker-turin-2p.log")?;
     let exporter_port = free_port()?;
     let target = format!("127.0.0.1:{exporter_port}");
-    let cgroupfs = cgroup_tree(&work)?;
-    let exporter = spawn(
+    let exporter = start_exporter(bin, &work, &broker.socket, &target)?;
+    let (prometheus_process, prometheus) = start_prometheus(dir, &work, &target)?;
+    let logs = || format!("logs in {}", work.display());
+
+    let warm = wait_until_ready(&prometheus, &logs)?;
+    let queries = dashboards_have_data(dir, &prometheus, &target, &logs)?;
+    only_the_simulation_fires(&prometheus, &logs)?;
+    let seen =
+        alerts_fire(&broker, running_broker, exporter, prometheus_process, &prometheus, &logs)?;
+
+    Ok(format!(
+        "rules ready after {:.0} s; {} dashboard queries return data; seen firing: {}",
+        warm.as_secs_f64(),
+        queries,
+        seen.join(", ")
+    ))
+}
+
+/// Starts the exporter in `work` on `target` (`127.0.0.1:port`), asking the broker at `socket`,
+/// with the core-owner collector over a cgroup tree of its own.
+fn start_exporter(bin: &Path, work: &Path, socket: &Path, target: &str) -> Result<Running> {
+    let cgroupfs = cgroup_tree(work)?;
+    spawn(
         Command::new(bin.join("amd-hsmp-exporter"))
-            .args(["--web.listen-address", &target, "--broker.socket"])
-            .arg(&broker.socket)
+            .args(["--web.listen-address", target, "--broker.socket"])
+            .arg(socket)
             .arg("--collector.core-owner")
             .arg("--path.cgroupfs")
             .arg(&cgroupfs),
         &work.join("exporter.log"),
-    )?;
+    )
+}
+
+/// Starts Prometheus in `work` scraping `target`, with the mixin's recording rules and its
+/// alerts at [`FAST_ALERTS`]: the process and its HTTP API.
+fn start_prometheus(dir: &Path, work: &Path, target: &str) -> Result<(Running, Prometheus)> {
     let alerts = super::eval_json(
         dir,
         &format!(
@@ -140,16 +166,19 @@ pub fn check(dir: &Path, work: &Path, bin: &Path) -> Result<String> {
     });
     let config_file = work.join("prometheus.yml");
     fs::write(&config_file, serde_json::to_string_pretty(&config)?)?;
-    let _prometheus = spawn(
+    let process = spawn(
         Command::new("prometheus")
             .arg(format!("--config.file={}", config_file.display()))
             .arg(format!("--storage.tsdb.path={}", work.join("data").display()))
             .arg(format!("--web.listen-address=127.0.0.1:{prometheus_port}")),
         &work.join("prometheus.log"),
     )?;
-    let prometheus = Prometheus(prometheus_port);
-    let logs = || format!("logs in {}", work.display());
+    Ok((process, Prometheus(prometheus_port)))
+}
 
+/// Waits for the recording rules and `AmdHsmpSimulated`; an error with what `up` and
+/// `amd_hsmp_broker_up` say when they do not come. The time they took.
+fn wait_until_ready(prometheus: &Prometheus, logs: &impl Fn() -> String) -> Result<Duration> {
     let started = Instant::now();
     let ready = wait_for(READY_WITHIN, "the recording rules and AmdHsmpSimulated", || {
         // The per-workload rules are a group of their own, evaluated at their own offset.
@@ -170,13 +199,23 @@ pub fn check(dir: &Path, work: &Path, bin: &Path) -> Result<String> {
         );
     }
     let warm = started.elapsed();
+    Ok(warm)
+}
 
+/// Runs every dashboard query against the exporter at `target`: each returns data, but those
+/// [`MAY_BE_EMPTY`] lets be. How many queries ran.
+fn dashboards_have_data(
+    dir: &Path,
+    prometheus: &Prometheus,
+    target: &str,
+    logs: &impl Fn() -> String,
+) -> Result<usize> {
     let values: Values<'_> = &[
         ("__rate_interval", "1m"),
         ("__interval", INTERVAL),
         ("__range", "1h"),
         ("job", "amd_hsmp"),
-        ("instance", &target),
+        ("instance", target),
         ("socket", "0"),
     ];
     let mut queries: Vec<Query> = Vec::new();
@@ -199,6 +238,12 @@ pub fn check(dir: &Path, work: &Path, bin: &Path) -> Result<String> {
         empty.join("\n"),
         logs()
     );
+    Ok(queries.len())
+}
+
+/// On the healthy machine nothing but the simulation is reported: no alert but
+/// `AmdHsmpSimulated` firing.
+fn only_the_simulation_fires(prometheus: &Prometheus, logs: &impl Fn() -> String) -> Result<()> {
     // On the healthy machine nothing but the simulation is reported.
     let firing: Vec<String> = prometheus
         .query(r#"ALERTS{alertstate="firing"}"#)?
@@ -210,7 +255,21 @@ pub fn check(dir: &Path, work: &Path, bin: &Path) -> Result<String> {
         "alerts firing on the healthy simulated {PROFILE}: {firing:?}; {}",
         logs()
     );
+    Ok(())
+}
 
+/// Breaks the set-up step by step (broker stopped, without HSMP, restarted on MSR energy, in a
+/// thermal event; exporter stopped) and waits for the alerts each step must fire: the alerts
+/// seen firing. The processes are ended here: on an error, Prometheus first, then the exporter,
+/// then the broker.
+fn alerts_fire(
+    broker: &Broker<'_>,
+    mut running_broker: Running,
+    exporter: Running,
+    _prometheus: Running,
+    prometheus: &Prometheus,
+    logs: &impl Fn() -> String,
+) -> Result<Vec<&'static str>> {
     // Each step breaks something and waits for the alerts it must fire.
     let mut seen = vec!["AmdHsmpSimulated"];
     let mut expect = |what: &str, alerts: &[(&'static str, &str)]| -> Result<()> {
@@ -271,13 +330,7 @@ pub fn check(dir: &Path, work: &Path, bin: &Path) -> Result<String> {
     drop(exporter);
     expect("stopping the exporter", &[("AmdHsmpExporterDown", "")])?;
     drop(running_broker);
-
-    Ok(format!(
-        "rules ready after {:.0} s; {} dashboard queries return data; seen firing: {}",
-        warm.as_secs_f64(),
-        queries.len(),
-        seen.join(", ")
-    ))
+    Ok(seen)
 }
 
 /// The HTTP API of the Prometheus on this port of 127.0.0.1.

@@ -9,7 +9,7 @@ use crate::workspace::{output, stdout, tail};
 use anyhow::{Context, Result, bail, ensure};
 use std::collections::BTreeSet;
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The spec and the macro stand-ins.
@@ -31,6 +31,57 @@ pub(super) fn rpm(
     licenses: &BTreeSet<String>,
 ) -> Result<(String, BTreeSet<String>)> {
     let version = workspace_version(root)?;
+    write_sources(root, work, release, &version)?;
+
+    // What a release build passes for the tarball's missing git history.
+    let revision = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(root)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map_or_else(|| "unknown".to_string(), |o| stdout(&o).trim().to_string());
+    let macros = |cmd: &mut Command| {
+        cmd.arg("--load")
+            .arg(root.join(RPM_SHIM))
+            .arg("--define")
+            .arg(format!("_topdir {}", work.display()))
+            .arg("--define")
+            .arg(format!("shim_dir {}", root.join("packaging/rpm").display()))
+            .arg("--define")
+            .arg(format!("prebuilt_bindir {}", release.display()))
+            .arg("--define")
+            .arg(format!("revision {revision}"));
+    };
+
+    spec_parses(root, &macros, &version, licenses)?;
+    rpmbuild(root, work, &macros)?;
+    let srpm = srpm_holds_the_sources(work, &version)?;
+
+    let main = work.join(format!("RPMS/x86_64/{RPM_NAME}-{version}-1.el9.x86_64.rpm"));
+    let selinux = work.join(format!("RPMS/noarch/{RPM_NAME}-selinux-{version}-1.el9.noarch.rpm"));
+    let (main_manifest, main_files) = rpm_manifest(&main)?;
+    let (selinux_manifest, _) = rpm_manifest(&selinux)?;
+    expect_file(&root.join("packaging/expected/amd-hsmp-exporter.rpm.txt"), &main_manifest)?;
+    expect_file(
+        &root.join("packaging/expected/amd-hsmp-exporter-selinux.rpm.txt"),
+        &selinux_manifest,
+    )?;
+    let warnings = rpmlint(&[&root.join(SPEC), &srpm, &main, &selinux])?;
+    Ok((
+        format!(
+            "spec parses, SRPM and 2 RPMs built, contents as expected, rpmlint with Fedora's \
+             configuration: no error, {warnings} accepted warnings ({})",
+            srpm.display()
+        ),
+        main_files,
+    ))
+}
+
+/// The RPM's first step: the spec's three sources in `work/SOURCES` (the working tree's
+/// tarball, an empty vendor tarball, the sysusers.d file); an error when a release binary is
+/// missing from `release`.
+fn write_sources(root: &Path, work: &Path, release: &Path, version: &str) -> Result<()> {
     let sources = work.join("SOURCES");
     fs::create_dir_all(&sources)?;
     // Source0: the working tree as a release tarball would hold it.
@@ -64,28 +115,17 @@ pub(super) fn rpm(
     for bin in ["amd-hsmp-broker", "amd-hsmp-exporter", "amd-hsmp-check"] {
         ensure!(release.join(bin).is_file(), "no release binary {}", release.join(bin).display());
     }
+    Ok(())
+}
 
-    // What a release build passes for the tarball's missing git history.
-    let revision = Command::new("git")
-        .args(["rev-parse", "--short=12", "HEAD"])
-        .current_dir(root)
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map_or_else(|| "unknown".to_string(), |o| stdout(&o).trim().to_string());
-    let macros = |cmd: &mut Command| {
-        cmd.arg("--load")
-            .arg(root.join(RPM_SHIM))
-            .arg("--define")
-            .arg(format!("_topdir {}", work.display()))
-            .arg("--define")
-            .arg(format!("shim_dir {}", root.join("packaging/rpm").display()))
-            .arg("--define")
-            .arg(format!("prebuilt_bindir {}", release.display()))
-            .arg("--define")
-            .arg(format!("revision {revision}"));
-    };
-
+/// The spec, with the stand-in `macros`, parses without a word on stderr; its Version is the
+/// workspace's `version` and its License the linked crates' `licenses`.
+fn spec_parses(
+    root: &Path,
+    macros: &impl Fn(&mut Command),
+    version: &str,
+    licenses: &BTreeSet<String>,
+) -> Result<()> {
     let mut parse = Command::new("rpmspec");
     parse.arg("--parse");
     macros(&mut parse);
@@ -108,7 +148,12 @@ pub(super) fn rpm(
         &license_terms(lines.next().unwrap_or_default())?,
         licenses,
     )?;
+    Ok(())
+}
 
+/// `rpmbuild -ba` of the spec with the stand-in `macros`, its output in `work/rpmbuild.log`;
+/// an error with the log's tail when it fails.
+fn rpmbuild(root: &Path, work: &Path, macros: &impl Fn(&mut Command)) -> Result<()> {
     let mut build = Command::new("rpmbuild");
     build.args(["-ba", "--nodeps"]);
     macros(&mut build);
@@ -122,7 +167,11 @@ pub(super) fn rpm(
         log.display(),
         tail(&String::from_utf8_lossy(&built.stderr), 30)
     );
+    Ok(())
+}
 
+/// The SRPM built in `work` holds the three sources and the spec, nothing else; its path.
+fn srpm_holds_the_sources(work: &Path, version: &str) -> Result<PathBuf> {
     let srpm = work.join(format!("SRPMS/{RPM_NAME}-{version}-1.el9.src.rpm"));
     let srpm_files: BTreeSet<String> =
         stdout(&output(Command::new("rpm").args(["-qpl"]).arg(&srpm))?)
@@ -137,25 +186,7 @@ pub(super) fn rpm(
     ]
     .into();
     ensure!(srpm_files == expected_srpm, "the SRPM holds {srpm_files:?}, not {expected_srpm:?}");
-
-    let main = work.join(format!("RPMS/x86_64/{RPM_NAME}-{version}-1.el9.x86_64.rpm"));
-    let selinux = work.join(format!("RPMS/noarch/{RPM_NAME}-selinux-{version}-1.el9.noarch.rpm"));
-    let (main_manifest, main_files) = rpm_manifest(&main)?;
-    let (selinux_manifest, _) = rpm_manifest(&selinux)?;
-    expect_file(&root.join("packaging/expected/amd-hsmp-exporter.rpm.txt"), &main_manifest)?;
-    expect_file(
-        &root.join("packaging/expected/amd-hsmp-exporter-selinux.rpm.txt"),
-        &selinux_manifest,
-    )?;
-    let warnings = rpmlint(&[&root.join(SPEC), &srpm, &main, &selinux])?;
-    Ok((
-        format!(
-            "spec parses, SRPM and 2 RPMs built, contents as expected, rpmlint with Fedora's \
-             configuration: no error, {warnings} accepted warnings ({})",
-            srpm.display()
-        ),
-        main_files,
-    ))
+    Ok(srpm)
 }
 
 /// rpmlint warnings accepted on the spec and the RPMs, each with its reason; anything else

@@ -10,7 +10,8 @@ use crate::vm::guest::Vm;
 use crate::vm::mailbox::{WINDOW_BASE, WINDOW_SIZE};
 use crate::vm::pmu::TABLE_OFFSET;
 use crate::vm::prepare::POWER_CORE_MODULE;
-use crate::vm::responder::Responder;
+use crate::vm::responder::{GuestTopology, Responder};
+use crate::vm::sim::Machine;
 use anyhow::{Context, Result, bail};
 
 /// Where the guest finds PMUs.
@@ -59,6 +60,42 @@ pub(super) fn power_core_pmu(ctx: &mut Ctx<'_>) -> Result<Verdict> {
     let responder = ctx.responder;
     let topo = responder.topology();
     let mut ev = Evidence::default();
+    no_rapl_in_guest(vm, &mut ev)?;
+    let Some(pmu_type) = load_power_core(vm, &mut ev, topo)? else {
+        return Ok(ev.verdict(NAME));
+    };
+    ctx.pmu_type = Some(pmu_type);
+    count_power_core(vm, responder, &mut ev, pmu_type)?;
+    Ok(ev.verdict(NAME))
+}
+
+/// Sets each core's energy counter in `machine`'s firmware to its [`start_counter`].
+fn set_start_counters(machine: &Machine, topo: GuestTopology) -> Result<()> {
+    let fw = machine.firmware();
+    for socket in 0..topo.sockets {
+        for core in 0..topo.cores {
+            fw.set_energy_counter(socket, core, start_counter(socket, core, topo.cores))?;
+        }
+    }
+    Ok(())
+}
+
+/// Steps each core's energy counter in `machine`'s firmware from its [`start_counter`] by its
+/// own [`step`].
+fn step_counters(machine: &Machine, topo: GuestTopology) -> Result<()> {
+    let fw = machine.firmware();
+    for socket in 0..topo.sockets {
+        for core in 0..topo.cores {
+            let start = start_counter(socket, core, topo.cores);
+            fw.set_energy_counter(socket, core, start + step(socket, core))?;
+        }
+    }
+    Ok(())
+}
+
+/// Check P's first step: the guest's CPU has no RAPL, neither CPUID flag nor power PMU, and its
+/// RAPL MSRs read 0.
+fn no_rapl_in_guest(vm: &mut Vm, ev: &mut Evidence) -> Result<()> {
     // The guest's CPU has no RAPL: no CPUID flag (rapl.c matches AMD parts on it), so no power
     // PMU; TCG reads the RAPL MSRs, as every MSR it does not implement, as 0.
     let rapl = sh(
@@ -91,6 +128,12 @@ pub(super) fn power_core_pmu(ctx: &mut Ctx<'_>) -> Result<Verdict> {
             said("pmus").trim()
         ),
     );
+    Ok(())
+}
+
+/// Check P's second step: the module loaded, its `power_core` PMU's attributes as rapl.c's and
+/// its cpumask every CPU; the PMU's type, `None` when the PMU has none.
+fn load_power_core(vm: &mut Vm, ev: &mut Evidence, topo: GuestTopology) -> Result<Option<u32>> {
     let load = sh(
         vm,
         &format!(
@@ -124,19 +167,24 @@ pub(super) fn power_core_pmu(ctx: &mut Ctx<'_>) -> Result<Verdict> {
     ev.check(files == 2 + RAPL_ATTRIBUTES.len(), format!("{files} attributes, no more"));
     let Some(pmu_type) = value("type").and_then(|t| t.parse::<u32>().ok()) else {
         ev.check(false, format!("no type in {dir}: {}", attrs.text.trim()));
-        return Ok(ev.verdict(NAME));
+        return Ok(None);
     };
-    ctx.pmu_type = Some(pmu_type);
+    Ok(Some(pmu_type))
+}
 
+/// Check P's last step: every CPU's event open over a window in which each core's counter steps
+/// by its own amount, each count the simulator's step; the probes' output when one is not.
+fn count_power_core(
+    vm: &mut Vm,
+    responder: &Responder,
+    ev: &mut Evidence,
+    pmu_type: u32,
+) -> Result<()> {
+    let topo = responder.topology();
     // Counting: every CPU's event open over a window in which each core's counter steps by its
     // own amount; socket 1's last core across the 32-bit wrap.
     let machine = responder.machine();
-    let fw = machine.firmware();
-    for socket in 0..topo.sockets {
-        for core in 0..topo.cores {
-            fw.set_energy_counter(socket, core, start_counter(socket, core, topo.cores))?;
-        }
-    }
+    set_start_counters(&machine, topo)?;
     // Past two table updates, so that every event opens on the start values.
     std::thread::sleep(std::time::Duration::from_millis(50));
     let cpus = topo.sockets * topo.cores;
@@ -152,12 +200,7 @@ pub(super) fn power_core_pmu(ctx: &mut Ctx<'_>) -> Result<Verdict> {
         started.ok(),
         format!("{cpus} events opened: {} first reads", started.text.lines().count()),
     );
-    for socket in 0..topo.sockets {
-        for core in 0..topo.cores {
-            let start = start_counter(socket, core, topo.cores);
-            fw.set_energy_counter(socket, core, start + step(socket, core))?;
-        }
-    }
+    step_counters(&machine, topo)?;
     // Until every event's second read is in (each probe reads COUNT_WINDOW_S after its first).
     let counts = sh(
         vm,
@@ -195,7 +238,7 @@ pub(super) fn power_core_pmu(ctx: &mut Ctx<'_>) -> Result<Verdict> {
     if ev.failed() {
         ev.check(true, format!("probe output: {}", counts.text.trim().replace('\n', " | ")));
     }
-    Ok(ev.verdict(NAME))
+    Ok(())
 }
 
 /// The counts of CPU `cpu` in `head`'s output of the `/run/perf-count.N` files.
@@ -377,6 +420,34 @@ pub(super) fn perf_with_drop_in(ctx: &mut Ctx<'_>) -> Result<Verdict> {
         sh(vm, &format!("install -D -m 0644 {} {} && ls -Z {1}", PERF_DROP_IN.0, PERF_DROP_IN.1))?;
     ev.check(install.ok(), format!("drop-in installed: {}", install.text.trim()));
 
+    at_paranoid_3(vm, responder, &mut ev)?;
+
+    let machine = responder.machine();
+    set_start_counters(&machine, topo)?;
+    audit_perf_rules(vm, &mut ev)?;
+    let opened = open_at_paranoid_2(vm, &mut ev)?;
+    step_counters(&machine, topo)?;
+    let stepped = scrape(vm, 10.0)?;
+    perf_rules_used(vm, &mut ev)?;
+    energy_exact(&machine, topo, &mut ev, &opened, &stepped);
+    let (rc, perf, other) = check_perf_line(vm, responder)?;
+    ev.check(
+        rc == 0 && perf.starts_with("ok") && other.is_empty(),
+        format!("--check exit {rc}: {perf}; other lines not ok: {other:?}"),
+    );
+
+    no_capability_left(vm, &mut ev)?;
+    only_the_broker_opens(vm, &mut ev, &mut ctx.provoked, pmu_type)?;
+    exposure_against_msr(vm, &mut ev)?;
+    if ev.failed() {
+        ev.journal(vm)?;
+    }
+    Ok(ev.verdict("perf with the drop-in: exact energy, no capability left, exporter refused"))
+}
+
+/// Check F's first step: at Debian's `perf_event_paranoid` 3 the broker reads no wrong value,
+/// names no source, and both its start-up log and `--check` name the sysctl to set.
+fn at_paranoid_3(vm: &mut Vm, responder: &Responder, ev: &mut Evidence) -> Result<()> {
     // Debian's kernels refuse every perf_event_open without CAP_SYS_ADMIN above paranoid 2.
     let at_3 = fresh_broker(vm)?;
     let line = source_line(vm)?;
@@ -401,14 +472,12 @@ pub(super) fn perf_with_drop_in(ctx: &mut Ctx<'_>) -> Result<Verdict> {
             wrong.len()
         ),
     );
+    Ok(())
+}
 
-    let machine = responder.machine();
-    let fw = machine.firmware();
-    for socket in 0..topo.sockets {
-        for core in 0..topo.cores {
-            fw.set_energy_counter(socket, core, start_counter(socket, core, topo.cores))?;
-        }
-    }
+/// Check F: loads a policy module auditing every use of [`GRANTED`] as granted, to show each
+/// one is needed.
+fn audit_perf_rules(vm: &mut Vm, ev: &mut Evidence) -> Result<()> {
     // Every use of the module's perf rules audited as granted, to show each one is needed.
     let audit = sh(
         vm,
@@ -428,6 +497,12 @@ pub(super) fn perf_with_drop_in(ctx: &mut Ctx<'_>) -> Result<Verdict> {
         audit.ok(),
         format!("auditallow module for the perf rules loaded: {}", audit.text.trim()),
     );
+    Ok(())
+}
+
+/// Check F: at `perf_event_paranoid` 2 (upstream's default) a fresh broker's source is perf;
+/// its first scrape.
+fn open_at_paranoid_2(vm: &mut Vm, ev: &mut Evidence) -> Result<Scrape> {
     let sysctl = sh(vm, "sysctl -w kernel.perf_event_paranoid=2")?;
     ev.check(sysctl.ok(), format!("{} (upstream's default)", sysctl.text.trim()));
     let opened = fresh_broker(vm)?;
@@ -439,13 +514,11 @@ pub(super) fn perf_with_drop_in(ctx: &mut Ctx<'_>) -> Result<Verdict> {
             source_of(&opened)
         ),
     );
-    for socket in 0..topo.sockets {
-        for core in 0..topo.cores {
-            let start = start_counter(socket, core, topo.cores);
-            fw.set_energy_counter(socket, core, start + step(socket, core))?;
-        }
-    }
-    let stepped = scrape(vm, 10.0)?;
+    Ok(opened)
+}
+
+/// Check F: the broker used each rule of [`GRANTED`], as the audit records show.
+fn perf_rules_used(vm: &mut Vm, ev: &mut Evidence) -> Result<()> {
     let used = granted(vm)?;
     for (class, perms) in GRANTED {
         for perm in *perms {
@@ -453,6 +526,18 @@ pub(super) fn perf_with_drop_in(ctx: &mut Ctx<'_>) -> Result<Verdict> {
             ev.check(n > 0, format!("the broker used {class} {{ {perm} }}: {n} granted records"));
         }
     }
+    Ok(())
+}
+
+/// Check F: each core's energy 0 J in the `opened` scrape and its own step in the `stepped` one,
+/// across the 32-bit wrap too.
+fn energy_exact(
+    machine: &Machine,
+    topo: GuestTopology,
+    ev: &mut Evidence,
+    opened: &Scrape,
+    stepped: &Scrape,
+) {
     let esu = f64::from(machine.spec().esu);
     let mut exact = 0;
     for socket in 0..topo.sockets {
@@ -486,12 +571,11 @@ pub(super) fn perf_with_drop_in(ctx: &mut Ctx<'_>) -> Result<Verdict> {
         exact == cores && stepped.count("amd_hsmp_core_energy_joules_total") == cores,
         format!("{exact} of {cores} cores exact: 0 J at the start, each core's own step after"),
     );
-    let (rc, perf, other) = check_perf_line(vm, responder)?;
-    ev.check(
-        rc == 0 && perf.starts_with("ok") && other.is_empty(),
-        format!("--check exit {rc}: {perf}; other lines not ok: {other:?}"),
-    );
+}
 
+/// Check F: what the broker holds after start-up: no capability but `CAP_PERFMON` in its
+/// bounding set, never `CAP_SYS_RAWIO`.
+fn no_capability_left(vm: &mut Vm, ev: &mut Evidence) -> Result<()> {
     // What the broker holds after start-up.
     let caps = broker_caps(vm)?;
     for (set, bits) in &caps {
@@ -504,12 +588,22 @@ pub(super) fn perf_with_drop_in(ctx: &mut Ctx<'_>) -> Result<Verdict> {
         ev.check(ok && !rawio, format!("broker {set}: {bits:016x} (CAP_SYS_RAWIO: {rawio})"));
     }
     ev.check(caps.len() == 5, "all five capability sets read");
+    Ok(())
+}
 
+/// Check F: the exporter's domain may not open a `power_core` event even as root, its refusal's
+/// AVC records added to `provoked`; the broker's domain may.
+fn only_the_broker_opens(
+    vm: &mut Vm,
+    ev: &mut Evidence,
+    provoked: &mut Vec<String>,
+    pmu_type: u32,
+) -> Result<()> {
     // The exporter's domain may not open the event even as root; the broker's may.
     let args = format!("perf {pmu_type} 0");
-    ctx.provoked.extend(super::selinux::refused(
+    provoked.extend(super::selinux::refused(
         vm,
-        &mut ev,
+        ev,
         "the exporter's domain opens a power_core event",
         "amd_hsmp_exporter_t",
         &args,
@@ -517,12 +611,17 @@ pub(super) fn perf_with_drop_in(ctx: &mut Ctx<'_>) -> Result<Verdict> {
     )?);
     super::selinux::allowed(
         vm,
-        &mut ev,
+        ev,
         "the broker's domain opens and reads a power_core event",
         "amd_hsmp_broker_t",
         &args,
     )?;
+    Ok(())
+}
 
+/// Check F's last step: the unit's exposure with the perf drop-in no higher than with the MSR
+/// drop-in, on the units as loaded; the perf drop-in back in place.
+fn exposure_against_msr(vm: &mut Vm, ev: &mut Evidence) -> Result<()> {
     // Exposure: the perf drop-in against the MSR drop-in, on the units as loaded.
     let with_perf = broker_exposure(vm)?;
     let swap = sh(
@@ -547,10 +646,7 @@ pub(super) fn perf_with_drop_in(ctx: &mut Ctx<'_>) -> Result<Verdict> {
              {with_msr} with the MSR drop-in"
         ),
     );
-    if ev.failed() {
-        ev.journal(vm)?;
-    }
-    Ok(ev.verdict("perf with the drop-in: exact energy, no capability left, exporter refused"))
+    Ok(())
 }
 
 #[cfg(test)]

@@ -15,7 +15,8 @@
 use super::exporter::{Sample, parse_metrics, wait_for_exporter};
 use super::package::while_energy_advances;
 use super::{Ctx, Evidence, Verdict, sh};
-use crate::vm::guest::Vm;
+use crate::vm::guest::{Output, Vm};
+use crate::vm::previous::{Release, Releases};
 use anyhow::{Context, Result, bail};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -377,23 +378,7 @@ pub(super) fn upgrade(ctx: &mut Ctx<'_>) -> Result<Verdict> {
     let topo = responder.topology();
     let cores = (topo.sockets * topo.cores) as usize;
     let mut ev = Evidence::default();
-    let old = vm.run(
-        "apt-get purge -y amd-hsmp-exporter >/dev/null && \
-         apt-get install -y /root/vm/amd-hsmp-exporter-previous.deb >/dev/null && \
-         dpkg-query -W -f='${Status} ${Version}\\n' amd-hsmp-exporter && \
-         amd-hsmp-exporter --version | head -n 1",
-        UPGRADE_TIMEOUT,
-    )?;
-    let installed = crate::vm::prepare::version_revision(&old.text);
-    ev.check(
-        old.ok() && installed.as_deref() == Some(previous.revision.as_str()),
-        format!(
-            "the previous release ({}, {}) installed afresh: {}",
-            previous.name,
-            previous.revision,
-            old.text.trim().replace('\n', "; ")
-        ),
-    );
+    install_previous(vm, &mut ev, previous)?;
     wait_for_exporter(vm)?;
     // The first scrape starts the broker through its socket.
     sh(vm, "curl -fsS -o /dev/null -m 30 http://127.0.0.1:10054/metrics")?;
@@ -418,33 +403,8 @@ pub(super) fn upgrade(ctx: &mut Ctx<'_>) -> Result<Verdict> {
             unpacked.map_or("no Unpacking line", |l| l.trim())
         ),
     );
-    for ((unit, b), a) in SERVICES.iter().zip(&before).zip(&after) {
-        ev.check(
-            b.active == "active"
-                && a.active == "active"
-                && a.invocation != b.invocation
-                && a.pid != b.pid
-                && a.entered != b.entered,
-            format!("{unit} restarted by the upgrade: before {b}; after {a}"),
-        );
-    }
-    ev.check(
-        socket.text.trim() == "active",
-        format!("amd-hsmp-broker.socket {}", socket.text.trim()),
-    );
-    // dpkg lists every file of the new package, each on disk as the package has it (cargo-deb
-    // writes no md5sums for dpkg -V), and some of the previous package's are replaced.
-    let files = vm.run(FILES_SCRIPT, UPGRADE_TIMEOUT)?;
-    let revisions: Vec<String> =
-        files.text.lines().filter_map(crate::vm::prepare::version_revision).collect();
-    ev.check(
-        files.ok() && revisions.len() == 2 && revisions.iter().all(|r| *r == releases.current),
-        format!(
-            "the new package's files installed, binaries at revision {}: {}",
-            releases.current,
-            files.text.trim().replace('\n', "; ")
-        ),
-    );
+    services_restarted(&mut ev, &before, &after, &socket);
+    new_files_installed(vm, &mut ev, releases)?;
 
     let log = parse_log(&out.text)?;
     let complete: Vec<&Logged> = log.iter().filter(|s| s.incomplete(cores).is_none()).collect();
@@ -472,6 +432,72 @@ pub(super) fn upgrade(ctx: &mut Ctx<'_>) -> Result<Verdict> {
         "upgrade from the previous release ({}) under scrapes: gap {:.1} s",
         previous.name, j.gap
     )))
+}
+
+/// Check U's first step: the previous release's package installed afresh, purging what was
+/// there, at `previous`'s revision.
+fn install_previous(vm: &mut Vm, ev: &mut Evidence, previous: &Release) -> Result<()> {
+    let old = vm.run(
+        "apt-get purge -y amd-hsmp-exporter >/dev/null && \
+         apt-get install -y /root/vm/amd-hsmp-exporter-previous.deb >/dev/null && \
+         dpkg-query -W -f='${Status} ${Version}\\n' amd-hsmp-exporter && \
+         amd-hsmp-exporter --version | head -n 1",
+        UPGRADE_TIMEOUT,
+    )?;
+    let installed = crate::vm::prepare::version_revision(&old.text);
+    ev.check(
+        old.ok() && installed.as_deref() == Some(previous.revision.as_str()),
+        format!(
+            "the previous release ({}, {}) installed afresh: {}",
+            previous.name,
+            previous.revision,
+            old.text.trim().replace('\n', "; ")
+        ),
+    );
+    Ok(())
+}
+
+/// Check U: both services, `before` and `after` the upgrade, active and restarted by it (another
+/// invocation, process and start time); the broker's socket still active.
+fn services_restarted(
+    ev: &mut Evidence,
+    before: &[UnitState],
+    after: &[UnitState],
+    socket: &Output,
+) {
+    for ((unit, b), a) in SERVICES.iter().zip(before).zip(after) {
+        ev.check(
+            b.active == "active"
+                && a.active == "active"
+                && a.invocation != b.invocation
+                && a.pid != b.pid
+                && a.entered != b.entered,
+            format!("{unit} restarted by the upgrade: before {b}; after {a}"),
+        );
+    }
+    ev.check(
+        socket.text.trim() == "active",
+        format!("amd-hsmp-broker.socket {}", socket.text.trim()),
+    );
+}
+
+/// Check U: dpkg lists every file of the new package, each installed as the package has it; both
+/// binaries at this checkout's revision.
+fn new_files_installed(vm: &mut Vm, ev: &mut Evidence, releases: &Releases) -> Result<()> {
+    // dpkg lists every file of the new package, each on disk as the package has it (cargo-deb
+    // writes no md5sums for dpkg -V), and some of the previous package's are replaced.
+    let files = vm.run(FILES_SCRIPT, UPGRADE_TIMEOUT)?;
+    let revisions: Vec<String> =
+        files.text.lines().filter_map(crate::vm::prepare::version_revision).collect();
+    ev.check(
+        files.ok() && revisions.len() == 2 && revisions.iter().all(|r| *r == releases.current),
+        format!(
+            "the new package's files installed, binaries at revision {}: {}",
+            releases.current,
+            files.text.trim().replace('\n', "; ")
+        ),
+    );
+    Ok(())
 }
 
 #[cfg(test)]
