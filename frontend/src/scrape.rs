@@ -103,8 +103,7 @@ impl Answer {
 
     /// How many values the answer holds (series of the broker's families).
     fn values(&self) -> usize {
-        let t = &self.telemetry;
-        t.energy_joules.len() + t.boost_limit_hertz.len() + t.prochot.len()
+        self.telemetry.values
     }
 
     /// Of a partial answer `kept` and a later `other`, the one with more values; `other` when
@@ -601,4 +600,33 @@ fn unresolved_jobs(owners: &[(CoreLabel, Arc<crate::owner::Owner>)]) -> u64 {
     sluids.sort_unstable();
     sluids.dedup();
     sluids.len() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use amd_hsmp_proto::Families;
+
+    fn answer(telemetry: Telemetry) -> Answer {
+        Answer {
+            telemetry: Arc::new(telemetry),
+            topology: Arc::new(Topology::default()),
+            sent: Instant::now(),
+            oldest: Duration::ZERO,
+            max_age: Duration::ZERO,
+        }
+    }
+
+    /// Regression: two partial answers were compared by the values of three families only, so
+    /// one that had read a socket's frequency limit or package energy lost to a later one that
+    /// had not.
+    #[test]
+    fn of_two_partial_answers_the_one_with_more_values_of_any_family_is_kept() {
+        for family in Family::ALL {
+            let fuller = answer(Telemetry::example());
+            let other = answer(Telemetry::example_of(Families::ALL.without(family)));
+            let kept = Answer::fuller(Some(fuller), other);
+            assert_eq!(kept.telemetry.values, Telemetry::example().values, "{family}");
+        }
+    }
 }

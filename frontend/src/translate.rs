@@ -164,6 +164,9 @@ pub(crate) struct Telemetry {
     pub package_energy_read_at_us: Vec<Option<u64>>,
     /// Some items were not read because the broker's deadline passed.
     pub deadline_exceeded: bool,
+    /// How many values of the broker's families were kept, over every family: what two
+    /// partial answers are compared by.
+    pub values: usize,
     /// The families the broker read none of, and why, in the order of [`Family::ALL`].
     pub unread: Vec<(Family, Unread)>,
 }
@@ -212,7 +215,7 @@ pub(crate) fn translate(
 
     let cores: Vec<CoreLabel> = topology.cores.iter().map(CoreLabel::from).collect();
     let sockets = &topology.sockets;
-    let mut read = Reader { errors, deadline_exceeded: false, unread: Vec::new() };
+    let mut read = Reader { errors, deadline_exceeded: false, unread: Vec::new(), kept: 0 };
     let of = |family| &sample.readings[family];
     out.energy_joules =
         read.collect(Family::CoreEnergy, of(Family::CoreEnergy), &cores, |e: Energy| e.joules());
@@ -244,6 +247,7 @@ pub(crate) fn translate(
         out.package_energy_joules.len(),
     );
     out.deadline_exceeded = read.deadline_exceeded;
+    out.values = read.kept;
     out.unread = read.unread;
     out
 }
@@ -273,6 +277,8 @@ struct Reader<'a> {
     deadline_exceeded: bool,
     /// The families not read at all, and why.
     unread: Vec<(Family, Unread)>,
+    /// Values kept, over every family.
+    kept: usize,
 }
 
 impl Reader<'_> {
@@ -330,6 +336,7 @@ impl Reader<'_> {
             }
         }
         self.errors.add(ErrorSource::Family(family), failed);
+        self.kept += out.len();
         out
     }
 
@@ -346,8 +353,13 @@ impl Telemetry {
     /// simulator: the example the other modules' tests change only what they test in, so
     /// that a new family is written here once.
     pub(crate) fn example() -> Telemetry {
+        Telemetry::example_of(amd_hsmp_proto::Families::ALL)
+    }
+
+    /// [`Telemetry::example`] of the families in `what` only.
+    pub(crate) fn example_of(what: amd_hsmp_proto::Families) -> Telemetry {
         let topology = amd_hsmp_proto::testing::topology(2, 2);
-        let sample = Sample::healthy(&topology, amd_hsmp_proto::Families::ALL);
+        let sample = Sample::healthy(&topology, what);
         let info = BrokerInfo { broker_version: "0.1.0".into(), instance: 1, simulated: None };
         translate(&info, &topology, &sample, &ErrorCounters::default())
     }
@@ -426,6 +438,13 @@ mod tests {
 
     fn count(errors: &ErrorCounters, source: ErrorSource) -> u64 {
         errors.get(source)
+    }
+
+    #[test]
+    fn the_example_counts_the_values_of_every_family() {
+        let t = Telemetry::example();
+        assert_eq!(t.values, amd_hsmp_proto::Families::ALL.messages(4, 2));
+        assert_eq!(t.values, 18, "3 families of 4 cores, 3 of 2 sockets");
     }
 
     #[test]
