@@ -36,9 +36,12 @@ fn every_binary_prints_version_in_node_exporter_shape() {
 fn the_broker_logs_logfmt_records_by_default() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("broker.sock");
-    let broker =
-        harness::start_simulated_broker("milan-1p", &socket, &[], dir.path().join("broker.log"))
-            .unwrap();
+    let path = dir.path().join("broker.log");
+    let mut broker =
+        harness::start_simulated_broker("milan-1p", &socket, &[], path.clone()).unwrap();
+    // The socket exists once bound; the line follows its chmod, so it is waited for.
+    let logged = || std::fs::read_to_string(&path).is_ok_and(|l| l.contains("msg=listening"));
+    harness::wait_until(&mut broker, "the listening line", logged).unwrap();
     let log = broker.log();
     let line = log.lines().find(|l| l.contains("msg=listening")).unwrap_or_else(|| panic!("{log}"));
     let keys: Vec<&str> =
