@@ -72,6 +72,13 @@ impl FaultGroup {
             Family::PackageEnergy => FaultGroup::PackageEnergy,
         }
     }
+
+    /// The protocol family this group's messages read, if any: the inverse of
+    /// [`FaultGroup::of_family`]. `None` for the groups of no family (the protocol version,
+    /// the MSR).
+    pub fn family(self) -> Option<Family> {
+        Family::ALL.into_iter().find(|&family| FaultGroup::of_family(family) == self)
+    }
 }
 
 /// What a message or register read is about, to inject a fault for one item only.

@@ -11,7 +11,7 @@ use crate::fixtures;
 use crate::harness::{self, Proc, Response};
 use amd_hsmp_device::Message;
 use amd_hsmp_device::messages::{LimitReasons, SocketFreqLimit};
-use amd_hsmp_proto::Topology;
+use amd_hsmp_proto::{Family, Scope, Topology};
 use amd_hsmp_sim::{FaultGroup, Faults, FirmwareConfig, Machine, MachineSpec, Mode, Target};
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
@@ -309,24 +309,19 @@ impl FaultSpec {
         for e in &self.errors {
             let errno =
                 errno_by_name(&e.errno).with_context(|| format!("unknown errno {}", e.errno))?;
-            let target = match (e.family, e.core) {
-                (
-                    FaultGroup::BoostLimit
-                    | FaultGroup::CoreEnergy
-                    | FaultGroup::CoreFrequencyLimit,
-                    Some(core),
-                ) => Target::Apic(core_of(topology, e.socket, core)?.apic_id),
-                (FaultGroup::Msr, Some(core)) => {
+            // A family's messages go to a core or to a socket as its scope says.
+            let scope = e.family.family().map(Family::scope);
+            let target = match (e.family, scope, e.core) {
+                (FaultGroup::Msr, _, Some(core)) => {
                     Target::Cpu(core_of(topology, e.socket, core)?.cpu)
                 }
-                (
-                    FaultGroup::ProtoVersion
-                    | FaultGroup::Prochot
-                    | FaultGroup::FrequencyLimit
-                    | FaultGroup::PackageEnergy,
-                    None,
-                ) => Target::Socket(e.socket),
-                (family, core) => bail!("{family:?} fault with core {core:?} makes no sense"),
+                (_, Some(Scope::Core), Some(core)) => {
+                    Target::Apic(core_of(topology, e.socket, core)?.apic_id)
+                }
+                (FaultGroup::ProtoVersion, _, None) | (_, Some(Scope::Socket), None) => {
+                    Target::Socket(e.socket)
+                }
+                (family, _, core) => bail!("{family:?} fault with core {core:?} makes no sense"),
             };
             faults.errno.insert((e.family, target), errno);
         }

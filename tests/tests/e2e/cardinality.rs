@@ -819,6 +819,14 @@ mod render {
         std::fs::read_to_string(golden::golden_dir().join("healthy-turin-2p.metrics")).unwrap()
     }
 
+    /// The Turin row's samples a scrape and series per node in the install table `table`.
+    fn turin_figures(table: &str) -> (usize, usize) {
+        let row = table.lines().find(|l| l.starts_with("| `turin-2p` |")).unwrap();
+        let cells: Vec<usize> =
+            row.split('|').filter_map(|c| c.trim().replace(',', "").parse().ok()).collect();
+        (cells[1], cells[2])
+    }
+
     #[test]
     fn a_family_with_one_series_more_changes_the_figures_that_count_it() {
         let text = golden_turin();
@@ -831,7 +839,11 @@ mod render {
         let (before, after) = (turin(&text), turin(&more));
         assert_eq!(after[0].default.total(), before[0].default.total() + 1);
         let (a, b) = (render_install(&before), render_install(&after));
-        assert!(a.contains("| 813 | 818 |") && b.contains("| 814 | 819 |"), "{a}\n{b}");
+        // The Turin row's samples a scrape and series per node, each one more.
+        let figures = turin_figures;
+        let (samples, series) = figures(&a);
+        assert_eq!(samples, before[0].default.total(), "{a}");
+        assert_eq!(figures(&b), (samples + 1, series + 1), "{a}\n{b}");
         assert!(a.contains("+ 2 PROCHOT +") && b.contains("+ 3 PROCHOT +"), "{b}");
         assert_ne!(render_sample_limit(&before), render_sample_limit(&after));
         let rules =
@@ -846,9 +858,11 @@ mod render {
         let (begin, end) = markers("cardinality");
         let doc = format!("# x\n{begin}\n{block}{end}\n");
         assert_eq!(replace_block(&doc, "cardinality", &block).unwrap(), doc);
-        let edited = doc.replace("| 818 |", "| 817 |");
+        let series = turin_figures(&block).1;
+        let by_hand = format!("| {} |", series - 1);
+        let edited = doc.replace(&format!("| {series} |"), &by_hand);
         let diff = golden::diff(&edited, &replace_block(&edited, "cardinality", &block).unwrap());
-        assert!(diff.contains("-| `turin-2p` |") && diff.contains("| 817 |"), "{diff}");
+        assert!(diff.contains("-| `turin-2p` |") && diff.contains(&by_hand), "{diff}");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 use amd_hsmp_e2e::fake::{Node, NodeState, TimedMessage};
 use amd_hsmp_e2e::harness::{self, BrokerClient, Exposition, values};
 use amd_hsmp_e2e::scenario::{self, Rig, Scrape};
+use amd_hsmp_exporter::collectors::Collectors;
 use amd_hsmp_proto::{Core, DeviceStatus, Energy, Families, Family, ItemError, Sample, Topology};
 use amd_hsmp_sim::Machine;
 use std::net::SocketAddr;
@@ -77,9 +78,13 @@ fn energy_on(topology: &Topology, sample: &Sample, socket: u32) -> Vec<Result<u6
 const MAX_AGE: &str = r#"broker-flags = ["--sample.max-age", "500ms"]"#;
 const MAX_AGE_MS: u64 = 500;
 
-/// Messages a scrape with the default collectors sends to one Turin socket: PROCHOT, the
-/// frequency limit, the package counter, 192 core counters, 192 boost limits.
-const TURIN_SOCKET: u64 = 3 + 2 * 192;
+/// Cores of each socket of the Turin 2P fixture.
+const TURIN_CORES: usize = 192;
+
+/// Messages a scrape with the default collectors sends to one Turin socket, by the cost rule.
+fn turin_socket() -> u64 {
+    Collectors::default().families().messages(TURIN_CORES, 1) as u64
+}
 
 /// A scrape of the exporter at `addr` with the scrape timeout header `timeout`.
 fn scrape_at(addr: SocketAddr, timeout: &str) -> Exposition {
@@ -179,9 +184,8 @@ fn a_wedged_socket_keeps_the_healthy_socket_served_and_piles_nothing_up() {
     let m = scrape(&mut rig, &Scrape::default());
     assert!(SOCKET_0.iter().chain(&SOCKET_1).all(|s| m.value(s).is_some()), "{}", rig.logs());
     let to_socket_1 = rig.take_traffic().messages.iter().filter(|m| m.sock_ind == 1).count();
-    // One full scrape of the socket: energy and boost limit per core, PROCHOT, frequency limit
-    // and package energy.
-    assert_eq!(to_socket_1, 1 + (2 * 192 + 3), "the held message, then one full sample");
+    // One full scrape of the socket with the default collectors.
+    assert_eq!(to_socket_1 as u64, 1 + turin_socket(), "the held message, then one full sample");
     assert_eq!(machine.mailbox(1).max_pending, 1);
 }
 
@@ -333,14 +337,14 @@ fn a_scrape_after_another_never_gets_values_read_before_the_freshness_bound() {
     let first = std::thread::spawn(move || scrape_at(addr, "10"));
     let read =
         |n| move |b: &amd_hsmp_sim::MailboxState| b.pending == 0 && b.entered == socket_0 + n;
-    machine.wait_mailbox(0, PATIENCE, read(TURIN_SOCKET)).unwrap();
+    machine.wait_mailbox(0, PATIENCE, read(turin_socket())).unwrap();
     // Past the bound the energy has moved on when the second scraper asks.
     std::thread::sleep(Duration::from_millis(2 * MAX_AGE_MS));
     machine.firmware().advance_all_energy(5.0).unwrap();
     let asked = Instant::now();
     let second = std::thread::spawn(move || scrape_at(addr, "10"));
     // Its request has socket 0 read again, while socket 1 is still held.
-    let reread = machine.wait_mailbox(0, PATIENCE, read(2 * TURIN_SOCKET));
+    let reread = machine.wait_mailbox(0, PATIENCE, read(2 * turin_socket()));
     drop(held);
     reread.unwrap_or_else(|b| panic!("socket 0 not read again for the second scraper: {b:?}"));
     let (first, second) = (first.join().unwrap(), second.join().unwrap());
@@ -458,7 +462,7 @@ fn a_peer_with_a_long_deadline_beside_a_wedged_socket_holds_no_value_for_the_scr
     let peer = std::thread::spawn(move || peer.sample(60_000));
     // The peer's whole reading of socket 0: every family, the per-core frequency limit too.
     let read = |b: &amd_hsmp_sim::MailboxState| {
-        b.pending == 0 && b.entered >= socket_0 + TURIN_SOCKET + 192
+        b.pending == 0 && b.entered >= socket_0 + Families::ALL.messages(TURIN_CORES, 1) as u64
     };
     machine.wait_mailbox(0, PATIENCE, read).unwrap();
     std::thread::sleep(Duration::from_millis(MAX_AGE_MS + 100));
