@@ -6,7 +6,7 @@
 use crate::owner::Owner;
 use crate::scrape::ScrapeReport;
 use crate::translate::CoreLabel;
-use amd_hsmp_proto::LimitReason;
+use amd_hsmp_proto::{Family, LimitReason};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
     DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeLabel as _, EncodeLabelSet,
@@ -194,70 +194,94 @@ impl Collector for ReportCollector {
         )?;
 
         if let Some(t) = telemetry {
-            family(
-                &mut e,
-                "amd_hsmp_core_energy",
-                "Energy consumed by the physical core, in joules",
-                Some(&Unit::Joules),
-                t.energy_joules.iter().map(|(c, j)| counter(core_labels(c), *j)),
-            )?;
-            family(
-                &mut e,
-                "amd_hsmp_core_energy_source_info",
-                "Where core energy is read from (hsmp, perf or msr), constant 1; present only when energy is exported",
-                None,
-                t.energy_source.map(|s| gauge([("source", s.to_string())], 1i64)),
-            )?;
-            family(
-                &mut e,
-                "amd_hsmp_core_boost_limit",
-                "Current boost (maximum frequency) limit of the physical core, in hertz",
-                Some(&hertz),
-                t.boost_limit_hertz.iter().map(|(c, hz)| gauge(core_labels(c), *hz)),
-            )?;
-            family(
-                &mut e,
-                "amd_hsmp_prochot_active",
-                "1 while PROCHOT is asserted on the socket",
-                None,
-                t.prochot.iter().map(|(s, on)| gauge([("socket", *s)], i64::from(*on))),
-            )?;
-            family(
-                &mut e,
-                "amd_hsmp_socket_frequency_limit",
-                "Current frequency limit of the socket, in hertz",
-                Some(&hertz),
-                t.frequency_limit
-                    .iter()
-                    .map(|(s, limit)| gauge(vec![("socket", s.to_string())], limit.hertz())),
-            )?;
-            family(
-                &mut e,
-                "amd_hsmp_socket_frequency_limit_reason",
-                "1 while the limiter named by reason imposes the socket's frequency limit, 0 otherwise",
-                None,
-                t.frequency_limit.iter().flat_map(|(s, limit)| {
-                    LimitReason::ALL.into_iter().map(move |reason| {
-                        let labels =
-                            vec![("reason", reason.name().to_owned()), ("socket", s.to_string())];
-                        gauge(labels, i64::from(limit.is_limited_by(reason)))
-                    })
-                }),
-            )?;
-            family(
-                &mut e,
-                "amd_hsmp_core_frequency_limit",
-                "Current CCLK frequency limit of the physical core, in hertz",
-                Some(&hertz),
-                t.core_frequency_limit_hertz.iter().map(|(c, hz)| gauge(core_labels(c), *hz)),
-            )?;
-            family(
-                &mut e,
-                "amd_hsmp_package_energy",
-                "Energy consumed by the socket's package (its cores, the uncore, memory controllers and I/O die), in joules",
-                Some(&Unit::Joules),
-                t.package_energy_joules.iter().map(|(s, j)| counter([("socket", *s)], *j)),
-            )?;
+            // Each broker family's metric families, in Family::ALL order: a new family does not
+            // compile until it is exported.
+            for which in Family::ALL {
+                match which {
+                    Family::CoreEnergy => {
+                        family(
+                            &mut e,
+                            "amd_hsmp_core_energy",
+                            "Energy consumed by the physical core, in joules",
+                            Some(&Unit::Joules),
+                            t.energy_joules.iter().map(|(c, j)| counter(core_labels(c), *j)),
+                        )?;
+                        family(
+                            &mut e,
+                            "amd_hsmp_core_energy_source_info",
+                            "Where core energy is read from (hsmp, perf or msr), constant 1; present only when energy is exported",
+                            None,
+                            t.energy_source.map(|s| gauge([("source", s.to_string())], 1i64)),
+                        )?;
+                    }
+                    Family::BoostLimit => {
+                        family(
+                            &mut e,
+                            "amd_hsmp_core_boost_limit",
+                            "Current boost (maximum frequency) limit of the physical core, in hertz",
+                            Some(&hertz),
+                            t.boost_limit_hertz.iter().map(|(c, hz)| gauge(core_labels(c), *hz)),
+                        )?;
+                    }
+                    Family::Prochot => {
+                        family(
+                            &mut e,
+                            "amd_hsmp_prochot_active",
+                            "1 while PROCHOT is asserted on the socket",
+                            None,
+                            t.prochot.iter().map(|(s, on)| gauge([("socket", *s)], i64::from(*on))),
+                        )?;
+                    }
+                    Family::FrequencyLimit => {
+                        family(
+                            &mut e,
+                            "amd_hsmp_socket_frequency_limit",
+                            "Current frequency limit of the socket, in hertz",
+                            Some(&hertz),
+                            t.frequency_limit.iter().map(|(s, limit)| {
+                                gauge(vec![("socket", s.to_string())], limit.hertz())
+                            }),
+                        )?;
+                        family(
+                            &mut e,
+                            "amd_hsmp_socket_frequency_limit_reason",
+                            "1 while the limiter named by reason imposes the socket's frequency limit, 0 otherwise",
+                            None,
+                            t.frequency_limit.iter().flat_map(|(s, limit)| {
+                                LimitReason::ALL.into_iter().map(move |reason| {
+                                    let labels = vec![
+                                        ("reason", reason.name().to_owned()),
+                                        ("socket", s.to_string()),
+                                    ];
+                                    gauge(labels, i64::from(limit.is_limited_by(reason)))
+                                })
+                            }),
+                        )?;
+                    }
+                    Family::CoreFrequencyLimit => {
+                        family(
+                            &mut e,
+                            "amd_hsmp_core_frequency_limit",
+                            "Current CCLK frequency limit of the physical core, in hertz",
+                            Some(&hertz),
+                            t.core_frequency_limit_hertz
+                                .iter()
+                                .map(|(c, hz)| gauge(core_labels(c), *hz)),
+                        )?;
+                    }
+                    Family::PackageEnergy => {
+                        family(
+                            &mut e,
+                            "amd_hsmp_package_energy",
+                            "Energy consumed by the socket's package (its cores, the uncore, memory controllers and I/O die), in joules",
+                            Some(&Unit::Joules),
+                            t.package_energy_joules
+                                .iter()
+                                .map(|(s, j)| counter([("socket", *s)], *j)),
+                        )?;
+                    }
+                }
+            }
         }
 
         family(
