@@ -443,8 +443,8 @@ mod tests {
     #[test]
     fn the_example_counts_the_values_of_every_family() {
         let t = Telemetry::example();
+        // One value a message: every item of every family of the 2 × 2-core example.
         assert_eq!(t.values, amd_hsmp_proto::Families::ALL.messages(4, 2));
-        assert_eq!(t.values, 18, "3 families of 4 cores, 3 of 2 sockets");
     }
 
     #[test]
