@@ -188,7 +188,7 @@ impl Families {
 
     /// The families in both `self` and `other`.
     pub fn intersection(&self, other: &Families) -> Families {
-        Families::of(&self.iter().filter(|&family| other.contains(family)).collect::<Vec<_>>())
+        Families(PerFamily::from_fn(|family| self.contains(family) && other.contains(family)))
     }
 
     /// The mailbox messages a sample of these families sends to a machine of `cores` physical
@@ -329,11 +329,6 @@ impl<T> PerFamily<T> {
     /// Each family with its entry, in [`Family::ALL`] order.
     pub fn iter(&self) -> impl Iterator<Item = (Family, &T)> {
         Family::ALL.into_iter().zip(self.0.iter())
-    }
-
-    /// Each family with its entry, mutable, in [`Family::ALL`] order.
-    pub fn iter_mut(&mut self) -> impl Iterator<Item = (Family, &mut T)> {
-        Family::ALL.into_iter().zip(self.0.iter_mut())
     }
 }
 
@@ -622,25 +617,6 @@ macro_rules! value_of_kind {
 }
 
 value_of_kind!(Energy(Energy), Mhz(u32), Asserted(bool), FrequencyLimit(FrequencyLimit));
-
-impl<T> Readings<T> {
-    /// The readings with each value turned by `convert`; a value it refuses is `refused`.
-    pub fn map<U>(&self, convert: impl Fn(&T) -> Option<U>, refused: ItemError) -> Readings<U> {
-        match self {
-            Readings::NotRequested => Readings::NotRequested,
-            Readings::Unavailable(why) => Readings::Unavailable(*why),
-            Readings::Values(values) => Readings::Values(
-                values
-                    .iter()
-                    .map(|v| match v {
-                        Ok(v) => convert(v).ok_or(refused),
-                        Err(e) => Err(*e),
-                    })
-                    .collect(),
-            ),
-        }
-    }
-}
 
 /// One energy counter reading: joules = `counter` × 2^-`esu`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -101,6 +101,15 @@ impl Sample {
     /// `sample.of::<Energy>(Family::CoreEnergy)`: what a test compares. A value of another kind
     /// reads as [`ItemError::Rejected`], so a test that expects values fails on it.
     pub fn of<T: TryFrom<Value>>(&self, family: Family) -> Readings<T> {
-        self.readings[family].map(|&v| T::try_from(v).ok(), ItemError::Rejected)
+        match &self.readings[family] {
+            Readings::NotRequested => Readings::NotRequested,
+            Readings::Unavailable(why) => Readings::Unavailable(*why),
+            Readings::Values(values) => Readings::Values(
+                values
+                    .iter()
+                    .map(|v| v.and_then(|v| T::try_from(v).map_err(|_| ItemError::Rejected)))
+                    .collect(),
+            ),
+        }
     }
 }
