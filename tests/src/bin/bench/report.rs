@@ -415,8 +415,57 @@ pub fn table(r: &Report) -> String {
             let _ = writeln!(out, "  {name:<52} {:>9.2} {:>9.2}", x.wall_us, x.cpu_us);
         }
         let _ = writeln!(out, "  {:<52} {:>9.2} {:>9.2}", "perf / msr", r.wall_ratio, r.cpu_ratio);
+        interrupts_table(&mut out, r, [(perf.as_str(), &r.perf), (msr.as_str(), &r.msr)]);
     }
     out
+}
+
+/// The function-call interrupts per reading of each path, their noise, and HSMP's.
+fn interrupts_table(
+    out: &mut String,
+    r: &crate::reads::Reads,
+    paths: [(&str, &crate::reads::PerRead); 2],
+) {
+    let Some(noise) = &r.noise else {
+        let _ = writeln!(
+            out,
+            "  function-call interrupts: not counted (no CAL row in /proc/interrupts)"
+        );
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "  function-call interrupts (CAL of /proc/interrupts) per reading, the reader pinned to \
+         CPU {}, noise subtracted:",
+        r.reader_cpu
+    );
+    let _ = writeln!(out, "  {:<52} {:>9} {:>9} {:>9}", "", "other CPU", "reader's", "own read");
+    let figure = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.3}"));
+    for (name, x) in paths {
+        let Some(i) = &x.interrupts else { continue };
+        let _ = writeln!(
+            out,
+            "  {name:<52} {:>9} {:>9} {:>9.3}",
+            figure(i.other_cpu),
+            figure(i.reader_cpu_per_other_reading),
+            i.own_cpu_reading
+        );
+    }
+    let h = r.hsmp_interrupts_per_reading;
+    let _ = writeln!(
+        out,
+        "  {:<52} {h:>9} {h:>9} {h:>9}",
+        "hsmp: ioctl (by the driver's source, not measured)"
+    );
+    let _ = writeln!(
+        out,
+        "  (other CPU: on the CPU read; reader's: on the reader's CPU, per reading of another\n   \
+         CPU; own read: on every CPU, per reading of the reader's own CPU alone. Noise without\n   \
+         readings: {} per s on another CPU, {:.1} per s on the reader's, over {:.1} ms)",
+        figure(noise.other_cpu_per_s),
+        noise.reader_cpu_per_s,
+        noise.window_ms
+    );
 }
 
 fn fixture_table(out: &mut String, f: &FixtureReport) {
