@@ -8,6 +8,7 @@ mod counts;
 mod measure;
 mod reads;
 mod report;
+mod smaps;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
@@ -29,8 +30,9 @@ pub struct Cli {
     #[arg(long = "latency-us", value_name = "US", default_values_t = [0, 100])]
     latencies_us: Vec<u64>,
 
-    /// Rounds of two simultaneous scrapes (single flight).
-    #[arg(long, default_value_t = 10)]
+    /// Rounds of two simultaneous scrapes, as a Prometheus HA pair's (single flight): messages,
+    /// CPU and both processes' peak memory per answered scrape.
+    #[arg(long, default_value_t = 100)]
     concurrent_rounds: usize,
 
     /// Broker start-ups timed with and without the MSR fallback.

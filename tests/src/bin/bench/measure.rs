@@ -3,7 +3,7 @@
 
 use crate::Cli;
 use crate::report::{
-    Concurrent, CoreOwner, Cpu, Disabled, FixtureReport, Host, Idle, LatencyReport, Memory,
+    Concurrent, CoreOwner, Cpu, Disabled, FixtureReport, Host, Idle, LatencyReport, Memory, Peaks,
     Percentiles, Report, Startup, StartupFigures,
 };
 use amd_hsmp_device::{DevHsmp, HsmpMessage, HsmpTransport, Message};
@@ -319,17 +319,38 @@ fn measure_fixture(
     let mut latencies = Vec::new();
     let mut owner_latencies = Vec::new();
     let (mut owners, mut workloads) = (Range::default(), Range::default());
+    // The peaks of each process over its whole life, kept across the resets that measure the
+    // peak of one series.
+    let mut lifetime = Lifetime::default();
+    let highest = cli.latencies_us.iter().copied().max().unwrap_or(0);
+    let mut one_scraper = None;
+    let mut owner_peaks = None;
     for &us in &cli.latencies_us {
         eprintln!("bench: {name}: {us} µs per message");
         rig.machine.update_faults(|f| f.latency = Duration::from_micros(us));
+        // At the highest latency, each series' peak is its own: the peaks are reset before it.
+        let (broker, exporter) = (rig.broker.pid(), rig.exporter.pid());
+        if us == highest {
+            lifetime.reset(broker, exporter)?;
+        }
         latencies.push(series(rig, &floor, cli.scrapes, us, Which::Plain)?.0);
-        if rig.exporter_owner.is_some() {
+        if us == highest {
+            one_scraper = Some(peaks(broker, exporter)?);
+        }
+        if let Some((owner, _)) = rig.exporter_owner.as_ref() {
             eprintln!(
                 "bench: {name}: {us} µs per message, --collector.core-owner, {} cgroups, {} \
                  workloads",
                 rig.cgroups, rig.workloads
             );
+            let owner = owner.pid();
+            if us == highest {
+                lifetime.reset(broker, 0)?;
+            }
             let (report, o, w) = series(rig, &floor, cli.scrapes, us, Which::Owner)?;
+            if us == highest {
+                owner_peaks = Some(peaks(broker, owner)?);
+            }
             owners.merge(o);
             workloads.merge(w);
             owner_latencies.push(report);
@@ -347,22 +368,24 @@ fn measure_fixture(
             latencies: owner_latencies,
             exporter_peak_kib: status_kib(owner.pid(), "VmHWM")?,
             exporter_anon_kib: status_kib(owner.pid(), "RssAnon")?,
-            broker_peak_kib: status_kib(rig.broker.pid(), "VmHWM")?,
+            broker_peak_kib: lifetime.broker.max(status_kib(rig.broker.pid(), "VmHWM")?),
+            peaks: owner_peaks.context("no core-owner series")?,
         }),
     };
     // Concurrency and the idle window at the highest latency: the longest flights.
-    let highest = cli.latencies_us.iter().copied().max().unwrap_or(0);
     rig.machine.update_faults(|f| f.latency = Duration::from_micros(highest));
+    lifetime.reset(rig.broker.pid(), rig.exporter.pid())?;
     let concurrent = concurrent(rig, cli.concurrent_rounds, highest)?;
     let disabled = disabled(rig)?;
     let idle = idle(rig)?;
     let memory = Memory {
-        broker_peak_kib: status_kib(rig.broker.pid(), "VmHWM")?,
+        broker_peak_kib: lifetime.broker.max(status_kib(rig.broker.pid(), "VmHWM")?),
         broker_steady_kib: status_kib(rig.broker.pid(), "VmRSS")?,
-        exporter_peak_kib: status_kib(rig.exporter.pid(), "VmHWM")?,
+        exporter_peak_kib: lifetime.exporter.max(status_kib(rig.exporter.pid(), "VmHWM")?),
         exporter_steady_kib: status_kib(rig.exporter.pid(), "VmRSS")?,
         broker_anon_kib: status_kib(rig.broker.pid(), "RssAnon")?,
         exporter_anon_kib: status_kib(rig.exporter.pid(), "RssAnon")?,
+        one_scraper: one_scraper.context("no series at the highest latency")?,
     };
     // After the memory figures: a uprobe gives the traced process a copy of the page it is in.
     eprintln!("bench: {name}: allocations and procfs system calls per scrape");
@@ -498,12 +521,17 @@ impl Range {
     }
 }
 
-/// `rounds` pairs of simultaneous scrapes: with single flight (and shared readings) a pair
-/// costs one reading.
+/// The two-scraper mode, as under a Prometheus HA pair: `rounds` pairs of simultaneous
+/// scrapes, each pair past the freshness bound of the last reading. With single flight (and
+/// shared readings) a pair costs one reading; the figures are per answered scrape, and the
+/// processes' peaks are those of these rounds (reset before them by the caller).
 fn concurrent(rig: &mut Rig, rounds: usize, latency_us: u64) -> Result<Concurrent> {
     let start = rig.messages();
     let addr = rig.addr;
+    let (broker, exporter) = (rig.broker.pid(), rig.exporter.pid());
+    let (broker0, exporter0) = (cpu_time(broker)?, cpu_time(exporter)?);
     let mut answered = 0;
+    let mut walls = Vec::with_capacity(2 * rounds);
     for _ in 0..rounds {
         std::thread::sleep(MAX_AGE);
         let barrier = Barrier::new(2);
@@ -522,19 +550,65 @@ fn concurrent(rig: &mut Rig, rounds: usize, latency_us: u64) -> Result<Concurren
                 .collect()
         });
         for r in results {
-            r?;
+            walls.push(r?.wall);
             answered += 1;
         }
     }
     rig.broker.check_running()?;
     let messages = rig.messages() - start;
+    let per = |d: Duration| d.as_secs_f64() * 1e3 / answered.max(1) as f64;
+    let broker_cpu = per(cpu_time(broker)?.saturating_sub(broker0));
+    let exporter_cpu = per(cpu_time(exporter)?.saturating_sub(exporter0));
     Ok(Concurrent {
         latency_us,
         rounds,
         answered,
         messages,
         per_answered: messages as f64 / answered.max(1) as f64,
+        scrape_ms: Percentiles::of(&walls),
+        broker_cpu_ms_per_answered: broker_cpu,
+        exporter_cpu_ms_per_answered: exporter_cpu,
+        peaks: peaks(broker, exporter)?,
     })
+}
+
+/// The peak resident sets of the broker and an exporter since their last reset, and where
+/// their resident sets are now.
+fn peaks(broker: u32, exporter: u32) -> Result<Peaks> {
+    Ok(Peaks {
+        broker_peak_kib: status_kib(broker, "VmHWM")?,
+        exporter_peak_kib: status_kib(exporter, "VmHWM")?,
+        broker: crate::smaps::of(broker)?,
+        exporter: crate::smaps::of(exporter)?,
+    })
+}
+
+/// The highest peaks the broker and the default exporter reached before their resets.
+#[derive(Debug, Default)]
+struct Lifetime {
+    broker: u64,
+    exporter: u64,
+}
+
+impl Lifetime {
+    /// Keeps the peaks of `broker` and `exporter` (0: none) and resets them to their current
+    /// resident sets, so that the next reading of `VmHWM` is the peak of what follows.
+    fn reset(&mut self, broker: u32, exporter: u32) -> Result<()> {
+        self.broker = self.broker.max(reset_peak(broker)?);
+        if exporter != 0 {
+            self.exporter = self.exporter.max(reset_peak(exporter)?);
+        }
+        Ok(())
+    }
+}
+
+/// Resets `VmHWM` of `pid` to its current resident set (`5` written to `clear_refs`, Linux
+/// 4.0+), returning the peak it had.
+fn reset_peak(pid: u32) -> Result<u64> {
+    let peak = status_kib(pid, "VmHWM")?;
+    let path = format!("/proc/{pid}/clear_refs");
+    std::fs::write(&path, "5").with_context(|| format!("cannot reset the peak: {path}"))?;
+    Ok(peak)
 }
 
 /// Scrapes of the exporter started with [`DISABLED_FLAG`].

@@ -138,6 +138,9 @@ pub struct CoreOwner {
     pub exporter_anon_kib: u64,
     /// The broker's `VmHWM` after its series, KiB (the broker serves every exporter).
     pub broker_peak_kib: u64,
+    /// The broker's peak over this exporter's series at the highest latency, beside this
+    /// exporter's peak over its life, and where their resident sets are.
+    pub peaks: Peaks,
 }
 
 /// p50 and p99, ms.
@@ -195,6 +198,35 @@ pub struct Concurrent {
     pub messages: usize,
     /// `messages / answered`.
     pub per_answered: f64,
+    /// Each scrape's wall time over HTTP, ms.
+    pub scrape_ms: Percentiles,
+    /// The broker's CPU time per answered scrape, ms.
+    pub broker_cpu_ms_per_answered: f64,
+    /// The exporter's CPU time per answered scrape, ms.
+    pub exporter_cpu_ms_per_answered: f64,
+    /// Both processes' peaks over these rounds, and where their resident sets are.
+    pub peaks: Peaks,
+}
+
+/// Both processes' peak resident sets over one series (`VmHWM` reset before it), KiB, and
+/// where each process's resident set is after it.
+#[derive(Debug, Serialize)]
+pub struct Peaks {
+    /// The broker's peak.
+    pub broker_peak_kib: u64,
+    /// The exporter's peak.
+    pub exporter_peak_kib: u64,
+    /// The broker's resident set by kind.
+    pub broker: crate::smaps::Split,
+    /// The exporter's resident set by kind.
+    pub exporter: crate::smaps::Split,
+}
+
+impl Peaks {
+    /// Both peaks together, KiB.
+    pub fn both_kib(&self) -> u64 {
+        self.broker_peak_kib + self.exporter_peak_kib
+    }
 }
 
 /// The exporter with a collector disabled.
@@ -237,6 +269,8 @@ pub struct Memory {
     pub broker_anon_kib: u64,
     /// Exporter `RssAnon`.
     pub exporter_anon_kib: u64,
+    /// The peaks of the series with one scraper at the highest latency.
+    pub one_scraper: Peaks,
 }
 
 /// Work per scrape of an exporter, counted over scrapes of their own (`counts.rs`); `None`
@@ -338,15 +372,30 @@ pub fn targets(f: &FixtureReport) -> Vec<Target> {
     out.push(at_most("broker peak RSS, MiB".into(), mib(f.memory.broker_peak_kib), 4.0));
     out.push(at_most("exporter peak RSS, MiB".into(), mib(f.memory.exporter_peak_kib), 8.0));
     out.push(at_most(
-        "peak RSS of both processes, MiB".into(),
-        mib(f.memory.broker_peak_kib + f.memory.exporter_peak_kib),
-        8.0,
+        "peak RSS of both processes with one scraper, MiB".into(),
+        mib(f.memory.one_scraper.both_kib()),
+        7.5,
     ));
+    out.push(at_most(
+        "peak RSS of both processes with two scrapers at once, MiB".into(),
+        mib(f.concurrent.peaks.both_kib()),
+        7.5,
+    ));
+    if let Some(o) = &f.core_owner {
+        out.push(at_most(
+            format!(
+                "peak RSS of the broker and the --collector.core-owner exporter on {} cgroups, MiB",
+                o.cgroups
+            ),
+            mib(o.peaks.both_kib()),
+            8.0,
+        ));
+    }
     if let Some(s) = f.latencies.iter().max_by_key(|s| s.latency_us) {
         out.push(at_most(
             format!("exporter CPU per scrape at {} µs, ms", s.latency_us),
             s.cpu_ms_per_scrape.exporter,
-            0.7,
+            0.5,
         ));
     }
     for s in &f.latencies {
@@ -539,8 +588,17 @@ fn fixture_table(out: &mut String, f: &FixtureReport) {
     let c = &f.concurrent;
     let _ = writeln!(
         out,
-        "  two scrapers at once ({} µs, {} rounds): {} messages for {} answered scrapes = {:.1} per scrape",
-        c.latency_us, c.rounds, c.messages, c.answered, c.per_answered
+        "  two scrapers at once ({} µs, {} rounds): {} messages for {} answered scrapes = {:.1} per scrape;\n   \
+         per answered scrape: p50 {:.2} ms, p99 {:.2} ms, CPU broker {:.2} ms, exporter {:.2} ms",
+        c.latency_us,
+        c.rounds,
+        c.messages,
+        c.answered,
+        c.per_answered,
+        c.scrape_ms.p50,
+        c.scrape_ms.p99,
+        c.broker_cpu_ms_per_answered,
+        c.exporter_cpu_ms_per_answered
     );
     let d = &f.disabled_collector;
     let by_type: Vec<String> =
@@ -575,7 +633,40 @@ fn fixture_table(out: &mut String, f: &FixtureReport) {
         figure(p.proc_syscalls)
     );
     let sum = m.broker_peak_kib + m.exporter_peak_kib;
-    let _ = writeln!(out, "  peak RSS of both processes: {sum} KiB ({:.2} MiB)", mib(sum));
+    let _ =
+        writeln!(out, "  peak RSS of both processes over the run: {sum} KiB ({:.2} MiB)", mib(sum));
+    let _ = writeln!(
+        out,
+        "  peak RSS, KiB, and the resident set after the series by kind (files: binaries and libraries):"
+    );
+    let _ = writeln!(
+        out,
+        "  {:<34} {:>7} {:>7} {:>6} {:>6} {:>6} {:>5}",
+        "", "both", "peak", "files", "heap", "stacks", "rest"
+    );
+    let mut rows = vec![("one scraper", &m.one_scraper), ("two scrapers at once", &c.peaks)];
+    if let Some(o) = &f.core_owner {
+        rows.push(("core-owner exporter", &o.peaks));
+    }
+    for (name, p) in rows {
+        for (process, peak, split) in [
+            ("broker", p.broker_peak_kib, &p.broker),
+            ("exporter", p.exporter_peak_kib, &p.exporter),
+        ] {
+            let both = if process == "broker" { p.both_kib().to_string() } else { String::new() };
+            let _ = writeln!(
+                out,
+                "  {:<34} {:>7} {:>7} {:>6} {:>6} {:>6} {:>5}",
+                format!("{name}: {process}"),
+                both,
+                peak,
+                split.files_kib,
+                split.heap_kib,
+                split.stacks_kib,
+                split.rest_kib
+            );
+        }
+    }
     let _ = writeln!(out, "  targets:");
     for t in &f.targets {
         let _ = writeln!(
