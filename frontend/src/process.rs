@@ -4,12 +4,20 @@
 //! for the descriptor limit (what `self/limits` shows, without a file), and `btime` of `stat`
 //! once for the life of the process (the boot time does not change).
 //!
+//! `self/stat` and `self/fd` are opened at the first scrape and kept open: each scrape then
+//! reads the one from offset 0 and lists the other from its start, without a path walk or an
+//! open and a close of each (procfs makes both afresh at offset 0: `seq_read_iter` restarts a
+//! file read at another position than the last, and `proc_readfd` lists the table as it is).
+//! The process holds these two descriptors for its life, and `process_open_fds` counts them.
+//!
 //! The procfs root is a parameter so that tests read a fixture tree. Each value that cannot be
 //! read is `None`, and its series is left out of the scrape.
 
 use std::fs;
-use std::io::{self, Read as _};
+use std::io;
 use std::mem::MaybeUninit;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt as _;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -67,8 +75,12 @@ pub(crate) enum ProcError {
 pub(crate) struct ProcFs {
     /// `<root>/self/stat`.
     stat: PathBuf,
+    /// It, once opened.
+    stat_file: OnceLock<fs::File>,
     /// `<root>/self/fd`.
     fd: PathBuf,
+    /// It, once opened.
+    fd_dir: OnceLock<OwnedFd>,
     /// `<root>/stat`, read for `btime` until it has been read once.
     system_stat: PathBuf,
     boot_time: OnceLock<u64>,
@@ -93,7 +105,9 @@ impl ProcFs {
         let root = root.into();
         ProcFs {
             stat: root.join("self/stat"),
+            stat_file: OnceLock::new(),
             fd: root.join("self/fd"),
+            fd_dir: OnceLock::new(),
             system_stat: root.join("stat"),
             boot_time: OnceLock::new(),
             page_size,
@@ -129,8 +143,9 @@ impl ProcFs {
 
     fn stat(&self) -> Result<Stat, ProcError> {
         let mut buf = [0u8; STAT_CAP];
-        let len = read_line_file(&self.stat, &mut buf)
-            .map_err(|source| ProcError::Read { path: self.stat.clone(), source })?;
+        let failed = |source| ProcError::Read { path: self.stat.clone(), source };
+        let file = held(&self.stat_file, || fs::File::open(&self.stat)).map_err(failed)?;
+        let len = read_line_at_start(file, &mut buf).map_err(failed)?;
         buf.get(..len)
             .and_then(parse_stat)
             .ok_or_else(|| ProcError::Parse { path: self.stat.clone() })
@@ -151,17 +166,21 @@ impl ProcFs {
         Ok(*self.boot_time.get_or_init(|| btime))
     }
 
-    /// Entries of `self/fd`, listed through a buffer on the stack (`.` and `..` left out).
+    /// Entries of `self/fd`, listed from its start through a buffer on the stack (`.` and `..`
+    /// left out).
     fn open_fds(&self) -> Result<u64, ProcError> {
-        use rustix::fs::{Mode, OFlags, RawDir};
+        use rustix::fs::{Mode, OFlags, RawDir, SeekFrom};
         let failed = |errno: rustix::io::Errno| ProcError::Read {
             path: self.fd.clone(),
             source: errno.into(),
         };
         let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
-        let dir = rustix::fs::open(&self.fd, flags, Mode::empty()).map_err(failed)?;
+        let open = || rustix::fs::open(&self.fd, flags, Mode::empty()).map_err(io::Error::from);
+        let dir = held(&self.fd_dir, open)
+            .map_err(|source| ProcError::Read { path: self.fd.clone(), source })?;
+        rustix::fs::seek(dir, SeekFrom::Start(0)).map_err(failed)?;
         let mut buf = [MaybeUninit::<u8>::uninit(); DIRENT_BUFFER];
-        let mut entries = RawDir::new(&dir, &mut buf);
+        let mut entries = RawDir::new(dir, &mut buf);
         let mut count = 0u64;
         while let Some(entry) = entries.next() {
             let entry = entry.map_err(failed)?;
@@ -174,23 +193,33 @@ impl ProcFs {
     }
 }
 
+/// The value in `cell`, opened by `open` the first time it is asked for; a failure leaves the
+/// cell empty, to be tried again at the next scrape.
+fn held<T>(cell: &OnceLock<T>, open: impl FnOnce() -> io::Result<T>) -> io::Result<&T> {
+    if let Some(value) = cell.get() {
+        return Ok(value);
+    }
+    let value = open()?;
+    Ok(cell.get_or_init(|| value))
+}
+
 /// The soft limit on open file descriptors (`RLIMIT_NOFILE`, the "Max open files" line of
 /// `self/limits`), `None` when unlimited.
 fn max_fds() -> Option<u64> {
     rustix::process::getrlimit(rustix::process::Resource::Nofile).current
 }
 
-/// Reads a one-line procfs file such as `<pid>/stat` into `buf`: one `read` when the line
-/// fits, more only if the kernel hands it out in pieces. Returns its length.
-fn read_line_file(path: &std::path::Path, buf: &mut [u8]) -> io::Result<usize> {
-    let mut file = fs::File::open(path)?;
+/// Reads a one-line procfs file such as `<pid>/stat` from its start into `buf`: one `pread` at
+/// offset 0 when the line fits, more only if the kernel hands it out in pieces. Returns its
+/// length.
+fn read_line_at_start(file: &fs::File, buf: &mut [u8]) -> io::Result<usize> {
     let mut len = 0;
     loop {
         let rest = buf.get_mut(len..).unwrap_or_default();
         if rest.is_empty() {
             return Err(io::Error::other("longer than expected"));
         }
-        match file.read(rest) {
+        match file.read_at(rest, len as u64) {
             Ok(0) => return Ok(len),
             Ok(n) => {
                 len += n;
@@ -312,6 +341,18 @@ mod tests {
     fn missing_procfs_gives_no_values() {
         let stats = ProcFs::new("/nonexistent-procfs", 4096).read();
         assert_eq!(stats, ProcessStats { max_fds: max_fds(), ..ProcessStats::default() });
+    }
+
+    #[test]
+    fn each_read_sees_the_files_as_they_are_now_through_the_descriptors_it_keeps() {
+        let dir = fixture(STAT, LIMITS, 2);
+        let procfs = ProcFs::new(dir.path(), 4096);
+        assert_eq!(procfs.read().resident_memory_bytes, Some(2048 * 4096));
+        fs::write(dir.path().join("self/stat"), STAT.replace(" 2048 ", " 1024 ")).unwrap();
+        fs::write(dir.path().join("self/fd/9"), "").unwrap();
+        let later = procfs.read();
+        assert_eq!(later.resident_memory_bytes, Some(1024 * 4096));
+        assert_eq!(later.open_fds, Some(3));
     }
 
     #[test]
