@@ -11,17 +11,16 @@ pub fn run(args: &[String]) -> Result<()> {
     if !rustix::process::geteuid().is_root() {
         bail!("the benchmark mounts a FUSE fake device: run it as root (with /dev/fuse)");
     }
+    crate::workspace::build_release_daemons()?;
+    // The benchmark program alone: the e2e crate's other programs are not run.
     crate::workspace::cargo(&[
         "build",
         "--quiet",
         "--release",
         "-p",
-        "amd-hsmp-broker",
-        "-p",
-        "amd-hsmp-exporter",
-        "-p",
         "amd-hsmp-e2e",
-        "--bins",
+        "--bin",
+        "bench",
     ])?;
     let bin = crate::workspace::target_dir(&crate::workspace::root()).join("release");
     crate::workspace::run_cmd(Command::new(bin.join("bench")).args(args).arg("--bin-dir").arg(&bin))
