@@ -51,7 +51,14 @@ pub fn service(exporter: Arc<Exporter>, web: Arc<amd_hsmp_web::config::WebState>
     app(exporter)
         .layer(axum::middleware::from_fn_with_state(web, amd_hsmp_web::layer::middleware))
         .merge(probes)
-        .layer(tower_http::compression::CompressionLayer::new())
+        // Deflate's fastest level: a scrape's body compresses to about 7 % more bytes than at
+        // the default level (8.7 against 8.1 kB on a Turin 2P) for about 0.9 ms less of the
+        // exporter's CPU, 60 % of what gzip cost it (docs/benchmarks.md). Prometheus asks every
+        // target for gzip; its bytes cross a network once, its CPU is spent on every scrape.
+        .layer(
+            tower_http::compression::CompressionLayer::new()
+                .quality(tower_http::CompressionLevel::Fastest),
+        )
 }
 
 /// What can go wrong answering a request. The response never shows internals; the log does.
