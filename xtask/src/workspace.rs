@@ -64,7 +64,7 @@ const RUN_ONLY_VARS: [&str; 6] = [
 
 /// cargo with `args` in the workspace root, in the environment a plain `cargo` from the
 /// shell would have: without [`RUN_ONLY_VARS`].
-fn cargo_command(args: &[&str]) -> Command {
+pub(crate) fn cargo_command(args: &[&str]) -> Command {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.args(args).current_dir(root());
     for (name, _) in std::env::vars_os() {

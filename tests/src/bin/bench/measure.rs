@@ -3,8 +3,8 @@
 
 use crate::Cli;
 use crate::report::{
-    Concurrent, CoreOwner, Cpu, Disabled, FixtureReport, Host, Idle, LatencyReport, Memory, Peaks,
-    Percentiles, Report, Startup, StartupFigures,
+    Compressed, Concurrent, CoreOwner, Cpu, Disabled, FixtureReport, Host, Idle, LatencyReport,
+    Memory, Peaks, Percentiles, Report, Startup, StartupFigures,
 };
 use amd_hsmp_device::{DevHsmp, HsmpMessage, HsmpTransport, Message};
 use amd_hsmp_e2e::cgroups;
@@ -259,6 +259,39 @@ fn scrape(addr: SocketAddr) -> Result<Scraped> {
     if response.status != 200 {
         bail!("scrape answered {}:\n{}", response.status, response.body);
     }
+    scraped(&response)
+}
+
+/// A scrape asking for gzip, as Prometheus does: its times and the body's size as sent.
+fn scrape_gzip(addr: SocketAddr) -> Result<(Scraped, usize)> {
+    use std::io::{Read as _, Write as _};
+    let timeout = Duration::from_secs(30);
+    let request = format!(
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: {PROMETHEUS_ACCEPT}\r\n\
+         Accept-Encoding: gzip\r\n{}: {DEFAULT_SCRAPE_TIMEOUT}\r\n\r\n",
+        amd_hsmp_exporter::http::SCRAPE_TIMEOUT_HEADER
+    );
+    let started = Instant::now();
+    let mut stream = harness::connect_from(None, addr, timeout)?;
+    stream.write_all(request.as_bytes())?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).context("reading the HTTP response")?;
+    let elapsed = started.elapsed();
+    let (status, headers, body) = harness::parse_raw_response(&raw)?;
+    let gzipped = headers.iter().any(|(n, v)| n == "content-encoding" && v == "gzip");
+    if status != 200 || !gzipped {
+        bail!("a scrape asking for gzip answered {status}, content encoding gzip: {gzipped}");
+    }
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(body.as_slice())
+        .read_to_string(&mut text)
+        .context("the gzip body does not decode")?;
+    let response = harness::Response { status, headers, body: text, elapsed };
+    Ok((scraped(&response)?, body.len()))
+}
+
+/// The figures of a healthy scrape's answer; fails unless it is complete and healthy.
+fn scraped(response: &harness::Response) -> Result<Scraped> {
     for line in ["amd_hsmp_up 1", "amd_hsmp_broker_up 1"] {
         if !response.body.lines().any(|l| l == line) {
             bail!("scrape lacks {line:?}:\n{}", response.body);
@@ -316,6 +349,7 @@ fn measure_fixture(
     expected: usize,
 ) -> Result<FixtureReport> {
     let floor = Floor::start(&rig.device.hsmp_path(), sockets)?;
+    let libc = libc_of(rig.exporter.pid())?;
     let mut latencies = Vec::new();
     let mut owner_latencies = Vec::new();
     let (mut owners, mut workloads) = (Range::default(), Range::default());
@@ -376,6 +410,8 @@ fn measure_fixture(
     rig.machine.update_faults(|f| f.latency = Duration::from_micros(highest));
     lifetime.reset(rig.broker.pid(), rig.exporter.pid())?;
     let concurrent = concurrent(rig, cli.concurrent_rounds, highest)?;
+    eprintln!("bench: {name}: {} scrapes asking for gzip at {highest} µs", cli.scrapes);
+    let compressed = compressed(rig, cli.scrapes, highest)?;
     let disabled = disabled(rig)?;
     let idle = idle(rig)?;
     let memory = Memory {
@@ -394,11 +430,13 @@ fn measure_fixture(
         crate::counts::per_scrape(rig.exporter.pid(), || rig.scrape(addr).map(drop));
     Ok(FixtureReport {
         fixture: name.to_owned(),
+        libc,
         sockets,
         cores,
         expected_messages: expected,
         latencies,
         concurrent,
+        compressed,
         disabled_collector: disabled,
         idle,
         memory,
@@ -491,6 +529,50 @@ fn series(
         messages_between: between,
     };
     Ok((report, owners, workloads))
+}
+
+/// `scrapes` scrapes of the default exporter asking for gzip (`Accept-Encoding: gzip`, which
+/// Prometheus sends unless told not to), each past the freshness bound: the exporter's CPU a
+/// scrape with compression, and the body's size compressed and not.
+fn compressed(rig: &mut Rig, scrapes: usize, latency_us: u64) -> Result<Compressed> {
+    let addr = rig.addr;
+    let exporter = rig.exporter.pid();
+    let plain_bytes = scrape_body_len(addr)?;
+    let cpu0 = cpu_time(exporter)?;
+    let mut walls = Vec::with_capacity(scrapes);
+    let mut gzip_bytes = 0;
+    for _ in 0..scrapes {
+        std::thread::sleep(MAX_AGE);
+        let (scraped, bytes) = scrape_gzip(addr)?;
+        walls.push(scraped.wall);
+        gzip_bytes = gzip_bytes.max(bytes);
+    }
+    rig.exporter.check_running()?;
+    let cpu = cpu_time(exporter)?.saturating_sub(cpu0);
+    Ok(Compressed {
+        latency_us,
+        scrapes,
+        scrape_ms: Percentiles::of(&walls),
+        exporter_cpu_ms_per_scrape: cpu.as_secs_f64() * 1e3 / scrapes.max(1) as f64,
+        plain_bytes,
+        gzip_bytes,
+    })
+}
+
+/// The length of one uncompressed answer of `addr`.
+fn scrape_body_len(addr: SocketAddr) -> Result<usize> {
+    let headers = [("Accept", PROMETHEUS_ACCEPT)];
+    Ok(harness::http_get(addr, "/metrics", &headers, Duration::from_secs(30))?.body.len())
+}
+
+/// How process `pid` has its C library: `shared` where it maps a `libc.so`, else `static`
+/// (linked in, `+crt-static`, as the release's tarball, `.deb` and image ship the daemons).
+fn libc_of(pid: u32) -> Result<String> {
+    let path = format!("/proc/{pid}/maps");
+    let maps = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
+    let shared =
+        maps.lines().any(|l| l.rsplit('/').next().is_some_and(|f| f.starts_with("libc.so")));
+    Ok(if shared { "shared" } else { "static" }.to_owned())
 }
 
 /// The fewest and most of a count over scrapes.

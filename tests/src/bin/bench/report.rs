@@ -57,6 +57,9 @@ pub struct Host {
 pub struct FixtureReport {
     /// Fixture name.
     pub fixture: String,
+    /// How the daemons have their C library: `shared` (`cargo build --release`, the RPM) or
+    /// `static` (`cargo xtask bench --static`: the release's tarball, `.deb` and image).
+    pub libc: String,
     /// Sockets.
     pub sockets: usize,
     /// Physical cores.
@@ -67,6 +70,8 @@ pub struct FixtureReport {
     pub latencies: Vec<LatencyReport>,
     /// Two scrapers at once.
     pub concurrent: Concurrent,
+    /// Scrapes asking for gzip.
+    pub compressed: Compressed,
     /// The exporter with a collector disabled.
     pub disabled_collector: Disabled,
     /// Nobody scraping.
@@ -227,6 +232,23 @@ impl Peaks {
     pub fn both_kib(&self) -> u64 {
         self.broker_peak_kib + self.exporter_peak_kib
     }
+}
+
+/// Scrapes of the default exporter asking for gzip, as Prometheus does.
+#[derive(Debug, Serialize)]
+pub struct Compressed {
+    /// Simulated latency, µs.
+    pub latency_us: u64,
+    /// Scrapes.
+    pub scrapes: usize,
+    /// Wall time over HTTP, ms.
+    pub scrape_ms: Percentiles,
+    /// The exporter's CPU time a scrape, ms.
+    pub exporter_cpu_ms_per_scrape: f64,
+    /// The body's length without compression, bytes.
+    pub plain_bytes: usize,
+    /// Its length gzipped, bytes (the longest of the scrapes).
+    pub gzip_bytes: usize,
 }
 
 /// The exporter with a collector disabled.
@@ -520,8 +542,8 @@ fn interrupts_table(
 fn fixture_table(out: &mut String, f: &FixtureReport) {
     let _ = writeln!(
         out,
-        "\n== {} ({} sockets, {} cores; a steady scrape should cost {} messages) ==",
-        f.fixture, f.sockets, f.cores, f.expected_messages
+        "\n== {} ({} sockets, {} cores; a steady scrape should cost {} messages; libc {}) ==",
+        f.fixture, f.sockets, f.cores, f.expected_messages, f.libc
     );
     let _ = writeln!(
         out,
@@ -599,6 +621,18 @@ fn fixture_table(out: &mut String, f: &FixtureReport) {
         c.scrape_ms.p99,
         c.broker_cpu_ms_per_answered,
         c.exporter_cpu_ms_per_answered
+    );
+    let z = &f.compressed;
+    let _ = writeln!(
+        out,
+        "  asking for gzip ({} µs, {} scrapes): exporter CPU {:.2} ms a scrape, p50 {:.2} ms; body {} \
+         bytes gzipped, {} not",
+        z.latency_us,
+        z.scrapes,
+        z.exporter_cpu_ms_per_scrape,
+        z.scrape_ms.p50,
+        z.gzip_bytes,
+        z.plain_bytes
     );
     let d = &f.disabled_collector;
     let by_type: Vec<String> =
