@@ -411,7 +411,7 @@ fn measure_fixture(
     lifetime.reset(rig.broker.pid(), rig.exporter.pid())?;
     let concurrent = concurrent(rig, cli.concurrent_rounds, highest)?;
     eprintln!("bench: {name}: {} scrapes asking for gzip at {highest} µs", cli.scrapes);
-    let compressed = compressed(rig, cli.scrapes, highest)?;
+    let compressed = compressed(rig, &mut lifetime, cli.scrapes, highest)?;
     let disabled = disabled(rig)?;
     let idle = idle(rig)?;
     let memory = Memory {
@@ -534,10 +534,16 @@ fn series(
 /// `scrapes` scrapes of the default exporter asking for gzip (`Accept-Encoding: gzip`, which
 /// Prometheus sends unless told not to), each past the freshness bound: the exporter's CPU a
 /// scrape with compression, and the body's size compressed and not.
-fn compressed(rig: &mut Rig, scrapes: usize, latency_us: u64) -> Result<Compressed> {
+fn compressed(
+    rig: &mut Rig,
+    lifetime: &mut Lifetime,
+    scrapes: usize,
+    latency_us: u64,
+) -> Result<Compressed> {
     let addr = rig.addr;
-    let exporter = rig.exporter.pid();
+    let (broker, exporter) = (rig.broker.pid(), rig.exporter.pid());
     let plain_bytes = scrape_body_len(addr)?;
+    lifetime.reset(broker, exporter)?;
     let cpu0 = cpu_time(exporter)?;
     let mut walls = Vec::with_capacity(scrapes);
     let mut gzip_bytes = 0;
@@ -556,6 +562,7 @@ fn compressed(rig: &mut Rig, scrapes: usize, latency_us: u64) -> Result<Compress
         exporter_cpu_ms_per_scrape: cpu.as_secs_f64() * 1e3 / scrapes.max(1) as f64,
         plain_bytes,
         gzip_bytes,
+        peaks: peaks(broker, exporter)?,
     })
 }
 
@@ -570,9 +577,14 @@ fn scrape_body_len(addr: SocketAddr) -> Result<usize> {
 fn libc_of(pid: u32) -> Result<String> {
     let path = format!("/proc/{pid}/maps");
     let maps = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
+    Ok(libc_in(&maps).to_owned())
+}
+
+/// `shared` where a `maps` text maps a `libc.so`, else `static`.
+pub fn libc_in(maps: &str) -> &'static str {
     let shared =
         maps.lines().any(|l| l.rsplit('/').next().is_some_and(|f| f.starts_with("libc.so")));
-    Ok(if shared { "shared" } else { "static" }.to_owned())
+    if shared { "shared" } else { "static" }
 }
 
 /// The fewest and most of a count over scrapes.
@@ -604,9 +616,10 @@ impl Range {
 }
 
 /// The two-scraper mode, as under a Prometheus HA pair: `rounds` pairs of simultaneous
-/// scrapes, each pair past the freshness bound of the last reading. With single flight (and
-/// shared readings) a pair costs one reading; the figures are per answered scrape, and the
-/// processes' peaks are those of these rounds (reset before them by the caller).
+/// scrapes asking for gzip as Prometheus does, each pair past the freshness bound of the last
+/// reading. With single flight (and shared readings) a pair costs one reading; the figures are
+/// per answered scrape, and the processes' peaks are those of these rounds (reset before them
+/// by the caller).
 fn concurrent(rig: &mut Rig, rounds: usize, latency_us: u64) -> Result<Concurrent> {
     let start = rig.messages();
     let addr = rig.addr;
@@ -622,7 +635,7 @@ fn concurrent(rig: &mut Rig, rounds: usize, latency_us: u64) -> Result<Concurren
                 .map(|_| {
                     s.spawn(|| {
                         barrier.wait();
-                        scrape(addr)
+                        scrape_gzip(addr).map(|(scraped, _)| scraped)
                     })
                 })
                 .collect();
@@ -1011,6 +1024,16 @@ mod tests {
         let echoed = command_line(args.into_iter().map(String::from));
         assert_eq!(echoed, "cargo xtask bench --scrapes 5 --json f");
         assert_eq!(command_line(std::iter::empty()), "cargo xtask bench");
+    }
+
+    #[test]
+    fn a_process_mapping_libc_so_has_it_shared_and_one_without_has_it_linked_in() {
+        let dynamic = "55d0-55d1 r-xp 00001000 fd:01 12 /usr/bin/amd-hsmp-exporter\n\
+                       7f10-7f12 r-xp 00028000 fd:01 99 /usr/lib/x86_64-linux-gnu/libc.so.6\n";
+        assert_eq!(libc_in(dynamic), "shared");
+        let linked_in = "55d0-55d1 r-xp 00001000 fd:01 12 /usr/bin/amd-hsmp-exporter\n\
+                         7ffc-7ffd rw-p 00000000 00:00 0 [stack]\n";
+        assert_eq!(libc_in(linked_in), "static");
     }
 
     #[test]
