@@ -536,6 +536,18 @@ pub fn http_exchange(
     request: &[u8],
     timeout: Duration,
 ) -> Result<Response> {
+    let (raw, elapsed) = http_exchange_raw(from, addr, request, timeout)?;
+    parse_response(&raw, elapsed)
+}
+
+/// As [`http_exchange`], but the response as read, whatever its body (gzip, say), with the
+/// time from sending the request to its end.
+pub fn http_exchange_raw(
+    from: Option<IpAddr>,
+    addr: SocketAddr,
+    request: &[u8],
+    timeout: Duration,
+) -> Result<(Vec<u8>, Duration)> {
     let started = Instant::now();
     let mut stream = connect_from(from, addr, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
@@ -543,8 +555,7 @@ pub fn http_exchange(
     stream.write_all(request)?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).context("reading the HTTP response")?;
-    let elapsed = started.elapsed();
-    parse_response(&raw, elapsed)
+    Ok((raw, started.elapsed()))
 }
 
 /// The samples of an exposition (either format): `name{labels}` exactly as printed → value.

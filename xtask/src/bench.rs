@@ -26,9 +26,7 @@ pub fn run(args: &[String]) -> Result<()> {
         // not reach build scripts and proc macros.
         let triple = crate::image::TARGET;
         let mut build = crate::workspace::cargo_command(&crate::workspace::RELEASE_DAEMONS);
-        build
-            .args(["--target", triple])
-            .env("CARGO_ENCODED_RUSTFLAGS", "-Ctarget-feature=+crt-static");
+        build.args(["--target", triple]).env("CARGO_ENCODED_RUSTFLAGS", crate::image::CRT_STATIC);
         crate::workspace::run_cmd(&mut build)?;
         target.join(triple).join("release")
     } else {

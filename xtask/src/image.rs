@@ -44,6 +44,8 @@ pub const PACKAGES: [&str; 2] = ["amd-hsmp-broker", "amd-hsmp-exporter"];
 pub const SIM_BROKER: &str = "amd-hsmp-sim-broker";
 /// The user the image runs as: nobody, by number, so that the kubelet can check `runAsNonRoot`.
 pub const USER: &str = "65534";
+/// The flag that links glibc into the binaries, as the image and the release build them.
+pub(crate) const CRT_STATIC: &str = "-Ctarget-feature=+crt-static";
 /// The target the binaries are built for (explicit, so that `+crt-static` does not reach build
 /// scripts and proc macros).
 pub(crate) const TARGET: &str = "x86_64-unknown-linux-gnu";
@@ -220,7 +222,7 @@ fn build_from(
     // output would carry cargo's home and the target directory. Identical flags in every
     // checkout, so the copy of `--reproducible` reuses the compiled dependencies.
     let rustflags = [
-        "-Ctarget-feature=+crt-static".to_owned(),
+        CRT_STATIC.to_owned(),
         format!("--remap-path-prefix={}=/cargo", cargo_home.display()),
         format!("--remap-path-prefix={}=/target", target_dir.display()),
     ]

@@ -48,7 +48,7 @@ fn binaries(tree: &Path, revision: &str) -> Result<Vec<PathBuf>> {
     // Vendored crates and build scripts' output are under the tree; cargo's home holds nothing
     // compiled but is remapped too, should a path of it reach a binary.
     let rustflags = [
-        "-Ctarget-feature=+crt-static".to_owned(),
+        crate::image::CRT_STATIC.to_owned(),
         format!("--remap-path-prefix={}=/build", tree.display()),
         format!("--remap-path-prefix={}=/home", home.display()),
     ]

@@ -264,19 +264,14 @@ fn scrape(addr: SocketAddr) -> Result<Scraped> {
 
 /// A scrape asking for gzip, as Prometheus does: its times and the body's size as sent.
 fn scrape_gzip(addr: SocketAddr) -> Result<(Scraped, usize)> {
-    use std::io::{Read as _, Write as _};
-    let timeout = Duration::from_secs(30);
+    use std::io::Read as _;
     let request = format!(
         "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: {PROMETHEUS_ACCEPT}\r\n\
          Accept-Encoding: gzip\r\n{}: {DEFAULT_SCRAPE_TIMEOUT}\r\n\r\n",
         amd_hsmp_exporter::http::SCRAPE_TIMEOUT_HEADER
     );
-    let started = Instant::now();
-    let mut stream = harness::connect_from(None, addr, timeout)?;
-    stream.write_all(request.as_bytes())?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).context("reading the HTTP response")?;
-    let elapsed = started.elapsed();
+    let (raw, elapsed) =
+        harness::http_exchange_raw(None, addr, request.as_bytes(), Duration::from_secs(30))?;
     let (status, headers, body) = harness::parse_raw_response(&raw)?;
     let gzipped = headers.iter().any(|(n, v)| n == "content-encoding" && v == "gzip");
     if status != 200 || !gzipped {
@@ -365,7 +360,7 @@ fn measure_fixture(
         // At the highest latency, each series' peak is its own: the peaks are reset before it.
         let (broker, exporter) = (rig.broker.pid(), rig.exporter.pid());
         if us == highest {
-            lifetime.reset(broker, exporter)?;
+            lifetime.reset(broker, Some(exporter))?;
         }
         latencies.push(series(rig, &floor, cli.scrapes, us, Which::Plain)?.0);
         if us == highest {
@@ -379,7 +374,7 @@ fn measure_fixture(
             );
             let owner = owner.pid();
             if us == highest {
-                lifetime.reset(broker, 0)?;
+                lifetime.reset(broker, None)?;
             }
             let (report, o, w) = series(rig, &floor, cli.scrapes, us, Which::Owner)?;
             if us == highest {
@@ -408,7 +403,7 @@ fn measure_fixture(
     };
     // Concurrency and the idle window at the highest latency: the longest flights.
     rig.machine.update_faults(|f| f.latency = Duration::from_micros(highest));
-    lifetime.reset(rig.broker.pid(), rig.exporter.pid())?;
+    lifetime.reset(rig.broker.pid(), Some(rig.exporter.pid()))?;
     let concurrent = concurrent(rig, cli.concurrent_rounds, highest)?;
     eprintln!("bench: {name}: {} scrapes asking for gzip at {highest} µs", cli.scrapes);
     let compressed = compressed(rig, &mut lifetime, cli.scrapes, highest)?;
@@ -543,7 +538,7 @@ fn compressed(
     let addr = rig.addr;
     let (broker, exporter) = (rig.broker.pid(), rig.exporter.pid());
     let plain_bytes = scrape_body_len(addr)?;
-    lifetime.reset(broker, exporter)?;
+    lifetime.reset(broker, Some(exporter))?;
     let cpu0 = cpu_time(exporter)?;
     let mut walls = Vec::with_capacity(scrapes);
     let mut gzip_bytes = 0;
@@ -686,11 +681,11 @@ struct Lifetime {
 }
 
 impl Lifetime {
-    /// Keeps the peaks of `broker` and `exporter` (0: none) and resets them to their current
+    /// Keeps the peaks of `broker` and, if given, `exporter` and resets them to their current
     /// resident sets, so that the next reading of `VmHWM` is the peak of what follows.
-    fn reset(&mut self, broker: u32, exporter: u32) -> Result<()> {
+    fn reset(&mut self, broker: u32, exporter: Option<u32>) -> Result<()> {
         self.broker = self.broker.max(reset_peak(broker)?);
-        if exporter != 0 {
+        if let Some(exporter) = exporter {
             self.exporter = self.exporter.max(reset_peak(exporter)?);
         }
         Ok(())
