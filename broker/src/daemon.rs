@@ -313,6 +313,30 @@ fn run(cli: Args, simulation: Option<&dyn Simulation>) -> Result<()> {
     server::serve(listener, backend, identity, config).context("listening socket failed")
 }
 
+/// A Unix stream socket bound to `path`, whose file is given `mode` before the socket listens:
+/// until `listen(2)` the kernel refuses every connection, so no peer is queued while the file
+/// still has the mode the umask gave it, and a client that finds the socket listening finds
+/// it with `mode`. (`UnixListener::bind` listens at once, leaving the change of mode after.)
+fn bind_with_mode(path: &Path, mode: u32) -> Result<UnixListener> {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .context("cannot create a Unix socket")?;
+    let address = SocketAddrUnix::new(path)
+        .with_context(|| format!("{} cannot name a Unix socket", path.display()))?;
+    rustix::net::bind(&fd, &address)
+        .with_context(|| format!("cannot listen on {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("cannot set mode {mode:04o} on {}", path.display()))?;
+    // A negative backlog is capped at net.core.somaxconn, as std's `UnixListener::bind` asks.
+    rustix::net::listen(&fd, -1).with_context(|| format!("cannot listen on {}", path.display()))?;
+    Ok(UnixListener::from(fd))
+}
+
 /// Creates the socket at `path` (replacing a stale one) with `mode`, or takes the one systemd
 /// passed. A created socket comes with the handle that removes it on `SIGTERM`.
 fn listener(
@@ -344,12 +368,30 @@ fn listener(
         std::fs::remove_file(path)
             .with_context(|| format!("cannot remove stale socket {}", path.display()))?;
     }
-    let listener =
-        UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .with_context(|| format!("cannot set mode {mode:04o} on {}", path.display()))?;
+    let listener = bind_with_mode(path, mode)?;
     let file = lockdown::SocketFile::new(path)
         .with_context(|| format!("cannot open the directory of {}", path.display()))?;
     tracing::info!(path = %path.display(), mode = format_args!("{mode:04o}"), "listening");
     Ok((listener, Some(file)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_created_socket_listens_with_the_mode_asked_and_is_not_inherited() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("b.sock");
+        let listener = bind_with_mode(&path, 0o600).unwrap();
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        assert!(meta.file_type().is_socket());
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o600);
+        let flags = rustix::io::fcntl_getfd(&listener).unwrap();
+        assert!(flags.contains(rustix::io::FdFlags::CLOEXEC));
+        UnixStream::connect(&path).unwrap();
+        listener.accept().unwrap();
+        let taken = bind_with_mode(&path, 0o600).unwrap_err();
+        assert!(format!("{taken:#}").contains("cannot listen on"), "{taken:#}");
+    }
 }

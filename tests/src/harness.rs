@@ -329,7 +329,8 @@ pub fn wait_until(proc: &mut Proc, what: &str, mut ready: impl FnMut() -> bool) 
 }
 
 /// `amd-hsmp-sim-broker --simulate PROFILE --listen SOCKET` (with `extra` flags), started and
-/// waited for until its socket exists. A stale socket file is removed first.
+/// waited for until it listens on its socket ([`listening`]). A stale socket file is removed
+/// first.
 pub fn start_simulated_broker(
     profile: &str,
     socket: &Path,
@@ -341,8 +342,26 @@ pub fn start_simulated_broker(
         vec!["--simulate".into(), profile.into(), "--listen".into(), socket.display().to_string()];
     args.extend(extra.iter().map(|a| a.to_string()));
     let mut broker = Proc::spawn("amd-hsmp-sim-broker", &binaries()?.sim_broker, &args, log)?;
-    wait_until(&mut broker, "broker socket", || socket.exists())?;
+    wait_until(&mut broker, "broker socket", || listening(socket))?;
     Ok(broker)
+}
+
+/// Whether a Unix stream socket bound to `path` listens: connections to it are queued, not
+/// refused. The file's existence is not enough: `bind(2)` makes it, and until `listen(2)` a
+/// connection is refused (`unix_stream_connect` in the kernel's `net/unix/af_unix.c`: a peer
+/// not in `TCP_LISTEN` is `ECONNREFUSED`), so a client sent in that window by a test reads
+/// "broker unreachable". `/proc/net/unix` shows the state without connecting: `unix_seq_show`
+/// prints `__SO_ACCEPTCON` (`0x10000`) in the Flags column of a listening socket, and the
+/// bound path last. Connecting to find out would instead cost the broker a peer that hangs up.
+pub fn listening(path: &Path) -> bool {
+    const SO_ACCEPTCON: u32 = 0x1_0000;
+    let Ok(table) = std::fs::read_to_string("/proc/net/unix") else { return false };
+    let Some(path) = path.to_str() else { return false };
+    let suffix = format!(" {path}");
+    table.lines().skip(1).filter(|line| line.ends_with(&suffix)).any(|line| {
+        let flags = line.split_whitespace().nth(3);
+        flags.and_then(|f| u32::from_str_radix(f, 16).ok()).is_some_and(|f| f & SO_ACCEPTCON != 0)
+    })
 }
 
 /// `amd-hsmp-exporter` for the broker on `socket`, on a free 127.0.0.1 port, with `extra`
@@ -654,6 +673,27 @@ fn dechunk(mut data: &[u8]) -> Result<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_socket_bound_but_not_yet_listening_is_not_ready_and_is_once_it_listens() {
+        use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+        use rustix::net::{bind, listen, socket_with};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("with a space.sock");
+        // Close-on-exec, as std's sockets are: a child another test spawns meanwhile must not
+        // keep it open.
+        let fd = socket_with(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None)
+            .unwrap();
+        bind(&fd, &SocketAddrUnix::new(&path).unwrap()).unwrap();
+        // What a broker start-up gate looked at before: the file is there already.
+        assert!(path.exists());
+        assert!(!super::listening(&path));
+        assert!(UnixStream::connect(&path).is_err(), "connecting before listen(2) is refused");
+        listen(&fd, 1).unwrap();
+        assert!(super::listening(&path));
+        assert!(UnixStream::connect(&path).is_ok());
+        assert!(!super::listening(&dir.path().join("with a space")), "a path is matched whole");
+    }
+
     use super::*;
 
     #[test]

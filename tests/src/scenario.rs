@@ -509,9 +509,9 @@ impl Rig {
             args.extend(scenario.broker_flags.iter().cloned());
             let mut broker =
                 Proc::spawn("amd-hsmp-broker", &bins.broker, &args, dir.path().join("broker.log"))?;
-            // The socket is bound after start-up (opens, probes, lock-down): its appearance
-            // means start-up traffic is complete.
-            harness::wait_until(&mut broker, "broker socket", || socket.exists())?;
+            // The socket is bound after start-up (opens, probes, lock-down): its listening
+            // means start-up traffic is complete and a connection is queued, not refused.
+            harness::wait_until(&mut broker, "broker socket", || harness::listening(&socket))?;
             Some(broker)
         } else {
             None
