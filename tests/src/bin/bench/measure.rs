@@ -3,8 +3,8 @@
 
 use crate::Cli;
 use crate::report::{
-    Compressed, Concurrent, CoreOwner, Cpu, Disabled, FixtureReport, Host, Idle, LatencyReport,
-    Memory, Peaks, Percentiles, Report, Startup, StartupFigures,
+    Compressed, Concurrent, CoreOwner, Cpu, CpuSplit, Disabled, FixtureReport, Host, Idle, Kept,
+    LatencyReport, Memory, Peaks, Percentiles, Report, Startup, StartupFigures,
 };
 use amd_hsmp_device::{DevHsmp, HsmpMessage, HsmpTransport, Message};
 use amd_hsmp_e2e::cgroups;
@@ -407,6 +407,8 @@ fn measure_fixture(
     let concurrent = concurrent(rig, cli.concurrent_rounds, highest)?;
     eprintln!("bench: {name}: {} scrapes asking for gzip at {highest} µs", cli.scrapes);
     let compressed = compressed(rig, &mut lifetime, cli.scrapes, highest)?;
+    eprintln!("bench: {name}: {} scrapes over a kept connection at {highest} µs", cli.scrapes);
+    let kept = kept(rig, cli.scrapes, highest)?;
     let disabled = disabled(rig)?;
     let idle = idle(rig)?;
     let memory = Memory {
@@ -432,6 +434,7 @@ fn measure_fixture(
         latencies,
         concurrent,
         compressed,
+        kept,
         disabled_collector: disabled,
         idle,
         memory,
@@ -559,6 +562,146 @@ fn compressed(
         gzip_bytes,
         peaks: peaks(broker, exporter)?,
     })
+}
+
+/// The default exporter's CPU a scrape split into user and system time, each scrape past the
+/// freshness bound: a new connection for each scrape (as the latency series scrape), then one
+/// connection kept for all of them, as Prometheus keeps its connection to a target between
+/// scrapes, without and with gzip.
+fn kept(rig: &mut Rig, scrapes: usize, latency_us: u64) -> Result<Kept> {
+    let (addr, exporter) = (rig.addr, rig.exporter.pid());
+    let closing = cpu_split_over(exporter, scrapes, || scrape(addr).map(drop))?;
+    let mut connection = KeptConnection::open(addr)?;
+    // The connection's set-up is not counted: one scrape before the series.
+    connection.scrape(false)?;
+    let plain = cpu_split_over(exporter, scrapes, || connection.scrape(false).map(drop))?;
+    let gzip = cpu_split_over(exporter, scrapes, || connection.scrape(true).map(drop))?;
+    rig.exporter.check_running()?;
+    Ok(Kept { latency_us, scrapes, closing, plain, gzip })
+}
+
+/// Process `pid`'s user and system time a call of `scrape`, over `scrapes` calls each after
+/// the freshness bound.
+fn cpu_split_over(
+    pid: u32,
+    scrapes: usize,
+    mut scrape: impl FnMut() -> Result<()>,
+) -> Result<CpuSplit> {
+    let (user0, system0) = cpu_split(pid)?;
+    for _ in 0..scrapes {
+        std::thread::sleep(MAX_AGE);
+        scrape()?;
+    }
+    let (user1, system1) = cpu_split(pid)?;
+    let per = |d: Duration| d.as_secs_f64() * 1e3 / scrapes.max(1) as f64;
+    let (user, system) = (per(user1.saturating_sub(user0)), per(system1.saturating_sub(system0)));
+    Ok(CpuSplit { user_ms: user, system_ms: system, total_ms: user + system })
+}
+
+/// An HTTP/1.1 connection to the exporter that stays open from one scrape to the next, as
+/// Prometheus' is: each answer is read to the end of its body as framed (a length, or chunks),
+/// never to the connection's end. A connection the exporter closes fails the next scrape.
+struct KeptConnection {
+    addr: SocketAddr,
+    reader: std::io::BufReader<std::net::TcpStream>,
+}
+
+impl KeptConnection {
+    fn open(addr: SocketAddr) -> Result<KeptConnection> {
+        let stream = std::net::TcpStream::connect(addr)
+            .with_context(|| format!("cannot connect to {addr}"))?;
+        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+        stream.set_write_timeout(Some(Duration::from_secs(30)))?;
+        Ok(KeptConnection { addr, reader: std::io::BufReader::new(stream) })
+    }
+
+    /// One scrape, asking for gzip or not; fails unless the answer is complete and healthy.
+    fn scrape(&mut self, gzip: bool) -> Result<Scraped> {
+        use std::io::{Read as _, Write as _};
+        let encoding = if gzip { "Accept-Encoding: gzip\r\n" } else { "" };
+        let request = format!(
+            "GET /metrics HTTP/1.1\r\nHost: {}\r\nAccept: {PROMETHEUS_ACCEPT}\r\n{encoding}\
+             {}: {DEFAULT_SCRAPE_TIMEOUT}\r\n\r\n",
+            self.addr,
+            amd_hsmp_exporter::http::SCRAPE_TIMEOUT_HEADER
+        );
+        let started = Instant::now();
+        self.reader.get_mut().write_all(request.as_bytes()).context("sending a scrape")?;
+        let (status, headers, body) = read_framed_response(&mut self.reader)?;
+        let elapsed = started.elapsed();
+        let gzipped = headers.iter().any(|(n, v)| n == "content-encoding" && v == "gzip");
+        if status != 200 || gzipped != gzip {
+            bail!("a scrape over a kept connection answered {status}, gzip {gzipped}");
+        }
+        let text = if gzip {
+            let mut text = String::new();
+            flate2::read::GzDecoder::new(body.as_slice())
+                .read_to_string(&mut text)
+                .context("the gzip body does not decode")?;
+            text
+        } else {
+            String::from_utf8(body).context("the body is not UTF-8")?
+        };
+        scraped(&harness::Response { status, headers, body: text, elapsed })
+    }
+}
+
+/// One HTTP/1.1 response read from `reader` up to the end of its body, framed by
+/// `Content-Length` or chunked transfer encoding (trailers skipped), and no further: the
+/// connection may carry the next. Header names are lower-cased; the body is as sent (still
+/// gzipped if it was).
+fn read_framed_response(
+    reader: &mut impl std::io::BufRead,
+) -> Result<(u16, harness::Headers, Vec<u8>)> {
+    fn line(reader: &mut impl std::io::BufRead) -> Result<String> {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 {
+            bail!("the connection ended mid-response");
+        }
+        Ok(line.trim_end_matches(['\r', '\n']).to_owned())
+    }
+    let status_line = line(reader)?;
+    let status: u16 = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .with_context(|| format!("not an HTTP status line: {status_line:?}"))?;
+    let mut headers = Vec::new();
+    loop {
+        let header = line(reader)?;
+        if header.is_empty() {
+            break;
+        }
+        let (name, value) = header.split_once(':').context("a header without a colon")?;
+        headers.push((name.trim().to_ascii_lowercase(), value.trim().to_owned()));
+    }
+    let value = |name: &str| headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
+    let mut body = Vec::new();
+    if let Some(length) = value("content-length") {
+        let length: usize = length.parse().context("a Content-Length that is not a number")?;
+        body.resize(length, 0);
+        reader.read_exact(&mut body).context("the body ended early")?;
+    } else if value("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+        loop {
+            let size_line = line(reader)?;
+            let size = size_line.split(';').next().unwrap_or_default().trim();
+            let size = usize::from_str_radix(size, 16)
+                .with_context(|| format!("not a chunk size: {size_line:?}"))?;
+            if size == 0 {
+                while !line(reader)?.is_empty() {}
+                break;
+            }
+            let start = body.len();
+            body.resize(start + size, 0);
+            reader.read_exact(&mut body[start..]).context("a chunk ended early")?;
+            if !line(reader)?.is_empty() {
+                bail!("a chunk longer than its size");
+            }
+        }
+    } else {
+        bail!("an answer with neither Content-Length nor chunks cannot share a connection");
+    }
+    Ok((status, headers, body))
 }
 
 /// The length of one uncompressed answer of `addr`.
@@ -835,19 +978,27 @@ pub fn parse_schedstat(text: &str) -> Option<Duration> {
 
 /// User plus system time of every thread of `pid`, living or exited (`/proc/PID/stat`).
 fn cpu_time(pid: u32) -> Result<Duration> {
+    let (user, system) = cpu_split(pid)?;
+    Ok(user + system)
+}
+
+/// User and system time of every thread of `pid`, living or exited (`/proc/PID/stat`).
+fn cpu_split(pid: u32) -> Result<(Duration, Duration)> {
     let path = format!("/proc/{pid}/stat");
     let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
     parse_stat_cpu(&text).with_context(|| format!("malformed {path}: {text:?}"))
 }
 
-/// `utime + stime` of a `/proc/PID/stat` line. The command name (field 2) may hold spaces and
-/// parentheses, so fields are counted from the last `)`: utime and stime are fields 14 and 15.
-pub fn parse_stat_cpu(text: &str) -> Option<Duration> {
+/// `utime` and `stime` of a `/proc/PID/stat` line. The command name (field 2) may hold spaces
+/// and parentheses, so fields are counted from the last `)`: utime and stime are fields 14
+/// and 15.
+pub fn parse_stat_cpu(text: &str) -> Option<(Duration, Duration)> {
     let rest = &text[text.rfind(')')? + 1..];
     let mut fields = rest.split_whitespace().skip(11);
     let utime: u64 = fields.next()?.parse().ok()?;
     let stime: u64 = fields.next()?.parse().ok()?;
-    Some(Duration::from_millis((utime + stime) * 1000 / USER_HZ))
+    let ticks = |t: u64| Duration::from_millis(t * 1000 / USER_HZ);
+    Some((ticks(utime), ticks(stime)))
 }
 
 /// A `Vm*` line of `/proc/PID/status`, KiB.
@@ -989,10 +1140,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn answers_on_a_kept_connection_are_read_one_at_a_time_by_their_framing() {
+        let wire: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: 1\r\n\r\nhello\
+            HTTP/1.1 503 Service Unavailable\r\nTransfer-Encoding: chunked\r\n\r\n\
+            3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nTrailer: x\r\n\r\n\
+            HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nshort";
+        let mut reader = std::io::BufReader::new(wire);
+        let (status, headers, body) = read_framed_response(&mut reader).unwrap();
+        assert_eq!((status, body.as_slice()), (200, &b"hello"[..]));
+        assert!(headers.contains(&("x-a".to_owned(), "1".to_owned())));
+        let (status, _, body) = read_framed_response(&mut reader).unwrap();
+        assert_eq!((status, body.as_slice()), (503, &b"abcde"[..]));
+        let cut = read_framed_response(&mut reader).unwrap_err();
+        assert!(format!("{cut:#}").contains("ended early"), "{cut:#}");
+        let unframed: &[u8] = b"HTTP/1.1 200 OK\r\n\r\nbody";
+        let err = read_framed_response(&mut std::io::BufReader::new(unframed)).unwrap_err();
+        assert!(err.to_string().contains("cannot share a connection"), "{err:#}");
+    }
+
+    #[test]
     fn process_cpu_time_is_counted_from_the_last_parenthesis() {
         // A command name with spaces and a parenthesis; utime 250, stime 50 ticks.
         let stat = "4242 (a b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 3 0";
-        assert_eq!(parse_stat_cpu(stat), Some(Duration::from_secs(3)));
+        assert_eq!(
+            parse_stat_cpu(stat),
+            Some((Duration::from_millis(2500), Duration::from_millis(500)))
+        );
         assert_eq!(parse_stat_cpu("4242 (x) S 1"), None);
     }
 

@@ -72,6 +72,8 @@ pub struct FixtureReport {
     pub concurrent: Concurrent,
     /// Scrapes asking for gzip.
     pub compressed: Compressed,
+    /// Its CPU a scrape, user and system, with a new connection each scrape and over one kept.
+    pub kept: Kept,
     /// The exporter with a collector disabled.
     pub disabled_collector: Disabled,
     /// Nobody scraping.
@@ -251,6 +253,33 @@ pub struct Compressed {
     pub gzip_bytes: usize,
     /// Both processes' peaks over these scrapes, and where their resident sets are.
     pub peaks: Peaks,
+}
+
+/// The exporter's CPU a scrape, split: where the time goes.
+#[derive(Debug, Serialize)]
+pub struct CpuSplit {
+    /// In the exporter's own code and its libraries, ms.
+    pub user_ms: f64,
+    /// In the kernel on the exporter's behalf (system calls: on a loopback connection, sending
+    /// the body also runs the receiving side's TCP), ms.
+    pub system_ms: f64,
+    /// Both, ms.
+    pub total_ms: f64,
+}
+
+/// The default exporter's CPU a scrape, user and system, by how the scraper connects.
+#[derive(Debug, Serialize)]
+pub struct Kept {
+    /// Simulated latency, µs.
+    pub latency_us: u64,
+    /// Scrapes in each series.
+    pub scrapes: usize,
+    /// A new connection for each scrape, without gzip (as the latency series scrape).
+    pub closing: CpuSplit,
+    /// One connection kept from scrape to scrape, as Prometheus keeps it, without gzip.
+    pub plain: CpuSplit,
+    /// One kept connection, asking for gzip: a Prometheus server's scrape.
+    pub gzip: CpuSplit,
 }
 
 /// The exporter with a collector disabled.
@@ -635,6 +664,20 @@ fn fixture_table(out: &mut String, f: &FixtureReport) {
         z.scrape_ms.p50,
         z.gzip_bytes,
         z.plain_bytes
+    );
+    let k = &f.kept;
+    let split = |c: &CpuSplit| {
+        format!("{:.2} ms (user {:.2}, system {:.2})", c.total_ms, c.user_ms, c.system_ms)
+    };
+    let _ = writeln!(
+        out,
+        "  exporter CPU a scrape ({} µs, {} scrapes each): new connection each {}; one kept \
+         connection {}; kept, asking for gzip {}",
+        k.latency_us,
+        k.scrapes,
+        split(&k.closing),
+        split(&k.plain),
+        split(&k.gzip)
     );
     let d = &f.disabled_collector;
     let by_type: Vec<String> =
