@@ -17,6 +17,7 @@ pub mod scrape;
 
 mod broker;
 mod flight;
+mod gzip;
 mod landing;
 mod owner;
 mod process;
