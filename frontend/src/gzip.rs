@@ -92,13 +92,14 @@ fn gzip_with(state: &mut Compress, data: &[u8]) -> Result<Vec<u8>, CompressError
     Ok(out)
 }
 
-/// Whether a request's `Accept-Encoding` values accept gzip (RFC 9110, 12.5.3): `gzip` (or
-/// `x-gzip`) with a weight above 0, or, when neither is named, `*` with a weight above 0. An
-/// item whose weight is not a number from 0 to 1 is ignored.
-pub(crate) fn accepts_gzip<'a>(values: impl IntoIterator<Item = &'a HeaderValue>) -> bool {
+/// Whether a request's `Accept-Encoding` values, as the bytes that came off the wire, accept
+/// gzip (RFC 9110, 12.5.3): `gzip` (or `x-gzip`) with a weight above 0, or, when neither is
+/// named, `*` with a weight above 0. An item whose weight is not a number from 0 to 1 is
+/// ignored, and so is a value that is not UTF-8. Never panics (the `accept` fuzz target).
+pub fn accepts_gzip<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> bool {
     let (mut gzip, mut any) = (None::<f32>, None::<f32>);
     for value in values {
-        let Ok(value) = value.to_str() else { continue };
+        let Ok(value) = std::str::from_utf8(value) else { continue };
         for item in value.split(',') {
             let mut parts = item.split(';');
             let coding = parts.next().unwrap_or_default().trim();
@@ -126,7 +127,8 @@ pub(crate) fn accepts_gzip<'a>(values: impl IntoIterator<Item = &'a HeaderValue>
 /// `Vary: Accept-Encoding`. A body that cannot be compressed (never seen: the answers are in
 /// memory) is sent as it is.
 pub(crate) async fn layer(request: Request, next: Next) -> Response {
-    let wanted = accepts_gzip(request.headers().get_all(ACCEPT_ENCODING));
+    let wanted =
+        accepts_gzip(request.headers().get_all(ACCEPT_ENCODING).iter().map(|v| v.as_bytes()));
     let response = next.run(request).await;
     if response.headers().contains_key(CONTENT_ENCODING) {
         return response;
@@ -171,9 +173,7 @@ mod tests {
     }
 
     fn accepts(values: &[&str]) -> bool {
-        let values: Vec<HeaderValue> =
-            values.iter().map(|v| HeaderValue::from_str(v).unwrap()).collect();
-        accepts_gzip(&values)
+        accepts_gzip(values.iter().map(|v| v.as_bytes()))
     }
 
     #[test]
@@ -241,8 +241,11 @@ mod tests {
             &["gzip;q=2"],
             &["gzip;q=-1"],
             &["gzipper"],
+            &["gzip;q=NaN"],
         ] {
             assert!(!accepts(no), "{no:?}");
         }
+        assert!(!accepts_gzip([&b"gzip\xff"[..]]), "a value that is not UTF-8 is ignored");
+        assert!(accepts_gzip([&b"\xff"[..], b"gzip"]), "the other values still count");
     }
 }

@@ -11,13 +11,13 @@
 pub mod budget;
 pub mod cli;
 pub mod collectors;
+pub mod gzip;
 pub mod http;
 pub mod metrics;
 pub mod scrape;
 
 mod broker;
 mod flight;
-mod gzip;
 mod landing;
 mod owner;
 mod process;

@@ -108,8 +108,16 @@ pub fn timeout_header(data: &[u8], _alloc: &Alloc) {
 }
 
 /// `Accept`: never a panic, the same answer every time, and OpenMetrics only when the header
-/// names it.
+/// names it. The same bytes as `Accept-Encoding` (one value, or two split at the first newline):
+/// never a panic, the same answer every time, and gzip only when a value names `gzip` or `*`.
 pub fn accept(data: &[u8], _alloc: &Alloc) {
+    let values: Vec<&[u8]> = data.splitn(2, |b| *b == b'\n').collect();
+    let gzip = amd_hsmp_exporter::gzip::accepts_gzip(values.iter().copied());
+    assert_eq!(amd_hsmp_exporter::gzip::accepts_gzip(values.iter().copied()), gzip);
+    if gzip {
+        let text = String::from_utf8_lossy(data).to_ascii_lowercase();
+        assert!(text.contains("gzip") || text.contains('*'), "{text}");
+    }
     let Ok(header) = std::str::from_utf8(data) else { return };
     let format = negotiate(Some(header));
     assert_eq!(negotiate(Some(header)), format);

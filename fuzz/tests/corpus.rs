@@ -140,6 +140,10 @@ fn write_seeds(target: &str) {
             "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,text/plain;version=0.0.4;q=0.2,*/*;q=0.1",
             "*/*",
             "text/plain;q=0.9, application/openmetrics-text;q=0.5",
+            "gzip",
+            "br;q=1, gzip;q=0.8, identity;q=0",
+            "gzip;q=0, *",
+            "deflate\nx-gzip;q=0.001",
         ]
         .iter()
         .map(|s| s.as_bytes().to_vec())
