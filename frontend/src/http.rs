@@ -207,7 +207,7 @@ mod tests {
     }
 
     /// What the served router gzips: the answers of a client that accepts gzip, each decoding
-    /// to an answer like the one the client would have had without; never an answer already encoded or too short,
+    /// to an answer like the one the client would have had without; never an answer too short,
     /// nor for a client that does not accept gzip. Every answer that could be gzipped varies by
     /// `Accept-Encoding`.
     #[tokio::test]

@@ -342,8 +342,14 @@ pub fn start_simulated_broker(
         vec!["--simulate".into(), profile.into(), "--listen".into(), socket.display().to_string()];
     args.extend(extra.iter().map(|a| a.to_string()));
     let mut broker = Proc::spawn("amd-hsmp-sim-broker", &binaries()?.sim_broker, &args, log)?;
-    wait_until(&mut broker, "broker socket", || listening(socket))?;
+    wait_listening(&mut broker, socket)?;
     Ok(broker)
+}
+
+/// Waits until `broker` listens on `socket` ([`listening`]), failing if it exits first or
+/// takes longer than a start-up may.
+pub fn wait_listening(broker: &mut Proc, socket: &Path) -> Result<()> {
+    wait_until(broker, "broker socket", || listening(socket))
 }
 
 /// Whether a Unix stream socket bound to `path` listens: connections to it are queued, not
@@ -673,6 +679,8 @@ fn dechunk(mut data: &[u8]) -> Result<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn a_socket_bound_but_not_yet_listening_is_not_ready_and_is_once_it_listens() {
         use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
@@ -686,15 +694,13 @@ mod tests {
         bind(&fd, &SocketAddrUnix::new(&path).unwrap()).unwrap();
         // What a broker start-up gate looked at before: the file is there already.
         assert!(path.exists());
-        assert!(!super::listening(&path));
+        assert!(!listening(&path));
         assert!(UnixStream::connect(&path).is_err(), "connecting before listen(2) is refused");
         listen(&fd, 1).unwrap();
-        assert!(super::listening(&path));
+        assert!(listening(&path));
         assert!(UnixStream::connect(&path).is_ok());
-        assert!(!super::listening(&dir.path().join("with a space")), "a path is matched whole");
+        assert!(!listening(&dir.path().join("with a space")), "a path is matched whole");
     }
-
-    use super::*;
 
     #[test]
     fn responses_are_parsed_with_and_without_chunking() {

@@ -511,7 +511,7 @@ impl Rig {
                 Proc::spawn("amd-hsmp-broker", &bins.broker, &args, dir.path().join("broker.log"))?;
             // The socket is bound after start-up (opens, probes, lock-down): its listening
             // means start-up traffic is complete and a connection is queued, not refused.
-            harness::wait_until(&mut broker, "broker socket", || harness::listening(&socket))?;
+            harness::wait_listening(&mut broker, &socket)?;
             Some(broker)
         } else {
             None

@@ -80,7 +80,7 @@ fn broker_started_as_a_non_root_user_with_simulate_serves_its_own_uid() {
     let args = ["--simulate", "turin-2p", "--listen", &sock, "--listen.mode", "0666"];
     let mut broker =
         spawn_as(NOBODY, "amd-hsmp-sim-broker", broker_exe, &args, dir.path().join("broker.log"));
-    harness::wait_until(&mut broker, "broker socket", || harness::listening(&socket)).unwrap();
+    harness::wait_listening(&mut broker, &socket).unwrap();
     let meta = std::fs::metadata(&socket).unwrap();
     assert_eq!(meta.permissions().mode() & 0o777, 0o666);
     assert_eq!(std::os::unix::fs::MetadataExt::uid(&meta), NOBODY);
@@ -223,7 +223,7 @@ fn a_page_view_costs_one_sample_as_a_scrape_does() {
     let broker_exe = &harness::binaries().unwrap().broker;
     let mut broker =
         Proc::spawn("amd-hsmp-broker", broker_exe, &args, dir.path().join("b.log")).unwrap();
-    harness::wait_until(&mut broker, "broker socket", || harness::listening(&socket)).unwrap();
+    harness::wait_listening(&mut broker, &socket).unwrap();
     let (_exporter, addr) = harness::start_exporter(&socket, &[], None, dir.path()).unwrap();
 
     // The first view after start has no earlier answer to take power from, so it takes a

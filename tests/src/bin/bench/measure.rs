@@ -264,25 +264,53 @@ fn scrape(addr: SocketAddr) -> Result<Scraped> {
 
 /// A scrape asking for gzip, as Prometheus does: its times and the body's size as sent.
 fn scrape_gzip(addr: SocketAddr) -> Result<(Scraped, usize)> {
-    use std::io::Read as _;
-    let request = format!(
-        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: {PROMETHEUS_ACCEPT}\r\n\
-         Accept-Encoding: gzip\r\n{}: {DEFAULT_SCRAPE_TIMEOUT}\r\n\r\n",
-        amd_hsmp_exporter::http::SCRAPE_TIMEOUT_HEADER
-    );
+    let request = scrape_request(addr, true, true);
     let (raw, elapsed) =
         harness::http_exchange_raw(None, addr, request.as_bytes(), Duration::from_secs(30))?;
     let (status, headers, body) = harness::parse_raw_response(&raw)?;
+    let sent = body.len();
+    Ok((scraped_as_sent(status, headers, body, elapsed, true)?, sent))
+}
+
+/// A scrape's request as Prometheus sends it, asking for gzip or not, with `Connection: close`
+/// when `close` (the connection is not kept for the next).
+fn scrape_request(addr: SocketAddr, gzip: bool, close: bool) -> String {
+    let connection = if close { "Connection: close\r\n" } else { "" };
+    let encoding = if gzip { "Accept-Encoding: gzip\r\n" } else { "" };
+    format!(
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n{connection}Accept: {PROMETHEUS_ACCEPT}\r\n\
+         {encoding}{}: {DEFAULT_SCRAPE_TIMEOUT}\r\n\r\n",
+        amd_hsmp_exporter::http::SCRAPE_TIMEOUT_HEADER
+    )
+}
+
+/// The figures of a scrape's answer as it came off the wire (status, headers, the body as
+/// sent); fails unless it is a 200, gzipped exactly when `gzip` asked for it, and complete and
+/// healthy once decoded.
+fn scraped_as_sent(
+    status: u16,
+    headers: harness::Headers,
+    body: Vec<u8>,
+    elapsed: Duration,
+    gzip: bool,
+) -> Result<Scraped> {
+    use std::io::Read as _;
     let gzipped = headers.iter().any(|(n, v)| n == "content-encoding" && v == "gzip");
-    if status != 200 || !gzipped {
-        bail!("a scrape asking for gzip answered {status}, content encoding gzip: {gzipped}");
+    if status != 200 || gzipped != gzip {
+        bail!(
+            "a scrape asking for gzip: {gzip} answered {status}, content encoding gzip: {gzipped}"
+        );
     }
-    let mut text = String::new();
-    flate2::read::GzDecoder::new(body.as_slice())
-        .read_to_string(&mut text)
-        .context("the gzip body does not decode")?;
-    let response = harness::Response { status, headers, body: text, elapsed };
-    Ok((scraped(&response)?, body.len()))
+    let text = if gzip {
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(body.as_slice())
+            .read_to_string(&mut text)
+            .context("the gzip body does not decode")?;
+        text
+    } else {
+        String::from_utf8(body).context("the body is not UTF-8")?
+    };
+    scraped(&harness::Response { status, headers, body: text, elapsed })
 }
 
 /// The figures of a healthy scrape's answer; fails unless it is complete and healthy.
@@ -557,7 +585,7 @@ fn compressed(
         latency_us,
         scrapes,
         scrape_ms: Percentiles::of(&walls),
-        exporter_cpu_ms_per_scrape: cpu.as_secs_f64() * 1e3 / scrapes.max(1) as f64,
+        exporter_cpu_ms_per_scrape: ms_each(cpu, scrapes),
         plain_bytes,
         gzip_bytes,
         peaks: peaks(broker, exporter)?,
@@ -593,8 +621,10 @@ fn cpu_split_over(
         scrape()?;
     }
     let (user1, system1) = cpu_split(pid)?;
-    let per = |d: Duration| d.as_secs_f64() * 1e3 / scrapes.max(1) as f64;
-    let (user, system) = (per(user1.saturating_sub(user0)), per(system1.saturating_sub(system0)));
+    let (user, system) = (
+        ms_each(user1.saturating_sub(user0), scrapes),
+        ms_each(system1.saturating_sub(system0), scrapes),
+    );
     Ok(CpuSplit { user_ms: user, system_ms: system, total_ms: user + system })
 }
 
@@ -608,41 +638,22 @@ struct KeptConnection {
 
 impl KeptConnection {
     fn open(addr: SocketAddr) -> Result<KeptConnection> {
-        let stream = std::net::TcpStream::connect(addr)
+        let timeout = Duration::from_secs(30);
+        let stream = harness::connect_from(None, addr, timeout)
             .with_context(|| format!("cannot connect to {addr}"))?;
-        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-        stream.set_write_timeout(Some(Duration::from_secs(30)))?;
+        stream.set_read_timeout(Some(timeout))?;
+        stream.set_write_timeout(Some(timeout))?;
         Ok(KeptConnection { addr, reader: std::io::BufReader::new(stream) })
     }
 
     /// One scrape, asking for gzip or not; fails unless the answer is complete and healthy.
     fn scrape(&mut self, gzip: bool) -> Result<Scraped> {
-        use std::io::{Read as _, Write as _};
-        let encoding = if gzip { "Accept-Encoding: gzip\r\n" } else { "" };
-        let request = format!(
-            "GET /metrics HTTP/1.1\r\nHost: {}\r\nAccept: {PROMETHEUS_ACCEPT}\r\n{encoding}\
-             {}: {DEFAULT_SCRAPE_TIMEOUT}\r\n\r\n",
-            self.addr,
-            amd_hsmp_exporter::http::SCRAPE_TIMEOUT_HEADER
-        );
+        use std::io::Write as _;
+        let request = scrape_request(self.addr, gzip, false);
         let started = Instant::now();
         self.reader.get_mut().write_all(request.as_bytes()).context("sending a scrape")?;
         let (status, headers, body) = read_framed_response(&mut self.reader)?;
-        let elapsed = started.elapsed();
-        let gzipped = headers.iter().any(|(n, v)| n == "content-encoding" && v == "gzip");
-        if status != 200 || gzipped != gzip {
-            bail!("a scrape over a kept connection answered {status}, gzip {gzipped}");
-        }
-        let text = if gzip {
-            let mut text = String::new();
-            flate2::read::GzDecoder::new(body.as_slice())
-                .read_to_string(&mut text)
-                .context("the gzip body does not decode")?;
-            text
-        } else {
-            String::from_utf8(body).context("the body is not UTF-8")?
-        };
-        scraped(&harness::Response { status, headers, body: text, elapsed })
+        scraped_as_sent(status, headers, body, started.elapsed(), gzip)
     }
 }
 
@@ -789,9 +800,8 @@ fn concurrent(rig: &mut Rig, rounds: usize, latency_us: u64) -> Result<Concurren
     }
     rig.broker.check_running()?;
     let messages = rig.messages() - start;
-    let per = |d: Duration| d.as_secs_f64() * 1e3 / answered.max(1) as f64;
-    let broker_cpu = per(cpu_time(broker)?.saturating_sub(broker0));
-    let exporter_cpu = per(cpu_time(exporter)?.saturating_sub(exporter0));
+    let broker_cpu = ms_each(cpu_time(broker)?.saturating_sub(broker0), answered);
+    let exporter_cpu = ms_each(cpu_time(exporter)?.saturating_sub(exporter0), answered);
     Ok(Concurrent {
         latency_us,
         rounds,
@@ -974,6 +984,11 @@ fn thread_cpu() -> std::result::Result<Duration, String> {
 /// The run time (first field, ns) of a `schedstat` line.
 pub fn parse_schedstat(text: &str) -> Option<Duration> {
     text.split_whitespace().next()?.parse().ok().map(Duration::from_nanos)
+}
+
+/// `time` spread over `n` events (scrapes, answers), in ms each; 0 for none.
+fn ms_each(time: Duration, n: usize) -> f64 {
+    time.as_secs_f64() * 1e3 / n.max(1) as f64
 }
 
 /// User plus system time of every thread of `pid`, living or exited (`/proc/PID/stat`).
